@@ -20,17 +20,26 @@ pip_install numpy msgspec cbor2 regex cachetools psutil pydantic cloudpickle pyz
 declare -A PKG=( [zmq]=pyzmq [yaml]=pyyaml [cpuinfo]=py-cpuinfo [PIL]=pillow
                  [google]=protobuf [cv2]=opencv-python-headless [sklearn]=scikit-learn )
 for _ in $(seq 1 30); do
-  missing=$("$PY" - <<'PY' 2>/dev/null || true
-import importlib
+  # vLLM logs to stdout on import, so the answer goes through a file.
+  out=$(mktemp)
+  "$PY" - "$out" >/dev/null 2>&1 <<'PY' || true
+import importlib, sys
+missing = ""
 for mod in ("vllm.v1.core.kv_cache_manager", "vllm.v1.core.sched.scheduler",
             "vllm.distributed.kv_events"):
     try:
         importlib.import_module(mod)
     except ModuleNotFoundError as e:
-        print(e.name.split(".")[0]); break
+        missing = e.name.split(".")[0]
+        break
+    except Exception as e:  # importable deps but broken: report, do not loop
+        missing = "!" + repr(e)
+        break
+open(sys.argv[1], "w").write(missing)
 PY
-)
+  missing=$(cat "$out"); rm -f "$out"
   [ -z "$missing" ] && { echo "vLLM 0.23.0 oracle importable"; exit 0; }
+  case "$missing" in "!"*) echo "oracle: import failed: ${missing#!}" >&2; exit 1;; esac
   pkg=${PKG[$missing]:-$missing}
   echo "oracle: installing missing module $missing ($pkg)"
   pip_install "$pkg"

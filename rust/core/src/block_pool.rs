@@ -1,0 +1,392 @@
+//! The block pool: ref counts, cached-block hashes, the free queue and the
+//! prefix-cache map, with vLLM 0.23.0's `BlockPool` semantics.
+
+use crate::error::{invalid, CoreResult};
+use crate::events::PoolEvent;
+use crate::free_queue::FreeQueue;
+use crate::prefix_map::PrefixMap;
+use crate::BlockId;
+
+pub const NULL_BLOCK: BlockId = 0;
+
+#[derive(Debug, Clone)]
+pub struct BlockPool {
+    num_blocks: u32,
+    // Signed: vLLM does not maintain the null block's count, which may dip below 0.
+    ref_cnt: Vec<i32>,
+    // Hash key (without group) of each cached block, and its group.
+    block_hash: Vec<Option<Box<[u8]>>>,
+    block_group: Vec<u32>,
+    queue: FreeQueue,
+    map: PrefixMap,
+    enable_caching: bool,
+    enable_events: bool,
+    hash_block_size: u32,
+    events: Vec<PoolEvent>,
+}
+
+impl BlockPool {
+    pub fn new(
+        num_blocks: u32,
+        enable_caching: bool,
+        hash_block_size: u32,
+        enable_events: bool,
+    ) -> CoreResult<Self> {
+        if num_blocks == 0 {
+            return invalid("num_blocks must be > 0");
+        }
+        if hash_block_size == 0 {
+            return invalid("hash_block_size must be > 0");
+        }
+        let mut queue = FreeQueue::new(num_blocks);
+        // Block 0 becomes the null block, exactly as vLLM pops it first.
+        let null = queue.popleft();
+        debug_assert_eq!(null, Some(NULL_BLOCK));
+        Ok(BlockPool {
+            num_blocks,
+            ref_cnt: vec![0; num_blocks as usize],
+            block_hash: vec![None; num_blocks as usize],
+            block_group: vec![0; num_blocks as usize],
+            queue,
+            map: PrefixMap::new(),
+            enable_caching,
+            enable_events,
+            hash_block_size,
+            events: Vec::new(),
+        })
+    }
+
+    pub fn num_blocks(&self) -> u32 {
+        self.num_blocks
+    }
+
+    pub fn hash_block_size(&self) -> u32 {
+        self.hash_block_size
+    }
+
+    pub fn enable_caching(&self) -> bool {
+        self.enable_caching
+    }
+
+    pub fn num_free_blocks(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn usage(&self) -> f64 {
+        let total = self.num_blocks as usize - 1;
+        if total == 0 {
+            return 0.0;
+        }
+        1.0 - (self.num_free_blocks() as f64 / total as f64)
+    }
+
+    pub fn ref_cnt(&self, b: BlockId) -> i32 {
+        self.ref_cnt[b as usize]
+    }
+
+    /// The cached hash (without group) and group of a block, if cached.
+    pub fn block_hash(&self, b: BlockId) -> Option<(&[u8], u32)> {
+        self.block_hash[b as usize]
+            .as_deref()
+            .map(|h| (h, self.block_group[b as usize]))
+    }
+
+    pub fn is_free(&self, b: BlockId) -> bool {
+        self.queue.contains(b)
+    }
+
+    pub fn free_queue(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.queue.iter()
+    }
+
+    pub fn num_cached_keys(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn check_block_id(&self, b: u32) -> CoreResult<()> {
+        if b >= self.num_blocks {
+            return invalid(format!(
+                "block id {b} out of range: the pool has {} blocks",
+                self.num_blocks
+            ));
+        }
+        Ok(())
+    }
+
+    /// The earliest cached block for `hash` in each group, or None on any miss.
+    pub fn get_cached_block(&self, hash: &[u8], groups: &[u32], out: &mut Vec<BlockId>) -> bool {
+        out.clear();
+        for &g in groups {
+            match self.map.get_one(hash, g) {
+                Some(b) => out.push(b),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Pops `n` blocks from the front of the free queue, dropping any cached
+    /// hash they carry. The caller has checked that `n` blocks are free.
+    pub fn get_new_blocks(&mut self, n: usize, out: &mut Vec<BlockId>) {
+        assert!(n <= self.queue.len(), "caller must check free blocks");
+        for _ in 0..n {
+            let b = self.queue.popleft().expect("checked above");
+            if self.enable_caching {
+                self.maybe_evict_cached_block(b);
+            }
+            self.ref_cnt[b as usize] += 1;
+            out.push(b);
+        }
+    }
+
+    fn maybe_evict_cached_block(&mut self, b: BlockId) -> bool {
+        let Some(hash) = self.block_hash[b as usize].take() else {
+            return false;
+        };
+        let group = self.block_group[b as usize];
+        if !self.map.pop(&hash, group, b) {
+            // Not in the map: keep the hash, as vLLM does.
+            self.block_hash[b as usize] = Some(hash);
+            return false;
+        }
+        if self.enable_events {
+            self.events.push(PoolEvent::Removed { hash, group });
+        }
+        true
+    }
+
+    /// A cache hit by another request: take blocks off the free queue and
+    /// count the new holder.
+    pub fn touch(&mut self, blocks: &[BlockId]) {
+        for &b in blocks {
+            if self.ref_cnt[b as usize] == 0 && b != NULL_BLOCK {
+                self.queue.remove(b);
+            }
+            self.ref_cnt[b as usize] += 1;
+        }
+    }
+
+    /// Drops one reference from each block; those reaching zero join the free
+    /// queue in the given order (front first when `prepend`).
+    pub fn free_blocks<I: IntoIterator<Item = BlockId> + Clone>(&mut self, blocks: I, prepend: bool) {
+        for b in blocks.clone() {
+            self.ref_cnt[b as usize] -= 1;
+        }
+        let freed = blocks
+            .into_iter()
+            .filter(|&b| self.ref_cnt[b as usize] == 0 && b != NULL_BLOCK);
+        if prepend {
+            let freed: Vec<BlockId> = freed.collect();
+            self.queue.prepend_n(&freed);
+        } else {
+            let freed: Vec<BlockId> = freed.collect();
+            for b in freed {
+                self.queue.append(b);
+            }
+        }
+    }
+
+    /// Caches `blocks[num_cached..num_full]` under `hash_of(i)` for group
+    /// `group`, skipping null blocks and blocks whose mask entry is false.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cache_full_blocks<'h>(
+        &mut self,
+        blocks: &[BlockId],
+        num_cached: usize,
+        num_full: usize,
+        block_size: u32,
+        group: u32,
+        mask: Option<&[bool]>,
+        hash_of: impl Fn(usize) -> std::borrow::Cow<'h, [u8]>,
+    ) {
+        if num_cached >= num_full {
+            return;
+        }
+        let end = num_full.min(blocks.len());
+        let mut new_hashes = Vec::new();
+        let mut positions = Vec::new();
+        for i in num_cached..end {
+            let b = blocks[i];
+            let masked_out = mask.is_some_and(|m| !m[i - num_cached]);
+            if b == NULL_BLOCK || masked_out {
+                continue;
+            }
+            debug_assert!(self.block_hash[b as usize].is_none());
+            let hash = hash_of(i);
+            self.map.insert(&hash, group, b);
+            let boxed: Box<[u8]> = hash.into_owned().into_boxed_slice();
+            self.block_hash[b as usize] = Some(boxed.clone());
+            self.block_group[b as usize] = group;
+            if self.enable_events {
+                new_hashes.push(boxed);
+                positions.push(i as u32);
+            }
+        }
+        if self.enable_events {
+            let parent = (num_cached > 0).then(|| hash_of(num_cached - 1).into_owned().into());
+            self.events.push(PoolEvent::Stored {
+                hashes: new_hashes,
+                parent,
+                start_token: num_cached * block_size as usize,
+                end_token: num_full * block_size as usize,
+                block_size,
+                group,
+                positions,
+            });
+        }
+    }
+
+    /// Drops the listed blocks from the prefix cache (not from their holders).
+    pub fn evict_blocks(&mut self, ids: &[u32]) -> CoreResult<()> {
+        for &b in ids {
+            self.check_block_id(b)?;
+        }
+        for &b in ids {
+            self.maybe_evict_cached_block(b);
+        }
+        Ok(())
+    }
+
+    /// Forgets every cached hash; refused (false) while any block is in use.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        let used = self.num_blocks as usize - self.num_free_blocks();
+        if used != 1 {
+            return false;
+        }
+        self.map.clear();
+        self.block_hash.iter_mut().for_each(|h| *h = None);
+        if self.enable_events {
+            self.events.push(PoolEvent::AllCleared);
+        }
+        true
+    }
+
+    pub fn take_events(&mut self) -> Vec<PoolEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
+    /// Checks the pool's own invariants; returns the first violation.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut seen = vec![false; self.num_blocks as usize];
+        let mut n = 0;
+        for b in self.queue.iter() {
+            if b == NULL_BLOCK {
+                return Err("null block is in the free queue".into());
+            }
+            if std::mem::replace(&mut seen[b as usize], true) {
+                return Err(format!("block {b} is in the free queue twice"));
+            }
+            if self.ref_cnt[b as usize] != 0 {
+                return Err(format!("free block {b} has ref_cnt {}", self.ref_cnt[b as usize]));
+            }
+            n += 1;
+        }
+        if n != self.queue.len() {
+            return Err(format!("free count {} != queue length {n}", self.queue.len()));
+        }
+        for b in 1..self.num_blocks {
+            if !seen[b as usize] && self.ref_cnt[b as usize] <= 0 {
+                return Err(format!("block {b} is neither free nor referenced"));
+            }
+        }
+        if self.block_hash[NULL_BLOCK as usize].is_some() {
+            return Err("null block is cached".into());
+        }
+        let mut cached = 0;
+        for (h, g, b) in self.map.iter() {
+            match self.block_hash(b) {
+                Some((bh, bg)) if bh == h && bg == g => cached += 1,
+                _ => return Err(format!("prefix map holds block {b} under a hash it lacks")),
+            }
+        }
+        let with_hash = self.block_hash.iter().filter(|h| h.is_some()).count();
+        if cached != with_hash {
+            return Err(format!("{with_hash} blocks carry a hash but {cached} are in the map"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::borrow::Cow;
+
+    fn pool(n: u32, events: bool) -> BlockPool {
+        BlockPool::new(n, true, 4, events).unwrap()
+    }
+
+    fn new_blocks(p: &mut BlockPool, n: usize) -> Vec<u32> {
+        let mut out = Vec::new();
+        p.get_new_blocks(n, &mut out);
+        out
+    }
+
+    #[test]
+    fn null_block_is_reserved() {
+        let p = pool(4, false);
+        assert_eq!(p.num_free_blocks(), 3);
+        assert!(!p.is_free(NULL_BLOCK));
+        assert_eq!(p.usage(), 0.0);
+        assert!(BlockPool::new(0, true, 4, false).is_err());
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn alloc_free_order_and_usage() {
+        let mut p = pool(5, false);
+        let a = new_blocks(&mut p, 3);
+        assert_eq!(a, vec![1, 2, 3]);
+        assert_eq!(p.usage(), 0.75);
+        p.free_blocks(a.iter().rev().copied(), false);
+        assert_eq!(p.free_queue().collect::<Vec<_>>(), vec![4, 3, 2, 1]);
+        let b = new_blocks(&mut p, 1);
+        p.free_blocks(b.iter().copied(), true);
+        assert_eq!(p.free_queue().collect::<Vec<_>>(), vec![4, 3, 2, 1]);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn cache_hit_touch_and_eviction_event() {
+        let mut p = pool(4, true);
+        let a = new_blocks(&mut p, 2);
+        p.cache_full_blocks(&a, 0, 2, 4, 0, None, |i| Cow::Owned(vec![i as u8 + 1; 8]));
+        assert_eq!(p.block_hash(a[0]).unwrap().0, &[1u8; 8][..]);
+        p.free_blocks(a.iter().rev().copied(), false);
+        let mut hit = Vec::new();
+        assert!(p.get_cached_block(&[1u8; 8], &[0], &mut hit));
+        assert_eq!(hit, vec![a[0]]);
+        p.touch(&hit);
+        assert_eq!(p.ref_cnt(a[0]), 1);
+        assert!(!p.is_free(a[0]));
+        // Reusing the free cached block a[1] drops its hash with an event.
+        let got = new_blocks(&mut p, 2);
+        assert_eq!(got, vec![3, a[1]]);
+        assert!(p.block_hash(a[1]).is_none());
+        let ev = p.take_events();
+        assert!(matches!(ev[0], PoolEvent::Stored { ref hashes, .. } if hashes.len() == 2));
+        assert_eq!(ev[1], PoolEvent::Removed { hash: vec![2u8; 8].into(), group: 0 });
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn evict_and_reset() {
+        let mut p = pool(4, true);
+        let a = new_blocks(&mut p, 1);
+        p.cache_full_blocks(&a, 0, 1, 4, 0, None, |_| Cow::Owned(vec![9; 8]));
+        assert!(p.evict_blocks(&[7]).is_err());
+        assert!(p.block_hash(a[0]).is_some(), "rejected call changed nothing");
+        assert!(!p.reset_prefix_cache(), "refused while a block is held");
+        p.evict_blocks(&[a[0]]).unwrap();
+        assert!(p.block_hash(a[0]).is_none());
+        assert_eq!(p.ref_cnt(a[0]), 1, "eviction keeps holders");
+        p.free_blocks(a.clone(), false);
+        assert!(p.reset_prefix_cache());
+        assert_eq!(p.take_events().last(), Some(&PoolEvent::AllCleared));
+        p.check_invariants().unwrap();
+    }
+}

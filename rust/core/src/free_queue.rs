@@ -1,0 +1,163 @@
+//! The free-block queue: an intrusive doubly linked list over block indices,
+//! in vLLM's eviction order (front = evicted first). Removal from the middle
+//! is O(1) and nothing is allocated on any operation.
+
+use crate::BlockId;
+
+const NIL: u32 = u32::MAX;
+
+#[derive(Debug, Clone)]
+pub struct FreeQueue {
+    // prev/next of block i; the head sentinel is index n, the tail n + 1.
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    len: usize,
+}
+
+impl FreeQueue {
+    /// A queue holding blocks 0..n in ID order, as vLLM starts.
+    pub fn new(n: u32) -> Self {
+        let head = n;
+        let tail = n + 1;
+        let mut prev = vec![NIL; n as usize + 2];
+        let mut next = vec![NIL; n as usize + 2];
+        let mut last = head;
+        for b in 0..n {
+            next[last as usize] = b;
+            prev[b as usize] = last;
+            last = b;
+        }
+        next[last as usize] = tail;
+        prev[tail as usize] = last;
+        FreeQueue { prev, next, len: n as usize }
+    }
+
+    fn head(&self) -> u32 {
+        (self.prev.len() - 2) as u32
+    }
+
+    fn tail(&self) -> u32 {
+        (self.prev.len() - 1) as u32
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn contains(&self, b: BlockId) -> bool {
+        self.prev[b as usize] != NIL
+    }
+
+    fn unlink(&mut self, b: u32) {
+        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
+        self.next[p as usize] = n;
+        self.prev[n as usize] = p;
+        self.prev[b as usize] = NIL;
+        self.next[b as usize] = NIL;
+        self.len -= 1;
+    }
+
+    fn link_after(&mut self, at: u32, b: u32) {
+        let n = self.next[at as usize];
+        self.next[at as usize] = b;
+        self.prev[b as usize] = at;
+        self.next[b as usize] = n;
+        self.prev[n as usize] = b;
+        self.len += 1;
+    }
+
+    /// The front block, removed. `None` when empty.
+    pub fn popleft(&mut self) -> Option<BlockId> {
+        if self.len == 0 {
+            return None;
+        }
+        let b = self.next[self.head() as usize];
+        self.unlink(b);
+        Some(b)
+    }
+
+    /// Removes a block known to be in the queue. Returns false if it is not.
+    pub fn remove(&mut self, b: BlockId) -> bool {
+        if !self.contains(b) {
+            return false;
+        }
+        self.unlink(b);
+        true
+    }
+
+    /// Appends blocks at the back, in the order given.
+    pub fn append(&mut self, b: BlockId) {
+        let last = self.prev[self.tail() as usize];
+        self.link_after(last, b);
+    }
+
+    /// Puts blocks at the front, keeping their given order.
+    pub fn prepend_n(&mut self, blocks: &[BlockId]) {
+        let mut at = self.head();
+        for &b in blocks {
+            self.link_after(at, b);
+            at = b;
+        }
+    }
+
+    /// Iterates the queue front to back.
+    pub fn iter(&self) -> impl Iterator<Item = BlockId> + '_ {
+        let tail = self.tail();
+        let mut cur = self.next[self.head() as usize];
+        std::iter::from_fn(move || {
+            if cur == tail {
+                None
+            } else {
+                let b = cur;
+                cur = self.next[cur as usize];
+                Some(b)
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(q: &FreeQueue) -> Vec<u32> {
+        q.iter().collect()
+    }
+
+    #[test]
+    fn starts_in_id_order_and_pops_front() {
+        let mut q = FreeQueue::new(4);
+        assert_eq!(order(&q), vec![0, 1, 2, 3]);
+        assert_eq!(q.popleft(), Some(0));
+        assert_eq!(q.len(), 3);
+        assert!(!q.contains(0));
+    }
+
+    #[test]
+    fn remove_from_middle_append_and_prepend() {
+        let mut q = FreeQueue::new(5);
+        assert!(q.remove(2));
+        assert!(!q.remove(2));
+        q.append(2);
+        assert_eq!(order(&q), vec![0, 1, 3, 4, 2]);
+        q.remove(0);
+        q.remove(4);
+        q.prepend_n(&[4, 0]);
+        assert_eq!(order(&q), vec![4, 0, 1, 3, 2]);
+        assert_eq!(q.len(), 5);
+    }
+
+    #[test]
+    fn empty_queue_pops_none() {
+        let mut q = FreeQueue::new(1);
+        assert_eq!(q.popleft(), Some(0));
+        assert_eq!(q.popleft(), None);
+        assert!(q.is_empty());
+        q.append(0);
+        assert_eq!(order(&q), vec![0]);
+    }
+}

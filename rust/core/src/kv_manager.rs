@@ -1,0 +1,434 @@
+//! `KvCacheManager`: vLLM 0.23.0's `KVCacheManager` over plain ids and counts.
+//! The facade reads the request object and passes its numbers; this type
+//! owns every decision. Arguments are checked before anything changes.
+
+use std::collections::HashMap;
+
+use crate::block_pool::BlockPool;
+use crate::coordinator::Coordinator;
+use crate::error::{invalid, CoreError, CoreResult};
+use crate::events::PoolEvent;
+use crate::spec::GroupSpec;
+use crate::{BlockId, ReqSlot};
+
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    pub num_blocks: u32,
+    pub groups: Vec<GroupSpec>,
+    pub max_model_len: usize,
+    pub scheduler_block_size: u32,
+    pub hash_block_size: u32,
+    pub max_num_batched_tokens: Option<usize>,
+    pub enable_caching: bool,
+    pub use_eagle: bool,
+    pub enable_events: bool,
+}
+
+/// `allocate_slots` arguments, vLLM's names; request fields are passed as
+/// `num_computed_tokens` / `num_tokens`.
+#[derive(Debug, Clone, Default)]
+pub struct AllocateArgs<'a> {
+    pub num_new_tokens: usize,
+    pub num_computed_tokens: usize,
+    pub num_tokens: usize,
+    pub num_new_computed_tokens: usize,
+    /// `None` stands for vLLM's `None` or its shared empty `KVCacheBlocks`.
+    pub new_computed_blocks: Option<&'a [Vec<BlockId>]>,
+    pub num_lookahead_tokens: usize,
+    pub num_external_computed_tokens: usize,
+    pub delay_cache_blocks: bool,
+    pub num_encoder_tokens: usize,
+    pub full_sequence_must_fit: bool,
+    pub reserved_blocks: usize,
+}
+
+#[derive(Debug, Clone)]
+struct RequestState {
+    id: String,
+    // Block hashes at hash_block_size, as the request computed them.
+    hashes: Vec<Box<[u8]>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct KvCacheManager {
+    coord: Coordinator,
+    max_model_len: usize,
+    enable_caching: bool,
+    slots: HashMap<String, ReqSlot>,
+    requests: Vec<Option<RequestState>>,
+    free_slots: Vec<ReqSlot>,
+}
+
+impl KvCacheManager {
+    pub fn new(cfg: ManagerConfig) -> CoreResult<Self> {
+        if cfg.groups.is_empty() {
+            return Err(CoreError::Unsupported(
+                "a KV cache config without groups (attention-free model) is not implemented yet".into(),
+            ));
+        }
+        for (i, g) in cfg.groups.iter().enumerate() {
+            g.validate(i)?;
+        }
+        if cfg.max_model_len == 0 {
+            return invalid("max_model_len must be > 0");
+        }
+        let pool = BlockPool::new(cfg.num_blocks, cfg.enable_caching, cfg.hash_block_size, cfg.enable_events)?;
+        let coord = Coordinator::new(pool, &cfg.groups, cfg.use_eagle, cfg.scheduler_block_size)?;
+        Ok(KvCacheManager {
+            coord,
+            max_model_len: cfg.max_model_len,
+            enable_caching: cfg.enable_caching,
+            slots: HashMap::new(),
+            requests: Vec::new(),
+            free_slots: Vec::new(),
+        })
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.coord.pool
+    }
+
+    pub fn num_groups(&self) -> usize {
+        self.coord.managers.len()
+    }
+
+    pub fn usage(&self) -> f64 {
+        self.coord.pool.usage()
+    }
+
+    fn slot(&self, request_id: &str) -> Option<ReqSlot> {
+        self.slots.get(request_id).copied()
+    }
+
+    fn slot_or_insert(&mut self, request_id: &str) -> ReqSlot {
+        if let Some(s) = self.slot(request_id) {
+            return s;
+        }
+        let state = RequestState { id: request_id.to_owned(), hashes: Vec::new() };
+        let s = match self.free_slots.pop() {
+            Some(s) => {
+                self.requests[s as usize] = Some(state);
+                s
+            }
+            None => {
+                self.requests.push(Some(state));
+                (self.requests.len() - 1) as ReqSlot
+            }
+        };
+        self.slots.insert(request_id.to_owned(), s);
+        s
+    }
+
+    fn hashes(&self, slot: ReqSlot) -> &[Box<[u8]>] {
+        &self.requests[slot as usize].as_ref().expect("live slot").hashes
+    }
+
+    /// How many of the request's block hashes the core holds.
+    pub fn num_known_hashes(&self, request_id: &str) -> usize {
+        self.slot(request_id).map_or(0, |s| self.hashes(s).len())
+    }
+
+    /// Stores the request's hashes from index `offset` on (the facade sends
+    /// each hash once). Creates the request's entry if needed.
+    pub fn sync_hashes(&mut self, request_id: &str, offset: usize, new: Vec<Box<[u8]>>) -> CoreResult<()> {
+        let known = self.num_known_hashes(request_id);
+        if offset > known {
+            return invalid(format!(
+                "request {request_id:?}: hashes sent from index {offset}, but only {known} are known"
+            ));
+        }
+        if new.is_empty() && offset == known {
+            return Ok(());
+        }
+        let s = self.slot_or_insert(request_id);
+        let hashes = &mut self.requests[s as usize].as_mut().expect("live slot").hashes;
+        hashes.truncate(offset);
+        hashes.extend(new);
+        Ok(())
+    }
+
+    /// Cache hit for a request of `num_tokens` tokens: blocks per group and
+    /// the number of hit tokens. Changes nothing.
+    pub fn get_computed_blocks(&self, request_id: &str, num_tokens: usize) -> CoreResult<(Vec<Vec<BlockId>>, usize)> {
+        if num_tokens == 0 {
+            return invalid(format!("request {request_id:?} has no tokens"));
+        }
+        let empty: &[Box<[u8]>] = &[];
+        let hashes = self.slot(request_id).map_or(empty, |s| self.hashes(s));
+        // A full hit must still recompute the last token to get logits.
+        Ok(self.coord.find_longest_cache_hit(hashes, num_tokens - 1))
+    }
+
+    fn check_new_computed(&self, slot: Option<ReqSlot>, args: &AllocateArgs) -> CoreResult<()> {
+        let Some(nc) = args.new_computed_blocks else {
+            return Ok(());
+        };
+        if nc.len() != self.num_groups() {
+            return invalid(format!(
+                "new_computed_blocks has {} groups, the manager has {}",
+                nc.len(),
+                self.num_groups()
+            ));
+        }
+        for &b in nc.iter().flatten() {
+            self.coord.pool.check_block_id(b)?;
+        }
+        if !self.enable_caching && nc.iter().any(|g| !g.is_empty()) {
+            return invalid("new_computed_blocks must be empty when prefix caching is disabled");
+        }
+        for (m, g) in self.coord.managers.iter().zip(nc) {
+            let running = slot.is_some_and(|s| m.is_running(s));
+            if running && !g.is_empty() {
+                return invalid("a running request cannot take new computed blocks");
+            }
+        }
+        Ok(())
+    }
+
+    /// vLLM's `allocate_slots`: `Ok(None)` when the free blocks do not suffice
+    /// (nothing changed then, except blocks outside the attention window).
+    pub fn allocate_slots(&mut self, request_id: &str, args: &AllocateArgs) -> CoreResult<Option<Vec<Vec<BlockId>>>> {
+        if args.num_new_tokens == 0 && args.num_external_computed_tokens == 0 {
+            return invalid("num_new_tokens must be greater than 0 when there are no external computed tokens");
+        }
+        let slot = self.slot(request_id);
+        self.check_new_computed(slot, args)?;
+        let empty: Vec<Vec<BlockId>> = vec![Vec::new(); self.num_groups()];
+        let new_computed: &[Vec<BlockId>] = args.new_computed_blocks.unwrap_or(&empty);
+        let adds_computed = args.new_computed_blocks.is_some() || args.num_external_computed_tokens > 0;
+        if adds_computed {
+            if let Some(s) = slot {
+                let stale = self.coord.managers.iter().any(|m| !m.is_running(s) && !m.blocks(s).is_empty());
+                if stale {
+                    return invalid(format!(
+                        "request {request_id:?} already holds blocks but is not running; \
+                         free it before giving it computed blocks"
+                    ));
+                }
+            }
+        }
+
+        let num_local_computed = args.num_computed_tokens + args.num_new_computed_tokens;
+        let total_computed = (num_local_computed + args.num_external_computed_tokens).min(self.max_model_len);
+        let caches = self.enable_caching && !args.delay_cache_blocks;
+        let num_tokens_to_cache = (total_computed + args.num_new_tokens).min(args.num_tokens);
+        if caches {
+            self.check_hashes_for_cache(request_id, slot, new_computed, adds_computed, num_tokens_to_cache)?;
+        }
+
+        // From here on the call is valid; every path below only succeeds.
+        let slot = self.slot_or_insert(request_id);
+        if args.full_sequence_must_fit {
+            let full = args.num_tokens.min(self.max_model_len);
+            let need = self.coord.get_num_blocks_to_allocate(slot, full, new_computed, total_computed);
+            if need > self.coord.pool.num_free_blocks() {
+                self.release_if_idle(slot);
+                return Ok(None);
+            }
+        }
+        let num_tokens_main_model = total_computed + args.num_new_tokens;
+        let num_tokens_need_slot = (num_tokens_main_model + args.num_lookahead_tokens).min(self.max_model_len);
+
+        // Blocks outside the window are freed even if the allocation fails.
+        self.coord.remove_skipped_blocks(slot, total_computed);
+        let need = self.coord.get_num_blocks_to_allocate(
+            slot,
+            num_tokens_need_slot,
+            new_computed,
+            num_local_computed + args.num_external_computed_tokens,
+        );
+        let available = self.coord.pool.num_free_blocks() as i64 - args.reserved_blocks as i64;
+        if need as i64 > available {
+            self.release_if_idle(slot);
+            return Ok(None);
+        }
+        if adds_computed {
+            self.coord.allocate_new_computed_blocks(
+                slot,
+                new_computed,
+                num_local_computed,
+                args.num_external_computed_tokens,
+            );
+        }
+        let new_blocks = self.coord.allocate_new_blocks(slot, num_tokens_need_slot);
+        if caches {
+            let (coord, requests) = (&mut self.coord, &self.requests);
+            let hashes = &requests[slot as usize].as_ref().expect("live slot").hashes;
+            coord.cache_blocks(slot, hashes, num_tokens_to_cache);
+        }
+        Ok(Some(new_blocks))
+    }
+
+    fn check_hashes_for_cache(
+        &self,
+        request_id: &str,
+        slot: Option<ReqSlot>,
+        new_computed: &[Vec<BlockId>],
+        adds_computed: bool,
+        num_tokens: usize,
+    ) -> CoreResult<()> {
+        let have = slot.map_or(0, |s| self.hashes(s).len());
+        let hash_block_size = self.coord.pool.hash_block_size();
+        for (m, nc) in self.coord.managers.iter().zip(new_computed) {
+            let running = slot.is_some_and(|s| m.is_running(s));
+            let cached = match slot {
+                Some(s) if running => m.num_cached_block[&s],
+                _ if adds_computed => nc.len(),
+                _ => 0,
+            };
+            let num_full = num_tokens / m.block_size as usize;
+            let need = num_full * (m.block_size / hash_block_size) as usize;
+            if num_full > cached && have < need {
+                return invalid(format!(
+                    "request {request_id:?} has {have} block hashes but caching {num_tokens} tokens needs {need}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops a request entry that holds nothing (a failed first allocation),
+    /// so unknown requests do not accumulate. Hashes are kept when present.
+    fn release_if_idle(&mut self, slot: ReqSlot) {
+        let holds = self.coord.managers.iter().any(|m| m.holds(slot));
+        let has_hashes = !self.hashes(slot).is_empty();
+        if !holds && !has_hashes {
+            self.drop_slot(slot);
+        }
+    }
+
+    fn drop_slot(&mut self, slot: ReqSlot) {
+        if let Some(state) = self.requests[slot as usize].take() {
+            self.slots.remove(&state.id);
+            self.free_slots.push(slot);
+        }
+    }
+
+    /// Frees every block of the request (tail first) and forgets it.
+    pub fn free(&mut self, request_id: &str) {
+        if let Some(slot) = self.slot(request_id) {
+            self.coord.free(slot);
+            self.drop_slot(slot);
+        }
+    }
+
+    pub fn remove_skipped_blocks(&mut self, request_id: &str, total_computed_tokens: usize) {
+        if let Some(slot) = self.slot(request_id) {
+            self.coord.remove_skipped_blocks(slot, total_computed_tokens);
+        }
+    }
+
+    /// Caches the request's full blocks up to `num_computed_tokens`.
+    pub fn cache_blocks(&mut self, request_id: &str, num_computed_tokens: usize) -> CoreResult<()> {
+        if !self.enable_caching {
+            return Ok(());
+        }
+        let slot = self.slot(request_id);
+        let have = slot.map_or(0, |s| self.hashes(s).len());
+        let need = slot.map_or(0, |s| self.coord.hashes_needed_to_cache(s, num_computed_tokens));
+        let holds = slot.is_some_and(|s| self.coord.managers.iter().all(|m| {
+            m.blocks(s).len() >= num_computed_tokens / m.block_size as usize
+        }));
+        if slot.is_none() || !holds {
+            return invalid(format!(
+                "request {request_id:?} has no blocks for {num_computed_tokens} computed tokens"
+            ));
+        }
+        if have < need {
+            return invalid(format!(
+                "request {request_id:?} has {have} block hashes but caching needs {need}"
+            ));
+        }
+        let slot = slot.expect("checked");
+        let (coord, requests) = (&mut self.coord, &self.requests);
+        let hashes = &requests[slot as usize].as_ref().expect("live slot").hashes;
+        coord.cache_blocks(slot, hashes, num_computed_tokens);
+        Ok(())
+    }
+
+    pub fn evict_blocks(&mut self, ids: &[u32]) -> CoreResult<()> {
+        self.coord.pool.evict_blocks(ids)
+    }
+
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.coord.pool.reset_prefix_cache()
+    }
+
+    pub fn get_num_common_prefix_blocks(&mut self, request_id: &str) -> Vec<usize> {
+        if self.coord.kind == crate::coordinator::CoordinatorKind::NoPrefixCache {
+            return vec![0; self.num_groups()];
+        }
+        // vLLM's defaultdict gives an unknown id an (empty) entry.
+        let slot = self.slot_or_insert(request_id);
+        self.coord.get_num_common_prefix_blocks(slot)
+    }
+
+    pub fn get_block_ids(&self, request_id: &str) -> Vec<Vec<BlockId>> {
+        let slot = self.slot(request_id);
+        self.coord
+            .managers
+            .iter()
+            .map(|m| slot.map_or_else(Vec::new, |s| m.blocks(s).to_vec()))
+            .collect()
+    }
+
+    pub fn take_events(&mut self) -> Vec<PoolEvent> {
+        self.coord.pool.take_events()
+    }
+
+    pub fn has_events(&self) -> bool {
+        self.coord.pool.has_events()
+    }
+
+    pub fn take_new_block_ids(&mut self) -> Vec<BlockId> {
+        let mut out = Vec::new();
+        for m in self.coord.managers.iter_mut() {
+            m.take_new_block_ids(&mut out);
+        }
+        out
+    }
+
+    pub fn new_step_starts(&mut self) {
+        self.coord.new_step_starts();
+    }
+
+    pub fn num_requests(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Full consistency check of pool, tables and ref counts.
+    pub fn check_invariants(&self) -> CoreResult<()> {
+        let fail = |m: String| Err(CoreError::Invariant(m));
+        if let Err(m) = self.coord.pool.check_invariants() {
+            return fail(m);
+        }
+        let n = self.coord.pool.num_blocks() as usize;
+        let mut holders = vec![0i64; n];
+        let mut owner_group = vec![u32::MAX; n];
+        for m in &self.coord.managers {
+            for (slot, table) in m.tables() {
+                if self.requests.get(slot as usize).and_then(|r| r.as_ref()).is_none() {
+                    return fail(format!("group {} holds a table for a dead request slot", m.group_id));
+                }
+                for &b in table {
+                    if b == crate::block_pool::NULL_BLOCK {
+                        continue;
+                    }
+                    if owner_group[b as usize] != u32::MAX && owner_group[b as usize] != m.group_id {
+                        return fail(format!("block {b} is in two groups"));
+                    }
+                    owner_group[b as usize] = m.group_id;
+                    holders[b as usize] += 1;
+                }
+            }
+        }
+        for b in 1..n {
+            let rc = i64::from(self.coord.pool.ref_cnt(b as BlockId));
+            if rc != holders[b] {
+                return fail(format!("block {b} has ref_cnt {rc} but {} holders", holders[b]));
+            }
+        }
+        Ok(())
+    }
+}
+

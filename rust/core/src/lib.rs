@@ -1,0 +1,30 @@
+//! hybridcache-core: a KV-cache block manager with vLLM 0.23.0's semantics,
+//! in pure Rust (no PyO3, no unsafe). The Python facade lives in
+//! `python/hybridcache`, the binding in `rust/python`.
+#![forbid(unsafe_code)]
+
+pub mod block_pool;
+pub mod coordinator;
+pub mod error;
+pub mod events;
+pub mod free_queue;
+pub mod hashes;
+pub mod kv_manager;
+pub mod manager;
+pub mod prefix_map;
+pub mod spec;
+
+pub use block_pool::{BlockPool, NULL_BLOCK};
+pub use error::{CoreError, CoreResult};
+pub use events::PoolEvent;
+pub use kv_manager::{AllocateArgs, KvCacheManager, ManagerConfig};
+pub use spec::{GroupSpec, SpecKind};
+
+/// Block ids are u32; block 0 is the null block.
+pub type BlockId = u32;
+/// Dense index of a request inside the manager.
+pub type ReqSlot = u32;
+
+pub(crate) fn cdiv(n: usize, d: usize) -> usize {
+    n.div_ceil(d)
+}
