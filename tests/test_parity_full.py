@@ -12,9 +12,15 @@ import itertools
 
 import pytest
 
-from hybridcache.replay import ReplayConfig, ReplayDivergence, replay, run_single
+from hybridcache.replay import (
+    DEFAULT_CONFIG,
+    ReplayConfig,
+    ReplayDivergence,
+    replay,
+    run_single,
+)
 
-SEEDS = (0, 1, 2)
+SEEDS = range(6)
 
 
 def _config(caching: bool, events: bool, block_size: int, eagle: bool, seed: int) -> ReplayConfig:
@@ -26,7 +32,7 @@ def _config(caching: bool, events: bool, block_size: int, eagle: bool, seed: int
     else:
         shape = dict(num_blocks=14, max_model_len=768, max_prompt_len=600,
                      max_shared_prefix_len=512, max_num_batched_tokens=256)
-    drafts = (4, 16, 7) if eagle else (0, 8, 16)
+    drafts = (4, 16, 7, 1) if eagle else (0, 8, 16, 3)
     return ReplayConfig(
         block_size=block_size,
         enable_caching=caching,
@@ -34,7 +40,7 @@ def _config(caching: bool, events: bool, block_size: int, eagle: bool, seed: int
         use_eagle=eagle,
         log_stats=seed != 1,
         max_drafts=drafts[seed % len(drafts)],
-        num_requests=50,
+        num_requests=80,
         **shape,
     )
 
@@ -97,6 +103,13 @@ def test_parity_with_vllm(params, vllm_factory, hybridcache_factory):
     _check_coverage(summaries, caching)
     if caching and events:
         assert sum(s.events for s in summaries) > 0
+
+
+@pytest.mark.parametrize("seed", (100, 101))
+def test_parity_default_config(seed, vllm_factory, hybridcache_factory):
+    """The long CLI trace (DEFAULT_CONFIG) also matches."""
+    summary = replay(DEFAULT_CONFIG, seed, [vllm_factory, hybridcache_factory])
+    _check_coverage([summary], caching=True)
 
 
 @pytest.mark.parametrize("params", MATRIX[::3], ids=_matrix_id)

@@ -622,7 +622,9 @@ class _Simulation:
         self.fan.call("usage", lambda m, i: m.usage, norm_usage)
         events = self.fan.call("take_events", lambda m, i: m.take_events(), norm_events)[0]
         self.summary.events += len(events)
-        self.fan.call("make_prefix_cache_stats", lambda m, i: m.make_prefix_cache_stats(), norm_stats)
+        self.fan.call(
+            "make_prefix_cache_stats", lambda m, i: m.make_prefix_cache_stats(), norm_stats
+        )
 
     def _break_stalls(self, scheduled: dict[str, int]) -> None:
         """Abort the head waiting request when blocks held by waiting requests
@@ -634,8 +636,18 @@ class _Simulation:
             self.summary.stalls += 1
             self.idle_steps = 0
 
-    def finish(self) -> None:
-        """Drain: free everything, then a reset that must succeed."""
+    def run(self) -> ReplaySummary:
+        start = time.perf_counter()
+        while not self._done() and self.summary.steps < self.cfg.max_steps:
+            self.step()
+        self.fan.step = self.summary.steps
+        self._drain()
+        self.summary.seconds = time.perf_counter() - start
+        self.summary.ops = self.fan.ops
+        return self.summary
+
+    def _drain(self) -> None:
+        """Free everything, then a prefix-cache reset (which must succeed)."""
         for queue in (self.running, self.loading, self.waiting):
             while queue:
                 self._abort(queue, len(queue) - 1)
@@ -648,17 +660,10 @@ class _Simulation:
 # --------------------------------------------------------------------------
 
 
-def _run(config: ReplayConfig, seed: int, managers: Sequence[Any], names: Sequence[str]) -> ReplaySummary:
-    fanout = _Fanout(managers, names, seed)
-    sim = _Simulation(config, seed, fanout)
-    start = time.perf_counter()
-    while not sim._done() and sim.summary.steps < config.max_steps:
-        sim.step()
-    fanout.step = sim.summary.steps
-    sim.finish()
-    sim.summary.seconds = time.perf_counter() - start
-    sim.summary.ops = fanout.ops
-    return sim.summary
+def _run(
+    config: ReplayConfig, seed: int, managers: Sequence[Any], names: Sequence[str]
+) -> ReplaySummary:
+    return _Simulation(config, seed, _Fanout(managers, names, seed)).run()
 
 
 def replay(
@@ -692,7 +697,9 @@ def make_kv_cache_config(num_blocks: int, block_size: int) -> Any:
         KVCacheGroupSpec,
     )
 
-    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    spec = FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
     return KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],

@@ -1,0 +1,186 @@
+"""KV-cache events and prefix-cache stats in vLLM's own classes when vLLM is
+importable (so publishers, routers and metrics keep working), else in
+look-alike classes with the same fields in the same order."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any
+
+MEDIUM_GPU = "GPU"
+
+
+@dataclass
+class BlockStored:
+    block_hashes: list[Any]
+    parent_block_hash: Any
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+@dataclass
+class BlockRemoved:
+    block_hashes: list[Any]
+    medium: str | None
+    group_idx: int | None = None
+
+
+@dataclass
+class AllBlocksCleared:
+    pass
+
+
+@dataclass
+class PrefixCacheStats:
+    reset: bool = False
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += num_hits
+
+
+def _vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def event_classes() -> tuple[type, type, type]:
+    """(BlockStored, BlockRemoved, AllBlocksCleared), vLLM's when importable."""
+    if _vllm_available():
+        from vllm.distributed import kv_events as ev
+
+        return ev.BlockStored, ev.BlockRemoved, ev.AllBlocksCleared
+    return BlockStored, BlockRemoved, AllBlocksCleared
+
+
+def prefix_cache_stats_class() -> type:
+    if _vllm_available():
+        from vllm.v1.metrics.stats import PrefixCacheStats as VllmStats
+
+        return VllmStats
+    return PrefixCacheStats
+
+
+def external_hash(h: bytes) -> bytes | int:
+    """vLLM's `maybe_convert_block_hash`: the low 64 bits as an int unless
+    VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0."""
+    if not int(os.getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")):
+        return h
+    return int.from_bytes(h, "big") & ((1 << 64) - 1)
+
+
+def _mm_extra_keys(request: Any, start: int, end: int, mm_idx: int) -> tuple[list[Any], int]:
+    feats = getattr(request, "mm_features", None)
+    if not feats:
+        return [], mm_idx
+    last = feats[-1].mm_position
+    if last.offset + last.length <= start:
+        return [], mm_idx
+    if mm_idx < 0:
+        mm_idx = len(feats) + mm_idx
+    keys: list[Any] = []
+    while mm_idx < len(feats):
+        f = feats[mm_idx]
+        offset, length = f.mm_position.offset, f.mm_position.length
+        if end <= offset:
+            break
+        if start >= offset + length:
+            mm_idx += 1
+            continue
+        keys.append((f.identifier, offset - start))
+        if end >= offset + length:
+            mm_idx += 1
+        else:
+            break
+    return keys, mm_idx
+
+
+def _prompt_embeds_keys(request: Any, start: int, end: int) -> list[bytes]:
+    embeds = getattr(request, "prompt_embeds", None)
+    if embeds is None:
+        return []
+    cache = request._prompt_embeds_per_block_hashes
+    digest = cache.get((start, end))
+    if digest is None:
+        from vllm.v1.utils import tensor_data  # only requests with embeds get here
+
+        digest = hashlib.sha256(tensor_data(embeds[start:end])).digest()
+        cache[(start, end)] = digest
+    return [digest]
+
+
+def block_extra_keys(request: Any, start: int, end: int, mm_idx: int) -> tuple[tuple[Any, ...] | None, int]:
+    """vLLM's per-block extra keys: LoRA name, multimodal ids, cache salt
+    (first block only), prompt-embeds hash."""
+    mm_keys, mm_idx = _mm_extra_keys(request, start, end, mm_idx)
+    lora = getattr(request, "lora_request", None)
+    lora_keys = [lora.lora_name] if lora else []
+    salt = getattr(request, "cache_salt", None)
+    salt_keys = [salt] if (start == 0 and salt) else []
+    keys = lora_keys + mm_keys + salt_keys + _prompt_embeds_keys(request, start, end)
+    return (tuple(keys) if keys else None), mm_idx
+
+
+class EventBuilder:
+    """Turns the core's event tuples into event objects, reading from the
+    request of the call that produced them what only it knows."""
+
+    def __init__(self, group_kinds: list[tuple[str, int | None]]) -> None:
+        self._stored, self._removed, self._cleared = event_classes()
+        self._group_kinds = group_kinds
+
+    def build(self, raw: list[tuple], request: Any) -> list[Any]:
+        out = []
+        for ev in raw:
+            tag = ev[0]
+            if tag == "stored":
+                out.append(self._build_stored(ev, request))
+            elif tag == "removed":
+                out.append(self._removed(block_hashes=[external_hash(ev[1])], medium=MEDIUM_GPU, group_idx=ev[2]))
+            else:
+                out.append(self._cleared())
+        return out
+
+    def _build_stored(self, ev: tuple, request: Any) -> Any:
+        _, hashes, parent, start, end, block_size, group, positions = ev
+        extra: list[Any] = []
+        mm_idx = 0
+        for pos in positions:
+            keys, mm_idx = block_extra_keys(request, pos * block_size, (pos + 1) * block_size, mm_idx)
+            extra.append(keys)
+        lora = getattr(request, "lora_request", None)
+        kind, window = self._group_kinds[group]
+        return self._stored(
+            block_hashes=[external_hash(h) for h in hashes],
+            parent_block_hash=None if parent is None else external_hash(parent),
+            token_ids=list(request.all_token_ids[start:end]),
+            block_size=block_size,
+            lora_id=lora.adapter_id if lora else None,
+            medium=MEDIUM_GPU,
+            lora_name=lora.name if lora else None,
+            extra_keys=extra if extra else None,
+            group_idx=group,
+            kv_cache_spec_kind=kind,
+            kv_cache_spec_sliding_window=window,
+        )
