@@ -1,0 +1,105 @@
+"""Typing stub of the PyO3 extension `hybridcache._native` (rust/python/src/lib.rs).
+
+Integer arguments are taken as Python ints (i64 on the Rust side); counts and
+offsets that are negative raise ValueError naming the argument. Block hashes
+are `bytes`. Errors of the core map to: ValueError (invalid argument),
+KeyError (unknown request), NotImplementedError (unsupported feature),
+RuntimeError (broken invariant or a caught panic).
+"""
+
+from collections.abc import Sequence
+from typing import Final, Literal, TypeAlias, final
+
+__all__ = ["NativeManager", "__version__"]
+
+__version__: Final[str]
+
+# ("stored", hashes, parent hash, start_token, end_token, block_size, group, positions)
+_StoredEvent: TypeAlias = tuple[Literal["stored"], list[bytes], bytes | None, int, int, int, int, list[int]]
+# ("removed", hash, group)
+_RemovedEvent: TypeAlias = tuple[Literal["removed"], bytes, int]
+# ("cleared",)
+_ClearedEvent: TypeAlias = tuple[Literal["cleared"]]
+_RawEvent: TypeAlias = _StoredEvent | _RemovedEvent | _ClearedEvent
+
+# (kind, block_size, is_eagle_group, reports_new_block_ids); kind is
+# "full_attention" (any other kind raises NotImplementedError).
+_GroupArg: TypeAlias = tuple[str, int, bool, bool]
+
+@final
+class NativeManager:
+    """The native manager; use `hybridcache.KVCacheManager`, which wraps it."""
+
+    def __new__(
+        cls,
+        num_blocks: int,
+        groups: Sequence[_GroupArg],
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_num_batched_tokens: int | None,
+        enable_caching: bool,
+        use_eagle: bool,
+        enable_events: bool,
+    ) -> NativeManager: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    @property
+    def usage(self) -> float: ...
+    @property
+    def num_requests(self) -> int: ...
+    def num_known_hashes(self, request_id: str) -> int: ...
+    def sync_hashes(self, request_id: str, offset: int, hashes: Sequence[bytes]) -> None: ...
+    def get_computed_blocks(
+        self,
+        request_id: str,
+        num_tokens: int,
+        hashes_from: int,
+        new_hashes: Sequence[bytes] | None,
+    ) -> tuple[tuple[list[int], ...], int]:
+        """Hashes from `hashes_from` on are stored first; returns (blocks per group, hit tokens)."""
+    def allocate_slots(
+        self,
+        request_id: str,
+        num_new_tokens: int,
+        num_computed_tokens: int,
+        num_tokens: int,
+        num_new_computed_tokens: int,
+        new_computed_blocks: Sequence[Sequence[int]] | None,
+        num_lookahead_tokens: int,
+        num_external_computed_tokens: int,
+        delay_cache_blocks: bool,
+        num_encoder_tokens: int,
+        full_sequence_must_fit: bool,
+        reserved_blocks: int,
+        hashes_from: int,
+        new_hashes: Sequence[bytes] | None,
+    ) -> tuple[list[int], ...] | None: ...
+    def free(self, request_id: str) -> None: ...
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None: ...
+    def cache_blocks(
+        self,
+        request_id: str,
+        num_computed_tokens: int,
+        hashes_from: int,
+        new_hashes: Sequence[bytes] | None,
+    ) -> None: ...
+    def evict_blocks(self, block_ids: Sequence[int]) -> None: ...
+    def reset_prefix_cache(self) -> bool: ...
+    def get_num_common_prefix_blocks(self, request_id: str) -> list[int]: ...
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]: ...
+    def has_events(self) -> bool: ...
+    def take_events(self) -> list[_RawEvent]:
+        """Events as tuples: ("stored", hashes, parent, start_token, end_token,
+        block_size, group, positions), ("removed", hash, group), ("cleared",)."""
+    def take_new_block_ids(self) -> list[int]: ...
+    def new_step_starts(self) -> None: ...
+    def ref_cnt(self, block_id: int) -> int: ...
+    def block_hash(self, block_id: int) -> tuple[bytes, int] | None:
+        """(hash bytes, group id) of a cached block, else None."""
+    def unhashed(self, block_ids: Sequence[int]) -> list[bool]:
+        """Which of the given blocks carry no cached hash."""
+    def free_queue(self) -> list[int]: ...
+    def check_invariants(self) -> None: ...
