@@ -16,6 +16,7 @@ from hybridcache.replay import (
     DEFAULT_CONFIG,
     ReplayConfig,
     ReplayDivergence,
+    main,
     replay,
     run_single,
 )
@@ -130,6 +131,12 @@ def test_run_single_matches_replay(hybridcache_factory):
     assert _without_time(single) == _without_time(replay(cfg, 2, [hybridcache_factory]))
 
 
+def test_cli_replays_and_compares(capsys, vllm_available):
+    assert main(["--seeds", "2", "--requests", "30", "--compare", "vllm"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all("'ops'" in line for line in lines)
+
+
 def _without_time(summary):
     return dataclasses.replace(summary, seconds=0.0)
 
@@ -225,6 +232,39 @@ def test_divergence_is_detected(lie, vllm_factory):
     assert err.seed == 0 and err.step >= 0
     assert err.op.startswith(method)
     assert err.values[0][1] != err.values[1][1]
+
+
+class _ReversedFreeQueue:
+    def __init__(self, queue):
+        self._queue = queue
+
+    def get_all_free_blocks(self):
+        return self._queue.get_all_free_blocks()[::-1]
+
+
+def test_pool_state_divergence_is_detected(vllm_factory):
+    """A free queue in another order is caught before it changes any block id."""
+
+    class QueueLiar:
+        def __init__(self, inner):
+            self._inner = inner
+            self.block_pool = _PoolProxy(inner.block_pool)
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+    class _PoolProxy:
+        def __init__(self, pool):
+            self._pool = pool
+            self.free_block_queue = _ReversedFreeQueue(pool.free_block_queue)
+
+        def __getattr__(self, name):
+            return getattr(self._pool, name)
+
+    cfg = _config(True, True, 16, False, seed=0)
+    with pytest.raises(ReplayDivergence, match="block_pool state") as info:
+        replay(cfg, 0, [vllm_factory, lambda c: QueueLiar(vllm_factory(c))])
+    assert info.value.step == 0
 
 
 def test_free_block_divergence_is_detected(vllm_factory):

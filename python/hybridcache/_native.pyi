@@ -22,9 +22,13 @@ _RemovedEvent: TypeAlias = tuple[Literal["removed"], bytes, int]
 _ClearedEvent: TypeAlias = tuple[Literal["cleared"]]
 _RawEvent: TypeAlias = _StoredEvent | _RemovedEvent | _ClearedEvent
 
-# (kind, block_size, is_eagle_group, reports_new_block_ids); kind is
-# "full_attention" (any other kind raises NotImplementedError).
-_GroupArg: TypeAlias = tuple[str, int, bool, bool]
+# (kind, block_size, is_eagle_group, reports_new_block_ids, spec_class,
+#  admission_cap, window_or_chunk, mamba_cache_mode, num_speculative_blocks).
+# kind: "full_attention", "sliding_window", "chunked_local", "cross_attention"
+# or "mamba" (any other raises NotImplementedError); window_or_chunk is the
+# sliding window / attention chunk size (ignored by other kinds);
+# mamba_cache_mode: "none", "all" or "align" (read for "mamba" only).
+_GroupArg: TypeAlias = tuple[str, int, bool, bool, int, int | None, int, str, int]
 
 @final
 class NativeManager:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hybridcache import _native
+from hybridcache.arguments import explain_conversion_error
 from hybridcache.block_pool import BlockPoolView
 from hybridcache.blocks import KVCacheBlocks
 from hybridcache.config import check_retention_interval, read_groups, read_num_blocks
@@ -47,11 +48,12 @@ class KVCacheManager:
             raise NotImplementedError(
                 "metrics_collector (per-block KV cache residency metrics) is not supported by hybridcache yet"
             )
-        groups = read_groups(kv_cache_config)
-        check_retention_interval(groups)
         self.max_model_len = _positive_int("max_model_len", max_model_len)
         if max_num_batched_tokens is None:
+            # As vLLM: no admission cap beyond max_model_len.
             max_num_batched_tokens = max_model_len
+        groups = read_groups(kv_cache_config, max_num_batched_tokens, self.max_model_len)
+        check_retention_interval(groups)
         self.enable_caching = bool(enable_caching)
         self.use_eagle = bool(use_eagle)
         self.log_stats = bool(log_stats)
@@ -138,7 +140,10 @@ class KVCacheManager:
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0
         offset, new = self._new_hashes(request)
-        ids, hits = self._native.get_computed_blocks(request.request_id, request.num_tokens, offset, new)
+        try:
+            ids, hits = self._native.get_computed_blocks(request.request_id, request.num_tokens, offset, new)
+        except (OverflowError, TypeError) as e:
+            raise explain_conversion_error(e, {"request.num_tokens": request.num_tokens}, request) from e
         self._hashes_sent(request, new)
         if self.log_stats:
             self.prefix_cache_stats.record(
@@ -160,22 +165,35 @@ class KVCacheManager:
         reserved_blocks: int = 0,
     ) -> KVCacheBlocks | None:
         offset, new = self._new_hashes(request) if self.enable_caching else (0, None)
-        ids = self._native.allocate_slots(
-            request.request_id,
-            num_new_tokens,
-            request.num_computed_tokens,
-            request.num_tokens,
-            num_new_computed_tokens,
-            self._ids_of(new_computed_blocks),
-            num_lookahead_tokens,
-            num_external_computed_tokens,
-            delay_cache_blocks,
-            num_encoder_tokens,
-            full_sequence_must_fit,
-            reserved_blocks,
-            offset,
-            new,
-        )
+        try:
+            ids = self._native.allocate_slots(
+                request.request_id,
+                num_new_tokens,
+                request.num_computed_tokens,
+                request.num_tokens,
+                num_new_computed_tokens,
+                self._ids_of(new_computed_blocks),
+                num_lookahead_tokens,
+                num_external_computed_tokens,
+                delay_cache_blocks,
+                num_encoder_tokens,
+                full_sequence_must_fit,
+                reserved_blocks,
+                offset,
+                new,
+            )
+        except (OverflowError, TypeError) as e:
+            counts = {
+                "num_new_tokens": num_new_tokens,
+                "request.num_computed_tokens": request.num_computed_tokens,
+                "request.num_tokens": request.num_tokens,
+                "num_new_computed_tokens": num_new_computed_tokens,
+                "num_lookahead_tokens": num_lookahead_tokens,
+                "num_external_computed_tokens": num_external_computed_tokens,
+                "num_encoder_tokens": num_encoder_tokens,
+                "reserved_blocks": reserved_blocks,
+            }
+            raise explain_conversion_error(e, counts, request) from e
         self._hashes_sent(request, new)
         if self._events_on:
             self._drain_events(request)
@@ -220,7 +238,10 @@ class KVCacheManager:
         if not self.enable_caching:
             return
         offset, new = self._new_hashes(request)
-        self._native.cache_blocks(request.request_id, num_computed_tokens, offset, new)
+        try:
+            self._native.cache_blocks(request.request_id, num_computed_tokens, offset, new)
+        except (OverflowError, TypeError) as e:
+            raise explain_conversion_error(e, {"num_computed_tokens": num_computed_tokens}, request) from e
         self._hashes_sent(request, new)
         self._drain_events(request)
 

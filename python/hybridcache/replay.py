@@ -21,7 +21,7 @@ import dataclasses
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .request import LoRARequest, Request
@@ -62,6 +62,9 @@ class ReplayConfig:
     lora_prob: float = 0.05
     cache_salt_prob: float = 0.05
     skip_prefix_cache_prob: float = 0.03
+    # Reusing the id of a request already freed is legal and catches state
+    # keyed by request id that outlives free().
+    reuse_request_id_prob: float = 0.1
     external_tokens_prob: float = 0.15
     async_load_prob: float = 0.3
     full_sequence_must_fit_prob: float = 0.2
@@ -70,6 +73,9 @@ class ReplayConfig:
     evict_prob: float = 0.08
     reset_prob: float = 0.03
     remove_skipped_prob: float = 0.05
+    # Also compare every block's ref_cnt and hash and the free-queue order
+    # (vLLM's BlockPool attributes that connectors read) after every step.
+    compare_pool_state: bool = True
     max_steps: int = 20_000
 
     def __post_init__(self) -> None:
@@ -126,7 +132,23 @@ class ReplayDivergence(AssertionError):
     def __init__(self, seed: int, step: int, op: str, values: Sequence[tuple[str, Any]]):
         self.seed, self.step, self.op, self.values = seed, step, op, list(values)
         shown = "\n".join(f"  {name}: {value!r}" for name, value in self.values)
-        super().__init__(f"divergence at seed={seed} step={step} op={op}\n{shown}")
+        ref = self.values[0][1]
+        odd = next((v for _, v in self.values[1:] if v != ref), ref)
+        where = _first_difference(ref, odd)
+        super().__init__(f"divergence at seed={seed} step={step} op={op}{where}\n{shown}")
+
+
+def _first_difference(a: Any, b: Any, path: str = "") -> str:
+    """Locates the first differing element of two nested tuples, for big values."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return _first_difference(x, y, f"{path}[{i}]")
+        if len(a) != len(b):
+            return f" (lengths differ at {path or 'top'}: {len(a)} != {len(b)})"
+    if not path:
+        return ""
+    return f" (first difference at {path}: {a!r} != {b!r})"
 
 
 # --------------------------------------------------------------------------
@@ -176,6 +198,13 @@ def norm_blocks(blocks: Any) -> tuple[tuple[int, ...], ...] | None:
     return tuple(tuple(group) for group in blocks.get_block_ids())
 
 
+def norm_allocated(blocks: Any) -> Any:
+    """Block ids, plus which of them are still unhashed (not yet cached)."""
+    if blocks is None:
+        return None
+    return norm_blocks(blocks), _freeze(blocks.get_unhashed_block_ids_all_groups())
+
+
 def norm_computed(result: tuple[Any, int]) -> tuple[Any, int]:
     blocks, num_hit_tokens = result
     return norm_blocks(blocks), num_hit_tokens
@@ -203,6 +232,14 @@ def norm_stats(stats: Any) -> tuple[tuple[str, Any], ...] | None:
     if stats is None:
         return None
     return tuple((name, getattr(stats, name)) for name in _STATS_FIELDS)
+
+
+def pool_state(manager: Any) -> tuple[Any, ...]:
+    """(ref_cnt, block_hash) of every block and the free queue's order."""
+    pool = manager.block_pool
+    blocks = tuple((b.ref_cnt, b.block_hash) for b in pool.blocks)
+    free_order = tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks())
+    return blocks, free_order
 
 
 def norm_usage(usage: float) -> float:
@@ -287,6 +324,7 @@ class _Simulation:
         self.prefixes = [self._prefix() for _ in range(config.num_shared_prefixes)]
         self.prompts: list[list[int]] = []
         self.next_req = 0
+        self.freed_ids: list[str] = []
         self.waiting: list[_Seq] = []
         self.running: list[_Seq] = []
         self.loading: list[_Seq] = []  # async KV loads in flight
@@ -325,7 +363,7 @@ class _Simulation:
             lora = LoRARequest(f"lora{lora_id}", lora_id)
         salt = f"salt{rng.randint(0, 1)}" if rng.random() < cfg.cache_salt_prob else None
         req = Request(
-            f"req-{self.next_req}",
+            self._request_id(),
             self._prompt(),
             cfg.hash_block_size,
             lora_request=lora,
@@ -334,6 +372,11 @@ class _Simulation:
         )
         self.next_req += 1
         return _Seq(req, max_tokens=rng.randint(1, cfg.max_output_len))
+
+    def _request_id(self) -> str:
+        if self.freed_ids and self.rng.random() < self.cfg.reuse_request_id_prob:
+            return self.freed_ids.pop(self.rng.randrange(len(self.freed_ids)))
+        return f"req-{self.next_req}"
 
     def _arrive(self) -> None:
         for _ in range(self.rng.randint(0, self.cfg.max_arrivals_per_step)):
@@ -358,7 +401,7 @@ class _Simulation:
             blocks = computed[i] if computed is not None else None
             return m.allocate_slots(seq.req, num_new_tokens, new_computed_blocks=blocks, **kw)
 
-        result = self.fan.call(op, call, norm_blocks)[0]
+        result = self.fan.call(op, call, norm_allocated)[0]
         if result is None:
             self.summary.failed_allocations += 1
         return result
@@ -409,7 +452,9 @@ class _Simulation:
             )
 
     def _abort(self, queue: list[_Seq], index: int) -> None:
-        self._free(queue.pop(index))
+        seq = queue.pop(index)
+        self._free(seq)
+        self.freed_ids.append(seq.rid)
         self.summary.aborted += 1
 
     def _evict(self) -> None:
@@ -523,6 +568,8 @@ class _Simulation:
             computed = [blocks for blocks, _ in results]
             hit = results[0][1]
             external, async_load = self._external_tokens(req, hit)
+        else:  # its async load finished; as vLLM, pass the shared empty blocks
+            computed = [m.empty_kv_cache_blocks for m in self.fan.managers]
         num_computed = req.num_computed_tokens or hit + external
         num_new = 0 if async_load else min(req.num_tokens - num_computed, budget)
         blocks = self._allocate(
@@ -577,6 +624,7 @@ class _Simulation:
             if self._append_and_check_stop(seq, accepted + 1):
                 self.running.remove(seq)
                 self._free(seq)
+                self.freed_ids.append(seq.rid)
                 self.summary.finished += 1
             else:
                 seq.drafts = self._next_drafts()
@@ -620,6 +668,8 @@ class _Simulation:
             lambda m, i: m.block_pool.get_num_free_blocks(),
         )
         self.fan.call("usage", lambda m, i: m.usage, norm_usage)
+        if self.cfg.compare_pool_state:
+            self.fan.call("block_pool state", lambda m, i: pool_state(m))
         events = self.fan.call("take_events", lambda m, i: m.take_events(), norm_events)[0]
         self.summary.events += len(events)
         self.fan.call(
@@ -716,10 +766,14 @@ def vllm_factory(config: ReplayConfig) -> Any:
 
 
 def hybridcache_factory(config: ReplayConfig) -> Any:
-    """hybridcache's KVCacheManager for `config`."""
-    from . import KVCacheManager
+    """hybridcache's KVCacheManager for `config`, on its own config classes
+    (so the CLI needs neither vLLM nor torch)."""
+    from . import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheManager
 
-    kv_cache_config = make_kv_cache_config(config.num_blocks, config.block_size)
+    kv_cache_config = KVCacheConfig(
+        num_blocks=config.num_blocks,
+        kv_cache_groups=[KVCacheGroupSpec(["layer0"], FullAttentionSpec(config.block_size))],
+    )
     return KVCacheManager(kv_cache_config, **config.manager_kwargs())
 
 

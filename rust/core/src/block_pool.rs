@@ -168,7 +168,11 @@ impl BlockPool {
 
     /// Drops one reference from each block; those reaching zero join the free
     /// queue in the given order (front first when `prepend`).
-    pub fn free_blocks<I: IntoIterator<Item = BlockId> + Clone>(&mut self, blocks: I, prepend: bool) {
+    pub fn free_blocks<I: IntoIterator<Item = BlockId> + Clone>(
+        &mut self,
+        blocks: I,
+        prepend: bool,
+    ) {
         for b in blocks.clone() {
             self.ref_cnt[b as usize] -= 1;
         }
@@ -281,12 +285,18 @@ impl BlockPool {
                 return Err(format!("block {b} is in the free queue twice"));
             }
             if self.ref_cnt[b as usize] != 0 {
-                return Err(format!("free block {b} has ref_cnt {}", self.ref_cnt[b as usize]));
+                return Err(format!(
+                    "free block {b} has ref_cnt {}",
+                    self.ref_cnt[b as usize]
+                ));
             }
             n += 1;
         }
         if n != self.queue.len() {
-            return Err(format!("free count {} != queue length {n}", self.queue.len()));
+            return Err(format!(
+                "free count {} != queue length {n}",
+                self.queue.len()
+            ));
         }
         for b in 1..self.num_blocks {
             if !seen[b as usize] && self.ref_cnt[b as usize] <= 0 {
@@ -305,7 +315,9 @@ impl BlockPool {
         }
         let with_hash = self.block_hash.iter().filter(|h| h.is_some()).count();
         if cached != with_hash {
-            return Err(format!("{with_hash} blocks carry a hash but {cached} are in the map"));
+            return Err(format!(
+                "{with_hash} blocks carry a hash but {cached} are in the map"
+            ));
         }
         Ok(())
     }
@@ -369,7 +381,13 @@ mod tests {
         assert!(p.block_hash(a[1]).is_none());
         let ev = p.take_events();
         assert!(matches!(ev[0], PoolEvent::Stored { ref hashes, .. } if hashes.len() == 2));
-        assert_eq!(ev[1], PoolEvent::Removed { hash: vec![2u8; 8].into(), group: 0 });
+        assert_eq!(
+            ev[1],
+            PoolEvent::Removed {
+                hash: vec![2u8; 8].into(),
+                group: 0
+            }
+        );
         p.check_invariants().unwrap();
     }
 
@@ -379,7 +397,10 @@ mod tests {
         let a = new_blocks(&mut p, 1);
         p.cache_full_blocks(&a, 0, 1, 4, 0, None, |_| Cow::Owned(vec![9; 8]));
         assert!(p.evict_blocks(&[7]).is_err());
-        assert!(p.block_hash(a[0]).is_some(), "rejected call changed nothing");
+        assert!(
+            p.block_hash(a[0]).is_some(),
+            "rejected call changed nothing"
+        );
         assert!(!p.reset_prefix_cache(), "refused while a block is held");
         p.evict_blocks(&[a[0]]).unwrap();
         assert!(p.block_hash(a[0]).is_none());

@@ -6,13 +6,22 @@ use crate::block_pool::BlockPool;
 use crate::error::{CoreError, CoreResult};
 use crate::hashes::ScaledHashes;
 use crate::manager::SingleTypeManager;
-use crate::spec::GroupSpec;
+use crate::spec::{GroupSpec, SpecKind};
 use crate::{BlockId, ReqSlot};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CoordinatorKind {
     NoPrefixCache,
     Unitary,
+    Hybrid,
+}
+
+/// Groups with one spec, looked up together (vLLM's `SpecGroup`).
+#[derive(Debug, Clone)]
+struct SpecGroup {
+    spec: GroupSpec,
+    group_ids: Vec<u32>,
+    use_eagle: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -22,6 +31,34 @@ pub struct Coordinator {
     pub managers: Vec<SingleTypeManager>,
     pub scheduler_block_size: u32,
     eagle_groups: Vec<bool>,
+    // Hybrid only: spec groups, full attention first.
+    spec_groups: Vec<SpecGroup>,
+}
+
+fn same_spec(a: &GroupSpec, b: &GroupSpec) -> bool {
+    if a.spec_class != u32::MAX || b.spec_class != u32::MAX {
+        return a.spec_class == b.spec_class;
+    }
+    a.kind == b.kind && a.block_size == b.block_size
+}
+
+fn check_sizes(
+    groups: &[GroupSpec],
+    scheduler_block_size: u32,
+    hash_block_size: u32,
+) -> CoreResult<()> {
+    if scheduler_block_size == 0
+        || scheduler_block_size % hash_block_size != 0
+        || groups
+            .iter()
+            .any(|g| scheduler_block_size % g.block_size != 0)
+    {
+        return Err(CoreError::InvalidArgument(format!(
+            "scheduler_block_size ({scheduler_block_size}) must be a multiple of \
+             hash_block_size ({hash_block_size}) and of every group's block_size"
+        )));
+    }
+    Ok(())
 }
 
 impl Coordinator {
@@ -33,15 +70,7 @@ impl Coordinator {
     ) -> CoreResult<Self> {
         let enable_caching = pool.enable_caching();
         let hash_block_size = pool.hash_block_size();
-        if scheduler_block_size == 0
-            || scheduler_block_size % hash_block_size != 0
-            || groups.iter().any(|g| scheduler_block_size % g.block_size != 0)
-        {
-            return Err(CoreError::InvalidArgument(format!(
-                "scheduler_block_size ({scheduler_block_size}) must be a multiple of \
-                 hash_block_size ({hash_block_size}) and of every group's block_size"
-            )));
-        }
+        check_sizes(groups, scheduler_block_size, hash_block_size)?;
         let kind = if !enable_caching {
             CoordinatorKind::NoPrefixCache
         } else if groups.len() == 1 {
@@ -54,12 +83,21 @@ impl Coordinator {
             }
             CoordinatorKind::Unitary
         } else {
+            if let Some(g) = groups.iter().find(|g| g.block_size % hash_block_size != 0) {
+                return Err(CoreError::InvalidArgument(format!(
+                    "block_size {} must be divisible by hash_block_size {hash_block_size}",
+                    g.block_size
+                )));
+            }
+            CoordinatorKind::Hybrid
+        };
+        if enable_caching && groups.iter().any(|g| g.kind == SpecKind::CrossAttention) {
+            // vLLM 0.23.0 accepts this config but fails on the first lookup.
             return Err(CoreError::Unsupported(
-                "prefix caching with several KV cache groups (HybridKVCacheCoordinator) \
-                 is not implemented yet"
+                "prefix caching with cross-attention groups (vLLM 0.23.0 cannot serve it either)"
                     .into(),
             ));
-        };
+        }
         let mut eagle_groups: Vec<bool> = groups.iter().map(|g| g.is_eagle_group).collect();
         // vLLM flags every group when EAGLE is on but no group says it is one.
         if use_eagle && !eagle_groups.iter().any(|&e| e) {
@@ -68,30 +106,76 @@ impl Coordinator {
         let mut managers: Vec<SingleTypeManager> = groups
             .iter()
             .enumerate()
-            .map(|(i, g)| SingleTypeManager::new(g.clone(), i as u32, enable_caching))
+            .map(|(i, g)| {
+                SingleTypeManager::new(g.clone(), i as u32, enable_caching, scheduler_block_size)
+            })
             .collect();
-        if kind == CoordinatorKind::Unitary {
-            managers[0].use_eagle = eagle_groups[0];
+        let mut spec_groups = Vec::new();
+        match kind {
+            CoordinatorKind::Unitary => managers[0].use_eagle = eagle_groups[0],
+            CoordinatorKind::Hybrid => {
+                spec_groups = split_spec_groups(groups, &eagle_groups)?;
+                for sg in spec_groups.iter().filter(|sg| sg.use_eagle) {
+                    for &g in &sg.group_ids {
+                        managers[g as usize].use_eagle = true;
+                    }
+                }
+            }
+            CoordinatorKind::NoPrefixCache => {}
         }
-        Ok(Coordinator { kind, pool, managers, scheduler_block_size, eagle_groups })
+        Ok(Coordinator {
+            kind,
+            pool,
+            managers,
+            scheduler_block_size,
+            eagle_groups,
+            spec_groups,
+        })
     }
 
     fn scale(&self, m: &SingleTypeManager) -> usize {
         (m.block_size / self.pool.hash_block_size()) as usize
     }
 
+    /// Blocks the allocation needs (may be negative: Mamba align counts
+    /// over-allocated blocks against the other groups, as vLLM sums them).
+    #[allow(clippy::too_many_arguments)]
     pub fn get_num_blocks_to_allocate(
         &self,
         slot: ReqSlot,
         num_tokens: usize,
         new_computed: &[Vec<BlockId>],
+        num_encoder_tokens: usize,
         total_computed_tokens: usize,
-    ) -> usize {
+        num_tokens_main_model: usize,
+        apply_admission_cap: bool,
+    ) -> i64 {
         self.managers
             .iter()
             .zip(new_computed)
             .map(|(m, nc)| {
-                m.get_num_blocks_to_allocate(&self.pool, slot, num_tokens, nc, total_computed_tokens)
+                if m.spec.kind == SpecKind::CrossAttention {
+                    // One static allocation for the encoder input.
+                    m.get_num_blocks_to_allocate(
+                        &self.pool,
+                        slot,
+                        num_encoder_tokens,
+                        &[],
+                        0,
+                        num_encoder_tokens,
+                        apply_admission_cap,
+                    )
+                } else {
+                    m.get_num_blocks_to_allocate(
+                        &self.pool,
+                        slot,
+                        num_tokens,
+                        nc,
+                        total_computed_tokens,
+                        num_tokens_main_model,
+                        apply_admission_cap,
+                    )
+                }
             })
             .sum()
     }
@@ -114,27 +198,72 @@ impl Coordinator {
         }
     }
 
-    pub fn allocate_new_blocks(&mut self, slot: ReqSlot, num_tokens: usize) -> Vec<Vec<BlockId>> {
+    pub fn allocate_new_blocks(
+        &mut self,
+        slot: ReqSlot,
+        num_tokens: usize,
+        num_tokens_main_model: usize,
+        num_encoder_tokens: usize,
+    ) -> Vec<Vec<BlockId>> {
         self.managers
             .iter_mut()
-            .map(|m| m.allocate_new_blocks(&mut self.pool, slot, num_tokens).to_vec())
+            .map(|m| {
+                let n = if m.spec.kind == SpecKind::CrossAttention {
+                    num_encoder_tokens
+                } else {
+                    num_tokens
+                };
+                m.allocate_new_blocks(&mut self.pool, slot, n, num_tokens_main_model)
+            })
             .collect()
     }
 
-    /// Hashes (at hash_block_size) that caching up to `num_tokens` reads.
-    pub fn hashes_needed_to_cache(&self, slot: ReqSlot, num_tokens: usize) -> usize {
+    /// Tokens each manager caches for `num_tokens` computed tokens.
+    pub fn tokens_to_cache(&self, m: &SingleTypeManager, num_tokens: usize) -> usize {
+        if self.kind != CoordinatorKind::Hybrid {
+            return num_tokens;
+        }
+        // Hits are multiples of scheduler_block_size, so is what is cached;
+        // EAGLE groups match one block past the boundary, so cache it too.
+        let sbs = self.scheduler_block_size as usize;
+        let aligned = num_tokens / sbs * sbs;
+        if m.use_eagle && aligned > 0 {
+            num_tokens.min(aligned + m.block_size as usize)
+        } else {
+            aligned
+        }
+    }
+
+    /// Hashes (at hash_block_size) that caching up to `num_tokens` reads;
+    /// `cached(m)` gives each manager's cached-block count at that point.
+    pub fn hashes_needed_to_cache(
+        &self,
+        num_tokens: usize,
+        cached: impl Fn(&SingleTypeManager) -> usize,
+    ) -> usize {
         self.managers
             .iter()
-            .map(|m| m.hashes_needed_to_cache(slot, num_tokens, self.scale(m)))
+            .map(|m| {
+                m.hashes_needed_to_cache(
+                    cached(m),
+                    self.tokens_to_cache(m, num_tokens),
+                    self.scale(m),
+                )
+            })
             .max()
             .unwrap_or(0)
     }
 
     pub fn cache_blocks(&mut self, slot: ReqSlot, hashes: &[Box<[u8]>], num_tokens: usize) {
-        let hash_block_size = self.pool.hash_block_size();
-        for m in self.managers.iter_mut() {
-            let scale = (m.block_size / hash_block_size) as usize;
-            m.cache_blocks(&mut self.pool, slot, ScaledHashes::new(hashes, scale), num_tokens);
+        for i in 0..self.managers.len() {
+            let tokens = self.tokens_to_cache(&self.managers[i], num_tokens);
+            let scale = self.scale(&self.managers[i]);
+            self.managers[i].cache_blocks(
+                &mut self.pool,
+                slot,
+                ScaledHashes::new(hashes, scale),
+                tokens,
+            );
         }
     }
 
@@ -147,7 +276,7 @@ impl Coordinator {
     pub fn get_num_common_prefix_blocks(&mut self, slot: ReqSlot) -> Vec<usize> {
         match self.kind {
             CoordinatorKind::NoPrefixCache => vec![0; self.managers.len()],
-            CoordinatorKind::Unitary => self
+            _ => self
                 .managers
                 .iter_mut()
                 .map(|m| m.get_num_common_prefix_blocks(&self.pool, slot))
@@ -185,8 +314,118 @@ impl Coordinator {
                 let len = out[0].len() * m.block_size as usize;
                 (out, len)
             }
+            CoordinatorKind::Hybrid => self.hybrid_cache_hit(hashes, max_cache_hit_length),
         }
     }
 
-    pub fn new_step_starts(&mut self) {}
+    /// Fixed point over attention types: each accepts the candidate length
+    /// or shortens it; any shortening restarts the round. Lengths only
+    /// decrease, so it ends.
+    fn hybrid_cache_hit(&self, hashes: &[Box<[u8]>], max_len: usize) -> (Vec<Vec<BlockId>>, usize) {
+        let hash_block_size = self.pool.hash_block_size();
+        let sbs = self.scheduler_block_size as usize;
+        let mut by_group: Vec<Option<Vec<BlockId>>> = vec![None; self.managers.len()];
+        let mut hit_length = max_len;
+        let simple = self.spec_groups.len() == 2 && self.spec_groups[0].spec.is_full_attention();
+        // Spec groups whose EAGLE drop is verified at the current length.
+        let mut eagle_verified = vec![false; self.spec_groups.len()];
+        let mut scratch: Vec<Vec<BlockId>> = Vec::new();
+        loop {
+            let mut curr = hit_length;
+            for (idx, sg) in self.spec_groups.iter().enumerate() {
+                let bs = sg.spec.block_size as usize;
+                if sg.spec.is_full_attention() && by_group[sg.group_ids[0] as usize].is_some() {
+                    // Full attention is downward closed: trim, no new lookup.
+                    curr = curr / bs * bs;
+                    continue;
+                }
+                let drop_eagle = sg.use_eagle && !eagle_verified[idx];
+                // EAGLE matches one more block, then drops it.
+                let max_length = if drop_eagle {
+                    (curr + bs).min(max_len)
+                } else {
+                    curr
+                };
+                scratch.resize(sg.group_ids.len(), Vec::new());
+                SingleTypeManager::find_longest_cache_hit(
+                    &sg.spec,
+                    &self.pool,
+                    ScaledHashes::new(hashes, (sg.spec.block_size / hash_block_size) as usize),
+                    max_length,
+                    &sg.group_ids,
+                    drop_eagle,
+                    sbs,
+                    &mut scratch,
+                );
+                let new_len = scratch[0].len() * bs;
+                if drop_eagle {
+                    eagle_verified[idx] = true;
+                } else if new_len < curr {
+                    eagle_verified.iter_mut().for_each(|v| *v = false);
+                }
+                curr = new_len;
+                for (&g, blocks) in sg.group_ids.iter().zip(scratch.iter_mut()) {
+                    by_group[g as usize] = Some(std::mem::take(blocks));
+                }
+            }
+            if curr >= hit_length {
+                break;
+            }
+            hit_length = curr;
+            if simple {
+                break;
+            }
+        }
+        if let Some(first) = self
+            .spec_groups
+            .first()
+            .filter(|sg| sg.spec.is_full_attention())
+        {
+            let n = hit_length / first.spec.block_size as usize;
+            for &g in &first.group_ids {
+                if let Some(b) = by_group[g as usize].as_mut() {
+                    b.truncate(n);
+                }
+            }
+        }
+        (
+            by_group
+                .into_iter()
+                .map(Option::unwrap_or_default)
+                .collect(),
+            hit_length,
+        )
+    }
+
+    pub fn new_step_starts(&mut self) {
+        for m in self.managers.iter_mut() {
+            m.new_step_starts();
+        }
+    }
+}
+
+/// Groups with equal specs, in first-seen order, then full attention first
+/// (its left-to-right scan gives the tightest first bound).
+fn split_spec_groups(groups: &[GroupSpec], eagle: &[bool]) -> CoreResult<Vec<SpecGroup>> {
+    let mut out: Vec<SpecGroup> = Vec::new();
+    for (i, g) in groups.iter().enumerate() {
+        match out.iter_mut().find(|sg| same_spec(&sg.spec, g)) {
+            Some(sg) => {
+                sg.group_ids.push(i as u32);
+                sg.use_eagle |= eagle[i];
+            }
+            None => out.push(SpecGroup {
+                spec: g.clone(),
+                group_ids: vec![i as u32],
+                use_eagle: eagle[i],
+            }),
+        }
+    }
+    if out.len() < 2 {
+        return Err(CoreError::InvalidArgument(
+            "several KV cache groups with prefix caching need at least two different specs".into(),
+        ));
+    }
+    out.sort_by_key(|sg| !sg.spec.is_full_attention());
+    Ok(out)
 }

@@ -29,7 +29,11 @@ impl FreeQueue {
         }
         next[last as usize] = tail;
         prev[tail as usize] = last;
-        FreeQueue { prev, next, len: n as usize }
+        FreeQueue {
+            prev,
+            next,
+            len: n as usize,
+        }
     }
 
     fn head(&self) -> u32 {

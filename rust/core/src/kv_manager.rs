@@ -42,6 +42,14 @@ pub struct AllocateArgs<'a> {
     pub reserved_blocks: usize,
 }
 
+/// New block hashes of a request: those from index `offset` on. Each
+/// hash crosses from Python once; this is how the rest arrive.
+#[derive(Debug, Clone, Default)]
+pub struct HashUpdate {
+    pub offset: usize,
+    pub hashes: Vec<Box<[u8]>>,
+}
+
 #[derive(Debug, Clone)]
 struct RequestState {
     id: String,
@@ -63,7 +71,8 @@ impl KvCacheManager {
     pub fn new(cfg: ManagerConfig) -> CoreResult<Self> {
         if cfg.groups.is_empty() {
             return Err(CoreError::Unsupported(
-                "a KV cache config without groups (attention-free model) is not implemented yet".into(),
+                "a KV cache config without groups (attention-free model) is not implemented yet"
+                    .into(),
             ));
         }
         for (i, g) in cfg.groups.iter().enumerate() {
@@ -72,7 +81,12 @@ impl KvCacheManager {
         if cfg.max_model_len == 0 {
             return invalid("max_model_len must be > 0");
         }
-        let pool = BlockPool::new(cfg.num_blocks, cfg.enable_caching, cfg.hash_block_size, cfg.enable_events)?;
+        let pool = BlockPool::new(
+            cfg.num_blocks,
+            cfg.enable_caching,
+            cfg.hash_block_size,
+            cfg.enable_events,
+        )?;
         let coord = Coordinator::new(pool, &cfg.groups, cfg.use_eagle, cfg.scheduler_block_size)?;
         Ok(KvCacheManager {
             coord,
@@ -104,7 +118,10 @@ impl KvCacheManager {
         if let Some(s) = self.slot(request_id) {
             return s;
         }
-        let state = RequestState { id: request_id.to_owned(), hashes: Vec::new() };
+        let state = RequestState {
+            id: request_id.to_owned(),
+            hashes: Vec::new(),
+        };
         let s = match self.free_slots.pop() {
             Some(s) => {
                 self.requests[s as usize] = Some(state);
@@ -120,7 +137,10 @@ impl KvCacheManager {
     }
 
     fn hashes(&self, slot: ReqSlot) -> &[Box<[u8]>] {
-        &self.requests[slot as usize].as_ref().expect("live slot").hashes
+        &self.requests[slot as usize]
+            .as_ref()
+            .expect("live slot")
+            .hashes
     }
 
     /// How many of the request's block hashes the core holds.
@@ -130,26 +150,59 @@ impl KvCacheManager {
 
     /// Stores the request's hashes from index `offset` on (the facade sends
     /// each hash once). Creates the request's entry if needed.
-    pub fn sync_hashes(&mut self, request_id: &str, offset: usize, new: Vec<Box<[u8]>>) -> CoreResult<()> {
+    pub fn sync_hashes(
+        &mut self,
+        request_id: &str,
+        offset: usize,
+        new: Vec<Box<[u8]>>,
+    ) -> CoreResult<()> {
+        let update = HashUpdate {
+            offset,
+            hashes: new,
+        };
+        self.hashes_after(request_id, Some(&update))?;
+        self.apply_hashes(request_id, update);
+        Ok(())
+    }
+
+    /// How many hashes the request will hold once `update` is applied;
+    /// refuses an update that leaves a gap.
+    fn hashes_after(&self, request_id: &str, update: Option<&HashUpdate>) -> CoreResult<usize> {
         let known = self.num_known_hashes(request_id);
-        if offset > known {
-            return invalid(format!(
-                "request {request_id:?}: hashes sent from index {offset}, but only {known} are known"
-            ));
+        match update {
+            None => Ok(known),
+            Some(u) if u.offset > known => invalid(format!(
+                "request {request_id:?}: hashes sent from index {}, but only {known} are known",
+                u.offset
+            )),
+            Some(u) => Ok(u.offset + u.hashes.len()),
         }
-        if new.is_empty() && offset == known {
-            return Ok(());
+    }
+
+    fn apply_hashes(&mut self, request_id: &str, update: HashUpdate) {
+        let HashUpdate {
+            offset,
+            hashes: new,
+        } = update;
+        if new.is_empty() && offset == self.num_known_hashes(request_id) {
+            return;
         }
         let s = self.slot_or_insert(request_id);
-        let hashes = &mut self.requests[s as usize].as_mut().expect("live slot").hashes;
+        let hashes = &mut self.requests[s as usize]
+            .as_mut()
+            .expect("live slot")
+            .hashes;
         hashes.truncate(offset);
         hashes.extend(new);
-        Ok(())
     }
 
     /// Cache hit for a request of `num_tokens` tokens: blocks per group and
     /// the number of hit tokens. Changes nothing.
-    pub fn get_computed_blocks(&self, request_id: &str, num_tokens: usize) -> CoreResult<(Vec<Vec<BlockId>>, usize)> {
+    pub fn get_computed_blocks(
+        &self,
+        request_id: &str,
+        num_tokens: usize,
+    ) -> CoreResult<(Vec<Vec<BlockId>>, usize)> {
         if num_tokens == 0 {
             return invalid(format!("request {request_id:?} has no tokens"));
         }
@@ -187,18 +240,32 @@ impl KvCacheManager {
 
     /// vLLM's `allocate_slots`: `Ok(None)` when the free blocks do not suffice
     /// (nothing changed then, except blocks outside the attention window).
-    pub fn allocate_slots(&mut self, request_id: &str, args: &AllocateArgs) -> CoreResult<Option<Vec<Vec<BlockId>>>> {
+    /// Hashes in `update` are stored only once the call is known to be valid.
+    pub fn allocate_slots(
+        &mut self,
+        request_id: &str,
+        args: &AllocateArgs,
+        update: Option<HashUpdate>,
+    ) -> CoreResult<Option<Vec<Vec<BlockId>>>> {
         if args.num_new_tokens == 0 && args.num_external_computed_tokens == 0 {
-            return invalid("num_new_tokens must be greater than 0 when there are no external computed tokens");
+            return invalid(
+                "num_new_tokens must be greater than 0 when there are no external computed tokens",
+            );
         }
+        let have = self.hashes_after(request_id, update.as_ref())?;
         let slot = self.slot(request_id);
         self.check_new_computed(slot, args)?;
         let empty: Vec<Vec<BlockId>> = vec![Vec::new(); self.num_groups()];
         let new_computed: &[Vec<BlockId>] = args.new_computed_blocks.unwrap_or(&empty);
-        let adds_computed = args.new_computed_blocks.is_some() || args.num_external_computed_tokens > 0;
+        let adds_computed =
+            args.new_computed_blocks.is_some() || args.num_external_computed_tokens > 0;
         if adds_computed {
             if let Some(s) = slot {
-                let stale = self.coord.managers.iter().any(|m| !m.is_running(s) && !m.blocks(s).is_empty());
+                let stale = self
+                    .coord
+                    .managers
+                    .iter()
+                    .any(|m| !m.is_running(s) && !m.blocks(s).is_empty());
                 if stale {
                     return invalid(format!(
                         "request {request_id:?} already holds blocks but is not running; \
@@ -209,25 +276,46 @@ impl KvCacheManager {
         }
 
         let num_local_computed = args.num_computed_tokens + args.num_new_computed_tokens;
-        let total_computed = (num_local_computed + args.num_external_computed_tokens).min(self.max_model_len);
+        let total_computed =
+            (num_local_computed + args.num_external_computed_tokens).min(self.max_model_len);
         let caches = self.enable_caching && !args.delay_cache_blocks;
         let num_tokens_to_cache = (total_computed + args.num_new_tokens).min(args.num_tokens);
         if caches {
-            self.check_hashes_for_cache(request_id, slot, new_computed, adds_computed, num_tokens_to_cache)?;
+            self.check_hashes_for_cache(
+                request_id,
+                slot,
+                have,
+                new_computed,
+                adds_computed,
+                total_computed,
+                num_tokens_to_cache,
+            )?;
         }
 
         // From here on the call is valid; every path below only succeeds.
+        if let Some(u) = update {
+            self.apply_hashes(request_id, u);
+        }
         let slot = self.slot_or_insert(request_id);
         if args.full_sequence_must_fit {
             let full = args.num_tokens.min(self.max_model_len);
-            let need = self.coord.get_num_blocks_to_allocate(slot, full, new_computed, total_computed);
-            if need > self.coord.pool.num_free_blocks() {
+            let need = self.coord.get_num_blocks_to_allocate(
+                slot,
+                full,
+                new_computed,
+                args.num_encoder_tokens,
+                total_computed,
+                full,
+                true,
+            );
+            if need > self.coord.pool.num_free_blocks() as i64 {
                 self.release_if_idle(slot);
                 return Ok(None);
             }
         }
         let num_tokens_main_model = total_computed + args.num_new_tokens;
-        let num_tokens_need_slot = (num_tokens_main_model + args.num_lookahead_tokens).min(self.max_model_len);
+        let num_tokens_need_slot =
+            (num_tokens_main_model + args.num_lookahead_tokens).min(self.max_model_len);
 
         // Blocks outside the window are freed even if the allocation fails.
         self.coord.remove_skipped_blocks(slot, total_computed);
@@ -235,10 +323,13 @@ impl KvCacheManager {
             slot,
             num_tokens_need_slot,
             new_computed,
+            args.num_encoder_tokens,
             num_local_computed + args.num_external_computed_tokens,
+            num_tokens_main_model,
+            false,
         );
         let available = self.coord.pool.num_free_blocks() as i64 - args.reserved_blocks as i64;
-        if need as i64 > available {
+        if need > available {
             self.release_if_idle(slot);
             return Ok(None);
         }
@@ -250,7 +341,12 @@ impl KvCacheManager {
                 args.num_external_computed_tokens,
             );
         }
-        let new_blocks = self.coord.allocate_new_blocks(slot, num_tokens_need_slot);
+        let new_blocks = self.coord.allocate_new_blocks(
+            slot,
+            num_tokens_need_slot,
+            num_tokens_main_model,
+            args.num_encoder_tokens,
+        );
         if caches {
             let (coord, requests) = (&mut self.coord, &self.requests);
             let hashes = &requests[slot as usize].as_ref().expect("live slot").hashes;
@@ -259,30 +355,36 @@ impl KvCacheManager {
         Ok(Some(new_blocks))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn check_hashes_for_cache(
         &self,
         request_id: &str,
         slot: Option<ReqSlot>,
+        have: usize,
         new_computed: &[Vec<BlockId>],
         adds_computed: bool,
+        total_computed: usize,
         num_tokens: usize,
     ) -> CoreResult<()> {
-        let have = slot.map_or(0, |s| self.hashes(s).len());
-        let hash_block_size = self.coord.pool.hash_block_size();
-        for (m, nc) in self.coord.managers.iter().zip(new_computed) {
-            let running = slot.is_some_and(|s| m.is_running(s));
-            let cached = match slot {
-                Some(s) if running => m.num_cached_block[&s],
-                _ if adds_computed => nc.len(),
-                _ => 0,
-            };
-            let num_full = num_tokens / m.block_size as usize;
-            let need = num_full * (m.block_size / hash_block_size) as usize;
-            if num_full > cached && have < need {
-                return invalid(format!(
-                    "request {request_id:?} has {have} block hashes but caching {num_tokens} tokens needs {need}"
-                ));
-            }
+        let groups: Vec<usize> = new_computed.iter().map(Vec::len).collect();
+        let need = self
+            .coord
+            .hashes_needed_to_cache(num_tokens, |m| match slot {
+                Some(s) if adds_computed => {
+                    m.num_cached_after_computed(s, groups[m.group_id as usize], total_computed)
+                }
+                Some(s) => m.num_cached_blocks(s),
+                None if adds_computed => m.num_cached_after_computed(
+                    u32::MAX,
+                    groups[m.group_id as usize],
+                    total_computed,
+                ),
+                None => 0,
+            });
+        if have < need {
+            return invalid(format!(
+                "request {request_id:?} has {have} block hashes but caching {num_tokens} tokens needs {need}"
+            ));
         }
         Ok(())
     }
@@ -314,21 +416,33 @@ impl KvCacheManager {
 
     pub fn remove_skipped_blocks(&mut self, request_id: &str, total_computed_tokens: usize) {
         if let Some(slot) = self.slot(request_id) {
-            self.coord.remove_skipped_blocks(slot, total_computed_tokens);
+            self.coord
+                .remove_skipped_blocks(slot, total_computed_tokens);
         }
     }
 
     /// Caches the request's full blocks up to `num_computed_tokens`.
-    pub fn cache_blocks(&mut self, request_id: &str, num_computed_tokens: usize) -> CoreResult<()> {
+    pub fn cache_blocks(
+        &mut self,
+        request_id: &str,
+        num_computed_tokens: usize,
+        update: Option<HashUpdate>,
+    ) -> CoreResult<()> {
         if !self.enable_caching {
             return Ok(());
         }
         let slot = self.slot(request_id);
-        let have = slot.map_or(0, |s| self.hashes(s).len());
-        let need = slot.map_or(0, |s| self.coord.hashes_needed_to_cache(s, num_computed_tokens));
-        let holds = slot.is_some_and(|s| self.coord.managers.iter().all(|m| {
-            m.blocks(s).len() >= num_computed_tokens / m.block_size as usize
-        }));
+        let have = self.hashes_after(request_id, update.as_ref())?;
+        let need = slot.map_or(0, |s| {
+            self.coord
+                .hashes_needed_to_cache(num_computed_tokens, |m| m.num_cached_blocks(s))
+        });
+        let holds = slot.is_some_and(|s| {
+            self.coord
+                .managers
+                .iter()
+                .all(|m| m.blocks(s).len() >= num_computed_tokens / m.block_size as usize)
+        });
         if slot.is_none() || !holds {
             return invalid(format!(
                 "request {request_id:?} has no blocks for {num_computed_tokens} computed tokens"
@@ -340,6 +454,9 @@ impl KvCacheManager {
             ));
         }
         let slot = slot.expect("checked");
+        if let Some(u) = update {
+            self.apply_hashes(request_id, u);
+        }
         let (coord, requests) = (&mut self.coord, &self.requests);
         let hashes = &requests[slot as usize].as_ref().expect("live slot").hashes;
         coord.cache_blocks(slot, hashes, num_computed_tokens);
@@ -407,14 +524,23 @@ impl KvCacheManager {
         let mut owner_group = vec![u32::MAX; n];
         for m in &self.coord.managers {
             for (slot, table) in m.tables() {
-                if self.requests.get(slot as usize).and_then(|r| r.as_ref()).is_none() {
-                    return fail(format!("group {} holds a table for a dead request slot", m.group_id));
+                if self
+                    .requests
+                    .get(slot as usize)
+                    .and_then(|r| r.as_ref())
+                    .is_none()
+                {
+                    return fail(format!(
+                        "group {} holds a table for a dead request slot",
+                        m.group_id
+                    ));
                 }
                 for &b in table {
                     if b == crate::block_pool::NULL_BLOCK {
                         continue;
                     }
-                    if owner_group[b as usize] != u32::MAX && owner_group[b as usize] != m.group_id {
+                    if owner_group[b as usize] != u32::MAX && owner_group[b as usize] != m.group_id
+                    {
                         return fail(format!("block {b} is in two groups"));
                     }
                     owner_group[b as usize] = m.group_id;
@@ -425,10 +551,12 @@ impl KvCacheManager {
         for b in 1..n {
             let rc = i64::from(self.coord.pool.ref_cnt(b as BlockId));
             if rc != holders[b] {
-                return fail(format!("block {b} has ref_cnt {rc} but {} holders", holders[b]));
+                return fail(format!(
+                    "block {b} has ref_cnt {rc} but {} holders",
+                    holders[b]
+                ));
             }
         }
         Ok(())
     }
 }
-

@@ -17,8 +17,8 @@ pub mod spec;
 pub use block_pool::{BlockPool, NULL_BLOCK};
 pub use error::{CoreError, CoreResult};
 pub use events::PoolEvent;
-pub use kv_manager::{AllocateArgs, KvCacheManager, ManagerConfig};
-pub use spec::{GroupSpec, SpecKind};
+pub use kv_manager::{AllocateArgs, HashUpdate, KvCacheManager, ManagerConfig};
+pub use spec::{GroupSpec, MambaMode, SpecKind};
 
 /// Block ids are u32; block 0 is the null block.
 pub type BlockId = u32;

@@ -3,20 +3,32 @@
 //! blocks a cache hit may use, which blocks can be dropped).
 //!
 //! One struct serves every attention type; the per-type differences are the
-//! `match self.spec.kind` arms, so no manager is a copy of another.
+//! `match self.spec.kind` arms and the Mamba align state, so no manager is a
+//! copy of another.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use crate::block_pool::BlockPool;
+use crate::block_pool::{BlockPool, NULL_BLOCK};
 use crate::hashes::ScaledHashes;
-use crate::spec::{GroupSpec, SpecKind};
+use crate::spec::{GroupSpec, MambaMode, SpecKind};
 use crate::{cdiv, BlockId, ReqSlot};
+
+/// Mamba "align" bookkeeping of one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AlignState {
+    /// Index (in the table) of the state block allocated in the previous
+    /// step: the source of this step's state copy. Freed two steps later.
+    pub last_state_block_idx: Option<usize>,
+    /// The request got blocks before (later rounds reuse speculative blocks).
+    pub allocated: bool,
+}
 
 #[derive(Debug, Clone)]
 pub struct SingleTypeManager {
     pub spec: GroupSpec,
     pub group_id: u32,
     pub block_size: u32,
+    pub scheduler_block_size: u32,
     /// Whether cache hits of this group drop the EAGLE lookahead block.
     pub use_eagle: bool,
     // Entries exist exactly where vLLM's defaultdict has them: the count of
@@ -26,12 +38,22 @@ pub struct SingleTypeManager {
     pub(crate) num_cached_block: HashMap<ReqSlot, usize>,
     new_block_ids: Vec<BlockId>,
     enable_caching: bool,
+    // Mamba: blocks cached during this step cannot serve hits until the next.
+    cached_this_step: HashSet<(Box<[u8]>, u32)>,
+    // Mamba align mode.
+    align: HashMap<ReqSlot, AlignState>,
 }
 
 impl SingleTypeManager {
-    pub fn new(spec: GroupSpec, group_id: u32, enable_caching: bool) -> Self {
+    pub fn new(
+        spec: GroupSpec,
+        group_id: u32,
+        enable_caching: bool,
+        scheduler_block_size: u32,
+    ) -> Self {
         SingleTypeManager {
             block_size: spec.block_size,
+            scheduler_block_size,
             spec,
             group_id,
             use_eagle: false,
@@ -39,6 +61,8 @@ impl SingleTypeManager {
             num_cached_block: HashMap::new(),
             new_block_ids: Vec::new(),
             enable_caching,
+            cached_this_step: HashSet::new(),
+            align: HashMap::new(),
         }
     }
 
@@ -52,13 +76,41 @@ impl SingleTypeManager {
     }
 
     pub fn holds(&self, slot: ReqSlot) -> bool {
-        self.req_to_blocks.contains_key(&slot) || self.num_cached_block.contains_key(&slot)
+        self.req_to_blocks.contains_key(&slot)
+            || self.num_cached_block.contains_key(&slot)
+            || self.align.contains_key(&slot)
+    }
+
+    pub fn num_cached_blocks(&self, slot: ReqSlot) -> usize {
+        self.num_cached_block.get(&slot).copied().unwrap_or(0)
+    }
+
+    pub fn align_state(&self, slot: ReqSlot) -> Option<AlignState> {
+        self.align.get(&slot).copied()
+    }
+
+    fn mamba(&self) -> Option<(MambaMode, usize)> {
+        match self.spec.kind {
+            SpecKind::Mamba {
+                mode,
+                num_speculative_blocks,
+            } => Some((mode, num_speculative_blocks as usize)),
+            _ => None,
+        }
+    }
+
+    fn is_align(&self) -> bool {
+        matches!(self.mamba(), Some((MambaMode::Align, _)))
     }
 
     /// Tokens before this count are outside the attention window.
-    fn num_skipped_tokens(&self, _num_computed_tokens: usize) -> usize {
+    fn num_skipped_tokens(&self, n: usize) -> usize {
         match self.spec.kind {
-            SpecKind::FullAttention => 0,
+            SpecKind::FullAttention | SpecKind::CrossAttention => 0,
+            SpecKind::SlidingWindow { window } => (n + 1).saturating_sub(window as usize),
+            SpecKind::ChunkedLocal { chunk } => n / chunk as usize * chunk as usize,
+            // Mamba needs only the state after the last computed token.
+            SpecKind::Mamba { .. } => n.saturating_sub(1),
         }
     }
 
@@ -69,25 +121,74 @@ impl SingleTypeManager {
         num_tokens: usize,
         new_computed: &[BlockId],
         total_computed_tokens: usize,
-    ) -> usize {
-        let num_required = cdiv(num_tokens, self.block_size as usize);
+        num_tokens_main_model: usize,
+        apply_admission_cap: bool,
+    ) -> i64 {
+        let mut num_tokens = num_tokens;
+        if let Some((mode, num_spec)) = self.mamba() {
+            // A hit on a state cached this very step is not usable yet:
+            // report more than the pool so the request waits a step.
+            if let Some(&last) = new_computed.last() {
+                if let Some((h, g)) = pool.block_hash(last) {
+                    if self.cached_this_step.contains(&(Box::from(h), g)) {
+                        return i64::from(pool.num_blocks()) + 1;
+                    }
+                }
+            }
+            if mode == MambaMode::Align {
+                return self.align_blocks_to_allocate(
+                    pool,
+                    slot,
+                    new_computed,
+                    num_tokens_main_model,
+                    num_spec,
+                );
+            }
+            num_tokens += self.block_size as usize * num_spec;
+        }
+        let mut num_required = cdiv(num_tokens, self.block_size as usize);
+        if apply_admission_cap {
+            if let Some(cap) = self.spec.admission_cap {
+                num_required = num_required.min(cap);
+            }
+        }
         let num_req_blocks = self.blocks(slot).len();
         if self.is_running(slot) {
             // Draft tokens may have been rejected: the table can be longer
             // than what is required now.
-            return num_required.saturating_sub(num_req_blocks);
+            return num_required.saturating_sub(num_req_blocks) as i64;
         }
         let num_skipped_blocks =
             self.num_skipped_tokens(total_computed_tokens) / self.block_size as usize;
         let num_local_computed = new_computed.len() + num_req_blocks;
         let num_new = num_required.saturating_sub(num_skipped_blocks.max(num_local_computed));
-        let skip_new = num_skipped_blocks.saturating_sub(num_req_blocks).min(new_computed.len());
+        let skip_new = num_skipped_blocks
+            .saturating_sub(num_req_blocks)
+            .min(new_computed.len());
         // Cache hits sitting in the free queue leave it when touched.
-        let num_evictable = new_computed[skip_new..]
-            .iter()
-            .filter(|&&b| pool.ref_cnt(b) == 0 && b != crate::block_pool::NULL_BLOCK)
-            .count();
-        num_new + num_evictable
+        (num_new + evictable(pool, &new_computed[skip_new..])) as i64
+    }
+
+    fn align_blocks_to_allocate(
+        &self,
+        pool: &BlockPool,
+        slot: ReqSlot,
+        new_computed: &[BlockId],
+        num_tokens_main_model: usize,
+        num_spec: usize,
+    ) -> i64 {
+        // Lookahead tokens are ignored: they would break the alignment.
+        let num_required =
+            (cdiv(num_tokens_main_model, self.block_size as usize) + num_spec) as i64;
+        let have = (new_computed.len() + self.blocks(slot).len()) as i64;
+        // Negative when drafts shrank (vLLM sums it as is with other groups).
+        let mut num_new = num_required - have;
+        if num_new > 0 {
+            // Later rounds reuse the speculative blocks: one new state block.
+            let allocated = self.align.get(&slot).is_some_and(|a| a.allocated);
+            num_new = if allocated { 1 } else { 1 + num_spec as i64 };
+        }
+        num_new + evictable(pool, new_computed) as i64
     }
 
     pub fn allocate_new_computed_blocks(
@@ -98,7 +199,7 @@ impl SingleTypeManager {
         num_local_computed_tokens: usize,
         num_external_computed_tokens: usize,
     ) {
-        if self.is_running(slot) {
+        if self.is_running(slot) || self.spec.kind == SpecKind::CrossAttention {
             return;
         }
         let total = num_local_computed_tokens + num_external_computed_tokens;
@@ -114,7 +215,7 @@ impl SingleTypeManager {
             pool.touch(computed);
         }
         let blocks = self.req_to_blocks.entry(slot).or_default();
-        blocks.extend(std::iter::repeat_n(crate::block_pool::NULL_BLOCK, num_skipped_blocks));
+        blocks.extend(std::iter::repeat_n(NULL_BLOCK, num_skipped_blocks));
         blocks.extend_from_slice(computed);
         self.num_cached_block.insert(slot, blocks.len());
         if external > 0 {
@@ -127,39 +228,133 @@ impl SingleTypeManager {
         }
     }
 
-    /// Grows the table to cover `num_tokens`; returns the new blocks' range.
+    /// Grows the table to cover `num_tokens`; returns what was appended.
     pub fn allocate_new_blocks(
         &mut self,
         pool: &mut BlockPool,
         slot: ReqSlot,
         num_tokens: usize,
-    ) -> &[BlockId] {
+        num_tokens_main_model: usize,
+    ) -> Vec<BlockId> {
+        let mut num_tokens = num_tokens;
+        if let Some((mode, num_spec)) = self.mamba() {
+            if mode == MambaMode::Align {
+                return self.allocate_align_blocks(pool, slot, num_tokens_main_model, num_spec);
+            }
+            num_tokens += self.block_size as usize * num_spec;
+        }
         let blocks = self.req_to_blocks.entry(slot).or_default();
         let num_required = cdiv(num_tokens, self.block_size as usize);
         if num_required <= blocks.len() {
-            return &[];
+            return Vec::new();
         }
         let start = blocks.len();
         pool.get_new_blocks(num_required - start, blocks);
         if self.spec.reports_new_block_ids {
             self.new_block_ids.extend_from_slice(&blocks[start..]);
         }
-        &blocks[start..]
+        blocks[start..].to_vec()
+    }
+
+    /// Mamba align: the running state moves to a fresh block each time the
+    /// request enters a new block; skipped positions hold the null block and
+    /// the speculative blocks of the previous round move forward for reuse.
+    /// A shrinking draft count (vLLM #39271) simply needs nothing new.
+    fn allocate_align_blocks(
+        &mut self,
+        pool: &mut BlockPool,
+        slot: ReqSlot,
+        num_tokens_main_model: usize,
+        num_spec: usize,
+    ) -> Vec<BlockId> {
+        let num_required = cdiv(num_tokens_main_model, self.block_size as usize) + num_spec;
+        let blocks = self.req_to_blocks.entry(slot).or_default();
+        if num_required <= blocks.len() {
+            return Vec::new();
+        }
+        let prev_len = blocks.len();
+        let state = self.align.entry(slot).or_default();
+        if state.allocated {
+            // The running state sits at the last (1 + num_spec)-th block.
+            state.last_state_block_idx = prev_len.checked_sub(1 + num_spec);
+        } else if prev_len > 0 {
+            // A new request that hit the cache: its last block holds the hit state.
+            state.last_state_block_idx = Some(prev_len - 1);
+        }
+        let num_skipped = num_required - num_spec - 1;
+        if prev_len < num_skipped {
+            blocks.resize(num_skipped, NULL_BLOCK);
+        }
+        if state.allocated {
+            for idx in prev_len.saturating_sub(num_spec)..prev_len {
+                if idx >= num_skipped {
+                    break;
+                }
+                let b = std::mem::replace(&mut blocks[idx], NULL_BLOCK);
+                blocks.push(b);
+            }
+        }
+        let num_new = num_required.saturating_sub(blocks.len());
+        pool.get_new_blocks(num_new, blocks);
+        state.allocated = true;
+        blocks[prev_len..].to_vec()
     }
 
     pub fn take_new_block_ids(&mut self, out: &mut Vec<BlockId>) {
         out.append(&mut self.new_block_ids);
     }
 
-    /// Hashes needed (at hash_block_size) to cache up to `num_tokens`.
-    pub fn hashes_needed_to_cache(&self, slot: ReqSlot, num_tokens: usize, scale: usize) -> usize {
-        let num_cached = self.num_cached_block.get(&slot).copied().unwrap_or(0);
+    /// Hashes (at hash_block_size) that caching up to `num_tokens` reads,
+    /// given `num_cached` blocks already cached.
+    pub fn hashes_needed_to_cache(
+        &self,
+        num_cached: usize,
+        num_tokens: usize,
+        scale: usize,
+    ) -> usize {
         let num_full = num_tokens / self.block_size as usize;
         if num_cached >= num_full {
             0
         } else {
             num_full * scale
         }
+    }
+
+    /// Cached-block count once `allocate_new_computed_blocks` has run (for
+    /// checking arguments before anything changes).
+    pub fn num_cached_after_computed(
+        &self,
+        slot: ReqSlot,
+        num_new_computed: usize,
+        total_computed: usize,
+    ) -> usize {
+        if self.is_running(slot) {
+            return self.num_cached_blocks(slot);
+        }
+        if self.spec.kind == SpecKind::CrossAttention {
+            return 0;
+        }
+        let skipped = self.num_skipped_tokens(total_computed) / self.block_size as usize;
+        skipped.max(num_new_computed)
+    }
+
+    /// Which of blocks `start..end` a sliding-window hit can ever use at an
+    /// aligned prefix length (vLLM's `reachable_block_mask`); None: all.
+    fn reachable_block_mask(&self, start: usize, end: usize) -> Option<Vec<bool>> {
+        let SpecKind::SlidingWindow { window } = self.spec.kind else {
+            return None;
+        };
+        let need = contiguous_blocks_for_hit(window, self.block_size, self.use_eagle);
+        let shift = usize::from(self.use_eagle);
+        let per_segment = (self.scheduler_block_size / self.block_size) as usize;
+        if need >= per_segment {
+            return None;
+        }
+        Some(
+            (start..end)
+                .map(|i| i >= shift && (i - shift) % per_segment >= per_segment - need)
+                .collect(),
+        )
     }
 
     pub fn cache_blocks(
@@ -169,11 +364,13 @@ impl SingleTypeManager {
         hashes: ScaledHashes<'_>,
         num_tokens: usize,
     ) {
-        let num_cached = self.num_cached_block.get(&slot).copied().unwrap_or(0);
+        let num_cached = self.num_cached_blocks(slot);
         let num_full = num_tokens / self.block_size as usize;
         if num_cached >= num_full {
             return;
         }
+        let mask = self.reachable_block_mask(num_cached, num_full);
+        let is_mamba = self.mamba().is_some();
         let blocks = self.req_to_blocks.entry(slot).or_default();
         pool.cache_full_blocks(
             blocks,
@@ -181,35 +378,70 @@ impl SingleTypeManager {
             num_full,
             self.block_size,
             self.group_id,
-            None,
+            mask.as_deref(),
             |i| hashes.get(i),
         );
         self.num_cached_block.insert(slot, num_full);
+        if is_mamba {
+            let end = num_full.min(blocks.len());
+            for &b in &blocks[num_cached.min(end)..end] {
+                if let Some((h, g)) = pool.block_hash(b) {
+                    self.cached_this_step.insert((Box::from(h), g));
+                }
+            }
+        }
     }
 
     /// Frees the request's blocks, tail first so tails are evicted first.
     pub fn free(&mut self, pool: &mut BlockPool, slot: ReqSlot) {
+        self.align.remove(&slot);
         if let Some(blocks) = self.req_to_blocks.remove(&slot) {
-            pool.free_blocks(blocks.iter().rev().copied(), false);
+            if matches!(self.spec.kind, SpecKind::SlidingWindow { .. }) {
+                // Scratch blocks are reused first; cached ones stay behind.
+                let (cached, uncached): (Vec<BlockId>, Vec<BlockId>) = blocks
+                    .iter()
+                    .rev()
+                    .copied()
+                    .partition(|&b| pool.block_hash(b).is_some());
+                pool.free_blocks(cached, false);
+                pool.free_blocks(uncached, true);
+            } else {
+                pool.free_blocks(blocks.iter().rev().copied(), false);
+            }
         }
         self.num_cached_block.remove(&slot);
     }
 
     /// Leading blocks held by every request that has an entry in this group.
     pub fn get_num_common_prefix_blocks(&mut self, pool: &BlockPool, slot: ReqSlot) -> usize {
+        if self.spec.kind != SpecKind::FullAttention {
+            // Null-padded tables (and per-request states) share nothing usable.
+            return 0;
+        }
         self.req_to_blocks.entry(slot).or_default();
         let holders = self.req_to_blocks.len() as i64;
-        match self.spec.kind {
-            SpecKind::FullAttention => self.req_to_blocks[&slot]
-                .iter()
-                .take_while(|&&b| i64::from(pool.ref_cnt(b)) == holders)
-                .count(),
-        }
+        self.req_to_blocks[&slot]
+            .iter()
+            .take_while(|&&b| i64::from(pool.ref_cnt(b)) == holders)
+            .count()
     }
 
     /// Frees blocks that fall outside the attention window, replacing them
     /// with the null block.
     pub fn remove_skipped_blocks(&mut self, pool: &mut BlockPool, slot: ReqSlot, total: usize) {
+        let mut total = total;
+        if let Some((_, num_spec)) = self.mamba() {
+            // With async scheduling `total` may count drafts that get
+            // rejected; assume they all are (vLLM subtracts the block count).
+            total = total.saturating_sub(num_spec);
+        }
+        self.remove_window_blocks(pool, slot, total);
+        if self.is_align() {
+            self.free_old_state_block(pool, slot, total);
+        }
+    }
+
+    fn remove_window_blocks(&mut self, pool: &mut BlockPool, slot: ReqSlot, total: usize) {
         let skipped = self.num_skipped_tokens(total);
         if skipped == 0 {
             return;
@@ -220,7 +452,8 @@ impl SingleTypeManager {
         let mut removed_uncached = Vec::new();
         for i in (0..n).rev() {
             let b = blocks[i];
-            if b == crate::block_pool::NULL_BLOCK {
+            if b == NULL_BLOCK {
+                // Earlier calls already nulled everything before it.
                 break;
             }
             if pool.block_hash(b).is_none() {
@@ -228,7 +461,7 @@ impl SingleTypeManager {
             } else {
                 removed_cached.push(b);
             }
-            blocks[i] = crate::block_pool::NULL_BLOCK;
+            blocks[i] = NULL_BLOCK;
         }
         // Scratch blocks go to the front of the free queue (reused first);
         // cached ones stay behind as best-effort prefix-cache entries.
@@ -236,8 +469,27 @@ impl SingleTypeManager {
         pool.free_blocks(removed_uncached, true);
     }
 
+    /// The state block of two steps ago is no longer a copy source: free it.
+    fn free_old_state_block(&mut self, pool: &mut BlockPool, slot: ReqSlot, total: usize) {
+        let Some(idx) = self.align.get(&slot).and_then(|a| a.last_state_block_idx) else {
+            return;
+        };
+        if idx + 1 >= cdiv(total, self.block_size as usize) {
+            return;
+        }
+        let blocks = self.req_to_blocks.entry(slot).or_default();
+        if blocks[idx] != NULL_BLOCK {
+            pool.free_blocks([blocks[idx]], false);
+            blocks[idx] = NULL_BLOCK;
+        }
+    }
+
+    pub fn new_step_starts(&mut self) {
+        self.cached_this_step.clear();
+    }
+
     /// Longest prefix of `hashes` cached in every group of `groups`, at most
-    /// `max_length` tokens. Fills `out[k]` for `groups[k]`.
+    /// `max_length` tokens, for a group of `spec`. Fills `out[k]` for `groups[k]`.
     #[allow(clippy::too_many_arguments)]
     pub fn find_longest_cache_hit(
         spec: &GroupSpec,
@@ -252,36 +504,175 @@ impl SingleTypeManager {
         for o in out.iter_mut() {
             o.clear();
         }
-        let block_size = spec.block_size as usize;
+        let hit = HitSearch {
+            pool,
+            hashes,
+            groups,
+            block_size: spec.block_size as usize,
+            alignment_tokens,
+        };
         match spec.kind {
-            SpecKind::FullAttention => {
-                let max_blocks = (max_length / block_size).min(hashes.len());
-                let mut hit = Vec::with_capacity(groups.len());
-                for i in 0..max_blocks {
-                    // Hashes form a chain: after the first miss nothing can hit.
-                    if !pool.get_cached_block(&hashes.get(i), groups, &mut hit) {
-                        break;
-                    }
-                    for (o, &b) in out.iter_mut().zip(&hit) {
-                        o.push(b);
-                    }
-                }
-                if drop_eagle_block && !out[0].is_empty() {
-                    out.iter_mut().for_each(|o| {
-                        o.pop();
-                    });
-                }
-                while block_size != alignment_tokens && out[0].len() * block_size % alignment_tokens != 0 {
-                    out.iter_mut().for_each(|o| {
-                        o.pop();
-                    });
-                }
+            SpecKind::FullAttention => hit.full(max_length, drop_eagle_block, out),
+            SpecKind::SlidingWindow { window } => {
+                hit.sliding_window(window, max_length, drop_eagle_block, out)
             }
+            SpecKind::ChunkedLocal { chunk } => hit.chunked_local(chunk as usize, max_length, out),
+            SpecKind::Mamba { .. } => hit.mamba(max_length, out),
+            SpecKind::CrossAttention => {}
         }
     }
 
     /// Slots and tables, for invariant checks.
     pub fn tables(&self) -> impl Iterator<Item = (ReqSlot, &[BlockId])> + '_ {
         self.req_to_blocks.iter().map(|(s, b)| (*s, b.as_slice()))
+    }
+}
+
+fn evictable(pool: &BlockPool, blocks: &[BlockId]) -> usize {
+    blocks
+        .iter()
+        .filter(|&&b| pool.ref_cnt(b) == 0 && b != NULL_BLOCK)
+        .count()
+}
+
+/// Blocks in a row a sliding-window hit needs (one more to drop for EAGLE).
+fn contiguous_blocks_for_hit(window: u32, block_size: u32, use_eagle: bool) -> usize {
+    cdiv(window as usize - 1, block_size as usize) + usize::from(use_eagle)
+}
+
+/// The cache-hit searches of each attention type.
+struct HitSearch<'a> {
+    pool: &'a BlockPool,
+    hashes: ScaledHashes<'a>,
+    groups: &'a [u32],
+    block_size: usize,
+    alignment_tokens: usize,
+}
+
+impl HitSearch<'_> {
+    fn lookup(&self, i: usize, hit: &mut Vec<BlockId>) -> bool {
+        i < self.hashes.len()
+            && self
+                .pool
+                .get_cached_block(&self.hashes.get(i), self.groups, hit)
+    }
+
+    fn pop_all(out: &mut [Vec<BlockId>]) {
+        out.iter_mut().for_each(|o| {
+            o.pop();
+        });
+    }
+
+    fn pop_to_alignment(&self, out: &mut [Vec<BlockId>]) {
+        while self.block_size != self.alignment_tokens
+            && out[0].len() * self.block_size % self.alignment_tokens != 0
+        {
+            Self::pop_all(out);
+        }
+    }
+
+    /// Left to right; hashes form a chain, so the first miss ends the hit.
+    fn full(&self, max_length: usize, drop_eagle: bool, out: &mut [Vec<BlockId>]) {
+        let mut hit = Vec::with_capacity(self.groups.len());
+        for i in 0..max_length / self.block_size {
+            if !self.lookup(i, &mut hit) {
+                break;
+            }
+            for (o, &b) in out.iter_mut().zip(&hit) {
+                o.push(b);
+            }
+        }
+        if drop_eagle && !out[0].is_empty() {
+            Self::pop_all(out);
+        }
+        self.pop_to_alignment(out);
+    }
+
+    /// Right to left: the first run of blocks covering the window wins;
+    /// everything before it is the null block.
+    fn sliding_window(
+        &self,
+        window: u32,
+        max_length: usize,
+        drop_eagle: bool,
+        out: &mut [Vec<BlockId>],
+    ) {
+        let need = contiguous_blocks_for_hit(window, self.block_size as u32, drop_eagle);
+        let max_blocks = max_length / self.block_size;
+        for o in out.iter_mut() {
+            o.resize(max_blocks, NULL_BLOCK);
+        }
+        let mut hit = Vec::with_capacity(self.groups.len());
+        let mut run = 0;
+        let mut found = false;
+        for i in (0..max_blocks).rev() {
+            if !self.lookup(i, &mut hit) {
+                run = 0;
+                continue;
+            }
+            if run == 0 && self.block_size != self.alignment_tokens {
+                let after_pop = if drop_eagle { i } else { i + 1 };
+                if after_pop * self.block_size % self.alignment_tokens != 0 {
+                    continue;
+                }
+            }
+            for (o, &b) in out.iter_mut().zip(&hit) {
+                o[i] = b;
+            }
+            run += 1;
+            if run >= need {
+                out.iter_mut().for_each(|o| o.truncate(i + run));
+                found = true;
+                break;
+            }
+        }
+        if !found {
+            // A run reaching block 0 is a hit even if shorter than the window.
+            out.iter_mut().for_each(|o| o.truncate(run));
+            self.pop_to_alignment(out);
+        }
+        if drop_eagle && !out[0].is_empty() {
+            Self::pop_all(out);
+            self.pop_to_alignment(out);
+        }
+    }
+
+    /// Blocks before the current chunk count as computed (null); inside it,
+    /// left to right.
+    fn chunked_local(&self, chunk: usize, max_length: usize, out: &mut [Vec<BlockId>]) {
+        let max_blocks = max_length / self.block_size;
+        let start_block = max_length / chunk * chunk / self.block_size;
+        for o in out.iter_mut() {
+            o.resize(start_block, NULL_BLOCK);
+        }
+        let mut hit = Vec::with_capacity(self.groups.len());
+        for i in start_block..max_blocks {
+            if !self.lookup(i, &mut hit) {
+                break;
+            }
+            for (o, &b) in out.iter_mut().zip(&hit) {
+                o.push(b);
+            }
+        }
+    }
+
+    /// Only the last aligned cached state matters: right to left, first hit.
+    fn mamba(&self, max_length: usize, out: &mut [Vec<BlockId>]) {
+        let mut hit = Vec::with_capacity(self.groups.len());
+        for i in (0..max_length / self.block_size).rev() {
+            if !self.lookup(i, &mut hit) {
+                continue;
+            }
+            if self.block_size != self.alignment_tokens
+                && (i + 1) * self.block_size % self.alignment_tokens != 0
+            {
+                continue;
+            }
+            for (o, &b) in out.iter_mut().zip(&hit) {
+                o.resize(i, NULL_BLOCK);
+                o.push(b);
+            }
+            break;
+        }
     }
 }

@@ -2,12 +2,34 @@
 
 use crate::error::{CoreError, CoreResult};
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MambaMode {
+    /// One running state per request, no prefix caching.
+    None,
+    /// A state for every block, all cacheable.
+    All,
+    /// States only at block boundaries the scheduler aligns to; the running
+    /// state moves to a new block each time a block fills.
+    Align,
+}
+
 /// The attention type of a group, which decides its manager's behaviour.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SpecKind {
     /// Full attention and its subclasses vLLM manages the same way
-    /// (MLA, TurboQuant full attention, ...).
+    /// (MLA, TurboQuant full attention, hidden-state cache).
     FullAttention,
+    /// Sliding-window attention (also sliding-window MLA).
+    SlidingWindow { window: u32 },
+    /// Chunked local attention (attention within fixed token chunks).
+    ChunkedLocal { chunk: u32 },
+    /// Mamba / linear attention state.
+    Mamba {
+        mode: MambaMode,
+        num_speculative_blocks: u32,
+    },
+    /// Cross attention of encoder-decoder models (per-request encoder states).
+    CrossAttention,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,24 +41,48 @@ pub struct GroupSpec {
     /// New blocks of this group are reported by `take_new_block_ids` (vLLM
     /// does so for exactly FullAttentionSpec, TQFullAttentionSpec, MLAAttentionSpec).
     pub reports_new_block_ids: bool,
+    /// Groups with equal specs share this id; the hybrid coordinator looks
+    /// them up together (vLLM compares the spec objects).
+    pub spec_class: u32,
+    /// Per-request admission cap in blocks (sliding window, chunked local),
+    /// as the spec's `max_admission_blocks_per_request` gives it.
+    pub admission_cap: Option<usize>,
 }
 
 impl GroupSpec {
-    pub fn full_attention(block_size: u32) -> Self {
+    pub fn new(kind: SpecKind, block_size: u32) -> Self {
+        let reports_new_block_ids = kind == SpecKind::FullAttention;
         GroupSpec {
-            kind: SpecKind::FullAttention,
+            kind,
             block_size,
             is_eagle_group: false,
-            reports_new_block_ids: true,
+            reports_new_block_ids,
+            spec_class: u32::MAX,
+            admission_cap: None,
         }
     }
 
+    pub fn full_attention(block_size: u32) -> Self {
+        Self::new(SpecKind::FullAttention, block_size)
+    }
+
+    pub fn is_full_attention(&self) -> bool {
+        self.kind == SpecKind::FullAttention
+    }
+
     pub(crate) fn validate(&self, index: usize) -> CoreResult<()> {
+        let bad = |what: &str| {
+            Err(CoreError::InvalidArgument(format!(
+                "kv_cache_groups[{index}]: {what}"
+            )))
+        };
         if self.block_size == 0 {
-            return Err(CoreError::InvalidArgument(format!(
-                "kv_cache_groups[{index}] has block_size 0"
-            )));
+            return bad("block_size must be > 0");
         }
-        Ok(())
+        match self.kind {
+            SpecKind::SlidingWindow { window: 0 } => bad("sliding_window must be > 0"),
+            SpecKind::ChunkedLocal { chunk: 0 } => bad("attention_chunk_size must be > 0"),
+            _ => Ok(()),
+        }
     }
 }

@@ -1,7 +1,9 @@
 //! Behaviour of `KvCacheManager` through its public API, mirroring vLLM
 //! 0.23.0's single-group full-attention semantics.
 
-use hybridcache_core::{AllocateArgs, CoreError, GroupSpec, KvCacheManager, ManagerConfig, PoolEvent};
+use hybridcache_core::{
+    AllocateArgs, CoreError, GroupSpec, KvCacheManager, ManagerConfig, PoolEvent, SpecKind,
+};
 
 fn config(num_blocks: u32, block_size: u32, caching: bool, events: bool) -> ManagerConfig {
     ManagerConfig {
@@ -18,12 +20,25 @@ fn config(num_blocks: u32, block_size: u32, caching: bool, events: bool) -> Mana
 }
 
 fn hashes(prefix: u8, n: usize) -> Vec<Box<[u8]>> {
-    (0..n).map(|i| vec![prefix, i as u8, 7, 7, 7, 7, 7, 7].into_boxed_slice()).collect()
+    (0..n)
+        .map(|i| vec![prefix, i as u8, 7, 7, 7, 7, 7, 7].into_boxed_slice())
+        .collect()
 }
 
-fn alloc(m: &mut KvCacheManager, id: &str, new: usize, computed: usize, total: usize) -> Option<Vec<Vec<u32>>> {
-    let args = AllocateArgs { num_new_tokens: new, num_computed_tokens: computed, num_tokens: total, ..Default::default() };
-    m.allocate_slots(id, &args).unwrap()
+fn alloc(
+    m: &mut KvCacheManager,
+    id: &str,
+    new: usize,
+    computed: usize,
+    total: usize,
+) -> Option<Vec<Vec<u32>>> {
+    let args = AllocateArgs {
+        num_new_tokens: new,
+        num_computed_tokens: computed,
+        num_tokens: total,
+        ..Default::default()
+    };
+    m.allocate_slots(id, &args, None).unwrap()
 }
 
 #[test]
@@ -43,7 +58,10 @@ fn prefill_decode_and_prefix_hit() {
         new_computed_blocks: Some(&hit),
         ..Default::default()
     };
-    assert_eq!(m.allocate_slots("b", &args).unwrap(), Some(vec![vec![4]]));
+    assert_eq!(
+        m.allocate_slots("b", &args, None).unwrap(),
+        Some(vec![vec![4]])
+    );
     assert_eq!(m.pool().ref_cnt(1), 2);
     assert_eq!(m.get_num_common_prefix_blocks("a"), vec![2]);
     m.check_invariants().unwrap();
@@ -69,19 +87,38 @@ fn out_of_blocks_returns_none_and_changes_nothing() {
     assert_eq!(m.pool().free_queue().collect::<Vec<_>>(), before);
     assert_eq!(m.get_block_ids("a"), vec![vec![1, 2]]);
     // reserved_blocks keeps the last free block away from this request.
-    let args = AllocateArgs { num_new_tokens: 4, num_computed_tokens: 8, num_tokens: 16, reserved_blocks: 1, ..Default::default() };
-    assert_eq!(m.allocate_slots("a", &args).unwrap(), None);
+    let args = AllocateArgs {
+        num_new_tokens: 4,
+        num_computed_tokens: 8,
+        num_tokens: 16,
+        reserved_blocks: 1,
+        ..Default::default()
+    };
+    assert_eq!(m.allocate_slots("a", &args, None).unwrap(), None);
     m.check_invariants().unwrap();
 }
 
 #[test]
 fn full_sequence_must_fit_gates_admission() {
     let mut m = KvCacheManager::new(config(4, 4, false, false)).unwrap();
-    let args = AllocateArgs { num_new_tokens: 4, num_tokens: 20, full_sequence_must_fit: true, ..Default::default() };
-    assert_eq!(m.allocate_slots("a", &args).unwrap(), None);
+    let args = AllocateArgs {
+        num_new_tokens: 4,
+        num_tokens: 20,
+        full_sequence_must_fit: true,
+        ..Default::default()
+    };
+    assert_eq!(m.allocate_slots("a", &args, None).unwrap(), None);
     assert_eq!(m.num_requests(), 0, "a refused admission leaves no trace");
-    let args = AllocateArgs { num_new_tokens: 4, num_tokens: 12, full_sequence_must_fit: true, ..Default::default() };
-    assert_eq!(m.allocate_slots("a", &args).unwrap(), Some(vec![vec![1]]));
+    let args = AllocateArgs {
+        num_new_tokens: 4,
+        num_tokens: 12,
+        full_sequence_must_fit: true,
+        ..Default::default()
+    };
+    assert_eq!(
+        m.allocate_slots("a", &args, None).unwrap(),
+        Some(vec![vec![1]])
+    );
 }
 
 #[test]
@@ -101,16 +138,33 @@ fn lookahead_and_max_model_len_cap() {
     let mut cfg = config(40, 4, false, false);
     cfg.max_model_len = 16;
     let mut m = KvCacheManager::new(cfg).unwrap();
-    let args = AllocateArgs { num_new_tokens: 10, num_tokens: 10, num_lookahead_tokens: 100, ..Default::default() };
-    assert_eq!(m.allocate_slots("a", &args).unwrap().unwrap()[0].len(), 4, "capped at max_model_len");
+    let args = AllocateArgs {
+        num_new_tokens: 10,
+        num_tokens: 10,
+        num_lookahead_tokens: 100,
+        ..Default::default()
+    };
+    assert_eq!(
+        m.allocate_slots("a", &args, None).unwrap().unwrap()[0].len(),
+        4,
+        "capped at max_model_len"
+    );
 }
 
 #[test]
 fn external_computed_tokens_get_fresh_blocks() {
     let mut m = KvCacheManager::new(config(10, 4, true, false)).unwrap();
     m.sync_hashes("a", 0, hashes(1, 3)).unwrap();
-    let args = AllocateArgs { num_new_tokens: 2, num_tokens: 14, num_external_computed_tokens: 12, ..Default::default() };
-    assert_eq!(m.allocate_slots("a", &args).unwrap(), Some(vec![vec![4]]));
+    let args = AllocateArgs {
+        num_new_tokens: 2,
+        num_tokens: 14,
+        num_external_computed_tokens: 12,
+        ..Default::default()
+    };
+    assert_eq!(
+        m.allocate_slots("a", &args, None).unwrap(),
+        Some(vec![vec![4]])
+    );
     assert_eq!(m.get_block_ids("a"), vec![vec![1, 2, 3, 4]]);
     assert_eq!(m.take_new_block_ids(), vec![1, 2, 3, 4]);
     assert!(m.take_new_block_ids().is_empty());
@@ -123,12 +177,19 @@ fn events_store_remove_clear() {
     m.sync_hashes("a", 0, hashes(1, 2)).unwrap();
     alloc(&mut m, "a", 8, 0, 9).unwrap();
     let ev = m.take_events();
-    assert!(matches!(&ev[..], [PoolEvent::Stored { hashes, parent: None, start_token: 0, end_token: 8, .. }] if hashes.len() == 2));
+    assert!(
+        matches!(&ev[..], [PoolEvent::Stored { hashes, parent: None, start_token: 0, end_token: 8, .. }] if hashes.len() == 2)
+    );
     m.free("a");
     m.sync_hashes("b", 0, hashes(2, 2)).unwrap();
     alloc(&mut m, "b", 8, 0, 9).unwrap();
     let ev = m.take_events();
-    assert_eq!(ev.iter().filter(|e| matches!(e, PoolEvent::Removed { .. })).count(), 2);
+    assert_eq!(
+        ev.iter()
+            .filter(|e| matches!(e, PoolEvent::Removed { .. }))
+            .count(),
+        2
+    );
     m.free("b");
     assert!(m.reset_prefix_cache());
     assert_eq!(m.take_events(), vec![PoolEvent::AllCleared]);
@@ -151,21 +212,51 @@ fn bad_input_is_rejected_without_change() {
     let mut m = KvCacheManager::new(config(6, 4, true, false)).unwrap();
     m.sync_hashes("a", 0, hashes(1, 1)).unwrap();
     alloc(&mut m, "a", 4, 0, 4).unwrap();
-    let snapshot = (m.pool().free_queue().collect::<Vec<_>>(), m.get_block_ids("a"));
-    let zero = AllocateArgs { num_new_tokens: 0, num_tokens: 4, ..Default::default() };
-    assert!(matches!(m.allocate_slots("a", &zero), Err(CoreError::InvalidArgument(_))));
+    let snapshot = (
+        m.pool().free_queue().collect::<Vec<_>>(),
+        m.get_block_ids("a"),
+    );
+    let zero = AllocateArgs {
+        num_new_tokens: 0,
+        num_tokens: 4,
+        ..Default::default()
+    };
+    assert!(matches!(
+        m.allocate_slots("a", &zero, None),
+        Err(CoreError::InvalidArgument(_))
+    ));
     let foreign = vec![vec![99]];
-    let bad = AllocateArgs { num_new_tokens: 1, num_tokens: 5, new_computed_blocks: Some(&foreign), ..Default::default() };
-    assert!(m.allocate_slots("b", &bad).is_err());
+    let bad = AllocateArgs {
+        num_new_tokens: 1,
+        num_tokens: 5,
+        new_computed_blocks: Some(&foreign),
+        ..Default::default()
+    };
+    assert!(m.allocate_slots("b", &bad, None).is_err());
     let two_groups = vec![vec![], vec![]];
-    let bad = AllocateArgs { num_new_tokens: 1, num_tokens: 5, new_computed_blocks: Some(&two_groups), ..Default::default() };
-    assert!(m.allocate_slots("b", &bad).is_err());
+    let bad = AllocateArgs {
+        num_new_tokens: 1,
+        num_tokens: 5,
+        new_computed_blocks: Some(&two_groups),
+        ..Default::default()
+    };
+    assert!(m.allocate_slots("b", &bad, None).is_err());
     // Caching 8 tokens needs 2 hashes; "c" has none.
-    let no_hash = AllocateArgs { num_new_tokens: 8, num_tokens: 8, ..Default::default() };
-    assert!(m.allocate_slots("c", &no_hash).is_err());
+    let no_hash = AllocateArgs {
+        num_new_tokens: 8,
+        num_tokens: 8,
+        ..Default::default()
+    };
+    assert!(m.allocate_slots("c", &no_hash, None).is_err());
     assert!(m.evict_blocks(&[1, 6]).is_err());
     assert!(m.sync_hashes("a", 5, hashes(1, 1)).is_err());
-    assert_eq!((m.pool().free_queue().collect::<Vec<_>>(), m.get_block_ids("a")), snapshot);
+    assert_eq!(
+        (
+            m.pool().free_queue().collect::<Vec<_>>(),
+            m.get_block_ids("a")
+        ),
+        snapshot
+    );
     assert_eq!(m.num_requests(), 1);
     m.check_invariants().unwrap();
 }
@@ -175,14 +266,28 @@ fn config_is_validated() {
     let mut cfg = config(6, 16, true, false);
     cfg.hash_block_size = 8;
     cfg.scheduler_block_size = 16;
-    assert!(matches!(KvCacheManager::new(cfg), Err(CoreError::InvalidArgument(_))));
+    assert!(matches!(
+        KvCacheManager::new(cfg),
+        Err(CoreError::InvalidArgument(_))
+    ));
     let mut cfg = config(6, 16, false, false);
     cfg.hash_block_size = 8;
     cfg.scheduler_block_size = 16;
-    assert!(KvCacheManager::new(cfg).is_ok(), "without caching hash size is free");
+    assert!(
+        KvCacheManager::new(cfg).is_ok(),
+        "without caching hash size is free"
+    );
+    // Two groups of one spec are not hybrid: vLLM refuses them too.
     let mut cfg = config(6, 16, true, false);
     cfg.groups.push(GroupSpec::full_attention(16));
-    assert!(matches!(KvCacheManager::new(cfg), Err(CoreError::Unsupported(_))));
+    assert!(matches!(
+        KvCacheManager::new(cfg),
+        Err(CoreError::InvalidArgument(_))
+    ));
+    let mut cfg = config(6, 16, true, false);
+    cfg.groups
+        .push(GroupSpec::new(SpecKind::SlidingWindow { window: 32 }, 16));
+    assert!(KvCacheManager::new(cfg).is_ok());
     assert!(KvCacheManager::new(config(0, 16, true, false)).is_err());
 }
 

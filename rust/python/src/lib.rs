@@ -4,7 +4,8 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use hybridcache_core::{
-    AllocateArgs, CoreError, GroupSpec, KvCacheManager, ManagerConfig, PoolEvent, SpecKind,
+    AllocateArgs, CoreError, GroupSpec, HashUpdate, KvCacheManager, MambaMode, ManagerConfig,
+    PoolEvent, SpecKind,
 };
 use pyo3::exceptions::{PyKeyError, PyNotImplementedError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -23,7 +24,9 @@ fn to_py_err(e: CoreError) -> PyErr {
 fn guard<T>(f: impl FnOnce() -> Result<T, CoreError>) -> PyResult<T> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r.map_err(to_py_err),
-        Err(_) => Err(PyRuntimeError::new_err("hybridcache core panicked (bug); state may be inconsistent")),
+        Err(_) => Err(PyRuntimeError::new_err(
+            "hybridcache core panicked (bug); state may be inconsistent",
+        )),
     }
 }
 
@@ -31,13 +34,65 @@ fn count(name: &str, v: i64) -> PyResult<usize> {
     usize::try_from(v).map_err(|_| PyValueError::new_err(format!("{name} must be >= 0, got {v}")))
 }
 
-fn parse_kind(kind: &str) -> PyResult<SpecKind> {
-    match kind {
-        "full_attention" => Ok(SpecKind::FullAttention),
-        other => Err(PyNotImplementedError::new_err(format!(
-            "KV cache spec kind {other:?} is not implemented yet"
-        ))),
-    }
+/// One group as the facade describes it: (kind, block_size, is_eagle_group,
+/// reports_new_block_ids, spec_class, admission_cap, window_or_chunk,
+/// mamba_cache_mode, num_speculative_blocks).
+type GroupTuple = (String, i64, bool, bool, i64, Option<i64>, i64, String, i64);
+
+fn u32_arg(name: &str, v: i64) -> PyResult<u32> {
+    u32::try_from(v).map_err(|_| PyValueError::new_err(format!("{name} out of range: {v}")))
+}
+
+fn parse_group(i: usize, g: GroupTuple) -> PyResult<GroupSpec> {
+    let (
+        kind,
+        block_size,
+        is_eagle_group,
+        reports_new_block_ids,
+        spec_class,
+        cap,
+        param,
+        mode,
+        num_spec,
+    ) = g;
+    let field = |f: &str| format!("kv_cache_groups[{i}].{f}");
+    let kind = match kind.as_str() {
+        "full_attention" => SpecKind::FullAttention,
+        "sliding_window" => SpecKind::SlidingWindow {
+            window: u32_arg(&field("sliding_window"), param)?,
+        },
+        "chunked_local" => SpecKind::ChunkedLocal {
+            chunk: u32_arg(&field("attention_chunk_size"), param)?,
+        },
+        "cross_attention" => SpecKind::CrossAttention,
+        "mamba" => SpecKind::Mamba {
+            mode: match mode.as_str() {
+                "none" => MambaMode::None,
+                "all" => MambaMode::All,
+                "align" => MambaMode::Align,
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "{}: unknown mamba_cache_mode {other:?} (none, all, align)",
+                        field("mamba_cache_mode")
+                    )))
+                }
+            },
+            num_speculative_blocks: u32_arg(&field("num_speculative_blocks"), num_spec)?,
+        },
+        other => {
+            return Err(PyNotImplementedError::new_err(format!(
+                "KV cache spec kind {other:?} is not implemented yet"
+            )))
+        }
+    };
+    Ok(GroupSpec {
+        kind,
+        block_size: u32_arg(&field("block_size"), block_size)?,
+        is_eagle_group,
+        reports_new_block_ids,
+        spec_class: u32_arg(&field("spec_class"), spec_class)?,
+        admission_cap: cap.map(|c| count(&field("admission_cap"), c)).transpose()?,
+    })
 }
 
 fn ids_list<'py>(py: Python<'py>, groups: &[Vec<u32>]) -> PyResult<Bound<'py, PyTuple>> {
@@ -48,8 +103,47 @@ fn ids_list<'py>(py: Python<'py>, groups: &[Vec<u32>]) -> PyResult<Bound<'py, Py
     PyTuple::new(py, lists)
 }
 
-fn hashes_arg(hashes: Option<Vec<Vec<u8>>>) -> Vec<Box<[u8]>> {
-    hashes.unwrap_or_default().into_iter().map(Vec::into_boxed_slice).collect()
+/// Block hashes must be `bytes` (not any sequence of small ints).
+fn hashes_arg(hashes: Option<Vec<Bound<'_, PyBytes>>>) -> Vec<Box<[u8]>> {
+    hashes
+        .unwrap_or_default()
+        .iter()
+        .map(|h| Box::from(h.as_bytes()))
+        .collect()
+}
+
+fn hash_update(
+    offset: i64,
+    hashes: Option<Vec<Bound<'_, PyBytes>>>,
+) -> PyResult<Option<HashUpdate>> {
+    let offset = count("hash offset", offset)?;
+    Ok(hashes.map(|h| HashUpdate {
+        offset,
+        hashes: hashes_arg(Some(h)),
+    }))
+}
+
+fn block_ids_arg(
+    groups: Option<Vec<Vec<i64>>>,
+    num_blocks: u32,
+) -> PyResult<Option<Vec<Vec<u32>>>> {
+    groups
+        .map(|gs| {
+            gs.into_iter()
+                .map(|g| {
+                    g.into_iter()
+                        .map(|b| {
+                            u32::try_from(b).ok().filter(|&b| b < num_blocks).ok_or_else(|| {
+                                PyValueError::new_err(format!(
+                                    "new_computed_blocks: block id {b} out of range: the pool has {num_blocks} blocks"
+                                ))
+                            })
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .transpose()
 }
 
 /// The native manager; use `hybridcache.KVCacheManager`, which wraps it.
@@ -66,7 +160,7 @@ impl NativeManager {
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: i64,
-        groups: Vec<(String, i64, bool, bool)>,
+        groups: Vec<GroupTuple>,
         max_model_len: i64,
         scheduler_block_size: i64,
         hash_block_size: i64,
@@ -75,22 +169,11 @@ impl NativeManager {
         use_eagle: bool,
         enable_events: bool,
     ) -> PyResult<Self> {
-        let num_blocks = u32::try_from(num_blocks)
-            .map_err(|_| PyValueError::new_err(format!("num_blocks out of range: {num_blocks}")))?;
-        let u32_arg = |name: &str, v: i64| {
-            u32::try_from(v).map_err(|_| PyValueError::new_err(format!("{name} out of range: {v}")))
-        };
+        let num_blocks = u32_arg("num_blocks", num_blocks)?;
         let groups = groups
             .into_iter()
             .enumerate()
-            .map(|(i, (kind, block_size, is_eagle_group, reports_new_block_ids))| {
-                Ok(GroupSpec {
-                    kind: parse_kind(&kind)?,
-                    block_size: u32_arg(&format!("kv_cache_groups[{i}].block_size"), block_size)?,
-                    is_eagle_group,
-                    reports_new_block_ids,
-                })
-            })
+            .map(|(i, g)| parse_group(i, g))
             .collect::<PyResult<Vec<_>>>()?;
         let cfg = ManagerConfig {
             num_blocks,
@@ -105,7 +188,9 @@ impl NativeManager {
             use_eagle,
             enable_events,
         };
-        Ok(NativeManager { inner: guard(|| KvCacheManager::new(cfg))? })
+        Ok(NativeManager {
+            inner: guard(|| KvCacheManager::new(cfg))?,
+        })
     }
 
     #[getter]
@@ -133,9 +218,17 @@ impl NativeManager {
     }
 
     #[pyo3(signature = (request_id, offset, hashes))]
-    fn sync_hashes(&mut self, request_id: &str, offset: i64, hashes: Vec<Vec<u8>>) -> PyResult<()> {
+    fn sync_hashes(
+        &mut self,
+        request_id: &str,
+        offset: i64,
+        hashes: Vec<Bound<'_, PyBytes>>,
+    ) -> PyResult<()> {
         let offset = count("hash offset", offset)?;
-        guard(|| self.inner.sync_hashes(request_id, offset, hashes_arg(Some(hashes))))
+        guard(|| {
+            self.inner
+                .sync_hashes(request_id, offset, hashes_arg(Some(hashes)))
+        })
     }
 
     /// Hashes from `hashes_from` on are stored first; returns (blocks per group, hit tokens).
@@ -146,16 +239,19 @@ impl NativeManager {
         request_id: &str,
         num_tokens: i64,
         hashes_from: i64,
-        new_hashes: Option<Vec<Vec<u8>>>,
+        new_hashes: Option<Vec<Bound<'py, PyBytes>>>,
     ) -> PyResult<(Bound<'py, PyTuple>, usize)> {
         let num_tokens = count("request.num_tokens", num_tokens)?;
         let hashes_from = count("hash offset", hashes_from)?;
         let (blocks, hit) = guard(|| {
             if num_tokens == 0 {
-                return Err(CoreError::InvalidArgument(format!("request {request_id:?} has no tokens")));
+                return Err(CoreError::InvalidArgument(format!(
+                    "request {request_id:?} has no tokens"
+                )));
             }
             if new_hashes.is_some() {
-                self.inner.sync_hashes(request_id, hashes_from, hashes_arg(new_hashes))?;
+                self.inner
+                    .sync_hashes(request_id, hashes_from, hashes_arg(new_hashes))?;
             }
             self.inner.get_computed_blocks(request_id, num_tokens)
         })?;
@@ -175,7 +271,7 @@ impl NativeManager {
         num_computed_tokens: i64,
         num_tokens: i64,
         num_new_computed_tokens: i64,
-        new_computed_blocks: Option<Vec<Vec<u32>>>,
+        new_computed_blocks: Option<Vec<Vec<i64>>>,
         num_lookahead_tokens: i64,
         num_external_computed_tokens: i64,
         delay_cache_blocks: bool,
@@ -183,8 +279,10 @@ impl NativeManager {
         full_sequence_must_fit: bool,
         reserved_blocks: i64,
         hashes_from: i64,
-        new_hashes: Option<Vec<Vec<u8>>>,
+        new_hashes: Option<Vec<Bound<'py, PyBytes>>>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let new_computed_blocks =
+            block_ids_arg(new_computed_blocks, self.inner.pool().num_blocks())?;
         let args = AllocateArgs {
             num_new_tokens: count("num_new_tokens", num_new_tokens)?,
             num_computed_tokens: count("request.num_computed_tokens", num_computed_tokens)?,
@@ -192,26 +290,17 @@ impl NativeManager {
             num_new_computed_tokens: count("num_new_computed_tokens", num_new_computed_tokens)?,
             new_computed_blocks: new_computed_blocks.as_deref(),
             num_lookahead_tokens: count("num_lookahead_tokens", num_lookahead_tokens)?,
-            num_external_computed_tokens: count("num_external_computed_tokens", num_external_computed_tokens)?,
+            num_external_computed_tokens: count(
+                "num_external_computed_tokens",
+                num_external_computed_tokens,
+            )?,
             delay_cache_blocks,
             num_encoder_tokens: count("num_encoder_tokens", num_encoder_tokens)?,
             full_sequence_must_fit,
             reserved_blocks: count("reserved_blocks", reserved_blocks)?,
         };
-        let hashes_from = count("hash offset", hashes_from)?;
-        let out = guard(|| {
-            // Hashes are stored only once the call is known to be valid.
-            let snapshot_len = self.inner.num_known_hashes(request_id);
-            if hashes_from > snapshot_len {
-                return Err(CoreError::InvalidArgument(format!(
-                    "hashes sent from index {hashes_from}, but only {snapshot_len} are known"
-                )));
-            }
-            if new_hashes.is_some() {
-                self.inner.sync_hashes(request_id, hashes_from, hashes_arg(new_hashes))?;
-            }
-            self.inner.allocate_slots(request_id, &args)
-        })?;
+        let update = hash_update(hashes_from, new_hashes)?;
+        let out = guard(|| self.inner.allocate_slots(request_id, &args, update))?;
         out.map(|g| ids_list(py, &g)).transpose()
     }
 
@@ -222,7 +311,11 @@ impl NativeManager {
         })
     }
 
-    fn remove_skipped_blocks(&mut self, request_id: &str, total_computed_tokens: i64) -> PyResult<()> {
+    fn remove_skipped_blocks(
+        &mut self,
+        request_id: &str,
+        total_computed_tokens: i64,
+    ) -> PyResult<()> {
         let total = count("total_computed_tokens", total_computed_tokens)?;
         guard(|| {
             self.inner.remove_skipped_blocks(request_id, total);
@@ -236,16 +329,11 @@ impl NativeManager {
         request_id: &str,
         num_computed_tokens: i64,
         hashes_from: i64,
-        new_hashes: Option<Vec<Vec<u8>>>,
+        new_hashes: Option<Vec<Bound<'_, PyBytes>>>,
     ) -> PyResult<()> {
         let n = count("num_computed_tokens", num_computed_tokens)?;
-        let hashes_from = count("hash offset", hashes_from)?;
-        guard(|| {
-            if new_hashes.is_some() {
-                self.inner.sync_hashes(request_id, hashes_from, hashes_arg(new_hashes))?;
-            }
-            self.inner.cache_blocks(request_id, n)
-        })
+        let update = hash_update(hashes_from, new_hashes)?;
+        guard(|| self.inner.cache_blocks(request_id, n, update))
     }
 
     fn evict_blocks(&mut self, block_ids: Vec<i64>) -> PyResult<()> {
@@ -254,7 +342,9 @@ impl NativeManager {
             .into_iter()
             .map(|b| {
                 u32::try_from(b).ok().filter(|&b| b < n).ok_or_else(|| {
-                    PyValueError::new_err(format!("block id {b} out of range: the pool has {n} blocks"))
+                    PyValueError::new_err(format!(
+                        "block id {b} out of range: the pool has {n} blocks"
+                    ))
                 })
             })
             .collect::<PyResult<Vec<u32>>>()?;
@@ -269,7 +359,11 @@ impl NativeManager {
         guard(|| Ok(self.inner.get_num_common_prefix_blocks(request_id)))
     }
 
-    fn get_block_ids<'py>(&self, py: Python<'py>, request_id: &str) -> PyResult<Bound<'py, PyTuple>> {
+    fn get_block_ids<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &str,
+    ) -> PyResult<Bound<'py, PyTuple>> {
         ids_list(py, &self.inner.get_block_ids(request_id))
     }
 
@@ -285,7 +379,15 @@ impl NativeManager {
             .take_events()
             .into_iter()
             .map(|e| match e {
-                PoolEvent::Stored { hashes, parent, start_token, end_token, block_size, group, positions } => {
+                PoolEvent::Stored {
+                    hashes,
+                    parent,
+                    start_token,
+                    end_token,
+                    block_size,
+                    group,
+                    positions,
+                } => {
                     let hs = PyList::new(py, hashes.iter().map(|h| bytes(h)))?;
                     let parent = match parent {
                         Some(p) => bytes(&p),
@@ -303,7 +405,9 @@ impl NativeManager {
                     )
                         .into_pyobject(py)
                 }
-                PoolEvent::Removed { hash, group } => ("removed", bytes(&hash), group).into_pyobject(py),
+                PoolEvent::Removed { hash, group } => {
+                    ("removed", bytes(&hash), group).into_pyobject(py)
+                }
                 PoolEvent::AllCleared => ("cleared",).into_pyobject(py),
             })
             .collect()
@@ -323,9 +427,17 @@ impl NativeManager {
     }
 
     /// (hash bytes, group id) of a cached block, else None.
-    fn block_hash<'py>(&self, py: Python<'py>, block_id: i64) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
+    fn block_hash<'py>(
+        &self,
+        py: Python<'py>,
+        block_id: i64,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
         let b = self.block_id(block_id)?;
-        Ok(self.inner.pool().block_hash(b).map(|(h, g)| (PyBytes::new(py, h), g)))
+        Ok(self
+            .inner
+            .pool()
+            .block_hash(b)
+            .map(|(h, g)| (PyBytes::new(py, h), g)))
     }
 
     /// Which of the given blocks carry no cached hash.
@@ -348,10 +460,11 @@ impl NativeManager {
 impl NativeManager {
     fn block_id(&self, b: i64) -> PyResult<u32> {
         let n = self.inner.pool().num_blocks();
-        u32::try_from(b)
-            .ok()
-            .filter(|&b| b < n)
-            .ok_or_else(|| PyValueError::new_err(format!("block id {b} out of range: the pool has {n} blocks")))
+        u32::try_from(b).ok().filter(|&b| b < n).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "block id {b} out of range: the pool has {n} blocks"
+            ))
+        })
     }
 }
 

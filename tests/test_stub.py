@@ -1,0 +1,90 @@
+"""The typing stub `hybridcache/_native.pyi` matches the compiled module."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mypy.stubtest", reason="mypy is not installed")
+
+ROOT = Path(__file__).resolve().parents[1]
+STUB = ROOT / "python" / "hybridcache" / "_native.pyi"
+ALLOWLIST = ROOT / "tests" / "stubtest_allowlist.txt"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+
+
+def test_stub_exists_next_to_native_module() -> None:
+    import hybridcache._native as native
+
+    assert STUB.is_file()
+    # Type checkers find the stub only beside the module they import.
+    assert (Path(native.__file__).resolve().parent / "_native.pyi").is_file()
+
+
+def test_stubtest_passes() -> None:
+    args = ["mypy.stubtest", "hybridcache._native"]
+    if ALLOWLIST.is_file():
+        args += ["--allowlist", str(ALLOWLIST)]
+    r = _run(*args)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_stub_is_strictly_typed() -> None:
+    r = _run("mypy", "--strict", "--no-incremental", str(STUB))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_constructor_parameters_match() -> None:
+    """stubtest cannot see the constructor's parameters (pyo3 exposes
+    `__new__(*args, **kwargs)`), so compare the stub's `__new__` with the
+    class's text signature."""
+    from hybridcache._native import NativeManager
+
+    runtime = list(inspect.signature(NativeManager).parameters)
+    tree = ast.parse(STUB.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "NativeManager")
+    new = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__new__")
+    stub = [a.arg for a in new.args.args[1:]]
+    assert stub == runtime
+    assert not new.args.defaults and not new.args.kwonlyargs  # all required, as in lib.rs
+
+
+class _Captured(Exception):
+    pass
+
+
+def test_group_tuple_arity_matches_the_facade(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stub's `_GroupArg` has as many fields as the facade sends per group."""
+    import types
+
+    import hybridcache.manager as manager
+    from hybridcache import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheManager
+
+    tree = ast.parse(STUB.read_text())
+    alias = next(
+        n for n in tree.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id == "_GroupArg"
+    )
+    assert isinstance(alias.value, ast.Subscript) and isinstance(alias.value.slice, ast.Tuple)
+    arity = len(alias.value.slice.elts)
+
+    def capture(*args: object) -> None:
+        raise _Captured(args)
+
+    monkeypatch.setattr(manager, "_native", types.SimpleNamespace(NativeManager=capture))
+    cfg = KVCacheConfig(4, [], [KVCacheGroupSpec(["l"], FullAttentionSpec(block_size=4))])
+    with pytest.raises(_Captured) as info:
+        KVCacheManager(cfg, 64, 4, 4)
+    (args,) = info.value.args
+    (group,) = args[1]
+    assert len(group) == arity
