@@ -489,6 +489,48 @@ impl KvCacheManager {
             .collect()
     }
 
+    /// The coordinator's block count for an allocation (vLLM's
+    /// `coordinator.get_num_blocks_to_allocate`); reads only.
+    #[allow(clippy::too_many_arguments)]
+    pub fn get_num_blocks_to_allocate(
+        &self,
+        request_id: &str,
+        num_tokens: usize,
+        new_computed: &[Vec<BlockId>],
+        num_encoder_tokens: usize,
+        total_computed_tokens: usize,
+        num_tokens_main_model: usize,
+        apply_admission_cap: bool,
+    ) -> CoreResult<i64> {
+        if new_computed.len() != self.num_groups() {
+            return invalid(format!(
+                "new_computed_blocks has {} groups, the manager has {}",
+                new_computed.len(),
+                self.num_groups()
+            ));
+        }
+        for &b in new_computed.iter().flatten() {
+            self.coord.pool.check_block_id(b)?;
+        }
+        // An unknown request is a fresh slot no table refers to.
+        let slot = self.slot(request_id).unwrap_or(ReqSlot::MAX);
+        Ok(self.coord.get_num_blocks_to_allocate(
+            slot,
+            num_tokens,
+            new_computed,
+            num_encoder_tokens,
+            total_computed_tokens,
+            num_tokens_main_model,
+            apply_admission_cap,
+        ))
+    }
+
+    /// Mamba align bookkeeping of a request in a group, if any.
+    pub fn align_state(&self, request_id: &str, group: usize) -> Option<crate::manager::AlignState> {
+        let slot = self.slot(request_id)?;
+        self.coord.managers.get(group)?.align_state(slot)
+    }
+
     pub fn take_events(&mut self) -> Vec<PoolEvent> {
         self.coord.pool.take_events()
     }

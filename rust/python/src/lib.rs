@@ -367,6 +367,36 @@ impl NativeManager {
         ids_list(py, &self.inner.get_block_ids(request_id))
     }
 
+    /// vLLM's `coordinator.get_num_blocks_to_allocate` (reads only).
+    #[pyo3(signature = (request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
+                        total_computed_tokens, num_tokens_main_model, apply_admission_cap=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn get_num_blocks_to_allocate(
+        &self,
+        request_id: &str,
+        num_tokens: i64,
+        new_computed_blocks: Vec<Vec<i64>>,
+        num_encoder_tokens: i64,
+        total_computed_tokens: i64,
+        num_tokens_main_model: i64,
+        apply_admission_cap: bool,
+    ) -> PyResult<i64> {
+        let nc = block_ids_arg(Some(new_computed_blocks), self.inner.pool().num_blocks())?.unwrap_or_default();
+        let (n, e, t, mm) = (
+            count("num_tokens", num_tokens)?,
+            count("num_encoder_tokens", num_encoder_tokens)?,
+            count("total_computed_tokens", total_computed_tokens)?,
+            count("num_tokens_main_model", num_tokens_main_model)?,
+        );
+        guard(|| self.inner.get_num_blocks_to_allocate(request_id, n, &nc, e, t, mm, apply_admission_cap))
+    }
+
+    /// Mamba align state of a request in a group:
+    /// (last_state_block_idx or None, allocated), or None.
+    fn align_state(&self, request_id: &str, group: usize) -> Option<(Option<usize>, bool)> {
+        self.inner.align_state(request_id, group).map(|a| (a.last_state_block_idx, a.allocated))
+    }
+
     fn has_events(&self) -> bool {
         self.inner.has_events()
     }
