@@ -94,6 +94,20 @@ class NativeManager:
     def reset_prefix_cache(self) -> bool: ...
     def get_num_common_prefix_blocks(self, request_id: str) -> list[int]: ...
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]: ...
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[Sequence[int]],
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        """vLLM's `coordinator.get_num_blocks_to_allocate` (reads only)."""
+    def align_state(self, request_id: str, group: int) -> tuple[int | None, bool] | None:
+        """Mamba align state of a request in a group:
+        (last_state_block_idx or None, allocated), or None."""
     def has_events(self) -> bool: ...
     def take_events(self) -> list[_RawEvent]:
         """Events as tuples: ("stored", hashes, parent, start_token, end_token,
