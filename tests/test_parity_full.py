@@ -134,7 +134,8 @@ def test_run_single_matches_replay(hybridcache_factory):
 def test_cli_replays_and_compares(capsys, vllm_available):
     assert main(["--seeds", "2", "--requests", "30", "--compare", "vllm"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and all("'ops'" in line for line in lines)
+    assert lines[0].startswith("mix=full@16 ")
+    assert len(lines) == 3 and all("'ops'" in line for line in lines[1:])
 
 
 def _without_time(summary):

@@ -7,8 +7,10 @@ KeyError (unknown request), NotImplementedError (unsupported feature),
 RuntimeError (broken invariant or a caught panic).
 """
 
-from collections.abc import Sequence
-from typing import Final, Literal, TypeAlias, final
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final, Literal, TypeAlias
+
+from typing_extensions import disjoint_base
 
 __all__ = ["NativeManager", "__version__"]
 
@@ -30,7 +32,7 @@ _RawEvent: TypeAlias = _StoredEvent | _RemovedEvent | _ClearedEvent
 # mamba_cache_mode: "none", "all" or "align" (read for "mamba" only).
 _GroupArg: TypeAlias = tuple[str, int, bool, bool, int, int | None, int, str, int]
 
-@final
+@disjoint_base
 class NativeManager:
     """The native manager; use `hybridcache.KVCacheManager`, which wraps it."""
 
@@ -46,6 +48,9 @@ class NativeManager:
         use_eagle: bool,
         enable_events: bool,
     ) -> NativeManager: ...
+    def _bind_python(self, blocks_cls: type, empty: object, event_sink: Callable[[list[_RawEvent], Any], None] | None) -> None:
+        """Called once by the facade: its KVCacheBlocks class, the shared empty
+        instance, and the event sink (None when events are off)."""
     @property
     def num_blocks(self) -> int: ...
     @property
@@ -55,44 +60,32 @@ class NativeManager:
     @property
     def num_requests(self) -> int: ...
     def num_known_hashes(self, request_id: str) -> int: ...
-    def sync_hashes(self, request_id: str, offset: int, hashes: Sequence[bytes]) -> None: ...
-    def get_computed_blocks(
-        self,
-        request_id: str,
-        num_tokens: int,
-        hashes_from: int,
-        new_hashes: Sequence[bytes] | None,
-    ) -> tuple[tuple[list[int], ...], int]:
-        """Hashes from `hashes_from` on are stored first; returns (blocks per group, hit tokens)."""
+    def _lookup(self, request: Any) -> tuple[tuple[list[int], ...], int]:
+        """Cache-hit lookup for `request` (hashes it lacks are stored first):
+        (block ids per group, hit tokens)."""
     def allocate_slots(
         self,
-        request_id: str,
+        request: Any,
         num_new_tokens: int,
-        num_computed_tokens: int,
-        num_tokens: int,
-        num_new_computed_tokens: int,
-        new_computed_blocks: Sequence[Sequence[int]] | None,
-        num_lookahead_tokens: int,
-        num_external_computed_tokens: int,
-        delay_cache_blocks: bool,
-        num_encoder_tokens: int,
-        full_sequence_must_fit: bool,
-        reserved_blocks: int,
-        hashes_from: int,
-        new_hashes: Sequence[bytes] | None,
-    ) -> tuple[list[int], ...] | None: ...
-    def free(self, request_id: str) -> None: ...
+        num_new_computed_tokens: int | None = None,
+        new_computed_blocks: Any = None,
+        num_lookahead_tokens: int | None = None,
+        num_external_computed_tokens: int | None = None,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int | None = None,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int | None = None,
+    ) -> Any:
+        """vLLM 0.23.0's `KVCacheManager.allocate_slots`."""
+    def free(self, request: Any) -> None:
+        """vLLM's `free(request)`: frees the request's blocks, tail first."""
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        """vLLM's `cache_blocks(request, num_computed_tokens)`."""
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None: ...
-    def cache_blocks(
-        self,
-        request_id: str,
-        num_computed_tokens: int,
-        hashes_from: int,
-        new_hashes: Sequence[bytes] | None,
-    ) -> None: ...
-    def evict_blocks(self, block_ids: Sequence[int]) -> None: ...
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drops the given blocks (any iterable of ids) from the prefix cache."""
     def reset_prefix_cache(self) -> bool: ...
-    def get_num_common_prefix_blocks(self, request_id: str) -> list[int]: ...
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]: ...
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]: ...
     def get_num_blocks_to_allocate(
         self,
@@ -108,10 +101,6 @@ class NativeManager:
     def align_state(self, request_id: str, group: int) -> tuple[int | None, bool] | None:
         """Mamba align state of a request in a group:
         (last_state_block_idx or None, allocated), or None."""
-    def has_events(self) -> bool: ...
-    def take_events(self) -> list[_RawEvent]:
-        """Events as tuples: ("stored", hashes, parent, start_token, end_token,
-        block_size, group, positions), ("removed", hash, group), ("cleared",)."""
     def take_new_block_ids(self) -> list[int]: ...
     def new_step_starts(self) -> None: ...
     def ref_cnt(self, block_id: int) -> int: ...

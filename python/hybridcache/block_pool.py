@@ -41,6 +41,17 @@ class _FreeQueueView:
     def get_all_free_blocks(self) -> list[BlockView]:
         return [BlockView(self._native, b) for b in self._native.free_queue()]
 
+    def __len__(self) -> int:
+        return self._native.num_free_blocks
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"free_block_queue.{name} is a vLLM FreeKVCacheBlockQueue internal (its linked list) that "
+            "hybridcache does not provide; use num_free_blocks or get_all_free_blocks()"
+        )
+
 
 class BlockPoolView:
     def __init__(self, manager: KVCacheManager) -> None:
@@ -52,6 +63,12 @@ class BlockPoolView:
         self.blocks = _Blocks(native)
         self.free_block_queue = _FreeQueueView(native)
         self.null_block = BlockView(native, 0)
+        self.metrics_collector = None
+
+    @property
+    def enable_kv_cache_events(self) -> bool:
+        m = self._manager
+        return bool(getattr(m, "_events_on", False) or getattr(m, "_event_builder", None) is not None)
 
     def get_num_free_blocks(self) -> int:
         return self._native.num_free_blocks
@@ -61,3 +78,22 @@ class BlockPoolView:
 
     def take_events(self) -> list[Any]:
         return self._manager.take_events()
+
+    def touch(self, blocks: Any) -> None:
+        raise NotImplementedError(
+            "block_pool.touch (taking extra references on GPU blocks, e.g. by the "
+            "SimpleCPUOffloadConnector) is not supported by hybridcache yet"
+        )
+
+    def free_blocks(self, ordered_blocks: Any, prepend: bool = False) -> None:
+        raise NotImplementedError(
+            "block_pool.free_blocks (dropping references taken with touch) is not supported by hybridcache yet"
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"block_pool.{name} is a vLLM BlockPool internal that hybridcache does not provide "
+            "(the pool lives in the native core)"
+        )

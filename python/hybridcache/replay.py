@@ -7,21 +7,31 @@ prefill, speculative decoding with changing draft counts, EAGLE lookahead,
 external (connector) tokens, delayed caching, preemption, aborts, evictions
 and prefix-cache resets.
 
+The model's KV-cache groups are described by a *mix* (``ReplayConfig.mix``):
+full attention, sliding window, chunked local attention, Mamba (``none`` /
+``all`` / ``align``, with speculative blocks) and cross attention, each with its
+own block size and EAGLE flag. One simulation serves every mix; where vLLM's
+scheduler treats hybrid models specially the simulation does too (Mamba
+"align" block-aligned prefill chunks, ``new_step_starts`` every step, encoder
+tokens for cross attention, no partial KV-load failures with several groups).
+
 ``replay`` applies each operation to several managers at once (same request
 objects) and raises ``ReplayDivergence`` on the first differing output;
 ``run_single`` drives one manager and times it.
 
-Nothing here imports torch or vLLM at module import time.
+Nothing here imports torch or vLLM at module import time; ``vllm_factory``
+imports both when called, ``hybridcache_factory`` neither.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import random
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .request import LoRARequest, Request
@@ -29,14 +39,197 @@ from .request import LoRARequest, Request
 ManagerFactory = Callable[["ReplayConfig"], Any]
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --------------------------------------------------------------------------
+# KV-cache group mixes.
+# --------------------------------------------------------------------------
+
+GROUP_KINDS = ("full", "sliding_window", "chunked_local", "mamba", "cross_attention")
+
+_KIND_ALIASES = {
+    "full": "full",
+    "fa": "full",
+    "full_attention": "full",
+    "sw": "sliding_window",
+    "swa": "sliding_window",
+    "sliding_window": "sliding_window",
+    "chunked": "chunked_local",
+    "local": "chunked_local",
+    "chunked_local": "chunked_local",
+    "mamba": "mamba",
+    "cross": "cross_attention",
+    "cross_attention": "cross_attention",
+}
+
+_SHORT_KIND = {
+    "full": "full",
+    "sliding_window": "sw",
+    "chunked_local": "chunked",
+    "mamba": "mamba",
+    "cross_attention": "cross",
+}
+
+MAMBA_MODES = ("none", "all", "align")
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One KV-cache group of the simulated model.
+
+    ``block_size`` None: ``ReplayConfig.block_size`` (for Mamba "none" mode,
+    ``max_model_len``, as vLLM sizes Mamba blocks without prefix caching).
+    ``mamba_cache_mode`` None: "align" with prefix caching, "none" without
+    (vLLM forces "none" when prefix caching is off).
+    """
+
+    kind: str = "full"
+    block_size: int | None = None
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    mamba_cache_mode: str | None = None
+    num_speculative_blocks: int = 0
+    is_eagle_group: bool = False
+
+    def __post_init__(self) -> None:
+        kind = _KIND_ALIASES.get(self.kind)
+        if kind is None:
+            raise ValueError(f"unknown KV-cache group kind {self.kind!r}; one of {GROUP_KINDS}")
+        object.__setattr__(self, "kind", kind)
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if kind == "sliding_window" and not (self.sliding_window or 0) >= 1:
+            raise ValueError("a sliding_window group needs sliding_window >= 1")
+        if kind == "chunked_local" and not (self.attention_chunk_size or 0) >= 1:
+            raise ValueError("a chunked_local group needs attention_chunk_size >= 1")
+        if kind == "mamba":
+            if self.mamba_cache_mode not in (None, *MAMBA_MODES):
+                raise ValueError(f"mamba_cache_mode must be one of {MAMBA_MODES}, got {self.mamba_cache_mode!r}")
+            if self.num_speculative_blocks < 0:
+                raise ValueError("num_speculative_blocks must be >= 0")
+
+    def __str__(self) -> str:
+        text = _SHORT_KIND[self.kind]
+        if self.kind == "sliding_window":
+            text += f":{self.sliding_window}"
+        elif self.kind == "chunked_local":
+            text += f":{self.attention_chunk_size}"
+        elif self.kind == "mamba" and (self.mamba_cache_mode or self.num_speculative_blocks):
+            text += f":{self.mamba_cache_mode or 'auto'}"
+            if self.num_speculative_blocks:
+                text += f":{self.num_speculative_blocks}"
+        if self.block_size is not None:
+            text += f"@{self.block_size}"
+        if self.is_eagle_group:
+            text += "+eagle"
+        return text
+
+
+def full(block_size: int | None = None, *, eagle: bool = False) -> GroupSpec:
+    return GroupSpec("full", block_size, is_eagle_group=eagle)
+
+
+def sliding_window(window: int, block_size: int | None = None, *, eagle: bool = False) -> GroupSpec:
+    return GroupSpec("sliding_window", block_size, sliding_window=window, is_eagle_group=eagle)
+
+
+def chunked_local(chunk: int, block_size: int | None = None, *, eagle: bool = False) -> GroupSpec:
+    return GroupSpec("chunked_local", block_size, attention_chunk_size=chunk, is_eagle_group=eagle)
+
+
+def mamba(
+    mode: str | None = None,
+    num_speculative_blocks: int = 0,
+    block_size: int | None = None,
+    *,
+    eagle: bool = False,
+) -> GroupSpec:
+    return GroupSpec(
+        "mamba",
+        block_size,
+        mamba_cache_mode=mode,
+        num_speculative_blocks=num_speculative_blocks,
+        is_eagle_group=eagle,
+    )
+
+
+def cross_attention(block_size: int | None = None) -> GroupSpec:
+    return GroupSpec("cross_attention", block_size)
+
+
+def parse_mix(text: str) -> tuple[GroupSpec, ...]:
+    """Parses a mix such as ``"full,sw:128@32,mamba:align:2,full+eagle"``.
+
+    Comma-separated groups, each ``KIND[:ARGS][@BLOCK_SIZE][+eagle]``; ``*N``
+    after a group repeats it. Kinds: ``full``; ``sw:WINDOW``;
+    ``chunked:CHUNK``; ``mamba[:MODE[:NUM_SPECULATIVE_BLOCKS]]`` (MODE one of
+    none/all/align/auto); ``cross``.
+    """
+    groups: list[GroupSpec] = []
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            raise ValueError(f"empty group in mix {text!r}")
+        repeat = 1
+        if "*" in item:
+            item, count = item.rsplit("*", 1)
+            repeat = int(count)
+        eagle = False
+        if item.endswith("+eagle"):
+            item, eagle = item[: -len("+eagle")], True
+        block_size = None
+        if "@" in item:
+            item, size = item.split("@", 1)
+            block_size = int(size)
+        kind, *args = item.split(":")
+        kind = _KIND_ALIASES.get(kind)
+        try:
+            if kind == "full" and not args:
+                group = full(block_size, eagle=eagle)
+            elif kind == "sliding_window" and len(args) == 1:
+                group = sliding_window(int(args[0]), block_size, eagle=eagle)
+            elif kind == "chunked_local" and len(args) == 1:
+                group = chunked_local(int(args[0]), block_size, eagle=eagle)
+            elif kind == "mamba" and len(args) <= 2:
+                mode = args[0] if args and args[0] != "auto" else None
+                nspec = int(args[1]) if len(args) > 1 else 0
+                group = mamba(mode, nspec, block_size, eagle=eagle)
+            elif kind == "cross_attention" and not args and not eagle:
+                group = cross_attention(block_size)
+            else:
+                raise ValueError
+        except ValueError as e:
+            raise ValueError(f"cannot parse mix group {raw.strip()!r} ({e or 'bad arguments'})") from None
+        groups.extend([group] * repeat)
+    return tuple(groups)
+
+
+def format_mix(groups: Iterable[GroupSpec]) -> str:
+    return ",".join(str(g) for g in groups)
+
+
 @dataclass
 class ReplayConfig:
-    """Shape of the simulated workload and of the managers under test."""
+    """Shape of the simulated workload and of the managers under test.
+
+    ``hash_block_size``, ``scheduler_block_size`` and ``num_lookahead_tokens``
+    of None are resolved in place, as vLLM resolves them; use ``with_changes``
+    (not ``dataclasses.replace``) to derive a config that re-resolves them.
+    """
 
     num_blocks: int = 64
+    # Block size of every group that does not set its own.
     block_size: int = 16
-    # None means block_size; vLLM's single-group coordinator requires equality.
+    # The model's KV-cache groups: GroupSpecs or a parse_mix string.
+    mix: Any = (GroupSpec(),)
+    # None: as vLLM's resolve_kv_cache_block_sizes (one group: its block
+    # size; several: the GCD of their block sizes with prefix caching, else
+    # the scheduler block size).
     hash_block_size: int | None = None
+    # None: the LCM of the groups' block sizes.
+    scheduler_block_size: int | None = None
     max_model_len: int = 512
     max_num_batched_tokens: int = 256
     enable_caching: bool = True
@@ -73,27 +266,166 @@ class ReplayConfig:
     evict_prob: float = 0.08
     reset_prob: float = 0.03
     remove_skipped_prob: float = 0.05
+    # Encoder length of each request when the mix has a cross-attention group.
+    max_encoder_len: int = 48
     # Also compare every block's ref_cnt and hash and the free-queue order
     # (vLLM's BlockPool attributes that connectors read) after every step.
     compare_pool_state: bool = True
     max_steps: int = 20_000
+    # The resolved groups (block sizes and Mamba modes filled in).
+    groups: tuple[GroupSpec, ...] = field(init=False, repr=False, compare=False)
+    _auto: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        self.mix = parse_mix(self.mix) if isinstance(self.mix, str) else tuple(self.mix)
+        if not self.mix or not all(isinstance(g, GroupSpec) for g in self.mix):
+            raise ValueError("mix must be a non-empty sequence of GroupSpec (or a parse_mix string)")
+        self._auto = frozenset(
+            name
+            for name in ("hash_block_size", "scheduler_block_size", "num_lookahead_tokens")
+            if getattr(self, name) is None
+        )
+        self.groups = tuple(self._resolve_group(g) for g in self.mix)
+        sizes = [g.block_size for g in self.groups]
+        if self.scheduler_block_size is None:
+            self.scheduler_block_size = math.lcm(*sizes)
         if self.hash_block_size is None:
-            self.hash_block_size = self.block_size
+            self.hash_block_size = self._default_hash_block_size()
         if self.num_lookahead_tokens is None:
             self.num_lookahead_tokens = self.max_drafts if self.use_eagle else 0
-        # vLLM refuses to start unless one max-length request fits the pool.
-        if self.max_model_len > (self.num_blocks - 1) * self.block_size:
-            raise ValueError("max_model_len must fit in num_blocks - 1 blocks")
+        self._validate()
+
+    # ---- resolution -------------------------------------------------------
+
+    def _resolve_group(self, g: GroupSpec) -> GroupSpec:
+        if g.kind != "mamba":
+            return g if g.block_size is not None else dataclasses.replace(g, block_size=self.block_size)
+        mode = g.mamba_cache_mode or ("align" if self.enable_caching else "none")
+        if (mode == "none") == self.enable_caching:
+            raise ValueError(
+                f"mamba_cache_mode {mode!r} with enable_caching={self.enable_caching}: vLLM uses "
+                "'none' exactly when prefix caching is off"
+            )
+        block_size = g.block_size
+        if block_size is None:
+            # vLLM: max_model_len without prefix caching, else the attention
+            # block size (cache_config.block_size).
+            block_size = self.max_model_len if mode == "none" else self.block_size
+        return dataclasses.replace(g, block_size=block_size, mamba_cache_mode=mode)
+
+    def _default_hash_block_size(self) -> int:
+        """vLLM's resolve_kv_cache_block_sizes."""
+        sizes = [g.block_size for g in self.groups]
+        if len(sizes) == 1 or not self.enable_caching:
+            return self.scheduler_block_size
+        if any(g.kind == "mamba" and g.block_size != self.split_block_size for g in self.groups):
+            return self.scheduler_block_size
+        return math.gcd(*sizes)
+
+    def _validate(self) -> None:
+        sizes = [g.block_size for g in self.groups]
+        if any(self.scheduler_block_size % s for s in sizes) or self.scheduler_block_size % self.hash_block_size:
+            raise ValueError(
+                f"scheduler_block_size {self.scheduler_block_size} must be a multiple of every "
+                f"group block size {sizes} and of hash_block_size {self.hash_block_size}"
+            )
+        if self.enable_caching:
+            if len(sizes) == 1 and self.hash_block_size != sizes[0]:
+                raise ValueError("with one group vLLM requires hash_block_size == block_size")
+            if any(s % self.hash_block_size for s in sizes):
+                raise ValueError(f"every group block size {sizes} must be a multiple of hash_block_size")
+        modes = {g.mamba_cache_mode for g in self.groups if g.kind == "mamba"}
+        if len(modes) > 1:
+            raise ValueError("vLLM has one mamba_cache_mode for the whole model")
+        kinds = {g.kind for g in self.groups}
+        specs = {dataclasses.replace(g, is_eagle_group=False) for g in self.groups}
+        if self.enable_caching and len(self.groups) > 1 and len(specs) < 2:
+            raise ValueError("vLLM's hybrid coordinator needs at least two distinct group specs")
+        if "cross_attention" in kinds and self.enable_caching:
+            raise ValueError("vLLM disables prefix caching for cross attention (encoder-decoder)")
+        if "chunked_local" in kinds and self.enable_caching:
+            eagle = self.eagle_group_ids
+            for i, g in enumerate(self.groups):
+                if g.kind != "chunked_local":
+                    continue
+                if g.block_size != self.scheduler_block_size:
+                    raise ValueError("vLLM requires chunked local attention's block size to be the scheduler's")
+                if i in eagle or any(j in eagle for j, o in enumerate(self.groups) if o == g):
+                    raise ValueError("vLLM does not support EAGLE on chunked local attention groups")
+        if self.num_blocks - 1 < self.min_num_blocks():
+            raise ValueError(
+                f"num_blocks {self.num_blocks}: one max_model_len request needs "
+                f"{self.min_num_blocks()} blocks besides the null block"
+            )
         if not 1 <= self.min_prompt_len <= self.max_prompt_len < self.max_model_len:
             raise ValueError("need 1 <= min_prompt_len <= max_prompt_len < max_model_len")
+
+    # ---- derived ----------------------------------------------------------
+
+    @property
+    def split_block_size(self) -> int:
+        """vLLM's cache_config.block_size after KV-cache setup (the smallest
+        group block size): the granularity of Mamba "align" prefill chunks."""
+        return min(g.block_size for g in self.groups)
+
+    @property
+    def mamba_align(self) -> bool:
+        """vLLM's Scheduler.need_mamba_block_aligned_split."""
+        return any(g.kind == "mamba" and g.mamba_cache_mode == "align" for g in self.groups)
+
+    @property
+    def has_cross_attention(self) -> bool:
+        return any(g.kind == "cross_attention" for g in self.groups)
+
+    @property
+    def eagle_group_ids(self) -> set[int]:
+        """Groups that drop the EAGLE block on hits (vLLM's coordinator rule)."""
+        ids = {i for i, g in enumerate(self.groups) if g.is_eagle_group}
+        if self.use_eagle and not ids:
+            ids = set(range(len(self.groups)))
+        return ids
+
+    def min_num_blocks(self) -> int:
+        """Blocks one request of max_model_len tokens may hold (all groups)."""
+        extra = self.max_drafts + self.num_lookahead_tokens
+        total = 0
+        for g in self.groups:
+            bs, length = g.block_size, self.max_model_len
+            if g.kind == "full":
+                total += _cdiv(length, bs)
+            elif g.kind == "cross_attention":
+                total += _cdiv(self.max_encoder_len, bs)
+            elif g.kind == "sliding_window":
+                window = g.sliding_window - 1 + self.max_num_batched_tokens + extra
+                total += _cdiv(min(window, length), bs) + 1
+            elif g.kind == "chunked_local":
+                chunk = g.attention_chunk_size + self.max_num_batched_tokens + extra
+                total += _cdiv(min(chunk, length), bs) + 1
+            elif g.mamba_cache_mode == "all":
+                total += _cdiv(length, bs) + g.num_speculative_blocks
+            elif g.mamba_cache_mode == "align":
+                total += 2 + g.num_speculative_blocks
+            else:
+                total += _cdiv(length, bs) + g.num_speculative_blocks
+        return total
+
+    def with_changes(self, **changes: Any) -> ReplayConfig:
+        """dataclasses.replace that re-resolves the fields that were None."""
+        reset = {name: None for name in self._auto if name not in changes}
+        return dataclasses.replace(self, **reset, **changes)
+
+    def describe(self) -> str:
+        return (
+            f"mix={format_mix(self.groups)} scheduler_block_size={self.scheduler_block_size} "
+            f"hash_block_size={self.hash_block_size} caching={self.enable_caching} "
+            f"eagle={self.use_eagle} lookahead={self.num_lookahead_tokens} max_drafts={self.max_drafts}"
+        )
 
     def manager_kwargs(self) -> dict[str, Any]:
         """Constructor keyword arguments shared by every manager implementation."""
         return dict(
             max_model_len=self.max_model_len,
-            scheduler_block_size=self.block_size,
+            scheduler_block_size=self.scheduler_block_size,
             hash_block_size=self.hash_block_size,
             max_num_batched_tokens=self.max_num_batched_tokens,
             enable_caching=self.enable_caching,
@@ -104,6 +436,22 @@ class ReplayConfig:
 
 
 DEFAULT_CONFIG = ReplayConfig(num_requests=400, max_drafts=4)
+
+# Mixes of the CLI's --mix presets (also usable as --mix NAME).
+MIX_PRESETS: dict[str, str] = {
+    "full": "full",
+    "full-sw": "full,sw:64",
+    "full-mamba": "full,mamba",
+    "full-mamba-spec": "full,mamba:align:2",
+    "sw-mamba": "sw:64,mamba",
+    "full-sw-mamba": "full,sw:64,mamba",
+    "full-mamba3": "full,mamba*3",
+    "interleaved": "full,sw:48,full,sw:48",
+    "two-windows": "full,sw:32,sw:96",
+    "chunked": "full,chunked:64",
+    "mixed-sizes": "full@16,sw:64@32",
+}
+
 
 
 @dataclass
@@ -120,6 +468,15 @@ class ReplaySummary:
     evict_calls: int = 0
     successful_resets: int = 0
     stalls: int = 0
+    # Requests admitted with a local prefix-cache hit.
+    hit_requests: int = 0
+    # Scheduled draft tokens (speculative decoding).
+    draft_tokens: int = 0
+    external_tokens: int = 0
+    async_loads: int = 0
+    # Mamba "align": chunks shortened to a block boundary / not scheduled.
+    split_trims: int = 0
+    split_blocked: int = 0
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -285,6 +642,8 @@ class _Fanout:
                 value = norm(result)
             except Exception as exc:
                 if i == 0:
+                    # An illegal trace (a generator bug): say where it went wrong.
+                    exc.add_note(f"reference {self.names[0]} raised at seed={self.seed} step={self.step} op={op}")
                     raise
                 result, value = exc, ("raised", type(exc).__name__, str(exc))
             results.append(result)
@@ -309,6 +668,7 @@ class _Seq:
     max_tokens: int
     drafts: int = 0  # draft tokens proposed for the next step
     load_steps: int = 0  # remaining steps of an async KV load
+    encoder_tokens: int = 0  # cross attention: encoder length
 
     @property
     def rid(self) -> str:
@@ -339,8 +699,9 @@ class _Simulation:
     def _prefix(self) -> list[int]:
         cfg = self.cfg
         n = self.rng.randint(1, min(cfg.max_shared_prefix_len, cfg.max_prompt_len))
-        if self.rng.random() < 0.5:  # block-aligned prefixes give whole-block hits
-            n = max(cfg.block_size, n - n % cfg.block_size)
+        if self.rng.random() < 0.5:  # aligned prefixes give whole-block hits
+            align = cfg.scheduler_block_size
+            n = max(align, n - n % align)
         return self._tokens(min(n, cfg.max_prompt_len))
 
     def _prompt(self) -> list[int]:
@@ -371,7 +732,10 @@ class _Simulation:
             skip_reading_prefix_cache=rng.random() < cfg.skip_prefix_cache_prob,
         )
         self.next_req += 1
-        return _Seq(req, max_tokens=rng.randint(1, cfg.max_output_len))
+        seq = _Seq(req, max_tokens=rng.randint(1, cfg.max_output_len))
+        if cfg.has_cross_attention:
+            seq.encoder_tokens = rng.randint(1, cfg.max_encoder_len)
+        return seq
 
     def _request_id(self) -> str:
         if self.freed_ids and self.rng.random() < self.cfg.reuse_request_id_prob:
@@ -444,6 +808,8 @@ class _Simulation:
         if rng.random() < (0.3 if idle else cfg.reset_prob):
             self._reset()
         if self.running and rng.random() < cfg.remove_skipped_prob:
+            # What a finishing connector request does (and what allocate_slots
+            # does first), out of band.
             seq = rng.choice(self.running)
             n = seq.req.num_computed_tokens
             self.fan.call(
@@ -460,13 +826,14 @@ class _Simulation:
     def _evict(self) -> None:
         rng, holders = self.rng, self._holders()
         if holders and rng.random() < 0.5:
-            # Target blocks in use, which are likely cached.
+            # Target blocks in use (any group), which are likely cached.
             seq = rng.choice(holders)
-            ids = self.fan.call(
+            groups = self.fan.call(
                 f"get_block_ids({seq.rid})",
                 lambda m, i: m.get_block_ids(seq.rid),
                 _freeze,
-            )[0][0]
+            )[0]
+            ids = [b for g in groups for b in g]
             chosen = set(rng.sample(ids, min(len(ids), rng.randint(1, 4))))
         else:
             chosen = {rng.randrange(self.cfg.num_blocks) for _ in range(rng.randint(1, 6))}
@@ -488,9 +855,10 @@ class _Simulation:
             self.waiting.insert(0, seq)
 
     def _complete_load(self, seq: _Seq) -> None:
-        req, rng, bs = seq.req, self.rng, self.cfg.block_size
+        req, rng, bs = seq.req, self.rng, self.cfg.scheduler_block_size
         outcome = rng.random()
-        if outcome < 0.15:
+        # vLLM handles failed (invalid) loaded blocks for one group only.
+        if outcome < 0.15 and len(self.cfg.groups) == 1:
             # Some blocks failed: keep the valid block-aligned prefix only.
             req.num_computed_tokens = rng.randint(0, req.num_computed_tokens // bs) * bs
             if req.num_computed_tokens == 0:
@@ -502,6 +870,34 @@ class _Simulation:
         if req.num_computed_tokens == req.num_tokens:
             req.num_computed_tokens = req.num_tokens - 1
 
+    def _mamba_split(
+        self, req: Request, num_new_tokens: int, num_local_hit: int = 0, num_external: int = 0
+    ) -> int:
+        """vLLM's Scheduler._mamba_block_aligned_split (Mamba "align" mode)."""
+        if not self.cfg.mamba_align:
+            return num_new_tokens
+        num_computed = req.num_computed_tokens + num_local_hit + num_external
+        if num_computed < max(req.num_prompt_tokens, req.num_tokens - 1):
+            bs = self.cfg.split_block_size
+            last_cache_position = req.num_tokens - req.num_tokens % bs
+            if self.cfg.use_eagle:  # EAGLE prunes the last matched block
+                last_cache_position = max(last_cache_position - bs, 0)
+            after = num_computed + num_new_tokens
+            if after < last_cache_position:
+                num_new_tokens = num_new_tokens // bs * bs
+            elif num_computed < last_cache_position < after:
+                # Force caching the state at the last block boundary.
+                num_new_tokens = last_cache_position - num_computed
+        return num_new_tokens
+
+    def _split(self, req: Request, n: int, hit: int = 0, external: int = 0) -> int:
+        split = self._mamba_split(req, n, hit, external)
+        if split != n:
+            self.summary.split_trims += 1
+        if split == 0:
+            self.summary.split_blocked += 1
+        return split
+
     def _schedule_running(self, scheduled: dict[str, int], budget: int) -> int:
         """Mirrors the RUNNING loop of vLLM's schedule(); returns the budget left."""
         index = 0
@@ -510,6 +906,8 @@ class _Simulation:
             req = seq.req
             n = req.num_tokens + seq.drafts - req.num_computed_tokens
             n = min(n, budget, self.cfg.max_model_len - 1 - req.num_computed_tokens)
+            if n > 0:
+                n = self._split(req, n)
             if n <= 0:
                 index += 1
                 continue
@@ -572,6 +970,19 @@ class _Simulation:
             computed = [m.empty_kv_cache_blocks for m in self.fan.managers]
         num_computed = req.num_computed_tokens or hit + external
         num_new = 0 if async_load else min(req.num_tokens - num_computed, budget)
+        if not async_load:  # as vLLM: no alignment when setting up an async load
+            num_new = self._split(req, num_new, hit, external)
+            if num_new == 0:
+                return None
+        # Encoder inputs (cross attention) are scheduled with the first chunk.
+        encoder = seq.encoder_tokens if num_computed == 0 and num_new else 0
+        reserved = rng.randint(1, 4) if rng.random() < cfg.reserved_blocks_prob else 0
+        if external and cfg.mamba_align:
+            # vLLM 0.23.0's Mamba "align" block count omits the block that
+            # allocate_new_computed_blocks takes for external tokens (one per
+            # Mamba group), so a tight pool makes its BlockPool raise. Keep
+            # that many blocks in reserve so every trace is legal for vLLM.
+            reserved += sum(g.kind == "mamba" for g in cfg.groups)
         blocks = self._allocate(
             seq,
             num_new,
@@ -581,12 +992,16 @@ class _Simulation:
             num_lookahead_tokens=0 if async_load and cfg.use_eagle else cfg.num_lookahead_tokens,
             num_external_computed_tokens=external,
             delay_cache_blocks=async_load,
+            num_encoder_tokens=encoder,
             full_sequence_must_fit=rng.random() < cfg.full_sequence_must_fit_prob,
-            reserved_blocks=rng.randint(1, 4) if rng.random() < cfg.reserved_blocks_prob else 0,
+            reserved_blocks=reserved,
         )
         if blocks is None:
             return None
         self.summary.cache_hit_tokens += hit
+        self.summary.hit_requests += hit > 0
+        self.summary.external_tokens += external
+        self.summary.async_loads += async_load
         req.num_computed_tokens = num_computed
         if async_load:
             seq.load_steps = rng.randint(1, 3)
@@ -595,15 +1010,16 @@ class _Simulation:
     def _external_tokens(self, req: Request, hit: int) -> tuple[int, bool]:
         """Tokens a simulated KV connector offers after the local hit."""
         cfg, rng = self.cfg, self.rng
-        if rng.random() >= cfg.external_tokens_prob:
+        if cfg.has_cross_attention or rng.random() >= cfg.external_tokens_prob:
             return 0, False
         async_load = rng.random() < cfg.async_load_prob
         # Synchronous loads must leave at least one token to compute.
         room = req.num_tokens - hit - (0 if async_load else 1)
         if room <= 0:
             return 0, False
-        if rng.random() < 0.5 and room >= cfg.block_size:
-            external = rng.randint(1, room // cfg.block_size) * cfg.block_size
+        align = cfg.scheduler_block_size
+        if rng.random() < 0.5 and room >= align:
+            external = rng.randint(1, room // align) * align
         else:
             external = rng.randint(1, room)
         return external, async_load
@@ -619,6 +1035,7 @@ class _Simulation:
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a prefill chunk: nothing sampled yet
             num_drafts = req.num_computed_tokens - req.num_tokens
+            self.summary.draft_tokens += num_drafts
             accepted = self.rng.randint(0, num_drafts)
             req.num_computed_tokens -= num_drafts - accepted
             if self._append_and_check_stop(seq, accepted + 1):
@@ -627,7 +1044,7 @@ class _Simulation:
                 self.freed_ids.append(seq.rid)
                 self.summary.finished += 1
             else:
-                seq.drafts = self._next_drafts()
+                seq.drafts = self._next_drafts(seq.drafts)
 
     def _append_and_check_stop(self, seq: _Seq, num_sampled: int) -> bool:
         cfg, req = self.cfg, seq.req
@@ -639,10 +1056,20 @@ class _Simulation:
             or self.rng.random() < cfg.eos_prob
         )
 
-    def _next_drafts(self) -> int:
-        if self.cfg.max_drafts == 0 or self.rng.random() < 0.3:
+    def _next_drafts(self, previous: int) -> int:
+        """Draft count of the next step, suffix-decoding style: it drifts up
+        and down, drops to 0, jumps back to the maximum."""
+        top, rng = self.cfg.max_drafts, self.rng
+        if top == 0:
             return 0
-        return self.rng.randint(1, self.cfg.max_drafts)
+        r = rng.random()
+        if r < 0.25:
+            return 0
+        if r < 0.35:
+            return top
+        if r < 0.7:
+            return min(top, max(0, previous + rng.choice((-2, -1, 1, 2))))
+        return rng.randint(1, top)
 
     # ---- observations ---------------------------------------------------
 
@@ -738,46 +1165,107 @@ def run_single(config: ReplayConfig, seed: int, factory: ManagerFactory) -> Repl
     return _run(config, seed, [factory(config)], ["manager"])
 
 
-def make_kv_cache_config(num_blocks: int, block_size: int) -> Any:
-    """A one-group full-attention vLLM KVCacheConfig (imports vLLM and torch)."""
+def make_vllm_kv_cache_config(config: ReplayConfig) -> Any:
+    """vLLM's KVCacheConfig for `config`'s groups (imports vLLM and torch)."""
     import torch
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
+    from vllm.v1 import kv_cache_interface as iface
+
+    groups = []
+    for i, g in enumerate(config.groups):
+        attn = dict(block_size=g.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        if g.kind == "full":
+            spec = iface.FullAttentionSpec(**attn)
+        elif g.kind == "sliding_window":
+            spec = iface.SlidingWindowSpec(**attn, sliding_window=g.sliding_window)
+        elif g.kind == "chunked_local":
+            spec = iface.ChunkedLocalAttentionSpec(**attn, attention_chunk_size=g.attention_chunk_size)
+        elif g.kind == "cross_attention":
+            spec = iface.CrossAttentionSpec(**attn)
+        else:
+            spec = iface.MambaSpec(
+                block_size=g.block_size,
+                shapes=((1, 1),),
+                dtypes=(torch.float32,),
+                mamba_cache_mode=g.mamba_cache_mode,
+                num_speculative_blocks=g.num_speculative_blocks,
+            )
+        groups.append(iface.KVCacheGroupSpec([f"layer{i}"], spec, is_eagle_group=g.is_eagle_group))
+    return iface.KVCacheConfig(
+        num_blocks=config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
     )
 
-    spec = FullAttentionSpec(
-        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
-    )
-    return KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)],
-    )
+
+def make_kv_cache_config(config: ReplayConfig) -> Any:
+    """hybridcache's own KVCacheConfig for `config`'s groups (no vLLM, no torch)."""
+    from . import config as hc
+
+    groups = []
+    for i, g in enumerate(config.groups):
+        if g.kind == "full":
+            spec = hc.FullAttentionSpec(g.block_size)
+        elif g.kind == "sliding_window":
+            spec = hc.SlidingWindowSpec(g.block_size, g.sliding_window)
+        elif g.kind == "chunked_local":
+            spec = hc.ChunkedLocalAttentionSpec(g.block_size, g.attention_chunk_size)
+        elif g.kind == "cross_attention":
+            spec = hc.CrossAttentionSpec(g.block_size)
+        else:
+            spec = hc.MambaSpec(
+                g.block_size,
+                shapes=((1, 1),),
+                dtypes=("float32",),
+                mamba_cache_mode=g.mamba_cache_mode,
+                num_speculative_blocks=g.num_speculative_blocks,
+            )
+        groups.append(hc.KVCacheGroupSpec([f"layer{i}"], spec, is_eagle_group=g.is_eagle_group))
+    return hc.KVCacheConfig(num_blocks=config.num_blocks, kv_cache_groups=groups)
 
 
 def vllm_factory(config: ReplayConfig) -> Any:
     """vLLM 0.23.0's own KVCacheManager for `config`."""
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
-    kv_cache_config = make_kv_cache_config(config.num_blocks, config.block_size)
-    return KVCacheManager(kv_cache_config, **config.manager_kwargs())
+    return KVCacheManager(make_vllm_kv_cache_config(config), **config.manager_kwargs())
 
 
 def hybridcache_factory(config: ReplayConfig) -> Any:
     """hybridcache's KVCacheManager for `config`, on its own config classes
     (so the CLI needs neither vLLM nor torch)."""
-    from . import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheManager
+    from . import KVCacheManager
 
-    kv_cache_config = KVCacheConfig(
-        num_blocks=config.num_blocks,
-        kv_cache_groups=[KVCacheGroupSpec(["layer0"], FullAttentionSpec(config.block_size))],
-    )
-    return KVCacheManager(kv_cache_config, **config.manager_kwargs())
+    return KVCacheManager(make_kv_cache_config(config), **config.manager_kwargs())
+
+
+def hybridcache_on_vllm_config_factory(config: ReplayConfig) -> Any:
+    """hybridcache's KVCacheManager on vLLM's config classes (duck typing)."""
+    from . import KVCacheManager
+
+    return KVCacheManager(make_vllm_kv_cache_config(config), **config.manager_kwargs())
 
 
 _FACTORIES = {"hybridcache": hybridcache_factory, "vllm": vllm_factory}
+
+
+def _cli_config(args: argparse.Namespace) -> ReplayConfig:
+    mix = MIX_PRESETS.get(args.mix, args.mix)
+    changes: dict[str, Any] = dict(
+        mix=mix,
+        num_requests=args.requests,
+        enable_caching=not args.no_caching,
+        use_eagle=args.eagle,
+        hash_block_size=args.hash_block_size,
+    )
+    if args.block_size is not None:
+        changes["block_size"] = args.block_size
+    if args.max_drafts is not None:
+        changes["max_drafts"] = args.max_drafts
+    if args.num_blocks is not None:
+        return DEFAULT_CONFIG.with_changes(num_blocks=args.num_blocks, **changes)
+    # Size the pool from the mix: room for a few max-length requests.
+    probe = DEFAULT_CONFIG.with_changes(num_blocks=1 << 30, **changes)
+    need = probe.min_num_blocks() + 1
+    num_blocks = DEFAULT_CONFIG.num_blocks if need <= DEFAULT_CONFIG.num_blocks else need * 3 // 2
+    return probe.with_changes(num_blocks=num_blocks)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -788,8 +1276,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--requests", type=int, default=DEFAULT_CONFIG.num_requests)
+    parser.add_argument(
+        "--mix", default="full",
+        help="the model's KV-cache groups: a preset (" + ", ".join(sorted(MIX_PRESETS))
+        + ") or groups such as 'full,sw:128@32,mamba:align:2,chunked:64,cross,full+eagle' "
+        "(KIND[:ARGS][@BLOCK_SIZE][+eagle][*COUNT]; mamba:MODE:NUM_SPECULATIVE_BLOCKS)",
+    )
+    parser.add_argument("--block-size", type=int, default=None,
+                        help="block size of groups without @SIZE (default %(default)s: 16)")
+    parser.add_argument("--hash-block-size", type=int, default=None,
+                        help="default: as vLLM resolves it (GCD of group block sizes)")
+    parser.add_argument("--num-blocks", type=int, default=None,
+                        help="default: sized from the mix")
+    parser.add_argument("--max-drafts", type=int, default=None)
+    parser.add_argument("--no-caching", action="store_true", help="disable prefix caching")
+    parser.add_argument("--eagle", action="store_true", help="EAGLE: lookahead slots, hit pruning")
     args = parser.parse_args(argv)
-    config = dataclasses.replace(DEFAULT_CONFIG, num_requests=args.requests)
+    try:
+        config = _cli_config(args)
+    except ValueError as e:
+        parser.error(str(e))
+    print(config.describe())
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         if args.compare:
             factories = [_FACTORIES[args.compare], _FACTORIES[args.impl]]

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use crate::block_pool::BlockPool;
 use crate::coordinator::Coordinator;
 use crate::error::{invalid, CoreError, CoreResult};
+use crate::fast_hash::FxBuild;
 use crate::events::PoolEvent;
 use crate::spec::GroupSpec;
 use crate::{BlockId, ReqSlot};
@@ -23,6 +24,9 @@ pub struct ManagerConfig {
     pub use_eagle: bool,
     pub enable_events: bool,
 }
+
+/// "No new computed blocks" for up to 32 groups, without allocating.
+static NO_BLOCKS: [Vec<BlockId>; 32] = [const { Vec::new() }; 32];
 
 /// `allocate_slots` arguments, vLLM's names; request fields are passed as
 /// `num_computed_tokens` / `num_tokens`.
@@ -62,7 +66,7 @@ pub struct KvCacheManager {
     coord: Coordinator,
     max_model_len: usize,
     enable_caching: bool,
-    slots: HashMap<String, ReqSlot>,
+    slots: HashMap<String, ReqSlot, FxBuild>,
     requests: Vec<Option<RequestState>>,
     free_slots: Vec<ReqSlot>,
 }
@@ -92,7 +96,7 @@ impl KvCacheManager {
             coord,
             max_model_len: cfg.max_model_len,
             enable_caching: cfg.enable_caching,
-            slots: HashMap::new(),
+            slots: HashMap::default(),
             requests: Vec::new(),
             free_slots: Vec::new(),
         })
@@ -168,7 +172,11 @@ impl KvCacheManager {
     /// How many hashes the request will hold once `update` is applied;
     /// refuses an update that leaves a gap.
     fn hashes_after(&self, request_id: &str, update: Option<&HashUpdate>) -> CoreResult<usize> {
-        let known = self.num_known_hashes(request_id);
+        self.hashes_after_at(self.slot(request_id), request_id, update)
+    }
+
+    fn hashes_after_at(&self, slot: Option<ReqSlot>, request_id: &str, update: Option<&HashUpdate>) -> CoreResult<usize> {
+        let known = slot.map_or(0, |s| self.hashes(s).len());
         match update {
             None => Ok(known),
             Some(u) if u.offset > known => invalid(format!(
@@ -179,21 +187,20 @@ impl KvCacheManager {
         }
     }
 
+    fn apply_hashes_at(&mut self, slot: ReqSlot, update: HashUpdate) {
+        let hashes = &mut self.requests[slot as usize].as_mut().expect("live slot").hashes;
+        if !(update.hashes.is_empty() && update.offset == hashes.len()) {
+            hashes.truncate(update.offset);
+            hashes.extend(update.hashes);
+        }
+    }
+
     fn apply_hashes(&mut self, request_id: &str, update: HashUpdate) {
-        let HashUpdate {
-            offset,
-            hashes: new,
-        } = update;
-        if new.is_empty() && offset == self.num_known_hashes(request_id) {
+        if update.hashes.is_empty() && update.offset == self.num_known_hashes(request_id) {
             return;
         }
         let s = self.slot_or_insert(request_id);
-        let hashes = &mut self.requests[s as usize]
-            .as_mut()
-            .expect("live slot")
-            .hashes;
-        hashes.truncate(offset);
-        hashes.extend(new);
+        self.apply_hashes_at(s, update);
     }
 
     /// Cache hit for a request of `num_tokens` tokens: blocks per group and
@@ -252,11 +259,18 @@ impl KvCacheManager {
                 "num_new_tokens must be greater than 0 when there are no external computed tokens",
             );
         }
-        let have = self.hashes_after(request_id, update.as_ref())?;
         let slot = self.slot(request_id);
+        let have = self.hashes_after_at(slot, request_id, update.as_ref())?;
         self.check_new_computed(slot, args)?;
-        let empty: Vec<Vec<BlockId>> = vec![Vec::new(); self.num_groups()];
-        let new_computed: &[Vec<BlockId>] = args.new_computed_blocks.unwrap_or(&empty);
+        let owned_empty;
+        let new_computed: &[Vec<BlockId>] = match args.new_computed_blocks {
+            Some(nc) => nc,
+            None if self.num_groups() <= NO_BLOCKS.len() => &NO_BLOCKS[..self.num_groups()],
+            None => {
+                owned_empty = vec![Vec::new(); self.num_groups()];
+                &owned_empty
+            }
+        };
         let adds_computed =
             args.new_computed_blocks.is_some() || args.num_external_computed_tokens > 0;
         if adds_computed {
@@ -293,10 +307,13 @@ impl KvCacheManager {
         }
 
         // From here on the call is valid; every path below only succeeds.
+        let slot = match slot {
+            Some(s) => s,
+            None => self.slot_or_insert(request_id),
+        };
         if let Some(u) = update {
-            self.apply_hashes(request_id, u);
+            self.apply_hashes_at(slot, u);
         }
-        let slot = self.slot_or_insert(request_id);
         if args.full_sequence_must_fit {
             let full = args.num_tokens.min(self.max_model_len);
             let need = self.coord.get_num_blocks_to_allocate(

@@ -7,11 +7,13 @@ pub mod block_pool;
 pub mod coordinator;
 pub mod error;
 pub mod events;
+pub mod fast_hash;
 pub mod free_queue;
 pub mod hashes;
 pub mod kv_manager;
 pub mod manager;
 pub mod prefix_map;
+pub mod slot_table;
 pub mod spec;
 
 pub use block_pool::{BlockPool, NULL_BLOCK};

@@ -6,10 +6,11 @@
 //! `match self.spec.kind` arms and the Mamba align state, so no manager is a
 //! copy of another.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use crate::block_pool::{BlockPool, NULL_BLOCK};
 use crate::hashes::ScaledHashes;
+use crate::slot_table::SlotTable;
 use crate::spec::{GroupSpec, MambaMode, SpecKind};
 use crate::{cdiv, BlockId, ReqSlot};
 
@@ -33,15 +34,15 @@ pub struct SingleTypeManager {
     pub use_eagle: bool,
     // Entries exist exactly where vLLM's defaultdict has them: the count of
     // entries decides common-prefix blocks.
-    pub(crate) req_to_blocks: HashMap<ReqSlot, Vec<BlockId>>,
+    pub(crate) req_to_blocks: SlotTable<Vec<BlockId>>,
     // Running requests only: how many of their blocks are cached.
-    pub(crate) num_cached_block: HashMap<ReqSlot, usize>,
+    pub(crate) num_cached_block: SlotTable<usize>,
     new_block_ids: Vec<BlockId>,
     enable_caching: bool,
     // Mamba: blocks cached during this step cannot serve hits until the next.
     cached_this_step: HashSet<(Box<[u8]>, u32)>,
     // Mamba align mode.
-    align: HashMap<ReqSlot, AlignState>,
+    align: SlotTable<AlignState>,
 }
 
 impl SingleTypeManager {
@@ -57,36 +58,36 @@ impl SingleTypeManager {
             spec,
             group_id,
             use_eagle: false,
-            req_to_blocks: HashMap::new(),
-            num_cached_block: HashMap::new(),
+            req_to_blocks: SlotTable::default(),
+            num_cached_block: SlotTable::default(),
             new_block_ids: Vec::new(),
             enable_caching,
             cached_this_step: HashSet::new(),
-            align: HashMap::new(),
+            align: SlotTable::default(),
         }
     }
 
     pub fn blocks(&self, slot: ReqSlot) -> &[BlockId] {
-        self.req_to_blocks.get(&slot).map_or(&[], |v| v.as_slice())
+        self.req_to_blocks.get(slot).map_or(&[], |v| v.as_slice())
     }
 
     /// The request is running in this group (it has a cached-block count).
     pub fn is_running(&self, slot: ReqSlot) -> bool {
-        self.num_cached_block.contains_key(&slot)
+        self.num_cached_block.contains(slot)
     }
 
     pub fn holds(&self, slot: ReqSlot) -> bool {
-        self.req_to_blocks.contains_key(&slot)
-            || self.num_cached_block.contains_key(&slot)
-            || self.align.contains_key(&slot)
+        self.req_to_blocks.contains(slot)
+            || self.num_cached_block.contains(slot)
+            || self.align.contains(slot)
     }
 
     pub fn num_cached_blocks(&self, slot: ReqSlot) -> usize {
-        self.num_cached_block.get(&slot).copied().unwrap_or(0)
+        self.num_cached_block.get(slot).copied().unwrap_or(0)
     }
 
     pub fn align_state(&self, slot: ReqSlot) -> Option<AlignState> {
-        self.align.get(&slot).copied()
+        self.align.get(slot).copied()
     }
 
     fn mamba(&self) -> Option<(MambaMode, usize)> {
@@ -185,7 +186,7 @@ impl SingleTypeManager {
         let mut num_new = num_required - have;
         if num_new > 0 {
             // Later rounds reuse the speculative blocks: one new state block.
-            let allocated = self.align.get(&slot).is_some_and(|a| a.allocated);
+            let allocated = self.align.get(slot).is_some_and(|a| a.allocated);
             num_new = if allocated { 1 } else { 1 + num_spec as i64 };
         }
         num_new + evictable(pool, new_computed) as i64
@@ -214,7 +215,7 @@ impl SingleTypeManager {
         if self.enable_caching {
             pool.touch(computed);
         }
-        let blocks = self.req_to_blocks.entry(slot).or_default();
+        let blocks = self.req_to_blocks.entry(slot);
         blocks.extend(std::iter::repeat_n(NULL_BLOCK, num_skipped_blocks));
         blocks.extend_from_slice(computed);
         self.num_cached_block.insert(slot, blocks.len());
@@ -243,7 +244,7 @@ impl SingleTypeManager {
             }
             num_tokens += self.block_size as usize * num_spec;
         }
-        let blocks = self.req_to_blocks.entry(slot).or_default();
+        let blocks = self.req_to_blocks.entry(slot);
         let num_required = cdiv(num_tokens, self.block_size as usize);
         if num_required <= blocks.len() {
             return Vec::new();
@@ -268,12 +269,12 @@ impl SingleTypeManager {
         num_spec: usize,
     ) -> Vec<BlockId> {
         let num_required = cdiv(num_tokens_main_model, self.block_size as usize) + num_spec;
-        let blocks = self.req_to_blocks.entry(slot).or_default();
+        let blocks = self.req_to_blocks.entry(slot);
         if num_required <= blocks.len() {
             return Vec::new();
         }
         let prev_len = blocks.len();
-        let state = self.align.entry(slot).or_default();
+        let state = self.align.entry(slot);
         if state.allocated {
             // The running state sits at the last (1 + num_spec)-th block.
             state.last_state_block_idx = prev_len.checked_sub(1 + num_spec);
@@ -371,7 +372,7 @@ impl SingleTypeManager {
         }
         let mask = self.reachable_block_mask(num_cached, num_full);
         let is_mamba = self.mamba().is_some();
-        let blocks = self.req_to_blocks.entry(slot).or_default();
+        let blocks = self.req_to_blocks.entry(slot);
         pool.cache_full_blocks(
             blocks,
             num_cached,
@@ -394,8 +395,8 @@ impl SingleTypeManager {
 
     /// Frees the request's blocks, tail first so tails are evicted first.
     pub fn free(&mut self, pool: &mut BlockPool, slot: ReqSlot) {
-        self.align.remove(&slot);
-        if let Some(blocks) = self.req_to_blocks.remove(&slot) {
+        self.align.remove(slot);
+        if let Some(blocks) = self.req_to_blocks.remove(slot) {
             if matches!(self.spec.kind, SpecKind::SlidingWindow { .. }) {
                 // Scratch blocks are reused first; cached ones stay behind.
                 let (cached, uncached): (Vec<BlockId>, Vec<BlockId>) = blocks
@@ -409,7 +410,7 @@ impl SingleTypeManager {
                 pool.free_blocks(blocks.iter().rev().copied(), false);
             }
         }
-        self.num_cached_block.remove(&slot);
+        self.num_cached_block.remove(slot);
     }
 
     /// Leading blocks held by every request that has an entry in this group.
@@ -418,9 +419,9 @@ impl SingleTypeManager {
             // Null-padded tables (and per-request states) share nothing usable.
             return 0;
         }
-        self.req_to_blocks.entry(slot).or_default();
+        self.req_to_blocks.entry(slot);
         let holders = self.req_to_blocks.len() as i64;
-        self.req_to_blocks[&slot]
+        self.req_to_blocks.get(slot).expect("entry created above")
             .iter()
             .take_while(|&&b| i64::from(pool.ref_cnt(b)) == holders)
             .count()
@@ -446,7 +447,7 @@ impl SingleTypeManager {
         if skipped == 0 {
             return;
         }
-        let blocks = self.req_to_blocks.entry(slot).or_default();
+        let blocks = self.req_to_blocks.entry(slot);
         let n = (skipped / self.block_size as usize).min(blocks.len());
         let mut removed_cached = Vec::new();
         let mut removed_uncached = Vec::new();
@@ -471,13 +472,13 @@ impl SingleTypeManager {
 
     /// The state block of two steps ago is no longer a copy source: free it.
     fn free_old_state_block(&mut self, pool: &mut BlockPool, slot: ReqSlot, total: usize) {
-        let Some(idx) = self.align.get(&slot).and_then(|a| a.last_state_block_idx) else {
+        let Some(idx) = self.align.get(slot).and_then(|a| a.last_state_block_idx) else {
             return;
         };
         if idx + 1 >= cdiv(total, self.block_size as usize) {
             return;
         }
-        let blocks = self.req_to_blocks.entry(slot).or_default();
+        let blocks = self.req_to_blocks.entry(slot);
         if blocks[idx] != NULL_BLOCK {
             pool.free_blocks([blocks[idx]], false);
             blocks[idx] = NULL_BLOCK;
@@ -524,7 +525,7 @@ impl SingleTypeManager {
 
     /// Slots and tables, for invariant checks.
     pub fn tables(&self) -> impl Iterator<Item = (ReqSlot, &[BlockId])> + '_ {
-        self.req_to_blocks.iter().map(|(s, b)| (*s, b.as_slice()))
+        self.req_to_blocks.iter().map(|(s, b)| (s, b.as_slice()))
     }
 }
 

@@ -1,155 +1,153 @@
-//! PyO3 binding of hybridcache-core: argument conversion and error mapping
-//! only. Every decision lives in the core crate.
+//! PyO3 binding of hybridcache-core: argument conversion, request attribute
+//! reads and error mapping only. Every decision lives in the core crate.
+//!
+//! `NativeManager` is subclassed by the Python facade
+//! (`hybridcache.KVCacheManager`); the hot methods (`allocate_slots`,
+//! `free`, `cache_blocks`) are native so a scheduler step costs one call.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
+mod convert;
 
-use hybridcache_core::{
-    AllocateArgs, CoreError, GroupSpec, HashUpdate, KvCacheManager, MambaMode, ManagerConfig,
-    PoolEvent, SpecKind,
-};
-use pyo3::exceptions::{PyKeyError, PyNotImplementedError, PyRuntimeError, PyValueError};
+use convert::{block_ids, count, count_obj, guard, hash_update, ids_tuple, parse_group, u32_arg, GroupTuple};
+use hybridcache_core::{AllocateArgs, CoreError, HashUpdate, KvCacheManager, ManagerConfig, PoolEvent};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
-fn to_py_err(e: CoreError) -> PyErr {
-    match e {
-        CoreError::InvalidArgument(m) => PyValueError::new_err(m),
-        CoreError::UnknownRequest(m) => PyKeyError::new_err(m),
-        CoreError::Unsupported(m) => PyNotImplementedError::new_err(m),
-        CoreError::Invariant(m) => PyRuntimeError::new_err(m),
-    }
+/// An optional count: 0 when left out (or None, Python's usual "default");
+/// otherwise an int >= 0, the error naming the argument.
+fn opt_count(name: &str, v: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+    v.map_or(Ok(0), |v| count_obj(name, v))
 }
 
-/// Runs a core call so that neither an error nor a panic crosses as a crash.
-fn guard<T>(f: impl FnOnce() -> Result<T, CoreError>) -> PyResult<T> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r.map_err(to_py_err),
-        Err(_) => Err(PyRuntimeError::new_err(
-            "hybridcache core panicked (bug); state may be inconsistent",
-        )),
-    }
+/// Python-side collaborators the facade binds after construction.
+struct Bound_ {
+    /// The facade's `KVCacheBlocks` class and its shared empty instance.
+    blocks_cls: PyObject,
+    empty: PyObject,
+    /// `sink(raw_events, request)` turns raw events into event objects.
+    event_sink: Option<PyObject>,
 }
 
-fn count(name: &str, v: i64) -> PyResult<usize> {
-    usize::try_from(v).map_err(|_| PyValueError::new_err(format!("{name} must be >= 0, got {v}")))
-}
-
-/// One group as the facade describes it: (kind, block_size, is_eagle_group,
-/// reports_new_block_ids, spec_class, admission_cap, window_or_chunk,
-/// mamba_cache_mode, num_speculative_blocks).
-type GroupTuple = (String, i64, bool, bool, i64, Option<i64>, i64, String, i64);
-
-fn u32_arg(name: &str, v: i64) -> PyResult<u32> {
-    u32::try_from(v).map_err(|_| PyValueError::new_err(format!("{name} out of range: {v}")))
-}
-
-fn parse_group(i: usize, g: GroupTuple) -> PyResult<GroupSpec> {
-    let (
-        kind,
-        block_size,
-        is_eagle_group,
-        reports_new_block_ids,
-        spec_class,
-        cap,
-        param,
-        mode,
-        num_spec,
-    ) = g;
-    let field = |f: &str| format!("kv_cache_groups[{i}].{f}");
-    let kind = match kind.as_str() {
-        "full_attention" => SpecKind::FullAttention,
-        "sliding_window" => SpecKind::SlidingWindow {
-            window: u32_arg(&field("sliding_window"), param)?,
-        },
-        "chunked_local" => SpecKind::ChunkedLocal {
-            chunk: u32_arg(&field("attention_chunk_size"), param)?,
-        },
-        "cross_attention" => SpecKind::CrossAttention,
-        "mamba" => SpecKind::Mamba {
-            mode: match mode.as_str() {
-                "none" => MambaMode::None,
-                "all" => MambaMode::All,
-                "align" => MambaMode::Align,
-                other => {
-                    return Err(PyValueError::new_err(format!(
-                        "{}: unknown mamba_cache_mode {other:?} (none, all, align)",
-                        field("mamba_cache_mode")
-                    )))
-                }
-            },
-            num_speculative_blocks: u32_arg(&field("num_speculative_blocks"), num_spec)?,
-        },
-        other => {
-            return Err(PyNotImplementedError::new_err(format!(
-                "KV cache spec kind {other:?} is not implemented yet"
-            )))
-        }
-    };
-    Ok(GroupSpec {
-        kind,
-        block_size: u32_arg(&field("block_size"), block_size)?,
-        is_eagle_group,
-        reports_new_block_ids,
-        spec_class: u32_arg(&field("spec_class"), spec_class)?,
-        admission_cap: cap.map(|c| count(&field("admission_cap"), c)).transpose()?,
-    })
-}
-
-fn ids_list<'py>(py: Python<'py>, groups: &[Vec<u32>]) -> PyResult<Bound<'py, PyTuple>> {
-    let lists = groups
-        .iter()
-        .map(|g| PyList::new(py, g))
-        .collect::<PyResult<Vec<_>>>()?;
-    PyTuple::new(py, lists)
-}
-
-/// Block hashes must be `bytes` (not any sequence of small ints).
-fn hashes_arg(hashes: Option<Vec<Bound<'_, PyBytes>>>) -> Vec<Box<[u8]>> {
-    hashes
-        .unwrap_or_default()
-        .iter()
-        .map(|h| Box::from(h.as_bytes()))
-        .collect()
-}
-
-fn hash_update(
-    offset: i64,
-    hashes: Option<Vec<Bound<'_, PyBytes>>>,
-) -> PyResult<Option<HashUpdate>> {
-    let offset = count("hash offset", offset)?;
-    Ok(hashes.map(|h| HashUpdate {
-        offset,
-        hashes: hashes_arg(Some(h)),
-    }))
-}
-
-fn block_ids_arg(
-    groups: Option<Vec<Vec<i64>>>,
-    num_blocks: u32,
-) -> PyResult<Option<Vec<Vec<u32>>>> {
-    groups
-        .map(|gs| {
-            gs.into_iter()
-                .map(|g| {
-                    g.into_iter()
-                        .map(|b| {
-                            u32::try_from(b).ok().filter(|&b| b < num_blocks).ok_or_else(|| {
-                                PyValueError::new_err(format!(
-                                    "new_computed_blocks: block id {b} out of range: the pool has {num_blocks} blocks"
-                                ))
-                            })
-                        })
-                        .collect()
-                })
-                .collect()
-        })
-        .transpose()
-}
-
-/// The native manager; use `hybridcache.KVCacheManager`, which wraps it.
-#[pyclass(module = "hybridcache._native", name = "NativeManager")]
+/// The native manager; use `hybridcache.KVCacheManager`, which extends it.
+#[pyclass(module = "hybridcache._native", name = "NativeManager", subclass)]
 struct NativeManager {
     inner: KvCacheManager,
+    enable_caching: bool,
+    py_side: Option<Bound_>,
+}
+
+fn request_id<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> {
+    let rid = request.getattr(intern!(request.py(), "request_id"))?;
+    if let Ok(s) = rid.downcast::<PyString>() {
+        return Ok(s.clone());
+    }
+    Err(PyTypeError::new_err(format!("request.request_id must be str, got {}", convert::type_name(&rid))))
+}
+
+fn raw_events<'py>(py: Python<'py>, events: Vec<PoolEvent>) -> PyResult<Bound<'py, PyList>> {
+    let bytes = |b: &[u8]| PyBytes::new(py, b).into_any();
+    let items = events
+        .into_iter()
+        .map(|e| match e {
+            PoolEvent::Stored { hashes, parent, start_token, end_token, block_size, group, positions } => {
+                let hs = PyList::new(py, hashes.iter().map(|h| bytes(h)))?;
+                let parent = match parent {
+                    Some(p) => bytes(&p),
+                    None => py.None().into_bound(py),
+                };
+                ("stored", hs, parent, start_token, end_token, block_size, group, PyList::new(py, positions)?)
+                    .into_pyobject(py)
+            }
+            PoolEvent::Removed { hash, group } => ("removed", bytes(&hash), group).into_pyobject(py),
+            PoolEvent::AllCleared => ("cleared",).into_pyobject(py),
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
+}
+
+impl NativeManager {
+    fn block_id(&self, b: i64) -> PyResult<u32> {
+        let n = self.inner.pool().num_blocks();
+        u32::try_from(b)
+            .ok()
+            .filter(|&b| b < n)
+            .ok_or_else(|| PyValueError::new_err(format!("block id {b} out of range: the pool has {n} blocks")))
+    }
+
+    fn py_side(&self) -> PyResult<&Bound_> {
+        self.py_side
+            .as_ref()
+            .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("NativeManager used before _bind_python"))
+    }
+
+    /// The hashes of `request` the core lacks (None when caching is off).
+    fn pending_hashes(&self, request: &Bound<'_, PyAny>, rid: &str) -> PyResult<Option<HashUpdate>> {
+        if !self.enable_caching {
+            return Ok(None);
+        }
+        let hashes = request.getattr(intern!(request.py(), "block_hashes"))?;
+        hash_update(&hashes, self.inner.num_known_hashes(rid))
+    }
+
+    /// Block ids of `new_computed_blocks`; None for None or the shared empty.
+    fn computed_ids(slf: &Bound<'_, Self>, blocks: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<u32>>>> {
+        let Some(blocks) = blocks else { return Ok(None) };
+        let this = slf.borrow();
+        let side = this.py_side()?;
+        if blocks.is(&side.empty) || blocks.is_none() {
+            return Ok(None);
+        }
+        let py = slf.py();
+        let num_blocks = this.inner.pool().num_blocks();
+        if blocks.is_instance(side.blocks_cls.bind(py))? {
+            let owner = blocks.getattr(intern!(py, "_native"))?;
+            if !owner.is_none() && !owner.is(slf) {
+                return Err(PyValueError::new_err("new_computed_blocks come from another KVCacheManager"));
+            }
+            return block_ids(&blocks.getattr(intern!(py, "_ids"))?, num_blocks, "new_computed_blocks").map(Some);
+        }
+        // Any KVCacheBlocks-like object (vLLM's own): read block ids.
+        let groups = blocks.getattr(intern!(py, "blocks")).map_err(|_| {
+            PyTypeError::new_err(format!("new_computed_blocks must be KVCacheBlocks, got {}", convert::type_name(blocks)))
+        })?;
+        let ids = groups
+            .try_iter()?
+            .map(|g| g?.try_iter()?.map(|b| b?.getattr(intern!(py, "block_id"))).collect::<PyResult<Vec<_>>>())
+            .collect::<PyResult<Vec<_>>>()?;
+        let lists = PyList::new(py, ids.into_iter().map(|g| PyList::new(py, g)).collect::<PyResult<Vec<_>>>()?)?;
+        block_ids(lists.as_any(), num_blocks, "new_computed_blocks").map(Some)
+    }
+
+    /// Hands pending events to the facade's sink, with the request they came from.
+    fn flush_events(slf: &Bound<'_, Self>, request: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let py = slf.py();
+        let (sink, events) = {
+            let mut this = slf.borrow_mut();
+            if !this.inner.has_events() {
+                return Ok(());
+            }
+            let Some(sink) = this.py_side.as_ref().and_then(|s| s.event_sink.as_ref()).map(|s| s.clone_ref(py)) else {
+                this.inner.take_events();
+                return Ok(());
+            };
+            (sink, this.inner.take_events())
+        };
+        let raw = raw_events(py, events)?;
+        sink.call1(py, (raw, request.map_or_else(|| py.None(), |r| r.clone().unbind())))?;
+        Ok(())
+    }
+
+    /// A facade `KVCacheBlocks` for `ids`, or the shared empty one.
+    fn make_blocks(slf: &Bound<'_, Self>, ids: &[Vec<u32>]) -> PyResult<PyObject> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let side = this.py_side()?;
+        if ids.iter().all(Vec::is_empty) {
+            return Ok(side.empty.clone_ref(py));
+        }
+        Ok(side.blocks_cls.call1(py, (ids_tuple(py, ids)?, slf))?)
+    }
 }
 
 #[pymethods]
@@ -169,28 +167,26 @@ impl NativeManager {
         use_eagle: bool,
         enable_events: bool,
     ) -> PyResult<Self> {
-        let num_blocks = u32_arg("num_blocks", num_blocks)?;
-        let groups = groups
-            .into_iter()
-            .enumerate()
-            .map(|(i, g)| parse_group(i, g))
-            .collect::<PyResult<Vec<_>>>()?;
+        let groups = groups.into_iter().enumerate().map(|(i, g)| parse_group(i, g)).collect::<PyResult<Vec<_>>>()?;
         let cfg = ManagerConfig {
-            num_blocks,
+            num_blocks: u32_arg("num_blocks", num_blocks)?,
             groups,
             max_model_len: count("max_model_len", max_model_len)?,
             scheduler_block_size: u32_arg("scheduler_block_size", scheduler_block_size)?,
             hash_block_size: u32_arg("hash_block_size", hash_block_size)?,
-            max_num_batched_tokens: max_num_batched_tokens
-                .map(|v| count("max_num_batched_tokens", v))
-                .transpose()?,
+            max_num_batched_tokens: max_num_batched_tokens.map(|v| count("max_num_batched_tokens", v)).transpose()?,
             enable_caching,
             use_eagle,
             enable_events,
         };
-        Ok(NativeManager {
-            inner: guard(|| KvCacheManager::new(cfg))?,
-        })
+        Ok(NativeManager { inner: guard(|| KvCacheManager::new(cfg))?, enable_caching, py_side: None })
+    }
+
+    /// Called once by the facade: its KVCacheBlocks class, the shared empty
+    /// instance, and the event sink (None when events are off).
+    #[pyo3(signature = (blocks_cls, empty, event_sink))]
+    fn _bind_python(&mut self, blocks_cls: PyObject, empty: PyObject, event_sink: Option<PyObject>) {
+        self.py_side = Some(Bound_ { blocks_cls, empty, event_sink });
     }
 
     #[getter]
@@ -217,105 +213,103 @@ impl NativeManager {
         self.inner.num_known_hashes(request_id)
     }
 
-    #[pyo3(signature = (request_id, offset, hashes))]
-    fn sync_hashes(
-        &mut self,
-        request_id: &str,
-        offset: i64,
-        hashes: Vec<Bound<'_, PyBytes>>,
-    ) -> PyResult<()> {
-        let offset = count("hash offset", offset)?;
-        guard(|| {
-            self.inner
-                .sync_hashes(request_id, offset, hashes_arg(Some(hashes)))
-        })
-    }
-
-    /// Hashes from `hashes_from` on are stored first; returns (blocks per group, hit tokens).
-    #[pyo3(signature = (request_id, num_tokens, hashes_from, new_hashes))]
-    fn get_computed_blocks<'py>(
-        &mut self,
-        py: Python<'py>,
-        request_id: &str,
-        num_tokens: i64,
-        hashes_from: i64,
-        new_hashes: Option<Vec<Bound<'py, PyBytes>>>,
-    ) -> PyResult<(Bound<'py, PyTuple>, usize)> {
-        let num_tokens = count("request.num_tokens", num_tokens)?;
-        let hashes_from = count("hash offset", hashes_from)?;
+    /// Cache-hit lookup for `request` (hashes it lacks are stored first):
+    /// (block ids per group, hit tokens).
+    fn _lookup<'py>(&mut self, py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyTuple>, usize)> {
+        let rid = request_id(request)?;
+        let rid = rid.to_str()?;
+        let num_tokens = count_obj("request.num_tokens", &request.getattr(intern!(py, "num_tokens"))?)?;
+        let update = self.pending_hashes(request, rid)?;
         let (blocks, hit) = guard(|| {
             if num_tokens == 0 {
-                return Err(CoreError::InvalidArgument(format!(
-                    "request {request_id:?} has no tokens"
-                )));
+                return Err(CoreError::InvalidArgument(format!("request {rid:?} has no tokens")));
             }
-            if new_hashes.is_some() {
-                self.inner
-                    .sync_hashes(request_id, hashes_from, hashes_arg(new_hashes))?;
+            if let Some(u) = update {
+                self.inner.sync_hashes(rid, u.offset, u.hashes)?;
             }
-            self.inner.get_computed_blocks(request_id, num_tokens)
+            self.inner.get_computed_blocks(rid, num_tokens)
         })?;
-        Ok((ids_list(py, &blocks)?, hit))
+        Ok((ids_tuple(py, &blocks)?, hit))
     }
 
-    #[pyo3(signature = (request_id, num_new_tokens, num_computed_tokens, num_tokens,
-                        num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens,
-                        num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
-                        full_sequence_must_fit, reserved_blocks, hashes_from, new_hashes))]
+    /// vLLM 0.23.0's `KVCacheManager.allocate_slots`.
+    #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens=None, new_computed_blocks=None,
+                        num_lookahead_tokens=None, num_external_computed_tokens=None,
+                        delay_cache_blocks=false, num_encoder_tokens=None, full_sequence_must_fit=false,
+                        reserved_blocks=None))]
     #[allow(clippy::too_many_arguments)]
-    fn allocate_slots<'py>(
-        &mut self,
-        py: Python<'py>,
-        request_id: &str,
-        num_new_tokens: i64,
-        num_computed_tokens: i64,
-        num_tokens: i64,
-        num_new_computed_tokens: i64,
-        new_computed_blocks: Option<Vec<Vec<i64>>>,
-        num_lookahead_tokens: i64,
-        num_external_computed_tokens: i64,
+    fn allocate_slots(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        num_new_tokens: &Bound<'_, PyAny>,
+        num_new_computed_tokens: Option<&Bound<'_, PyAny>>,
+        new_computed_blocks: Option<&Bound<'_, PyAny>>,
+        num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
+        num_external_computed_tokens: Option<&Bound<'_, PyAny>>,
         delay_cache_blocks: bool,
-        num_encoder_tokens: i64,
+        num_encoder_tokens: Option<&Bound<'_, PyAny>>,
         full_sequence_must_fit: bool,
-        reserved_blocks: i64,
-        hashes_from: i64,
-        new_hashes: Option<Vec<Bound<'py, PyBytes>>>,
-    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let new_computed_blocks =
-            block_ids_arg(new_computed_blocks, self.inner.pool().num_blocks())?;
+        reserved_blocks: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyObject> {
+        let py = slf.py();
+        let rid = request_id(request)?;
+        let rid = rid.to_str()?;
+        let new_computed = Self::computed_ids(slf, new_computed_blocks)?;
         let args = AllocateArgs {
-            num_new_tokens: count("num_new_tokens", num_new_tokens)?,
-            num_computed_tokens: count("request.num_computed_tokens", num_computed_tokens)?,
-            num_tokens: count("request.num_tokens", num_tokens)?,
-            num_new_computed_tokens: count("num_new_computed_tokens", num_new_computed_tokens)?,
-            new_computed_blocks: new_computed_blocks.as_deref(),
-            num_lookahead_tokens: count("num_lookahead_tokens", num_lookahead_tokens)?,
-            num_external_computed_tokens: count(
-                "num_external_computed_tokens",
-                num_external_computed_tokens,
+            num_new_tokens: count_obj("num_new_tokens", num_new_tokens)?,
+            num_computed_tokens: count_obj(
+                "request.num_computed_tokens",
+                &request.getattr(intern!(py, "num_computed_tokens"))?,
             )?,
+            num_tokens: count_obj("request.num_tokens", &request.getattr(intern!(py, "num_tokens"))?)?,
+            num_new_computed_tokens: opt_count("num_new_computed_tokens", num_new_computed_tokens)?,
+            new_computed_blocks: new_computed.as_deref(),
+            num_lookahead_tokens: opt_count("num_lookahead_tokens", num_lookahead_tokens)?,
+            num_external_computed_tokens: opt_count("num_external_computed_tokens", num_external_computed_tokens)?,
             delay_cache_blocks,
-            num_encoder_tokens: count("num_encoder_tokens", num_encoder_tokens)?,
+            num_encoder_tokens: opt_count("num_encoder_tokens", num_encoder_tokens)?,
             full_sequence_must_fit,
-            reserved_blocks: count("reserved_blocks", reserved_blocks)?,
+            reserved_blocks: opt_count("reserved_blocks", reserved_blocks)?,
         };
-        let update = hash_update(hashes_from, new_hashes)?;
-        let out = guard(|| self.inner.allocate_slots(request_id, &args, update))?;
-        out.map(|g| ids_list(py, &g)).transpose()
+        let out = {
+            let mut this = slf.borrow_mut();
+            let update = this.pending_hashes(request, rid)?;
+            guard(|| this.inner.allocate_slots(rid, &args, update))?
+        };
+        Self::flush_events(slf, Some(request))?;
+        match out {
+            None => Ok(py.None()),
+            Some(ids) => Self::make_blocks(slf, &ids),
+        }
     }
 
-    fn free(&mut self, request_id: &str) -> PyResult<()> {
+    /// vLLM's `free(request)`: frees the request's blocks, tail first.
+    fn free(&mut self, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        let rid = request_id(request)?;
+        let rid = rid.to_str()?;
         guard(|| {
-            self.inner.free(request_id);
+            self.inner.free(rid);
             Ok(())
         })
     }
 
-    fn remove_skipped_blocks(
-        &mut self,
-        request_id: &str,
-        total_computed_tokens: i64,
-    ) -> PyResult<()> {
+    /// vLLM's `cache_blocks(request, num_computed_tokens)`.
+    fn cache_blocks(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, num_computed_tokens: &Bound<'_, PyAny>) -> PyResult<()> {
+        let n = count_obj("num_computed_tokens", num_computed_tokens)?;
+        let rid = request_id(request)?;
+        let rid = rid.to_str()?;
+        {
+            let mut this = slf.borrow_mut();
+            if !this.enable_caching {
+                return Ok(());
+            }
+            let update = this.pending_hashes(request, rid)?;
+            guard(|| this.inner.cache_blocks(rid, n, update))?;
+        }
+        Self::flush_events(slf, Some(request))
+    }
+
+    fn remove_skipped_blocks(&mut self, request_id: &str, total_computed_tokens: i64) -> PyResult<()> {
         let total = count("total_computed_tokens", total_computed_tokens)?;
         guard(|| {
             self.inner.remove_skipped_blocks(request_id, total);
@@ -323,48 +317,35 @@ impl NativeManager {
         })
     }
 
-    #[pyo3(signature = (request_id, num_computed_tokens, hashes_from, new_hashes))]
-    fn cache_blocks(
-        &mut self,
-        request_id: &str,
-        num_computed_tokens: i64,
-        hashes_from: i64,
-        new_hashes: Option<Vec<Bound<'_, PyBytes>>>,
-    ) -> PyResult<()> {
-        let n = count("num_computed_tokens", num_computed_tokens)?;
-        let update = hash_update(hashes_from, new_hashes)?;
-        guard(|| self.inner.cache_blocks(request_id, n, update))
+    /// Drops the given blocks (any iterable of ids) from the prefix cache.
+    fn evict_blocks(slf: &Bound<'_, Self>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        {
+            let mut this = slf.borrow_mut();
+            let mut ids = Vec::new();
+            for b in block_ids.try_iter()? {
+                let b = b?;
+                let v = b.extract::<i64>().map_err(|_| {
+                    PyTypeError::new_err(format!("evict_blocks: block_ids must be ints, got {}", convert::type_name(&b)))
+                })?;
+                ids.push(this.block_id(v)?);
+            }
+            guard(|| this.inner.evict_blocks(&ids))?;
+        }
+        Self::flush_events(slf, None)
     }
 
-    fn evict_blocks(&mut self, block_ids: Vec<i64>) -> PyResult<()> {
-        let n = self.inner.pool().num_blocks();
-        let ids = block_ids
-            .into_iter()
-            .map(|b| {
-                u32::try_from(b).ok().filter(|&b| b < n).ok_or_else(|| {
-                    PyValueError::new_err(format!(
-                        "block id {b} out of range: the pool has {n} blocks"
-                    ))
-                })
-            })
-            .collect::<PyResult<Vec<u32>>>()?;
-        guard(|| self.inner.evict_blocks(&ids))
+    fn reset_prefix_cache(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        let ok = guard(|| Ok(slf.borrow_mut().inner.reset_prefix_cache()))?;
+        Self::flush_events(slf, None)?;
+        Ok(ok)
     }
 
-    fn reset_prefix_cache(&mut self) -> PyResult<bool> {
-        guard(|| Ok(self.inner.reset_prefix_cache()))
+    fn get_num_common_prefix_blocks(&mut self, running_request_id: &str) -> PyResult<Vec<usize>> {
+        guard(|| Ok(self.inner.get_num_common_prefix_blocks(running_request_id)))
     }
 
-    fn get_num_common_prefix_blocks(&mut self, request_id: &str) -> PyResult<Vec<usize>> {
-        guard(|| Ok(self.inner.get_num_common_prefix_blocks(request_id)))
-    }
-
-    fn get_block_ids<'py>(
-        &self,
-        py: Python<'py>,
-        request_id: &str,
-    ) -> PyResult<Bound<'py, PyTuple>> {
-        ids_list(py, &self.inner.get_block_ids(request_id))
+    fn get_block_ids<'py>(&self, py: Python<'py>, request_id: &str) -> PyResult<Bound<'py, PyTuple>> {
+        ids_tuple(py, &self.inner.get_block_ids(request_id))
     }
 
     /// vLLM's `coordinator.get_num_blocks_to_allocate` (reads only).
@@ -375,13 +356,13 @@ impl NativeManager {
         &self,
         request_id: &str,
         num_tokens: i64,
-        new_computed_blocks: Vec<Vec<i64>>,
+        new_computed_blocks: &Bound<'_, PyAny>,
         num_encoder_tokens: i64,
         total_computed_tokens: i64,
         num_tokens_main_model: i64,
         apply_admission_cap: bool,
     ) -> PyResult<i64> {
-        let nc = block_ids_arg(Some(new_computed_blocks), self.inner.pool().num_blocks())?.unwrap_or_default();
+        let nc = block_ids(new_computed_blocks, self.inner.pool().num_blocks(), "new_computed_blocks")?;
         let (n, e, t, mm) = (
             count("num_tokens", num_tokens)?,
             count("num_encoder_tokens", num_encoder_tokens)?,
@@ -395,52 +376,6 @@ impl NativeManager {
     /// (last_state_block_idx or None, allocated), or None.
     fn align_state(&self, request_id: &str, group: usize) -> Option<(Option<usize>, bool)> {
         self.inner.align_state(request_id, group).map(|a| (a.last_state_block_idx, a.allocated))
-    }
-
-    fn has_events(&self) -> bool {
-        self.inner.has_events()
-    }
-
-    /// Events as tuples: ("stored", hashes, parent, start_token, end_token,
-    /// block_size, group, positions), ("removed", hash, group), ("cleared",).
-    fn take_events<'py>(&mut self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
-        let bytes = |b: &[u8]| PyBytes::new(py, b).into_any();
-        self.inner
-            .take_events()
-            .into_iter()
-            .map(|e| match e {
-                PoolEvent::Stored {
-                    hashes,
-                    parent,
-                    start_token,
-                    end_token,
-                    block_size,
-                    group,
-                    positions,
-                } => {
-                    let hs = PyList::new(py, hashes.iter().map(|h| bytes(h)))?;
-                    let parent = match parent {
-                        Some(p) => bytes(&p),
-                        None => py.None().into_bound(py),
-                    };
-                    (
-                        "stored",
-                        hs,
-                        parent,
-                        start_token,
-                        end_token,
-                        block_size,
-                        group,
-                        PyList::new(py, positions)?,
-                    )
-                        .into_pyobject(py)
-                }
-                PoolEvent::Removed { hash, group } => {
-                    ("removed", bytes(&hash), group).into_pyobject(py)
-                }
-                PoolEvent::AllCleared => ("cleared",).into_pyobject(py),
-            })
-            .collect()
     }
 
     fn take_new_block_ids(&mut self) -> Vec<u32> {
@@ -457,17 +392,9 @@ impl NativeManager {
     }
 
     /// (hash bytes, group id) of a cached block, else None.
-    fn block_hash<'py>(
-        &self,
-        py: Python<'py>,
-        block_id: i64,
-    ) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
+    fn block_hash<'py>(&self, py: Python<'py>, block_id: i64) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
         let b = self.block_id(block_id)?;
-        Ok(self
-            .inner
-            .pool()
-            .block_hash(b)
-            .map(|(h, g)| (PyBytes::new(py, h), g)))
+        Ok(self.inner.pool().block_hash(b).map(|(h, g)| (PyBytes::new(py, h), g)))
     }
 
     /// Which of the given blocks carry no cached hash.
@@ -484,17 +411,6 @@ impl NativeManager {
 
     fn check_invariants(&self) -> PyResult<()> {
         guard(|| self.inner.check_invariants())
-    }
-}
-
-impl NativeManager {
-    fn block_id(&self, b: i64) -> PyResult<u32> {
-        let n = self.inner.pool().num_blocks();
-        u32::try_from(b).ok().filter(|&b| b < n).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "block id {b} out of range: the pool has {n} blocks"
-            ))
-        })
     }
 }
 

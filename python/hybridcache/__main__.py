@@ -1,0 +1,94 @@
+"""The `hybridcache` command (also `python -m hybridcache`).
+
+  hybridcache replay   replay the embedded default serving trace (checked
+                       call by call against vLLM 0.23.0 when it is importable)
+  hybridcache bench    scheduler-step latency next to vLLM 0.23.0's manager
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from . import __version__
+    from .bench import load_vllm
+    from .replay import DEFAULT_CONFIG, ReplayDivergence, hybridcache_factory, replay, run_single, vllm_factory
+
+    config = DEFAULT_CONFIG
+    if args.requests is not None:
+        if args.requests <= 0:
+            print("hybridcache replay: --requests must be positive", file=sys.stderr)
+            return 2
+        config = dataclasses.replace(config, num_requests=args.requests)
+    vllm_version, note = (None, "vLLM not used (--no-vllm)") if args.no_vllm else load_vllm()
+    start = time.perf_counter()
+    try:
+        # vLLM logs (prefix-cache resets) go to stderr, not into the summary.
+        with contextlib.redirect_stdout(sys.stderr):
+            if vllm_version:
+                summary = replay(config, args.seed, [vllm_factory, hybridcache_factory], ["vllm", "hybridcache"])
+            else:
+                summary = run_single(config, args.seed, hybridcache_factory)
+    except ReplayDivergence as e:
+        print(f"hybridcache replay: DIVERGED from vLLM {vllm_version}: {e}", file=sys.stderr)
+        return 1
+    elapsed = time.perf_counter() - start
+    s = summary.as_dict() if hasattr(summary, "as_dict") else dict(vars(summary))
+    mode = f"hybridcache {__version__} and vLLM {vllm_version}" if vllm_version else f"hybridcache {__version__}"
+    print(f"replayed the default trace (seed {args.seed}, {config.num_requests} requests) on {mode}")
+    print(
+        f"  {s.get('ops', 0):,} ops, {s.get('steps', 0):,} steps, {s.get('preemptions', 0):,} preemptions, "
+        f"{s.get('cache_hit_tokens', 0):,} prefix-cache hit tokens, {s.get('events', 0):,} KV events, {elapsed:.2f} s"
+    )
+    if vllm_version:
+        print(f"verified identical to vLLM {vllm_version}")
+    elif note.startswith("vLLM not installed"):
+        print("vLLM not installed: ran hybridcache only")
+    else:
+        print(f"{note}: ran hybridcache only")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    return bench.main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import bench
+
+    parser = argparse.ArgumentParser(
+        prog="hybridcache",
+        description="hybridcache: a Rust KV-cache block manager, drop-in for vLLM 0.23.0's KVCacheManager.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{replay,bench}")
+    p = sub.add_parser("replay", help="replay the embedded default serving trace (verified against vLLM if importable)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--requests", type=int, default=None, help="number of requests in the trace (default: the embedded default)")
+    p.add_argument("--no-vllm", action="store_true", help="run hybridcache only, even if vLLM is importable")
+    p.set_defaults(func=_replay)
+    b = sub.add_parser("bench", help="scheduler-step latency vs vLLM 0.23.0 on a built-in trace")
+    bench.add_arguments(b)
+    b.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args: Any = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 0
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""`manager.coordinator`: the parts of vLLM 0.23.0's `KVCacheCoordinator`
+that code outside the manager reads, served by the native core.
+
+vLLM's scheduler calls `kv_cache_manager.coordinator.get_num_blocks_to_allocate`
+(`Scheduler._request_remaining_blocks`, the reservation of in-flight prefills
+that gates async KV loads). Everything here is computed on demand; no Python
+object is kept per block or per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from hybridcache.blocks import BlockView, KVCacheBlocks
+
+if TYPE_CHECKING:
+    from hybridcache.manager import KVCacheManager
+
+
+def _group_block_ids(new_computed_blocks: Any, num_groups: int) -> list[list[int]]:
+    """Block ids per group of `new_computed_blocks`: vLLM's tuple of block
+    lists (`KVCacheBlocks.blocks`), a `KVCacheBlocks`, or lists of ids."""
+    if new_computed_blocks is None:
+        return [[] for _ in range(num_groups)]
+    if isinstance(new_computed_blocks, KVCacheBlocks):
+        new_computed_blocks = new_computed_blocks._ids
+    groups = list(new_computed_blocks)
+    if len(groups) != num_groups:
+        raise ValueError(f"new_computed_blocks has {len(groups)} groups, the manager has {num_groups}")
+    out = []
+    for g in groups:
+        out.append([b if isinstance(b, int) else b.block_id for b in g] if g else [])
+    return out
+
+
+class CoordinatorView:
+    """Read-mostly stand-in for vLLM's `KVCacheCoordinator` (vLLM 0.23.0)."""
+
+    def __init__(self, manager: KVCacheManager) -> None:
+        self._manager = manager
+        self._native = manager._native
+        self._num_groups = manager.num_kv_cache_groups
+        self.kv_cache_config = manager.kv_cache_config
+        self.max_model_len = manager.max_model_len
+        self.enable_caching = manager.enable_caching
+        self.use_eagle = manager.use_eagle
+
+    @property
+    def block_pool(self) -> Any:
+        return self._manager.block_pool
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[Sequence[Any]] | KVCacheBlocks | None,
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        return self._native.get_num_blocks_to_allocate(
+            request_id,
+            num_tokens,
+            _group_block_ids(new_computed_blocks, self._num_groups),
+            num_encoder_tokens,
+            total_computed_tokens,
+            num_tokens_main_model,
+            bool(apply_admission_cap),
+        )
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return self._native.get_num_common_prefix_blocks(running_request_id)
+
+    def get_blocks(self, request_id: str) -> tuple[list[BlockView], ...]:
+        """vLLM's `coordinator.get_blocks`: block views per group (built per call)."""
+        native = self._native
+        return tuple([BlockView(native, b) for b in g] for g in native.get_block_ids(request_id))
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        self._manager.remove_skipped_blocks(request_id, total_computed_tokens)
+
+    def new_step_starts(self) -> None:
+        self._manager.new_step_starts()
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes not defined above.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"coordinator.{name} is a vLLM KVCacheCoordinator internal that hybridcache does not "
+            "provide (its per-group managers live in the native core); use the KVCacheManager API"
+        )

@@ -1,0 +1,145 @@
+//! Conversions between Python objects and core arguments, with errors that
+//! name the offending argument. No allocation decision is made here.
+
+use hybridcache_core::{CoreError, GroupSpec, HashUpdate, MambaMode, SpecKind};
+use pyo3::exceptions::{PyKeyError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+pub fn to_py_err(e: CoreError) -> PyErr {
+    match e {
+        CoreError::InvalidArgument(m) => PyValueError::new_err(m),
+        CoreError::UnknownRequest(m) => PyKeyError::new_err(m),
+        CoreError::Unsupported(m) => PyNotImplementedError::new_err(m),
+        CoreError::Invariant(m) => PyRuntimeError::new_err(m),
+    }
+}
+
+/// Runs a core call so that neither an error nor a panic crosses as a crash.
+pub fn guard<T>(f: impl FnOnce() -> Result<T, CoreError>) -> PyResult<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r.map_err(to_py_err),
+        Err(_) => Err(PyRuntimeError::new_err(
+            "hybridcache core panicked (bug); state may be inconsistent",
+        )),
+    }
+}
+
+pub fn count(name: &str, v: i64) -> PyResult<usize> {
+    usize::try_from(v).map_err(|_| PyValueError::new_err(format!("{name} must be >= 0, got {v}")))
+}
+
+/// A non-negative int argument; the error names it.
+pub fn count_obj(name: &str, v: &Bound<'_, PyAny>) -> PyResult<usize> {
+    match v.extract::<i64>() {
+        Ok(i) => count(name, i),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(v.py()) => Err(
+            PyValueError::new_err(format!("{name} must be >= 0 and < 2**63, got {v}")),
+        ),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "{name} must be an int, got {}",
+            v.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+        ))),
+    }
+}
+
+pub fn u32_arg(name: &str, v: i64) -> PyResult<u32> {
+    u32::try_from(v).map_err(|_| PyValueError::new_err(format!("{name} out of range: {v}")))
+}
+
+pub fn type_name(v: &Bound<'_, PyAny>) -> String {
+    v.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+}
+
+/// One group as the facade describes it: (kind, block_size, is_eagle_group,
+/// reports_new_block_ids, spec_class, admission_cap, window_or_chunk,
+/// mamba_cache_mode, num_speculative_blocks).
+pub type GroupTuple = (String, i64, bool, bool, i64, Option<i64>, i64, String, i64);
+
+pub fn parse_group(i: usize, g: GroupTuple) -> PyResult<GroupSpec> {
+    let (kind, block_size, is_eagle_group, reports_new_block_ids, spec_class, cap, param, mode, num_spec) = g;
+    let field = |f: &str| format!("kv_cache_groups[{i}].{f}");
+    let kind = match kind.as_str() {
+        "full_attention" => SpecKind::FullAttention,
+        "sliding_window" => SpecKind::SlidingWindow { window: u32_arg(&field("sliding_window"), param)? },
+        "chunked_local" => SpecKind::ChunkedLocal { chunk: u32_arg(&field("attention_chunk_size"), param)? },
+        "cross_attention" => SpecKind::CrossAttention,
+        "mamba" => SpecKind::Mamba {
+            mode: match mode.as_str() {
+                "none" => MambaMode::None,
+                "all" => MambaMode::All,
+                "align" => MambaMode::Align,
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "{}: unknown mamba_cache_mode {other:?} (none, all, align)",
+                        field("mamba_cache_mode")
+                    )))
+                }
+            },
+            num_speculative_blocks: u32_arg(&field("num_speculative_blocks"), num_spec)?,
+        },
+        other => {
+            return Err(PyNotImplementedError::new_err(format!(
+                "KV cache spec kind {other:?} is not implemented yet"
+            )))
+        }
+    };
+    Ok(GroupSpec {
+        kind,
+        block_size: u32_arg(&field("block_size"), block_size)?,
+        is_eagle_group,
+        reports_new_block_ids,
+        spec_class: u32_arg(&field("spec_class"), spec_class)?,
+        admission_cap: cap.map(|c| count(&field("admission_cap"), c)).transpose()?,
+    })
+}
+
+pub fn ids_tuple<'py>(py: Python<'py>, groups: &[Vec<u32>]) -> PyResult<Bound<'py, PyTuple>> {
+    let lists = groups.iter().map(|g| PyList::new(py, g)).collect::<PyResult<Vec<_>>>()?;
+    PyTuple::new(py, lists)
+}
+
+/// Block ids per group from Python lists, range-checked.
+pub fn block_ids(groups: &Bound<'_, PyAny>, num_blocks: u32, what: &str) -> PyResult<Vec<Vec<u32>>> {
+    let mut out = Vec::new();
+    for g in groups.try_iter()? {
+        let mut ids = Vec::new();
+        for b in g?.try_iter()? {
+            let b = b?;
+            let id = b.extract::<i64>().ok().and_then(|v| u32::try_from(v).ok()).filter(|&v| v < num_blocks);
+            match id {
+                Some(id) => ids.push(id),
+                None => {
+                    return Err(PyValueError::new_err(format!(
+                        "{what}: block id {b} out of range: the pool has {num_blocks} blocks"
+                    )))
+                }
+            }
+        }
+        out.push(ids);
+    }
+    Ok(out)
+}
+
+/// The hashes of `block_hashes` the core does not hold yet (`known` of them
+/// it does). A shorter list than known means the request restarted: resend.
+pub fn hash_update(block_hashes: &Bound<'_, PyAny>, known: usize) -> PyResult<Option<HashUpdate>> {
+    let list = block_hashes.downcast::<PyList>().map_err(|_| {
+        PyTypeError::new_err(format!("request.block_hashes must be a list of bytes, got {}", type_name(block_hashes)))
+    })?;
+    let n = list.len();
+    if n == known {
+        return Ok(None);
+    }
+    let offset = if n < known { 0 } else { known };
+    let mut hashes = Vec::with_capacity(n - offset);
+    for i in offset..n {
+        let h = list.get_item(i)?;
+        let bytes = h.downcast::<PyBytes>().map_err(|_| {
+            PyTypeError::new_err(format!("request.block_hashes[{i}] must be bytes, got {}", type_name(&h)))
+        })?;
+        hashes.push(Box::from(bytes.as_bytes()));
+    }
+    Ok(Some(HashUpdate { offset, hashes }))
+}
