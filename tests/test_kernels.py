@@ -16,6 +16,7 @@ import math
 import os
 import subprocess
 import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,6 +37,12 @@ from hybridcache.kernels.reference import post_select_reference, pre_copy_refere
 
 ROOT = Path(__file__).resolve().parents[1]
 POISON = 0x5A
+# Random data and plans are seeded per case; set HYBRIDCACHE_TEST_SEED to draw others.
+BASE_SEED = int(os.environ.get("HYBRIDCACHE_TEST_SEED", "0"))
+
+
+def _seed(*case) -> int:
+    return (zlib.crc32(repr(case).encode()) ^ BASE_SEED) % 2**31
 
 
 # ----------------------------------------------------------------------------- states
@@ -298,7 +305,7 @@ def _pre_cases():
                         impls = ["op"]
                         if layers == "3x2" and pad == 48:
                             impls.append("reference")
-                            if k == 2 or conv_kernel == 4:
+                            if k == 2:
                                 impls.append("triton-interp-tiny")
                         for impl in impls:
                             yield pytest.param(dtypes, conv_kernel, k, layers, pad, impl,
@@ -307,10 +314,10 @@ def _pre_cases():
 
 @pytest.mark.parametrize("dtypes,conv_kernel,k,layers,pad,impl", list(_pre_cases()))
 def test_pre_copy_bit_exact(dtypes, conv_kernel, k, layers, pad, impl):
-    seed = hash((dtypes, conv_kernel, k, layers, pad)) % 2**31
+    seed = _seed(dtypes, conv_kernel, k, layers, pad)
     rng = np.random.default_rng(seed)
     s = case_states(seed, dtypes, conv_kernel, k, layers, pad)
-    plan, dsts = random_pre_plan(rng, s, 48, 10)
+    plan, dsts = random_pre_plan(rng, s, 48, 7)
     srcs = set(plan[:, 2].tolist()) | set(plan[:, 3].tolist())
     poison(s, [d for d in dsts if d not in srcs])
     expected = s.np()
@@ -326,7 +333,7 @@ def _post_cases():
         for k in (0, 2):
             for acc_dtype in (torch.int32, torch.int64):
                 impls = ["op", "reference"]
-                if acc_dtype == torch.int32 or dtypes == "bf16":
+                if (k == 2 and acc_dtype == torch.int32) or (dtypes == "bf16" and (k == 0) != (acc_dtype == torch.int32)):
                     impls.append("triton-interp-tiny")
                 for impl in impls:
                     yield pytest.param(dtypes, k, acc_dtype, impl, id=f"{dtypes}-k{k}-{str(acc_dtype)[6:]}-{impl}")
@@ -334,7 +341,7 @@ def _post_cases():
 
 @pytest.mark.parametrize("dtypes,k,acc_dtype,impl", list(_post_cases()))
 def test_post_select_bit_exact(dtypes, k, acc_dtype, impl):
-    seed = hash((dtypes, k, str(acc_dtype), "post")) % 2**31
+    seed = _seed(dtypes, k, acc_dtype, "post")
     rng = np.random.default_rng(seed)
     s = case_states(seed, dtypes, 4, k, "3x2", 16, num_blocks=160)
     n_reqs = 5

@@ -511,6 +511,8 @@ class _Impl:
     computed: dict[int, Any] = field(default_factory=dict)
     step_ns: list[int] = field(default_factory=list)
     kind_ns: dict[str, list[int]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    # Calls made before the first measured step, per kind.
+    kind_warmup: dict[str, int] = field(default_factory=dict)
 
 
 def _new_impl(name: str, factory: Callable[[Workload], Any], rec: Recording) -> _Impl:
@@ -531,7 +533,22 @@ def _diverged(impl: _Impl, step: int, op: tuple, got: Any) -> BenchDivergence:
     )
 
 
-def _replay_steps(impl: _Impl, rec: Recording, first: int, last: int) -> None:
+CLOCKS: dict[str, Callable[[], int]] = {"perf_counter": time.perf_counter_ns, "thread_time": time.thread_time_ns}
+
+
+def timer_overhead_ns(clock: Callable[[], int], samples: int = 20_000) -> int:
+    """Median of an empty timed interval: subtracted from every timed call."""
+    deltas = []
+    for _ in range(samples):
+        t0 = clock()
+        deltas.append(clock() - t0)
+    deltas.sort()
+    return deltas[len(deltas) // 2]
+
+
+def _replay_steps(
+    impl: _Impl, rec: Recording, first: int, last: int, clock: Callable[[], int], overhead: int
+) -> None:
     """Replays steps [first, last) on `impl`, timing each manager call."""
     m = impl.manager
     reqs = impl.reqs
@@ -540,8 +557,10 @@ def _replay_steps(impl: _Impl, rec: Recording, first: int, last: int) -> None:
     kind = impl.kind_ns
     decode_ns, prefill_ns, admit_ns = kind["decode_allocate_slots"], kind["prefill_allocate_slots"], kind["admit_allocate_slots"]
     gcb_ns, blocks_ns, free_ns, other_ns = kind["get_computed_blocks"], kind["get_blocks"], kind["free"], kind["other"]
-    clock = time.perf_counter_ns
+    warmup = rec.workload.warmup_steps
     for s in range(first, last):
+        if s == warmup:
+            impl.kind_warmup = {k: len(v) for k, v in kind.items()}
         total = 0
         for op in rec.steps[s]:
             code, idx, a, b, state, expected = op
@@ -558,19 +577,19 @@ def _replay_steps(impl: _Impl, rec: Recording, first: int, last: int) -> None:
                 blocks = m.allocate_slots(req, a, num_lookahead_tokens=0)
                 got = None if blocks is None else blocks.get_block_ids()
                 dt = clock() - t0
-                (decode_ns if b else prefill_ns).append(dt)
+                bucket = decode_ns if b else prefill_ns
             elif code == FREE:
                 t0 = clock()
                 m.free(req)
                 dt = clock() - t0
-                free_ns.append(dt)
+                bucket = free_ns
                 computed.pop(idx, None)
                 got = None
             elif code == GET_COMPUTED:
                 t0 = clock()
                 blocks, hit = m.get_computed_blocks(req)
                 dt = clock() - t0
-                gcb_ns.append(dt)
+                bucket = gcb_ns
                 computed[idx] = blocks
                 got = (blocks.get_block_ids(), hit)
             elif code == ALLOC_NEW:
@@ -580,39 +599,43 @@ def _replay_steps(impl: _Impl, rec: Recording, first: int, last: int) -> None:
                                           num_lookahead_tokens=0)
                 got = None if blocks is None else blocks.get_block_ids()
                 dt = clock() - t0
-                admit_ns.append(dt)
+                bucket = admit_ns
             elif code == GET_BLOCKS:
                 rid = reqs[idx].request_id
                 t0 = clock()
                 got = m.get_blocks(rid).get_block_ids()
                 dt = clock() - t0
-                blocks_ns.append(dt)
+                bucket = blocks_ns
             elif code == NEW_STEP:
                 t0 = clock()
                 m.new_step_starts()
                 dt = clock() - t0
-                other_ns.append(dt)
+                bucket = other_ns
                 got = None
             elif code == COMMON_PREFIX:
                 rid = reqs[idx].request_id
                 t0 = clock()
                 got = m.get_num_common_prefix_blocks(rid)
                 dt = clock() - t0
-                other_ns.append(dt)
+                bucket = other_ns
                 got = list(got)
             elif code == TAKE_NEW_IDS:
                 t0 = clock()
                 got = m.take_new_block_ids()
                 dt = clock() - t0
-                other_ns.append(dt)
+                bucket = other_ns
                 got = list(got)
             else:  # STATS: what the scheduler's make_stats reads
                 t0 = clock()
                 stats = m.make_prefix_cache_stats()
                 usage = m.usage
                 dt = clock() - t0
-                other_ns.append(dt)
+                bucket = other_ns
                 got = (norm_stats(stats), norm_usage(usage))
+            dt -= overhead
+            if dt < 0:
+                dt = 0
+            bucket.append(dt)
             total += dt
             if got != expected and not _same_ids(got, expected):
                 raise _diverged(impl, s, op, got)
@@ -635,11 +658,14 @@ def replay_timed(
     rec: Recording,
     factories: Sequence[tuple[str, Callable[[Workload], Any]]],
     chunk_steps: int = 8,
+    clock: str = "perf_counter",
     on_chunk: Callable[[int], None] | None = None,
 ) -> list[_Impl]:
     """Replays `rec` against every implementation, alternating chunks of
     steps (ABBA order), each call timed; raises BenchDivergence."""
     impls = [_new_impl(name, factory, rec) for name, factory in factories]
+    timer = CLOCKS[clock]
+    overhead = timer_overhead_ns(timer)
     n = len(rec.steps)
     gc.collect()
     was_enabled = gc.isenabled()
@@ -650,7 +676,7 @@ def replay_timed(
             for impl in order:
                 gc.disable()
                 try:
-                    _replay_steps(impl, rec, first, last)
+                    _replay_steps(impl, rec, first, last, timer, overhead)
                 finally:
                     if was_enabled:
                         gc.enable()
@@ -691,7 +717,7 @@ def _summary_us(values_ns: Sequence[int]) -> dict[str, float | int]:
 
 def _impl_result(impl: _Impl, warmup: int) -> dict[str, Any]:
     steps = impl.step_ns[warmup:]
-    calls = {k: _summary_us(v) for k, v in impl.kind_ns.items()}
+    calls = {k: _summary_us(v[impl.kind_warmup.get(k, len(v)):]) for k, v in impl.kind_ns.items()}
     return {"step": _summary_us(steps), "calls": calls, "step_us_all": [x / 1e3 for x in impl.step_ns]}
 
 
@@ -702,7 +728,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def run_workload(
-    w: Workload, use_vllm: bool, progress: Any = None, chunk_steps: int = 8
+    w: Workload, use_vllm: bool, progress: Any = None, chunk_steps: int = 8, clock: str = "perf_counter"
 ) -> dict[str, Any]:
     """Records `w`, replays it on hybridcache (and vLLM), returns the result."""
     label = f"{w.config} @ {w.running}"
@@ -731,7 +757,7 @@ def run_workload(
     start = time.perf_counter()
     try:
         impls = replay_timed(
-            rec, factories, chunk_steps, on_chunk=(lambda n: progress.advance(n / len(factories))) if progress else None
+            rec, factories, chunk_steps, clock, on_chunk=(lambda n: progress.advance(n / len(factories))) if progress else None
         )
     except BenchDivergence as e:
         result["verified"] = False
@@ -898,10 +924,16 @@ def format_report(report: dict[str, Any]) -> str:
     vllm = report.get("vllm")
     header = f"hybridcache {report['hybridcache']} bench"
     header += f" vs vLLM {vllm}" if vllm else f" ({report.get('vllm_note', 'vLLM not installed')}: hybridcache only)"
-    header += f", seed {report['seed']}{', --quick' if report['quick'] else ''}"
+    header += f", seed {report['seed']}{', --quick' if report['quick'] else ''}, clock {report.get('clock')}"
+    load, cpus = report.get("load_average"), report.get("cpu_count")
+    if load:
+        header += f", load {load[0]:.1f} on {cpus} CPUs"
     lines.append(header)
+    if load and cpus and max(load) > cpus:
+        lines.append("warning: the machine is busy (load > CPUs); wall-clock figures inflate long steps more "
+                     "than short ones. --clock thread_time counts this thread's CPU time only.")
     lines.append(
-        "µs of manager calls per scheduler step (p50/p90 over the measured steps) and per call (p50); "
+        "µs in manager calls per scheduler step (p50/p90 over the measured steps) and per call (p50 over them); "
         "x = vLLM / hybridcache. allocate_slots includes reading its result's get_block_ids()."
     )
     cols = ["running", "steps", "preempt", "hc p50", "hc p90"]
@@ -1015,6 +1047,7 @@ def run_bench(
     show_progress: bool = True,
     scale_blocks: int = SCALE_BLOCKS,
     quick: bool = False,
+    clock: str = "perf_counter",
 ) -> dict[str, Any]:
     from . import __version__
 
@@ -1029,7 +1062,7 @@ def run_bench(
     try:
         progress.phase(f"pool of {scale_blocks:,} blocks")
         scale = scale_figures(bool(vllm_version), scale_blocks) if scale_blocks else None
-        results = [run_workload(w, bool(vllm_version), progress) for w in workloads]
+        results = [run_workload(w, bool(vllm_version), progress, clock=clock) for w in workloads]
     finally:
         progress.close()
     return {
@@ -1037,6 +1070,8 @@ def run_bench(
         "vllm": vllm_version,
         "vllm_note": note,
         "quick": quick,
+        "clock": clock,
+        "load_average": _loadavg(),
         "seed": seed,
         "python": sys.version.split()[0],
         "cpu_count": os.cpu_count(),
@@ -1044,6 +1079,13 @@ def run_bench(
         "results": results,
         "seconds": time.perf_counter() - start,
     }
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
 
 
 def _int_list(text: str) -> list[int]:
@@ -1057,19 +1099,23 @@ def _int_list(text: str) -> list[int]:
 
 
 def add_arguments(parser: Any) -> None:
-    parser.add_argument("--quick", action="store_true", help="a short run (seconds): fewer steps, 64 and 256 running")
+    parser.add_argument("--quick", action="store_true", help="a short run: 20 measured steps, 64 and 256 running, a 100k-block pool")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout (no table)")
     parser.add_argument("--plot", metavar="PNG", help="draw per-step latency distributions (needs matplotlib)")
     parser.add_argument("--config", action="append", choices=CONFIGS, dest="configs",
                         help="configuration to run (repeatable; default: all)")
     parser.add_argument("--running", type=str, default=None,
                         help="running-request counts, comma-separated (default 64,256,1024; --quick 64,256)")
-    parser.add_argument("--steps", type=int, default=None, help="measured steps per configuration (default 300; --quick 30)")
+    parser.add_argument("--steps", type=int, default=None, help="measured steps per configuration (default 300; --quick 20)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-vllm", action="store_true", help="run hybridcache only, even if vLLM is importable")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--scale-blocks", type=int, default=SCALE_BLOCKS,
-                        help="pool size for the build-time / bytes-per-block figures (0: skip)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="perf_counter",
+                        help="timer around each call: perf_counter (wall, default) or thread_time "
+                        "(this thread's CPU time: ignores time the OS ran other processes, on a busy machine)")
+    parser.add_argument("--scale-blocks", type=int, default=None,
+                        help="pool size for the build-time / bytes-per-block figures "
+                        "(default 1,000,000; --quick 100,000; 0: skip)")
 
 
 def main(args: Any) -> int:
@@ -1080,7 +1126,8 @@ def main(args: Any) -> int:
     except ValueError as e:
         print(f"hybridcache bench: --running: {e}", file=sys.stderr)
         return 2
-    steps = args.steps if args.steps is not None else (30 if args.quick else 300)
+    steps = args.steps if args.steps is not None else (20 if args.quick else 300)
+    scale_blocks = args.scale_blocks if args.scale_blocks is not None else (100_000 if args.quick else SCALE_BLOCKS)
     if steps <= 0:
         print("hybridcache bench: --steps must be positive", file=sys.stderr)
         return 2
@@ -1093,8 +1140,9 @@ def main(args: Any) -> int:
             seed=args.seed,
             use_vllm=not args.no_vllm,
             show_progress=not args.no_progress,
-            scale_blocks=max(0, args.scale_blocks),
+            scale_blocks=max(0, scale_blocks),
             quick=args.quick,
+            clock=args.clock,
         )
         why = plot(report, args.plot) if args.plot else None
     if args.plot:

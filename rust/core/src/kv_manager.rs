@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use crate::block_pool::BlockPool;
 use crate::coordinator::Coordinator;
 use crate::error::{invalid, CoreError, CoreResult};
-use crate::fast_hash::FxBuild;
 use crate::events::PoolEvent;
+use crate::fast_hash::FxBuild;
 use crate::spec::GroupSpec;
 use crate::{BlockId, ReqSlot};
 
@@ -175,7 +175,12 @@ impl KvCacheManager {
         self.hashes_after_at(self.slot(request_id), request_id, update)
     }
 
-    fn hashes_after_at(&self, slot: Option<ReqSlot>, request_id: &str, update: Option<&HashUpdate>) -> CoreResult<usize> {
+    fn hashes_after_at(
+        &self,
+        slot: Option<ReqSlot>,
+        request_id: &str,
+        update: Option<&HashUpdate>,
+    ) -> CoreResult<usize> {
         let known = slot.map_or(0, |s| self.hashes(s).len());
         match update {
             None => Ok(known),
@@ -188,7 +193,10 @@ impl KvCacheManager {
     }
 
     fn apply_hashes_at(&mut self, slot: ReqSlot, update: HashUpdate) {
-        let hashes = &mut self.requests[slot as usize].as_mut().expect("live slot").hashes;
+        let hashes = &mut self.requests[slot as usize]
+            .as_mut()
+            .expect("live slot")
+            .hashes;
         if !(update.hashes.is_empty() && update.offset == hashes.len()) {
             hashes.truncate(update.offset);
             hashes.extend(update.hashes);
@@ -254,12 +262,48 @@ impl KvCacheManager {
         args: &AllocateArgs,
         update: Option<HashUpdate>,
     ) -> CoreResult<Option<Vec<Vec<BlockId>>>> {
+        self.allocate_slots_at(self.slot(request_id), request_id, args, update)
+    }
+
+    /// The request's slot, if the manager knows it (saves lookups when
+    /// several calls concern one request).
+    pub fn lookup(&self, request_id: &str) -> Option<ReqSlot> {
+        self.slot(request_id)
+    }
+
+    /// Hashes held for the request of `slot` (from `lookup`).
+    pub fn known_hashes_at(&self, slot: Option<ReqSlot>) -> usize {
+        slot.map_or(0, |s| self.hashes(s).len())
+    }
+
+    /// Whether `allocate_slots` with these arguments may read hashes beyond
+    /// `known`: callers can skip fetching new hashes otherwise.
+    pub fn may_need_hashes(&self, known: usize, args: &AllocateArgs) -> bool {
+        if !self.enable_caching || args.delay_cache_blocks {
+            return false;
+        }
+        let total = (args.num_computed_tokens
+            + args.num_new_computed_tokens
+            + args.num_external_computed_tokens)
+            .min(self.max_model_len);
+        let to_cache = (total + args.num_new_tokens).min(args.num_tokens);
+        to_cache / self.coord.pool.hash_block_size() as usize > known
+    }
+
+    /// `allocate_slots` for a request whose slot was looked up already.
+    pub fn allocate_slots_at(
+        &mut self,
+        slot: Option<ReqSlot>,
+        request_id: &str,
+        args: &AllocateArgs,
+        update: Option<HashUpdate>,
+    ) -> CoreResult<Option<Vec<Vec<BlockId>>>> {
+        debug_assert_eq!(slot, self.slot(request_id));
         if args.num_new_tokens == 0 && args.num_external_computed_tokens == 0 {
             return invalid(
                 "num_new_tokens must be greater than 0 when there are no external computed tokens",
             );
         }
-        let slot = self.slot(request_id);
         let have = self.hashes_after_at(slot, request_id, update.as_ref())?;
         self.check_new_computed(slot, args)?;
         let owned_empty;
@@ -543,7 +587,11 @@ impl KvCacheManager {
     }
 
     /// Mamba align bookkeeping of a request in a group, if any.
-    pub fn align_state(&self, request_id: &str, group: usize) -> Option<crate::manager::AlignState> {
+    pub fn align_state(
+        &self,
+        request_id: &str,
+        group: usize,
+    ) -> Option<crate::manager::AlignState> {
         let slot = self.slot(request_id)?;
         self.coord.managers.get(group)?.align_state(slot)
     }

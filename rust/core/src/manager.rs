@@ -421,7 +421,9 @@ impl SingleTypeManager {
         }
         self.req_to_blocks.entry(slot);
         let holders = self.req_to_blocks.len() as i64;
-        self.req_to_blocks.get(slot).expect("entry created above")
+        self.req_to_blocks
+            .get(slot)
+            .expect("entry created above")
             .iter()
             .take_while(|&&b| i64::from(pool.ref_cnt(b)) == holders)
             .count()

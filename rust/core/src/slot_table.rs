@@ -9,7 +9,10 @@ pub struct SlotTable<T> {
 
 impl<T> Default for SlotTable<T> {
     fn default() -> Self {
-        SlotTable { items: Vec::new(), len: 0 }
+        SlotTable {
+            items: Vec::new(),
+            len: 0,
+        }
     }
 }
 
@@ -55,7 +58,10 @@ impl<T> SlotTable<T> {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (u32, &T)> + '_ {
-        self.items.iter().enumerate().filter_map(|(i, v)| v.as_ref().map(|v| (i as u32, v)))
+        self.items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| v.as_ref().map(|v| (i as u32, v)))
     }
 }
 

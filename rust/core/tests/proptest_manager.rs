@@ -92,11 +92,7 @@ fn mix_groups(mix: Mix, caching: bool) -> (Vec<GroupSpec>, u32, u32) {
         Mix::Full => (vec![GroupSpec::full_attention(4)], 4, 4),
         // Different block sizes: hashes are scaled, SW caching is masked.
         Mix::FullSw => (vec![GroupSpec::full_attention(4), sw(7, 4)], 8, 4),
-        Mix::FullMambaAlignSpec => (
-            vec![GroupSpec::full_attention(4), mamba(align, 2, 8)],
-            8,
-            4,
-        ),
+        Mix::FullMambaAlignSpec => (vec![GroupSpec::full_attention(4), mamba(align, 2, 8)], 8, 4),
         Mix::SwMamba => {
             let mode = if caching {
                 MambaMode::All
@@ -146,7 +142,11 @@ fn make_manager(mix: Mix, caching: bool, num_blocks: u32, eagle: bool) -> KvCach
 #[derive(Debug, Clone)]
 enum Op {
     /// A new waiting request: prompt = shared prefix `prefix` (0: none) + tail.
-    Arrive { prefix: u8, tail: u8, salt: u8 },
+    Arrive {
+        prefix: u8,
+        tail: u8,
+        salt: u8,
+    },
     /// Admit a waiting request: cache lookup, then allocate.
     Admit {
         who: u8,
@@ -168,17 +168,33 @@ enum Op {
         reserved: u8,
     },
     /// An async external load finished: cache_blocks and go on.
-    FinishLoad { who: u8 },
+    FinishLoad {
+        who: u8,
+    },
     /// Preempt (free, keep tokens) every request whose bit is set.
-    PreemptStorm { mask: u16 },
+    PreemptStorm {
+        mask: u16,
+    },
     /// Finish (free and forget) one request.
-    Finish { who: u8 },
-    Evict { ids: Vec<u8> },
+    Finish {
+        who: u8,
+    },
+    Evict {
+        ids: Vec<u8>,
+    },
     Reset,
-    RemoveSkipped { who: u8, back: u8 },
+    RemoveSkipped {
+        who: u8,
+        back: u8,
+    },
     NewStep,
-    CacheBlocks { who: u8, back: u8 },
-    CommonPrefix { who: u8 },
+    CacheBlocks {
+        who: u8,
+        back: u8,
+    },
+    CommonPrefix {
+        who: u8,
+    },
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
@@ -216,7 +232,9 @@ enum St {
     Running,
     /// Allocated for an async external load (delay_cache_blocks); the load
     /// completes with FinishLoad.
-    Loading { target: usize },
+    Loading {
+        target: usize,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -233,8 +251,8 @@ const PREFIXES: [&[u32]; 4] = [
         11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30,
     ],
     &[
-        11, 12, 13, 14, 15, 16, 17, 18, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53,
-        54, 55,
+        11, 12, 13, 14, 15, 16, 17, 18, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54,
+        55,
     ],
     &[60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71],
 ];
@@ -364,7 +382,11 @@ impl Machine {
     }
 
     /// Calls allocate_slots and checks everything an allocation promises.
-    fn allocate(&mut self, i: usize, args: &AllocateArgs) -> Result<Option<Vec<Vec<u32>>>, TestCaseError> {
+    fn allocate(
+        &mut self,
+        i: usize,
+        args: &AllocateArgs,
+    ) -> Result<Option<Vec<Vec<u32>>>, TestCaseError> {
         let ids = self.ids();
         let id = self.reqs[i].id.clone();
         let before = snap(&self.m, &ids);
@@ -380,7 +402,15 @@ impl Machine {
             let nc = args.new_computed_blocks.unwrap_or(&empty);
             let need = self
                 .m
-                .get_num_blocks_to_allocate(&id, full, nc, args.num_encoder_tokens, total_computed, full, true)
+                .get_num_blocks_to_allocate(
+                    &id,
+                    full,
+                    nc,
+                    args.num_encoder_tokens,
+                    total_computed,
+                    full,
+                    true,
+                )
                 .map_err(|e| TestCaseError::fail(format!("get_num_blocks_to_allocate: {e}")))?;
             need > self.m.pool().num_free_blocks() as i64
         };
@@ -392,17 +422,28 @@ impl Machine {
             snap(&c, &ids)
         };
         let update = self.update(i);
-        let out = self
-            .m
-            .allocate_slots(&id, args, update)
-            .map_err(|e| TestCaseError::fail(format!("allocate_slots({id}, {args:?}) -> Err({e})")))?;
+        let out = self.m.allocate_slots(&id, args, update).map_err(|e| {
+            TestCaseError::fail(format!("allocate_slots({id}, {args:?}) -> Err({e})"))
+        })?;
         self.stats.allocs += 1;
         match &out {
             None => {
                 self.stats.nones += 1;
                 let after = snap(&self.m, &ids);
-                prop_assert_eq!(&after, &expected_if_none, "Ok(None) changed state beyond remove_skipped_blocks (gate_refuses={})", gate_refuses);
-                if !matches!(self.mix, Mix::FullSw | Mix::SwMamba | Mix::FullChunked | Mix::FullMambaAlignSpec | Mix::FullMamba3) {
+                prop_assert_eq!(
+                    &after,
+                    &expected_if_none,
+                    "Ok(None) changed state beyond remove_skipped_blocks (gate_refuses={})",
+                    gate_refuses
+                );
+                if !matches!(
+                    self.mix,
+                    Mix::FullSw
+                        | Mix::SwMamba
+                        | Mix::FullChunked
+                        | Mix::FullMambaAlignSpec
+                        | Mix::FullMamba3
+                ) {
                     prop_assert_eq!(&after, &before, "Ok(None) changed state (full attention)");
                 }
             }
@@ -411,7 +452,13 @@ impl Machine {
                 prop_assert_eq!(new.len(), tables.len());
                 let (groups, _, _) = mix_groups(self.mix, self.caching);
                 for (g, (n, t)) in new.iter().zip(&tables).enumerate() {
-                    prop_assert!(t.ends_with(n), "group {} table {:?} does not end with new {:?}", g, t, n);
+                    prop_assert!(
+                        t.ends_with(n),
+                        "group {} table {:?} does not end with new {:?}",
+                        g,
+                        t,
+                        n
+                    );
                     if !matches!(groups[g].kind, SpecKind::Mamba { .. }) {
                         prop_assert!(!n.contains(&NULL_BLOCK), "null block handed out: {:?}", n);
                     }
@@ -498,7 +545,10 @@ impl Machine {
                 // vLLM 0.23.0 bug (see `vllm_bug_mamba_align_external_tokens_undercount`):
                 // Mamba align does not count the blocks taken for external
                 // tokens. Only with room for any outcome, unless asked for.
-                let ext = if self.align && !known_bugs() && !self.roomy(hit_len + rest + lookahead as usize) {
+                let ext = if self.align
+                    && !known_bugs()
+                    && !self.roomy(hit_len + rest + lookahead as usize)
+                {
                     0
                 } else {
                     ext
@@ -506,10 +556,16 @@ impl Machine {
                 // vLLM 0.23.0 bug (see `vllm_bug_external_tokens_take_a_later_groups_free_hit`):
                 // an earlier group's external-token blocks may pop a free hit
                 // block of a later group. Kept out unless asked for.
-                let later_free_hit = hit.iter().skip(1).flatten().any(|&b| {
-                    b != NULL_BLOCK && self.m.pool().ref_cnt(b) == 0
-                });
-                let ext = if later_free_hit && !known_bugs() { 0 } else { ext };
+                let later_free_hit = hit
+                    .iter()
+                    .skip(1)
+                    .flatten()
+                    .any(|&b| b != NULL_BLOCK && self.m.pool().ref_cnt(b) == 0);
+                let ext = if later_free_hit && !known_bugs() {
+                    0
+                } else {
+                    ext
+                };
                 let async_load = async_load && ext > 0;
                 let new = if async_load {
                     0
@@ -640,7 +696,8 @@ impl Machine {
                     .map_err(|e| TestCaseError::fail(format!("evict_blocks({ids:?}): {e}")))?;
             }
             Op::Reset => {
-                let all_free = self.m.pool().num_free_blocks() + 1 == self.m.pool().num_blocks() as usize;
+                let all_free =
+                    self.m.pool().num_free_blocks() + 1 == self.m.pool().num_blocks() as usize;
                 let ok = self.m.reset_prefix_cache();
                 prop_assert_eq!(ok, all_free);
                 if ok {
@@ -696,7 +753,10 @@ impl Machine {
             .iter()
             .map(|g| {
                 let spec = match g.kind {
-                    SpecKind::Mamba { num_speculative_blocks, .. } => num_speculative_blocks as usize,
+                    SpecKind::Mamba {
+                        num_speculative_blocks,
+                        ..
+                    } => num_speculative_blocks as usize,
                     _ => 0,
                 };
                 cdiv(tokens.min(MAX_MODEL_LEN), g.block_size as usize) + spec + 1
@@ -737,14 +797,25 @@ impl Machine {
         for r in &self.reqs {
             let t = self.m.get_block_ids(&r.id);
             if r.st == St::Waiting {
-                prop_assert!(t.iter().all(|g| g.is_empty()), "waiting {} holds {:?}", r.id, t);
+                prop_assert!(
+                    t.iter().all(|g| g.is_empty()),
+                    "waiting {} holds {:?}",
+                    r.id,
+                    t
+                );
             }
         }
         Ok(())
     }
 }
 
-fn run(mix: Mix, caching: bool, num_blocks: u32, eagle: bool, ops: &[Op]) -> Result<Stats, TestCaseError> {
+fn run(
+    mix: Mix,
+    caching: bool,
+    num_blocks: u32,
+    eagle: bool,
+    ops: &[Op],
+) -> Result<Stats, TestCaseError> {
     let mut mach = Machine::new(mix, caching, num_blocks, eagle);
     for (step, op) in ops.iter().enumerate() {
         mach.apply(op)?;
@@ -754,7 +825,9 @@ fn run(mix: Mix, caching: bool, num_blocks: u32, eagle: bool, ops: &[Op]) -> Res
     for r in std::mem::take(&mut mach.reqs) {
         mach.m.free(&r.id);
     }
-    mach.m.check_invariants().map_err(|e| TestCaseError::fail(format!("after drain: {e}")))?;
+    mach.m
+        .check_invariants()
+        .map_err(|e| TestCaseError::fail(format!("after drain: {e}")))?;
     prop_assert_eq!(mach.m.pool().num_free_blocks(), num_blocks as usize - 1);
     prop_assert!(mach.m.reset_prefix_cache());
     prop_assert_eq!(mach.m.num_requests(), 0);
@@ -803,9 +876,15 @@ fn check_mix(mix: Mix, caching: bool) {
         panic!("{mix:?} caching={caching}: {e}");
     }
     // The sequences must reach the interesting paths.
-    assert!(total.allocs > 0 && total.nones > 0, "{mix:?}/{caching}: {total:?}");
+    assert!(
+        total.allocs > 0 && total.nones > 0,
+        "{mix:?}/{caching}: {total:?}"
+    );
     if caching && cases() >= 16 {
-        assert!(total.hits > 0, "{mix:?}: no cache hit in any case: {total:?}");
+        assert!(
+            total.hits > 0,
+            "{mix:?}: no cache hit in any case: {total:?}"
+        );
     }
 }
 
@@ -871,7 +950,11 @@ fn vllm_bug_external_tokens_take_a_later_groups_free_hit() {
     .unwrap();
     let a: Vec<u32> = (0..16).collect();
     m.sync_hashes("a", 0, block_hashes(&a, 4)).unwrap();
-    let args = AllocateArgs { num_new_tokens: 16, num_tokens: 16, ..Default::default() };
+    let args = AllocateArgs {
+        num_new_tokens: 16,
+        num_tokens: 16,
+        ..Default::default()
+    };
     m.allocate_slots("a", &args, None).unwrap().unwrap();
     // a's sliding-window blocks 5, 6, 7 leave the window: free, still cached.
     m.remove_skipped_blocks("a", 16);
@@ -890,8 +973,12 @@ fn vllm_bug_external_tokens_take_a_later_groups_free_hit() {
     };
     m.allocate_slots("b", &args, None).unwrap().unwrap();
     // vLLM 0.23.0 gives b ([1, 2, 3, 7], [0, 0, 7, 6]): block 7 in both groups.
-    assert_eq!(m.get_block_ids("b"), vec![vec![1, 2, 3, 7], vec![0, 0, 7, 6]]);
-    m.check_invariants().expect("a block must not serve two groups");
+    assert_eq!(
+        m.get_block_ids("b"),
+        vec![vec![1, 2, 3, 7], vec![0, 0, 7, 6]]
+    );
+    m.check_invariants()
+        .expect("a block must not serve two groups");
 }
 
 /// vLLM 0.23.0 bug: in Mamba "align" mode `get_num_blocks_to_allocate`
@@ -921,7 +1008,11 @@ fn vllm_bug_mamba_align_external_tokens_undercount() {
     m.sync_hashes("r", 0, block_hashes(&tokens, 4)).unwrap();
     let empty = vec![Vec::new(); 2];
     // Counted: 4 (full 3, mamba 1); taken: 5 (mamba: 1 for the external tokens + 1).
-    assert_eq!(m.get_num_blocks_to_allocate("r", 9, &empty, 0, 8, 9, false).unwrap(), 4);
+    assert_eq!(
+        m.get_num_blocks_to_allocate("r", 9, &empty, 0, 8, 9, false)
+            .unwrap(),
+        4
+    );
     assert_eq!(m.pool().num_free_blocks(), 4);
     let args = AllocateArgs {
         num_new_tokens: 1,

@@ -2,7 +2,9 @@
 //! name the offending argument. No allocation decision is made here.
 
 use hybridcache_core::{CoreError, GroupSpec, HashUpdate, MambaMode, SpecKind};
-use pyo3::exceptions::{PyKeyError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyKeyError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -39,7 +41,10 @@ pub fn count_obj(name: &str, v: &Bound<'_, PyAny>) -> PyResult<usize> {
         ),
         Err(_) => Err(PyTypeError::new_err(format!(
             "{name} must be an int, got {}",
-            v.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+            v.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
         ))),
     }
 }
@@ -49,7 +54,10 @@ pub fn u32_arg(name: &str, v: i64) -> PyResult<u32> {
 }
 
 pub fn type_name(v: &Bound<'_, PyAny>) -> String {
-    v.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+    v.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default()
 }
 
 /// One group as the facade describes it: (kind, block_size, is_eagle_group,
@@ -58,12 +66,26 @@ pub fn type_name(v: &Bound<'_, PyAny>) -> String {
 pub type GroupTuple = (String, i64, bool, bool, i64, Option<i64>, i64, String, i64);
 
 pub fn parse_group(i: usize, g: GroupTuple) -> PyResult<GroupSpec> {
-    let (kind, block_size, is_eagle_group, reports_new_block_ids, spec_class, cap, param, mode, num_spec) = g;
+    let (
+        kind,
+        block_size,
+        is_eagle_group,
+        reports_new_block_ids,
+        spec_class,
+        cap,
+        param,
+        mode,
+        num_spec,
+    ) = g;
     let field = |f: &str| format!("kv_cache_groups[{i}].{f}");
     let kind = match kind.as_str() {
         "full_attention" => SpecKind::FullAttention,
-        "sliding_window" => SpecKind::SlidingWindow { window: u32_arg(&field("sliding_window"), param)? },
-        "chunked_local" => SpecKind::ChunkedLocal { chunk: u32_arg(&field("attention_chunk_size"), param)? },
+        "sliding_window" => SpecKind::SlidingWindow {
+            window: u32_arg(&field("sliding_window"), param)?,
+        },
+        "chunked_local" => SpecKind::ChunkedLocal {
+            chunk: u32_arg(&field("attention_chunk_size"), param)?,
+        },
         "cross_attention" => SpecKind::CrossAttention,
         "mamba" => SpecKind::Mamba {
             mode: match mode.as_str() {
@@ -96,18 +118,29 @@ pub fn parse_group(i: usize, g: GroupTuple) -> PyResult<GroupSpec> {
 }
 
 pub fn ids_tuple<'py>(py: Python<'py>, groups: &[Vec<u32>]) -> PyResult<Bound<'py, PyTuple>> {
-    let lists = groups.iter().map(|g| PyList::new(py, g)).collect::<PyResult<Vec<_>>>()?;
+    let lists = groups
+        .iter()
+        .map(|g| PyList::new(py, g))
+        .collect::<PyResult<Vec<_>>>()?;
     PyTuple::new(py, lists)
 }
 
 /// Block ids per group from Python lists, range-checked.
-pub fn block_ids(groups: &Bound<'_, PyAny>, num_blocks: u32, what: &str) -> PyResult<Vec<Vec<u32>>> {
+pub fn block_ids(
+    groups: &Bound<'_, PyAny>,
+    num_blocks: u32,
+    what: &str,
+) -> PyResult<Vec<Vec<u32>>> {
     let mut out = Vec::new();
     for g in groups.try_iter()? {
         let mut ids = Vec::new();
         for b in g?.try_iter()? {
             let b = b?;
-            let id = b.extract::<i64>().ok().and_then(|v| u32::try_from(v).ok()).filter(|&v| v < num_blocks);
+            let id = b
+                .extract::<i64>()
+                .ok()
+                .and_then(|v| u32::try_from(v).ok())
+                .filter(|&v| v < num_blocks);
             match id {
                 Some(id) => ids.push(id),
                 None => {
@@ -126,7 +159,10 @@ pub fn block_ids(groups: &Bound<'_, PyAny>, num_blocks: u32, what: &str) -> PyRe
 /// it does). A shorter list than known means the request restarted: resend.
 pub fn hash_update(block_hashes: &Bound<'_, PyAny>, known: usize) -> PyResult<Option<HashUpdate>> {
     let list = block_hashes.downcast::<PyList>().map_err(|_| {
-        PyTypeError::new_err(format!("request.block_hashes must be a list of bytes, got {}", type_name(block_hashes)))
+        PyTypeError::new_err(format!(
+            "request.block_hashes must be a list of bytes, got {}",
+            type_name(block_hashes)
+        ))
     })?;
     let n = list.len();
     if n == known {
@@ -137,7 +173,10 @@ pub fn hash_update(block_hashes: &Bound<'_, PyAny>, known: usize) -> PyResult<Op
     for i in offset..n {
         let h = list.get_item(i)?;
         let bytes = h.downcast::<PyBytes>().map_err(|_| {
-            PyTypeError::new_err(format!("request.block_hashes[{i}] must be bytes, got {}", type_name(&h)))
+            PyTypeError::new_err(format!(
+                "request.block_hashes[{i}] must be bytes, got {}",
+                type_name(&h)
+            ))
         })?;
         hashes.push(Box::from(bytes.as_bytes()));
     }

@@ -7,8 +7,12 @@
 
 mod convert;
 
-use convert::{block_ids, count, count_obj, guard, hash_update, ids_tuple, parse_group, u32_arg, GroupTuple};
-use hybridcache_core::{AllocateArgs, CoreError, HashUpdate, KvCacheManager, ManagerConfig, PoolEvent};
+use convert::{
+    block_ids, count, count_obj, guard, hash_update, ids_tuple, parse_group, u32_arg, GroupTuple,
+};
+use hybridcache_core::{
+    AllocateArgs, CoreError, HashUpdate, KvCacheManager, ManagerConfig, PoolEvent,
+};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -42,7 +46,10 @@ fn request_id<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>
     if let Ok(s) = rid.downcast::<PyString>() {
         return Ok(s.clone());
     }
-    Err(PyTypeError::new_err(format!("request.request_id must be str, got {}", convert::type_name(&rid))))
+    Err(PyTypeError::new_err(format!(
+        "request.request_id must be str, got {}",
+        convert::type_name(&rid)
+    )))
 }
 
 fn raw_events<'py>(py: Python<'py>, events: Vec<PoolEvent>) -> PyResult<Bound<'py, PyList>> {
@@ -50,16 +57,35 @@ fn raw_events<'py>(py: Python<'py>, events: Vec<PoolEvent>) -> PyResult<Bound<'p
     let items = events
         .into_iter()
         .map(|e| match e {
-            PoolEvent::Stored { hashes, parent, start_token, end_token, block_size, group, positions } => {
+            PoolEvent::Stored {
+                hashes,
+                parent,
+                start_token,
+                end_token,
+                block_size,
+                group,
+                positions,
+            } => {
                 let hs = PyList::new(py, hashes.iter().map(|h| bytes(h)))?;
                 let parent = match parent {
                     Some(p) => bytes(&p),
                     None => py.None().into_bound(py),
                 };
-                ("stored", hs, parent, start_token, end_token, block_size, group, PyList::new(py, positions)?)
+                (
+                    "stored",
+                    hs,
+                    parent,
+                    start_token,
+                    end_token,
+                    block_size,
+                    group,
+                    PyList::new(py, positions)?,
+                )
                     .into_pyobject(py)
             }
-            PoolEvent::Removed { hash, group } => ("removed", bytes(&hash), group).into_pyobject(py),
+            PoolEvent::Removed { hash, group } => {
+                ("removed", bytes(&hash), group).into_pyobject(py)
+            }
             PoolEvent::AllCleared => ("cleared",).into_pyobject(py),
         })
         .collect::<PyResult<Vec<_>>>()?;
@@ -69,20 +95,26 @@ fn raw_events<'py>(py: Python<'py>, events: Vec<PoolEvent>) -> PyResult<Bound<'p
 impl NativeManager {
     fn block_id(&self, b: i64) -> PyResult<u32> {
         let n = self.inner.pool().num_blocks();
-        u32::try_from(b)
-            .ok()
-            .filter(|&b| b < n)
-            .ok_or_else(|| PyValueError::new_err(format!("block id {b} out of range: the pool has {n} blocks")))
+        u32::try_from(b).ok().filter(|&b| b < n).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "block id {b} out of range: the pool has {n} blocks"
+            ))
+        })
     }
 
     fn py_side(&self) -> PyResult<&Bound_> {
-        self.py_side
-            .as_ref()
-            .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("NativeManager used before _bind_python"))
+        self.py_side.as_ref().ok_or_else(|| {
+            pyo3::exceptions::PyRuntimeError::new_err("NativeManager used before _bind_python")
+        })
     }
 
     /// The hashes of `request` the core lacks (None when caching is off).
-    fn pending_hashes(&self, request: &Bound<'_, PyAny>, rid: &str) -> PyResult<Option<HashUpdate>> {
+    fn pending_hashes(
+        &self,
+        request: &Bound<'_, PyAny>,
+        rid: &str,
+    ) -> PyResult<Option<HashUpdate>> {
+        // Used by lookups and cache_blocks; allocation uses `allocate_one`.
         if !self.enable_caching {
             return Ok(None);
         }
@@ -90,9 +122,35 @@ impl NativeManager {
         hash_update(&hashes, self.inner.num_known_hashes(rid))
     }
 
+    /// One allocation: the request's new hashes are read only if caching
+    /// may need them (a block filled since they were last sent).
+    fn allocate_one(
+        &mut self,
+        request: &Bound<'_, PyAny>,
+        rid: &str,
+        args: &AllocateArgs,
+    ) -> PyResult<Option<Vec<Vec<u32>>>> {
+        let slot = self.inner.lookup(rid);
+        let known = self.inner.known_hashes_at(slot);
+        let update = if self.inner.may_need_hashes(known, args) {
+            hash_update(
+                &request.getattr(intern!(request.py(), "block_hashes"))?,
+                known,
+            )?
+        } else {
+            None
+        };
+        guard(|| self.inner.allocate_slots_at(slot, rid, args, update))
+    }
+
     /// Block ids of `new_computed_blocks`; None for None or the shared empty.
-    fn computed_ids(slf: &Bound<'_, Self>, blocks: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<u32>>>> {
-        let Some(blocks) = blocks else { return Ok(None) };
+    fn computed_ids(
+        slf: &Bound<'_, Self>,
+        blocks: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Vec<Vec<u32>>>> {
+        let Some(blocks) = blocks else {
+            return Ok(None);
+        };
         let this = slf.borrow();
         let side = this.py_side()?;
         if blocks.is(&side.empty) || blocks.is_none() {
@@ -103,19 +161,38 @@ impl NativeManager {
         if blocks.is_instance(side.blocks_cls.bind(py))? {
             let owner = blocks.getattr(intern!(py, "_native"))?;
             if !owner.is_none() && !owner.is(slf) {
-                return Err(PyValueError::new_err("new_computed_blocks come from another KVCacheManager"));
+                return Err(PyValueError::new_err(
+                    "new_computed_blocks come from another KVCacheManager",
+                ));
             }
-            return block_ids(&blocks.getattr(intern!(py, "_ids"))?, num_blocks, "new_computed_blocks").map(Some);
+            return block_ids(
+                &blocks.getattr(intern!(py, "_ids"))?,
+                num_blocks,
+                "new_computed_blocks",
+            )
+            .map(Some);
         }
         // Any KVCacheBlocks-like object (vLLM's own): read block ids.
         let groups = blocks.getattr(intern!(py, "blocks")).map_err(|_| {
-            PyTypeError::new_err(format!("new_computed_blocks must be KVCacheBlocks, got {}", convert::type_name(blocks)))
+            PyTypeError::new_err(format!(
+                "new_computed_blocks must be KVCacheBlocks, got {}",
+                convert::type_name(blocks)
+            ))
         })?;
         let ids = groups
             .try_iter()?
-            .map(|g| g?.try_iter()?.map(|b| b?.getattr(intern!(py, "block_id"))).collect::<PyResult<Vec<_>>>())
+            .map(|g| {
+                g?.try_iter()?
+                    .map(|b| b?.getattr(intern!(py, "block_id")))
+                    .collect::<PyResult<Vec<_>>>()
+            })
             .collect::<PyResult<Vec<_>>>()?;
-        let lists = PyList::new(py, ids.into_iter().map(|g| PyList::new(py, g)).collect::<PyResult<Vec<_>>>()?)?;
+        let lists = PyList::new(
+            py,
+            ids.into_iter()
+                .map(|g| PyList::new(py, g))
+                .collect::<PyResult<Vec<_>>>()?,
+        )?;
         block_ids(lists.as_any(), num_blocks, "new_computed_blocks").map(Some)
     }
 
@@ -127,14 +204,25 @@ impl NativeManager {
             if !this.inner.has_events() {
                 return Ok(());
             }
-            let Some(sink) = this.py_side.as_ref().and_then(|s| s.event_sink.as_ref()).map(|s| s.clone_ref(py)) else {
+            let Some(sink) = this
+                .py_side
+                .as_ref()
+                .and_then(|s| s.event_sink.as_ref())
+                .map(|s| s.clone_ref(py))
+            else {
                 this.inner.take_events();
                 return Ok(());
             };
             (sink, this.inner.take_events())
         };
         let raw = raw_events(py, events)?;
-        sink.call1(py, (raw, request.map_or_else(|| py.None(), |r| r.clone().unbind())))?;
+        sink.call1(
+            py,
+            (
+                raw,
+                request.map_or_else(|| py.None(), |r| r.clone().unbind()),
+            ),
+        )?;
         Ok(())
     }
 
@@ -167,26 +255,45 @@ impl NativeManager {
         use_eagle: bool,
         enable_events: bool,
     ) -> PyResult<Self> {
-        let groups = groups.into_iter().enumerate().map(|(i, g)| parse_group(i, g)).collect::<PyResult<Vec<_>>>()?;
+        let groups = groups
+            .into_iter()
+            .enumerate()
+            .map(|(i, g)| parse_group(i, g))
+            .collect::<PyResult<Vec<_>>>()?;
         let cfg = ManagerConfig {
             num_blocks: u32_arg("num_blocks", num_blocks)?,
             groups,
             max_model_len: count("max_model_len", max_model_len)?,
             scheduler_block_size: u32_arg("scheduler_block_size", scheduler_block_size)?,
             hash_block_size: u32_arg("hash_block_size", hash_block_size)?,
-            max_num_batched_tokens: max_num_batched_tokens.map(|v| count("max_num_batched_tokens", v)).transpose()?,
+            max_num_batched_tokens: max_num_batched_tokens
+                .map(|v| count("max_num_batched_tokens", v))
+                .transpose()?,
             enable_caching,
             use_eagle,
             enable_events,
         };
-        Ok(NativeManager { inner: guard(|| KvCacheManager::new(cfg))?, enable_caching, py_side: None })
+        Ok(NativeManager {
+            inner: guard(|| KvCacheManager::new(cfg))?,
+            enable_caching,
+            py_side: None,
+        })
     }
 
     /// Called once by the facade: its KVCacheBlocks class, the shared empty
     /// instance, and the event sink (None when events are off).
     #[pyo3(signature = (blocks_cls, empty, event_sink))]
-    fn _bind_python(&mut self, blocks_cls: PyObject, empty: PyObject, event_sink: Option<PyObject>) {
-        self.py_side = Some(Bound_ { blocks_cls, empty, event_sink });
+    fn _bind_python(
+        &mut self,
+        blocks_cls: PyObject,
+        empty: PyObject,
+        event_sink: Option<PyObject>,
+    ) {
+        self.py_side = Some(Bound_ {
+            blocks_cls,
+            empty,
+            event_sink,
+        });
     }
 
     #[getter]
@@ -215,14 +322,23 @@ impl NativeManager {
 
     /// Cache-hit lookup for `request` (hashes it lacks are stored first):
     /// (block ids per group, hit tokens).
-    fn _lookup<'py>(&mut self, py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyTuple>, usize)> {
+    fn _lookup<'py>(
+        &mut self,
+        py: Python<'py>,
+        request: &Bound<'py, PyAny>,
+    ) -> PyResult<(Bound<'py, PyTuple>, usize)> {
         let rid = request_id(request)?;
         let rid = rid.to_str()?;
-        let num_tokens = count_obj("request.num_tokens", &request.getattr(intern!(py, "num_tokens"))?)?;
+        let num_tokens = count_obj(
+            "request.num_tokens",
+            &request.getattr(intern!(py, "num_tokens"))?,
+        )?;
         let update = self.pending_hashes(request, rid)?;
         let (blocks, hit) = guard(|| {
             if num_tokens == 0 {
-                return Err(CoreError::InvalidArgument(format!("request {rid:?} has no tokens")));
+                return Err(CoreError::InvalidArgument(format!(
+                    "request {rid:?} has no tokens"
+                )));
             }
             if let Some(u) = update {
                 self.inner.sync_hashes(rid, u.offset, u.hashes)?;
@@ -261,26 +377,103 @@ impl NativeManager {
                 "request.num_computed_tokens",
                 &request.getattr(intern!(py, "num_computed_tokens"))?,
             )?,
-            num_tokens: count_obj("request.num_tokens", &request.getattr(intern!(py, "num_tokens"))?)?,
+            num_tokens: count_obj(
+                "request.num_tokens",
+                &request.getattr(intern!(py, "num_tokens"))?,
+            )?,
             num_new_computed_tokens: opt_count("num_new_computed_tokens", num_new_computed_tokens)?,
             new_computed_blocks: new_computed.as_deref(),
             num_lookahead_tokens: opt_count("num_lookahead_tokens", num_lookahead_tokens)?,
-            num_external_computed_tokens: opt_count("num_external_computed_tokens", num_external_computed_tokens)?,
+            num_external_computed_tokens: opt_count(
+                "num_external_computed_tokens",
+                num_external_computed_tokens,
+            )?,
             delay_cache_blocks,
             num_encoder_tokens: opt_count("num_encoder_tokens", num_encoder_tokens)?,
             full_sequence_must_fit,
             reserved_blocks: opt_count("reserved_blocks", reserved_blocks)?,
         };
-        let out = {
-            let mut this = slf.borrow_mut();
-            let update = this.pending_hashes(request, rid)?;
-            guard(|| this.inner.allocate_slots(rid, &args, update))?
-        };
+        let out = slf.borrow_mut().allocate_one(request, rid, &args)?;
         Self::flush_events(slf, Some(request))?;
         match out {
             None => Ok(py.None()),
             Some(ids) => Self::make_blocks(slf, &ids),
         }
+    }
+
+    /// The decode `allocate_slots` of a whole step in one call: for each
+    /// request in order, exactly `allocate_slots(request, num_new_tokens[i],
+    /// num_lookahead_tokens=num_lookahead_tokens)`. Returns `(ok, offsets,
+    /// ids)`: `ok[i]` is False where that call would return None; the new
+    /// block ids of request i in group g are
+    /// `ids[offsets[i*G + g] : offsets[i*G + g + 1]]`.
+    #[pyo3(signature = (requests, num_new_tokens, num_lookahead_tokens=0))]
+    fn allocate_decode_batch<'py>(
+        slf: &Bound<'py, Self>,
+        requests: &Bound<'py, PyAny>,
+        num_new_tokens: &Bound<'py, PyAny>,
+        num_lookahead_tokens: i64,
+    ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>)> {
+        let py = slf.py();
+        let lookahead = count("num_lookahead_tokens", num_lookahead_tokens)?;
+        let requests = requests
+            .downcast::<PyList>()
+            .map_err(|_| PyTypeError::new_err("requests must be a list"))?;
+        let counts: Vec<i64> = num_new_tokens
+            .extract()
+            .map_err(|_| PyTypeError::new_err("num_new_tokens must be a list of ints"))?;
+        if counts.len() != requests.len() {
+            return Err(PyValueError::new_err(format!(
+                "num_new_tokens has {} entries for {} requests",
+                counts.len(),
+                requests.len()
+            )));
+        }
+        let events_on = slf
+            .borrow()
+            .py_side
+            .as_ref()
+            .is_some_and(|s| s.event_sink.is_some());
+        let mut ok = Vec::with_capacity(requests.len());
+        let mut offsets = vec![0u32];
+        let mut ids: Vec<u32> = Vec::new();
+        let num_groups = slf.borrow().inner.num_groups();
+        for (request, &n) in requests.iter().zip(&counts) {
+            let rid = request_id(&request)?;
+            let rid = rid.to_str()?;
+            let args = AllocateArgs {
+                num_new_tokens: count("num_new_tokens", n)?,
+                num_computed_tokens: count_obj(
+                    "request.num_computed_tokens",
+                    &request.getattr(intern!(py, "num_computed_tokens"))?,
+                )?,
+                num_tokens: count_obj(
+                    "request.num_tokens",
+                    &request.getattr(intern!(py, "num_tokens"))?,
+                )?,
+                num_lookahead_tokens: lookahead,
+                ..Default::default()
+            };
+            let out = slf.borrow_mut().allocate_one(&request, rid, &args)?;
+            if events_on {
+                Self::flush_events(slf, Some(&request))?;
+            }
+            ok.push(out.is_some());
+            match out {
+                Some(groups) => {
+                    for g in groups {
+                        ids.extend_from_slice(&g);
+                        offsets.push(ids.len() as u32);
+                    }
+                }
+                None => offsets.extend(std::iter::repeat_n(ids.len() as u32, num_groups)),
+            }
+        }
+        Ok((
+            PyList::new(py, ok)?,
+            PyList::new(py, offsets)?,
+            PyList::new(py, ids)?,
+        ))
     }
 
     /// vLLM's `free(request)`: frees the request's blocks, tail first.
@@ -294,7 +487,11 @@ impl NativeManager {
     }
 
     /// vLLM's `cache_blocks(request, num_computed_tokens)`.
-    fn cache_blocks(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>, num_computed_tokens: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn cache_blocks(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        num_computed_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         let n = count_obj("num_computed_tokens", num_computed_tokens)?;
         let rid = request_id(request)?;
         let rid = rid.to_str()?;
@@ -309,7 +506,11 @@ impl NativeManager {
         Self::flush_events(slf, Some(request))
     }
 
-    fn remove_skipped_blocks(&mut self, request_id: &str, total_computed_tokens: i64) -> PyResult<()> {
+    fn remove_skipped_blocks(
+        &mut self,
+        request_id: &str,
+        total_computed_tokens: i64,
+    ) -> PyResult<()> {
         let total = count("total_computed_tokens", total_computed_tokens)?;
         guard(|| {
             self.inner.remove_skipped_blocks(request_id, total);
@@ -325,7 +526,10 @@ impl NativeManager {
             for b in block_ids.try_iter()? {
                 let b = b?;
                 let v = b.extract::<i64>().map_err(|_| {
-                    PyTypeError::new_err(format!("evict_blocks: block_ids must be ints, got {}", convert::type_name(&b)))
+                    PyTypeError::new_err(format!(
+                        "evict_blocks: block_ids must be ints, got {}",
+                        convert::type_name(&b)
+                    ))
                 })?;
                 ids.push(this.block_id(v)?);
             }
@@ -344,7 +548,11 @@ impl NativeManager {
         guard(|| Ok(self.inner.get_num_common_prefix_blocks(running_request_id)))
     }
 
-    fn get_block_ids<'py>(&self, py: Python<'py>, request_id: &str) -> PyResult<Bound<'py, PyTuple>> {
+    fn get_block_ids<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &str,
+    ) -> PyResult<Bound<'py, PyTuple>> {
         ids_tuple(py, &self.inner.get_block_ids(request_id))
     }
 
@@ -362,20 +570,29 @@ impl NativeManager {
         num_tokens_main_model: i64,
         apply_admission_cap: bool,
     ) -> PyResult<i64> {
-        let nc = block_ids(new_computed_blocks, self.inner.pool().num_blocks(), "new_computed_blocks")?;
+        let nc = block_ids(
+            new_computed_blocks,
+            self.inner.pool().num_blocks(),
+            "new_computed_blocks",
+        )?;
         let (n, e, t, mm) = (
             count("num_tokens", num_tokens)?,
             count("num_encoder_tokens", num_encoder_tokens)?,
             count("total_computed_tokens", total_computed_tokens)?,
             count("num_tokens_main_model", num_tokens_main_model)?,
         );
-        guard(|| self.inner.get_num_blocks_to_allocate(request_id, n, &nc, e, t, mm, apply_admission_cap))
+        guard(|| {
+            self.inner
+                .get_num_blocks_to_allocate(request_id, n, &nc, e, t, mm, apply_admission_cap)
+        })
     }
 
     /// Mamba align state of a request in a group:
     /// (last_state_block_idx or None, allocated), or None.
     fn align_state(&self, request_id: &str, group: usize) -> Option<(Option<usize>, bool)> {
-        self.inner.align_state(request_id, group).map(|a| (a.last_state_block_idx, a.allocated))
+        self.inner
+            .align_state(request_id, group)
+            .map(|a| (a.last_state_block_idx, a.allocated))
     }
 
     fn take_new_block_ids(&mut self) -> Vec<u32> {
@@ -392,9 +609,17 @@ impl NativeManager {
     }
 
     /// (hash bytes, group id) of a cached block, else None.
-    fn block_hash<'py>(&self, py: Python<'py>, block_id: i64) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
+    fn block_hash<'py>(
+        &self,
+        py: Python<'py>,
+        block_id: i64,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
         let b = self.block_id(block_id)?;
-        Ok(self.inner.pool().block_hash(b).map(|(h, g)| (PyBytes::new(py, h), g)))
+        Ok(self
+            .inner
+            .pool()
+            .block_hash(b)
+            .map(|(h, g)| (PyBytes::new(py, h), g)))
     }
 
     /// Which of the given blocks carry no cached hash.
