@@ -144,7 +144,7 @@ def _strip(batches: dict[int, KVEventBatch], first: int) -> list[list[Any]]:
 CASES = [
     Case("zmq_prefix_caching_resets", prefix_caching=True, events=True, num_spec=3, num_blocks=120,
          max_num_seqs=12, prompt_len=(16, 260), arrival_p=0.5, reset_every=53, steps=160, seed=21),
-    Case("zmq_hybrid_mamba_align", prefix_caching=True, events=True, mamba_align=True, num_spec=2, eagle=True,
+    Case("zmq_hybrid_mamba_align", prefix_caching=True, events=True, mamba="align", num_spec=2, eagle=True,
          num_blocks=90, max_num_seqs=10, prompt_len=(20, 240), arrival_p=0.5, steps=160, seed=22),
 ]
 
@@ -179,7 +179,7 @@ def test_kv_events_over_zmq_identical(case: Case, tmp_path_factory: Any) -> None
         assert BlockStored in kinds and BlockRemoved in kinds
         if case.reset_every:
             assert AllBlocksCleared in kinds
-        if case.mamba_align:
+        if case.mamba:
             assert {e.group_idx for batch in stock for e in batch if isinstance(e, BlockStored)} == {0, 1}
         for batch in stock:
             for e in batch:

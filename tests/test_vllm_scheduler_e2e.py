@@ -33,11 +33,18 @@ from vllm.config import (  # noqa: E402
     CacheConfig,
     DeviceConfig,
     KVEventsConfig,
+    KVTransferConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
     SpeculativeConfig,
     VllmConfig,
+)
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    SupportsHMA,
 )
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
@@ -50,8 +57,9 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     KVCacheConfig,
     KVCacheGroupSpec,
     MambaSpec,
+    SlidingWindowSpec,
 )
-from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
@@ -120,13 +128,15 @@ class Case:
     events: bool = False
     num_spec: int | None = None  # speculative tokens (None: no spec decoding)
     eagle: bool = False  # EAGLE-style (lookahead slots, eagle pruning); else ngram/suffix-style
-    mamba_align: bool = False  # hybrid: full attention + Mamba "align"
+    mamba: str | None = None  # hybrid: full attention + Mamba with this mamba_cache_mode ("align", ...)
+    sliding_window: int | None = None  # hybrid: full attention + sliding window of this many tokens
     arrival_p: float = 0.35
     abort_p: float = 0.03
     prompt_len: tuple[int, int] = (8, 200)
     max_tokens: tuple[int, int] = (4, 80)
     reset_every: int = 0  # reset_prefix_cache(reset_running_requests=True) every N steps
     async_scheduling: bool = False  # AsyncScheduler; model output comes back one step late
+    connector: str | None = None  # ScriptedConnector with this kv_load_failure_policy ("recompute"/"fail")
 
 
 def build_scheduler(case: Case, model_dir: str, hybrid: bool, kv_events_config: Any = None) -> Scheduler:
@@ -148,7 +158,7 @@ def build_scheduler(case: Case, model_dir: str, hybrid: bool, kv_events_config: 
         gpu_memory_utilization=0.9,
         cache_dtype="auto",
         enable_prefix_caching=case.prefix_caching,
-        mamba_cache_mode="align" if case.mamba_align else "none",
+        mamba_cache_mode=case.mamba or "none",
     )
     speculative_config = None
     if case.num_spec is not None:
@@ -157,7 +167,12 @@ def build_scheduler(case: Case, model_dir: str, hybrid: bool, kv_events_config: 
         speculative_config = SpeculativeConfig(method=method, num_speculative_tokens=case.num_spec)
     if kv_events_config is None and case.events:
         kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+    kv_transfer_config = None
+    if case.connector:
+        kv_transfer_config = KVTransferConfig(kv_connector=CONNECTOR_NAME, kv_role="kv_both",
+                                              kv_load_failure_policy=case.connector)
     vllm_config = VllmConfig(
+        kv_transfer_config=kv_transfer_config,
         scheduler_config=scheduler_config,
         model_config=model_config,
         cache_config=cache_config,
@@ -171,9 +186,13 @@ def build_scheduler(case: Case, model_dir: str, hybrid: bool, kv_events_config: 
         vllm_config.speculative_config.method = "eagle"
     groups = [KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=case.block_size, num_kv_heads=1,
                                                             head_size=1, dtype=torch.float32))]
-    if case.mamba_align:
+    if case.mamba:
         groups.append(KVCacheGroupSpec(["mamba"], MambaSpec(block_size=case.block_size, shapes=((1, 1),),
-                                                            dtypes=(torch.float32,), mamba_cache_mode="align")))
+                                                            dtypes=(torch.float32,), mamba_cache_mode=case.mamba)))
+    if case.sliding_window:
+        groups.append(KVCacheGroupSpec(["swa"], SlidingWindowSpec(block_size=case.block_size, num_kv_heads=1,
+                                                                  head_size=1, dtype=torch.float32,
+                                                                  sliding_window=case.sliding_window)))
     kv_cache_config = KVCacheConfig(num_blocks=case.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     cache_config.num_gpu_blocks = case.num_blocks
     register_all_kvcache_specs(vllm_config)
@@ -218,6 +237,106 @@ class EventRecorder:
 
     def shutdown(self) -> None:
         self.inner.shutdown()
+
+
+# --------------------------------------------------------------------------
+# A scripted KV connector (scheduler side): external hits, async loads, async
+# saves, load failures -- all decided from the request alone, so both
+# schedulers see the same. It also reads the bound GPU block pool.
+
+CONNECTOR_NAME = "HybridcacheScriptedConnector"
+
+
+class ScriptedConnector(KVConnectorBase_V1, SupportsHMA):
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.block_size = vllm_config.cache_config.block_size
+        self.pool: Any = None
+        self.log: list[Any] = []  # compared between the two schedulers
+        self.pending_loads: dict[str, int] = {}  # request id -> steps left
+        self.pending_saves: dict[str, int] = {}
+        self.ready_recving: set[str] = set()
+        self.ready_sending: set[str] = set()
+        self.local_tokens: dict[str, int] = {}
+        self.sync_loads: dict[str, tuple[int, int]] = {}  # this step: id -> (local tokens, external tokens)
+
+    @staticmethod
+    def _n(request: Any) -> int:
+        return int(request.request_id[1:])
+
+    # scheduler side
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        self.pool = gpu_block_pool
+        self.log.append(("bind", gpu_block_pool.num_gpu_blocks, gpu_block_pool.get_num_free_blocks()))
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        n = self._n(request)
+        self.local_tokens[request.request_id] = num_computed_tokens
+        if n % 3 == 0 or request.num_preemptions:
+            return 0, False
+        avail = request.num_tokens - 1 - num_computed_tokens
+        ext = (avail // 2) // self.block_size * self.block_size
+        return (ext, n % 3 == 2) if ext > 0 else (0, False)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        rid = request.request_id
+        ids = blocks.get_block_ids()
+        pool = self.pool
+        views = [(b, pool.blocks[b].ref_cnt, pool.blocks[b].block_hash, pool.blocks[b].is_null)
+                 for g in ids for b in g]
+        self.log.append(("alloc", rid, ids, num_external_tokens, blocks.get_unhashed_block_ids_all_groups(),
+                         views, pool.get_num_free_blocks(), pool.get_usage()))
+        if num_external_tokens and self._n(request) % 3 == 2 and rid not in self.pending_loads:
+            self.pending_loads[rid] = 1 + self._n(request) % 3
+        elif num_external_tokens:
+            self.sync_loads[rid] = (self.local_tokens.get(rid, 0), num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        for pending, ready in ((self.pending_loads, self.ready_recving), (self.pending_saves, self.ready_sending)):
+            for rid in sorted(pending):
+                pending[rid] -= 1
+                if pending[rid] <= 0:
+                    del pending[rid]
+                    ready.add(rid)
+        return KVConnectorMetadata()
+
+    def take_transfer_results(self) -> tuple[set[str], set[str], dict[str, tuple[int, int]]]:
+        out = (self.ready_recving, self.ready_sending, self.sync_loads)
+        self.ready_recving, self.ready_sending, self.sync_loads = set(), set(), {}
+        self.log.append(("transfers", sorted(out[0]), sorted(out[1]), sorted(out[2].items())))
+        return out
+
+    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]) -> tuple[bool, Any]:
+        rid = request.request_id
+        self.log.append(("finished", rid, [list(g) for g in block_ids]))
+        if rid in self.pending_loads or rid in self.ready_recving:
+            return False, None  # the scheduler itself holds the blocks until the load ends
+        if self._n(request) % 4 == 0 and request.status != RequestStatus.FINISHED_ABORTED:
+            self.pending_saves[rid] = 2  # an async save holds the blocks
+            return True, None
+        return False, None
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    # worker side (never used here)
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        pass
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_for_save(self) -> None:
+        pass
+
+
+try:
+    KVConnectorFactory.register_connector(CONNECTOR_NAME, __name__, "ScriptedConnector")
+except ValueError:  # already registered (module imported twice)
+    pass
 
 
 # --------------------------------------------------------------------------
@@ -339,7 +458,8 @@ def manager_views(s: Scheduler) -> dict[str, Any]:
         "tables": tables,
         "get_blocks": {rid: m.get_blocks(rid).get_block_ids() for rid in tables},
         # Scheduler._request_remaining_blocks -> coordinator.get_num_blocks_to_allocate
-        "remaining": {r.request_id: s._request_remaining_blocks(r) for r in running},
+        "remaining": {r.request_id: s._request_remaining_blocks(r)
+                      for r in sorted({*running, *s._inflight_prefills}, key=lambda r: r.request_id)},
         "block_views": [(b, pool.blocks[b].block_id, pool.blocks[b].ref_cnt, pool.blocks[b].block_hash,
                          pool.blocks[b].is_null) for b in blocks],
     }
@@ -394,6 +514,24 @@ def _check(case: Case, step: int, what: str, a: Any, b: Any) -> None:
         raise Mismatch(f"[{case.name}] step {step}: {what} differs\n  vllm:        {a!r}\n  hybridcache: {b!r}")
 
 
+def connector_output(case: Case, stock: Scheduler, hc: Scheduler, step: int, rng: random.Random) -> Any:
+    """Transfers the scripted connectors finished this step, and now and then
+    a failed load of a block that was just loaded synchronously."""
+    res = stock.connector.take_transfer_results()
+    _check(case, step, "connector transfers", res, hc.connector.take_transfer_results())
+    recving, sending, sync_loads = res
+    invalid: set[int] = set()
+    if len(stock.kv_cache_config.kv_cache_groups) == 1:  # vLLM handles load failures for one group only
+        for rid, (local, ext) in sorted(sync_loads.items()):
+            if rid in stock.requests and rng.random() < 0.3:
+                (ids,) = stock.kv_cache_manager.get_block_ids(rid)
+                idx = (local + rng.randrange(ext)) // case.block_size
+                if idx < len(ids):
+                    invalid.add(ids[idx])
+    return KVConnectorOutput(finished_sending=sending or None, finished_recving=recving or None,
+                             invalid_block_ids=invalid)
+
+
 def run_lockstep(case: Case, model_dir: str, schedulers: tuple[Scheduler, Scheduler] | None = None) -> dict[str, int]:
     """Drives vLLM's scheduler stock and with hybridcache in lockstep; raises
     Mismatch at the first difference. Returns counts of what happened."""
@@ -403,7 +541,7 @@ def run_lockstep(case: Case, model_dir: str, schedulers: tuple[Scheduler, Schedu
     plan = make_workload(case)
     rng = random.Random(case.seed * 104729 + 17)
     totals = {"scheduled_tokens": 0, "preempted": 0, "finished": 0, "aborted": 0, "events": 0, "hits": 0,
-              "spec_tokens": 0, "resets": 0, "zeroed": 0, "steps": 0}
+              "spec_tokens": 0, "resets": 0, "zeroed": 0, "steps": 0, "async_loads": 0, "load_failures": 0}
     # Scheduled steps whose model output has not come back yet (async scheduling).
     in_flight: list[tuple[Any, Any, ModelRunnerOutput]] = []
 
@@ -425,24 +563,33 @@ def run_lockstep(case: Case, model_dir: str, schedulers: tuple[Scheduler, Schedu
                 hc.update_draft_token_ids(copy.deepcopy(drafts))
         _check(case, step, "manager views after update", manager_views(stock), manager_views(hc))
 
-    for step in range(case.steps):
-        for spec in plan.get(step, []):
-            stock.add_request(make_request(spec, case.block_size))
-            hc.add_request(make_request(spec, case.block_size))
-        if rng.random() < case.abort_p and stock.requests:
-            victim = rng.choice(sorted(stock.requests))
-            stock.finish_requests(victim, RequestStatus.FINISHED_ABORTED)
-            hc.finish_requests(victim, RequestStatus.FINISHED_ABORTED)
-            totals["aborted"] += 1
-        if case.reset_every and step and step % case.reset_every == 0:
-            ok = stock.reset_prefix_cache(reset_running_requests=True)
-            _check(case, step, "reset_prefix_cache", ok, hc.reset_prefix_cache(reset_running_requests=True))
-            totals["resets"] += ok
+    def one_step(step: int, workload: bool) -> None:
+        if workload:
+            for spec in plan.get(step, []):
+                stock.add_request(make_request(spec, case.block_size))
+                hc.add_request(make_request(spec, case.block_size))
+            if rng.random() < case.abort_p and stock.requests:
+                victim = rng.choice(sorted(stock.requests))
+                stock.finish_requests(victim, RequestStatus.FINISHED_ABORTED)
+                hc.finish_requests(victim, RequestStatus.FINISHED_ABORTED)
+                totals["aborted"] += 1
+            if case.reset_every and step and step % case.reset_every == 0:
+                ok = stock.reset_prefix_cache(reset_running_requests=True)
+                _check(case, step, "reset_prefix_cache", ok, hc.reset_prefix_cache(reset_running_requests=True))
+                totals["resets"] += ok
 
         so_stock, so_hc = stock.schedule(), hc.schedule()
         _check(case, step, "scheduler output", norm_scheduler_output(so_stock), norm_scheduler_output(so_hc))
         _check(case, step, "manager views after schedule", manager_views(stock), manager_views(hc))
-        in_flight.append((so_stock, so_hc, simulate_model(case, so_stock, stock, rng)))
+        mro = simulate_model(case, so_stock, stock, rng)
+        if case.connector:
+            mro.kv_connector_output = connector_output(case, stock, hc, step, rng)
+            totals["async_loads"] += len(mro.kv_connector_output.finished_recving or ())
+            totals["load_failures"] += len(mro.kv_connector_output.invalid_block_ids)
+            _check(case, step, "connector log (views of the bound block pool)", stock.connector.log, hc.connector.log)
+            stock.connector.log.clear()
+            hc.connector.log.clear()
+        in_flight.append((so_stock, so_hc, mro))
         if len(in_flight) > (1 if case.async_scheduling else 0):
             finish_oldest(step)
 
@@ -452,13 +599,25 @@ def run_lockstep(case: Case, model_dir: str, schedulers: tuple[Scheduler, Schedu
         totals["finished"] += len(so_stock.finished_req_ids)
         totals["zeroed"] += len(so_stock.new_block_ids_to_zero or ())
         totals["spec_tokens"] += sum(len(v) for v in so_stock.scheduled_spec_decode_tokens.values())
+
+    for step in range(case.steps):
+        one_step(step, workload=True)
     while in_flight:
         finish_oldest(case.steps)
-    # Drain: abort everything; both pools must end equal, all blocks free but the null block.
+    # Drain: abort everything, let transfers in flight end; both pools must end
+    # equal, all blocks free but the null block.
     live = sorted(stock.requests)
     stock.finish_requests(live, RequestStatus.FINISHED_ABORTED)
     hc.finish_requests(live, RequestStatus.FINISHED_ABORTED)
+    for extra in range(1, 10):
+        c = stock.connector
+        if c is None or not (c.pending_loads or c.pending_saves or c.ready_recving or c.ready_sending):
+            break
+        one_step(case.steps + extra, workload=False)
+    while in_flight:
+        finish_oldest(case.steps + 10)
     _check(case, case.steps, "manager views after drain", manager_views(stock), manager_views(hc))
+    assert not stock.requests and not hc.requests
     assert hc.kv_cache_manager.block_pool.get_num_free_blocks() == case.num_blocks - 1
     hc.kv_cache_manager.check_invariants()
     return totals
@@ -479,18 +638,22 @@ CASES = [
          seed=5),
     Case("preemption_pressure", prefix_caching=True, events=True, num_spec=4, num_blocks=70, max_num_seqs=12,
          prompt_len=(20, 260), max_tokens=(20, 120), arrival_p=0.5, seed=6),
-    Case("hybrid_mamba_align", prefix_caching=True, events=True, mamba_align=True, num_blocks=800, seed=7,
+    Case("hybrid_mamba_align", prefix_caching=True, events=True, mamba="align", num_blocks=800, seed=7,
          reset_every=131),
-    Case("hybrid_mamba_align_spec_dynamic", prefix_caching=True, events=True, mamba_align=True, num_spec=4,
+    Case("hybrid_mamba_align_spec_dynamic", prefix_caching=True, events=True, mamba="align", num_spec=4,
          num_blocks=800, seed=8),
-    Case("hybrid_mamba_align_eagle_pressure", prefix_caching=True, events=True, mamba_align=True, num_spec=2,
+    Case("hybrid_mamba_align_eagle_pressure", prefix_caching=True, events=True, mamba="align", num_spec=2,
          eagle=True, num_blocks=90, max_num_seqs=10, prompt_len=(20, 240), arrival_p=0.5, seed=9),
     Case("no_caching_pressure", num_spec=3, num_blocks=60, max_num_seqs=12, prompt_len=(20, 260),
          max_tokens=(20, 120), arrival_p=0.5, seed=10),
     Case("async_eagle_pipelined", async_scheduling=True, prefix_caching=True, events=True, num_spec=2,
          eagle=True, num_blocks=1500, seed=11),
+    Case("kv_connector_recompute", connector="recompute", prefix_caching=True, events=True, num_blocks=160,
+         max_num_seqs=12, prompt_len=(16, 300), arrival_p=0.5, seed=13),
+    Case("kv_connector_fail_spec", connector="fail", prefix_caching=True, events=True, num_spec=3, num_blocks=160,
+         max_num_seqs=12, prompt_len=(16, 300), arrival_p=0.5, seed=14),
     Case("async_mamba_align_pressure", async_scheduling=True, prefix_caching=True, events=True,
-         mamba_align=True, num_blocks=80, max_num_seqs=10, prompt_len=(20, 240), arrival_p=0.5, seed=12),
+         mamba="align", num_blocks=80, max_num_seqs=10, prompt_len=(20, 240), arrival_p=0.5, seed=12),
 ]
 
 
@@ -515,8 +678,10 @@ def test_scheduler_lockstep(case: Case, model_dir: str) -> None:
         assert totals["preempted"] > 0
     if case.reset_every:
         assert totals["resets"] > 0
-    if case.mamba_align:
+    if case.mamba:
         assert totals["zeroed"] > 0
+    if case.connector:
+        assert totals["async_loads"] > 0 and totals["load_failures"] > 0
     print(f"{case.name}: {totals} in {time.perf_counter() - t0:.2f}s")
 
 
@@ -536,21 +701,33 @@ def test_install_uninstall_roundtrip(model_dir: str) -> None:
 
 
 def test_plugin_entry_point(monkeypatch: Any) -> None:
+    """pyproject declares the entry point; vLLM's own plugin loader, fed that
+    entry point, installs hybridcache iff HYBRIDCACHE_ENABLE=1."""
+    import importlib.metadata as md
     import tomllib
     from pathlib import Path
 
+    import vllm.plugins as plugins
+
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
-    assert pyproject["project"]["entry-points"]["vllm.general_plugins"]["hybridcache"] == "hybridcache.vllm:register"
+    value = pyproject["project"]["entry-points"][plugins.DEFAULT_PLUGINS_GROUP]["hybridcache"]
+    assert value == "hybridcache.vllm:register"
+    installed = [ep for ep in md.entry_points(group=plugins.DEFAULT_PLUGINS_GROUP) if ep.name == "hybridcache"]
+    assert all(ep.value == value for ep in installed)  # present once the package is reinstalled
+
+    ep = md.EntryPoint(name="hybridcache", value=value, group=plugins.DEFAULT_PLUGINS_GROUP)
+    monkeypatch.setattr(md, "entry_points", lambda group=None, **kw: md.EntryPoints([ep] if group == ep.group else []))
+    monkeypatch.setattr(plugins.envs, "VLLM_PLUGINS", None, raising=False)
     try:
-        monkeypatch.delenv(hc_vllm.ENABLE_ENV, raising=False)
-        hc_vllm.register()
-        assert not hc_vllm.is_installed()
-        monkeypatch.setenv(hc_vllm.ENABLE_ENV, "0")
-        hc_vllm.register()
-        assert not hc_vllm.is_installed()
-        monkeypatch.setenv(hc_vllm.ENABLE_ENV, "1")
-        hc_vllm.register()
-        assert hc_vllm.is_installed()
+        for env, expect in ((None, False), ("0", False), ("1", True)):
+            hc_vllm.uninstall()
+            if env is None:
+                monkeypatch.delenv(hc_vllm.ENABLE_ENV, raising=False)
+            else:
+                monkeypatch.setenv(hc_vllm.ENABLE_ENV, env)
+            monkeypatch.setattr(plugins, "plugins_loaded", False)
+            plugins.load_general_plugins()
+            assert hc_vllm.is_installed() is expect, env
     finally:
         hc_vllm.uninstall()
 

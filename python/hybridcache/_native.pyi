@@ -110,6 +110,12 @@ class NativeManager:
     def align_state(self, request_id: str, group: int) -> tuple[int | None, bool] | None:
         """Mamba align state of a request in a group:
         (last_state_block_idx or None, allocated), or None."""
+    def mamba_pre_copy_plan(self, request_ids: list[str], num_accepted: list[int]) -> bytearray:
+        """Pre-forward Mamba state-copy plan of this step (int32 rows of
+        `group, dst, conv_src, temp_src, bias`, little endian) for the batch
+        `request_ids`, given the worker's accepted-token counts."""
+    def mamba_post_select_plan(self, request_ids: list[str], num_draft: list[int]) -> tuple[bytearray, int]:
+        """Post-verification selection plan: (int32 rows as bytes, columns)."""
     def take_new_block_ids(self) -> list[int]: ...
     def new_step_starts(self) -> None: ...
     def ref_cnt(self, block_id: int) -> int: ...
@@ -119,3 +125,54 @@ class NativeManager:
         """Which of the given blocks carry no cached hash."""
     def free_queue(self) -> list[int]: ...
     def check_invariants(self) -> None: ...
+
+# ---- block hashing (rust/python/src/hasher.rs) ----
+from typing import final  # noqa: E402
+
+__all__ += ["BlockHasher"]
+
+# extra_keys_fn(request, start, end, mm_idx) -> (extra keys or None, mm_idx):
+# vLLM's generate_block_hash_extra_keys.
+_ExtraKeysFn: TypeAlias = Callable[[Any, int, int, int], tuple[tuple[Any, ...] | None, int]]
+
+@final
+class BlockHasher:
+    """vLLM 0.23.0's request block hasher, natively and bit-identically, for
+    hash_name "sha256_cbor", "xxhash_cbor", "sha256" or "xxhash" (others raise
+    ValueError); none_hash is vLLM's NONE_HASH. Use
+    `hybridcache.hashing.make_request_block_hasher`."""
+
+    def __new__(
+        cls,
+        hash_name: str,
+        block_size: int,
+        none_hash: bytes,
+        extra_keys_fn: _ExtraKeysFn | None = None,
+    ) -> BlockHasher: ...
+    @property
+    def hash_name(self) -> str: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def none_hash(self) -> bytes: ...
+    @property
+    def digest_size(self) -> int:
+        """Length of a block hash: 32 (sha256*) or 16 (xxhash*)."""
+    def digest(self, data: bytes) -> bytes:
+        """The hash function on already serialized bytes."""
+    def hash_block(
+        self, parent: bytes | None, token_ids: Sequence[int], extra_keys: tuple[Any, ...] | None = None
+    ) -> bytes:
+        """vLLM's `hash_block_tokens(hash_fn, parent, token_ids, extra_keys)`."""
+    def hash_blocks(
+        self,
+        token_ids: Iterable[int],
+        parent: bytes | None = None,
+        start_block: int = 0,
+        extra_keys_per_block: Sequence[tuple[Any, ...] | None] | None = None,
+    ) -> list[bytes]:
+        """Hashes of the full blocks of token_ids from block start_block on,
+        chained from parent; extra_keys_per_block has one entry per hashed block."""
+    def __call__(self, request: Any) -> list[bytes]:
+        """vLLM's `request_block_hasher(request)`: the hashes of the request's
+        new full blocks (after `len(request.block_hashes)`)."""

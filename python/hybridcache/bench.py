@@ -14,17 +14,20 @@ How it measures
 2. *Replay.* The recording is replayed against a fresh manager of each
    implementation, in the same process, alternating implementations every few
    steps (ABBA order) so machine noise hits both. Only the manager calls are
-   timed (``perf_counter_ns`` around each call); setting request state and
-   checking results happen outside the timer. An allocation result's
-   ``get_block_ids()`` is timed with its call: the scheduler reads every
-   result that way. The garbage collector is paused while timing and run
-   between step chunks (that spares vLLM, which allocates far more objects).
+   timed (``perf_counter_ns`` around each call, or ``thread_time_ns`` with
+   ``--clock thread_time``; the timer's own median cost is subtracted);
+   setting request state and checking results happen outside the timer. As
+   the scheduler does, a running request's allocation is read with
+   ``get_block_ids(allow_none=True)`` and a newly admitted one's table with
+   ``get_blocks(id).get_block_ids()``, inside the timer. The garbage
+   collector is paused while timing and run between step chunks (that spares
+   vLLM, which allocates far more objects).
 3. *Verify.* Every result of every implementation (block tables, hit
    lengths, common-prefix counts, stats, usage) and the free-block count
    after every step must equal the recording; otherwise the configuration is
    reported as diverged.
 
-Nothing here imports torch or vLLM unless vLLM is used.
+This module imports vLLM (and torch) only to compare against it.
 """
 
 from __future__ import annotations
@@ -88,6 +91,12 @@ class Workload:
     # runs dry now and then; None: 330 + 560 / sqrt(running) (usage spreads
     # less with more requests).
     pool_tokens_per_request: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.config not in CONFIGS:
+            raise ValueError(f"config must be one of {', '.join(CONFIGS)}, got {self.config!r}")
+        if self.running <= 0 or self.steps <= 0:
+            raise ValueError("running and steps must be positive")
 
     @property
     def max_num_batched_tokens(self) -> int:
@@ -229,8 +238,17 @@ class Recording:
         return sum(len(s) for s in self.steps)
 
 
+NO_BLOCKS = "no blocks"  # allocate_slots returned None
+
+
 def _ids(blocks: Any) -> Any:
-    return None if blocks is None else blocks.get_block_ids()
+    return NO_BLOCKS if blocks is None else blocks.get_block_ids()
+
+
+def _running_ids(blocks: Any) -> Any:
+    """What the scheduler reads of a running request's allocation
+    (`_make_cached_request_data`): None when no group got a new block."""
+    return NO_BLOCKS if blocks is None else blocks.get_block_ids(allow_none=True)
 
 
 class _Recorder:
@@ -298,7 +316,7 @@ class _Recorder:
         state = self._state(idx)
         decode = req.num_computed_tokens == req.num_tokens - 1
         blocks = self.m.allocate_slots(req, n, num_lookahead_tokens=0)
-        self._rec(ALLOC_RUN, idx, n, decode, state, _ids(blocks))
+        self._rec(ALLOC_RUN, idx, n, decode, state, _running_ids(blocks))
         self.counters["decode_allocs"] += decode
         return blocks
 
@@ -513,6 +531,7 @@ class _Impl:
     kind_ns: dict[str, list[int]] = field(default_factory=lambda: {k: [] for k in KINDS})
     # Calls made before the first measured step, per kind.
     kind_warmup: dict[str, int] = field(default_factory=dict)
+    timer_overhead_ns: int = 0
 
 
 def _new_impl(name: str, factory: Callable[[Workload], Any], rec: Recording) -> _Impl:
@@ -575,7 +594,7 @@ def _replay_steps(
             if code == ALLOC_RUN:
                 t0 = clock()
                 blocks = m.allocate_slots(req, a, num_lookahead_tokens=0)
-                got = None if blocks is None else blocks.get_block_ids()
+                got = NO_BLOCKS if blocks is None else blocks.get_block_ids(allow_none=True)
                 dt = clock() - t0
                 bucket = decode_ns if b else prefill_ns
             elif code == FREE:
@@ -597,8 +616,8 @@ def _replay_steps(
                 t0 = clock()
                 blocks = m.allocate_slots(req, a, num_new_computed_tokens=b, new_computed_blocks=hit_blocks,
                                           num_lookahead_tokens=0)
-                got = None if blocks is None else blocks.get_block_ids()
                 dt = clock() - t0
+                got = NO_BLOCKS if blocks is None else blocks.get_block_ids()
                 bucket = admit_ns
             elif code == GET_BLOCKS:
                 rid = reqs[idx].request_id
@@ -666,6 +685,8 @@ def replay_timed(
     impls = [_new_impl(name, factory, rec) for name, factory in factories]
     timer = CLOCKS[clock]
     overhead = timer_overhead_ns(timer)
+    for impl in impls:
+        impl.timer_overhead_ns = overhead
     n = len(rec.steps)
     gc.collect()
     was_enabled = gc.isenabled()
@@ -767,6 +788,7 @@ def run_workload(
     result["replay_seconds"] = time.perf_counter() - start
     # Every implementation equals the recording, hence each other.
     result["verified"] = True
+    result["timer_overhead_ns"] = impls[0].timer_overhead_ns
     result["impls"] = {impl.name: _impl_result(impl, w.warmup_steps) for impl in impls}
     if use_vllm:
         hc, vl = result["impls"]["hybridcache"], result["impls"]["vllm"]
@@ -934,7 +956,9 @@ def format_report(report: dict[str, Any]) -> str:
                      "than short ones. --clock thread_time counts this thread's CPU time only.")
     lines.append(
         "µs in manager calls per scheduler step (p50/p90 over the measured steps) and per call (p50 over them); "
-        "x = vLLM / hybridcache. allocate_slots includes reading its result's get_block_ids()."
+        "x = vLLM / hybridcache. decode allocate_slots includes the scheduler's get_block_ids(allow_none=True) "
+        "of its result; "
+        "the timer's own cost (median empty interval) is subtracted from every call."
     )
     cols = ["running", "steps", "preempt", "hc p50", "hc p90"]
     if vllm:
@@ -1005,6 +1029,7 @@ def plot(report: dict[str, Any], path: str) -> str | None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter
     except ImportError:
         return "matplotlib is not installed: no plot drawn (pip install matplotlib)"
     results = [r for r in report["results"] if "impls" in r]
@@ -1022,7 +1047,9 @@ def plot(report: dict[str, Any], path: str) -> str | None:
                 continue
             ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=name)
         ax.set_xscale("log")
-        ax.set_title(f"{r['config']}, {r['running']} running", fontsize=9)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ratio = (r.get("speedup") or {}).get("step_p50")
+        ax.set_title(f"{r['config']}, {r['running']} running" + (f" (p50 {ratio:.1f}x)" if ratio else ""), fontsize=9)
         ax.set_xlabel("µs of manager calls per step")
         ax.set_ylabel("fraction of steps")
         ax.grid(True, alpha=0.3)

@@ -742,6 +742,8 @@ class Driver:
             ("foreign KVCacheBlocks", lambda: hc.allocate_slots(fresh, 1, 0, KVCacheBlocks(([1],) + ([],) * (ngroups - 1), self.other))),
         ]
         if s.caching:  # without prefix caching hashes and lookups are not read
+            # Hashes are read only where a full block is cached or looked up.
+            fresh = Request(fresh.request_id, list(range(2 * s.hash_block_size + c.randint(0, 20))), s.hash_block_size)
             cases += [
                 ("str block hashes", lambda: hc.allocate_slots(clone(fresh, block_hashes=["x"] * (fresh.num_tokens // s.hash_block_size + 1)), fresh.num_tokens)),
                 ("int block hashes", lambda: hc.get_computed_blocks(clone(fresh, block_hashes=[1, 2, 3]))),

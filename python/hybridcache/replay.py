@@ -271,6 +271,8 @@ class ReplayConfig:
     # Also compare every block's ref_cnt and hash and the free-queue order
     # (vLLM's BlockPool attributes that connectors read) after every step.
     compare_pool_state: bool = True
+    # ... and after every operation (slow; for pinning down a divergence).
+    compare_pool_every_op: bool = False
     max_steps: int = 20_000
     # The resolved groups (block sizes and Mamba modes filled in).
     groups: tuple[GroupSpec, ...] = field(init=False, repr=False, compare=False)
@@ -341,6 +343,14 @@ class ReplayConfig:
         specs = {dataclasses.replace(g, is_eagle_group=False) for g in self.groups}
         if self.enable_caching and len(self.groups) > 1 and len(specs) < 2:
             raise ValueError("vLLM's hybrid coordinator needs at least two distinct group specs")
+        full_sizes = {g.block_size for g in self.groups if g.kind == "full"}
+        if self.enable_caching and len(full_sizes) > 1:
+            # vLLM 0.23.0's HybridKVCacheCoordinator.find_longest_cache_hit
+            # truncates only the first full-attention spec group to the final
+            # hit length; another one keeps longer hits, and allocate_slots
+            # then asks its BlockPool for a negative number of blocks, which
+            # corrupts the free-block count. No legal trace exists.
+            raise ValueError("vLLM 0.23.0 mishandles full attention groups of different block sizes")
         if "cross_attention" in kinds and self.enable_caching:
             raise ValueError("vLLM disables prefix caching for cross attention (encoder-decoder)")
         if "chunked_local" in kinds and self.enable_caching:
@@ -624,12 +634,21 @@ class _Fanout:
     the exception propagates unchanged (a generator bug, not a divergence).
     """
 
-    def __init__(self, managers: Sequence[Any], names: Sequence[str], seed: int):
+    def __init__(
+        self,
+        managers: Sequence[Any],
+        names: Sequence[str],
+        seed: int,
+        check_pool_every_op: bool = False,
+    ):
         self.managers = list(managers)
         self.names = list(names)
         self.seed = seed
         self.step = 0
         self.ops = 0
+        # Compare the pools after every operation (slow; pins a divergence
+        # that no return value shows to the call that caused it).
+        self.check_pool_every_op = check_pool_every_op and len(self.managers) > 1
 
     def call(
         self, op: str, fn: Callable[[Any, int], Any], norm: Callable[[Any], Any] = _same
@@ -652,6 +671,12 @@ class _Fanout:
             raise ReplayDivergence(
                 self.seed, self.step, op, list(zip(self.names, normalized))
             )
+        if self.check_pool_every_op:
+            pools = [pool_state(m) for m in self.managers]
+            if any(p != pools[0] for p in pools[1:]):
+                raise ReplayDivergence(
+                    self.seed, self.step, f"block_pool state after {op}", list(zip(self.names, pools))
+                )
         return results
 
 
@@ -1140,7 +1165,8 @@ class _Simulation:
 def _run(
     config: ReplayConfig, seed: int, managers: Sequence[Any], names: Sequence[str]
 ) -> ReplaySummary:
-    return _Simulation(config, seed, _Fanout(managers, names, seed)).run()
+    fanout = _Fanout(managers, names, seed, config.compare_pool_every_op)
+    return _Simulation(config, seed, fanout).run()
 
 
 def replay(

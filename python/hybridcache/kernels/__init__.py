@@ -43,8 +43,13 @@ For every layer ``l`` of group ``GROUP`` (byte-exact, dtype-agnostic)::
     temporal[l][DST]        <- temporal[l][TEMP_SRC]        # natural state bytes, no padding
 
 Nothing else is written (page padding, other pages, other states). ``ids_g``
-is the worker's block-id list of group ``g`` for that request (ids appended
-verbatim each step, so stale ids stay at old indices; vLLM reads exactly those).
+is the **worker's** block-id list of group ``g`` for that request: every list
+``allocate_slots`` returned, appended verbatim. It differs from the manager's
+``req_blocks``, where the manager later writes the null block over slots it
+frees (``remove_skipped_blocks``) or moves (spec-block reuse, ``single_type_kv_cache_manager.py``
+1177-1186); the worker keeps the stale ids there, and vLLM copies from exactly
+those (``ids_g[prev + BIAS]`` can be a moved spec block, even ``== DST``). A
+native planner must resolve indices against that append-only view.
 
 Emission rule = vLLM 0.23.0 ``preprocess_mamba`` (``v1/worker/mamba_utils.py``
 640-703) + ``collect_mamba_copy_meta`` (572-608) + ``get_conv_copy_spec`` /
@@ -95,16 +100,18 @@ Per candidate ``j`` (vLLM's kernel, lines 25-173, evaluated on the host), with
     else: DST_j = ids_g[dst], CONV_SRC_j = ids_g[src], TEMP_SRC_j = ids_g[src + bias], BIAS_j = bias
 
 (``a <= 1 + num_draft`` always: sampled rows have ``1 + num_draft`` valid
-slots.) A row is emitted for (request, g) iff some ``j`` has ``DST_j >= 0``.
-Candidates with only ``RESET_j`` need no row: that happens only with
-``num_draft == 0``, i.e. ``a == 1``, where ``out`` is 1 already. Inert columns
-are ``-1, -1, -1, 0, 0``.
+slots.) A row is emitted for (request, g) iff some ``j`` has ``DST_j >= 0``;
+its no-copy candidates are ``-1, -1, -1, 0, RESET_j``. A request whose
+candidates are all no-copy gets no row: its only possible ``RESET`` needs
+``src == dst`` with ``bias == 0``, i.e. ``num_draft == 0`` and ``a == 1``,
+where ``out`` is 1 already. ``RESET_j`` and ``BIAS_j`` do not depend on ``g``.
 
 Preconditions (all launches; true for vLLM's tables): within one launch no
 row's destination region overlaps another row's source or destination region,
 except a row with itself (``DST == TEMP_SRC`` is a no-op copy, ``DST ==
-CONV_SRC`` the in-place shift). Block ids and ``0 <= BIAS < R`` are validated
-only by the planners, not on the device.
+CONV_SRC`` the in-place shift). Block ids, ``GROUP`` and ``0 <= BIAS < R``
+are not checked on the device. The planners return CPU tensors: move them
+with ``plan.pin_memory().to(dev, non_blocking=True)`` (one H2D per op).
 
 Ops
 ===
@@ -140,6 +147,8 @@ from hybridcache.kernels.plan import (
     pad_plan,
     plan_from_block_tables,
     post_plan_from_block_tables,
+    native_post_plan,
+    native_pre_plan,
 )
 
 __all__ = [
@@ -155,6 +164,8 @@ __all__ = [
     "byte_views",
     "mamba_post_select",
     "mamba_pre_copy",
+    "native_post_plan",
+    "native_pre_plan",
     "pad_plan",
     "plan_from_block_tables",
     "post_plan_from_block_tables",

@@ -158,3 +158,20 @@ def pad_plan(plan: torch.Tensor, capacity: int) -> torch.Tensor:
         for j in range(k1):
             pad[:, 2 + POST_FIELDS * j : 2 + POST_FIELDS * j + 3] = -1
     return out
+
+
+def native_pre_plan(manager, request_ids: Sequence[str], num_accepted: Sequence[int]) -> torch.Tensor:
+    """This step's pre-forward plan, built by the manager from its own block
+    tables in one native call: int32 ``(N, 5)``, same format as
+    ``plan_from_block_tables``. Advances the manager's running-state indices."""
+    raw = manager.mamba_pre_copy_plan(list(request_ids), [int(a) for a in num_accepted])
+    return torch.frombuffer(raw, dtype=torch.int32).reshape(-1, PRE_COLS) if raw else torch.empty((0, PRE_COLS), dtype=torch.int32)
+
+
+def native_post_plan(manager, request_ids: Sequence[str], num_draft: Sequence[int]) -> torch.Tensor:
+    """The post-verification plan from the manager's own tables: int32
+    ``(N, 2 + 5*(k+1))``, same format as ``post_plan_from_block_tables``."""
+    raw, cols = manager.mamba_post_select_plan(list(request_ids), [int(d) for d in num_draft])
+    if not raw:
+        return torch.empty((0, cols), dtype=torch.int32)
+    return torch.frombuffer(raw, dtype=torch.int32).reshape(-1, cols)

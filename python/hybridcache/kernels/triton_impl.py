@@ -212,14 +212,19 @@ def launch(
     conv_states, temporal_states, plan, num_groups: int,
     num_accepted=None, num_accepted_out=None, *, interpret: bool = False, tuning=None,
 ) -> None:
-    """Runs the pre copy (``num_accepted is None``) or the post selection."""
+    """Runs the pre copy (``num_accepted is None``) or the post selection.
+    ``interpret=True``: Triton's CPU interpreter, CPU tensors only (tests)."""
     tu = tuning or TUNING
     post = num_accepted is not None
     prep = _prepare(conv_states, temporal_states, num_groups)
     lay = prep.lay
     dev = (conv_states or temporal_states)[0].device
     k1 = check_plan(plan, post, dev)
+    if interpret != (dev.type == "cpu"):
+        raise ValueError("the compiled kernel needs CUDA tensors; the interpreter needs CPU tensors")
     if post:
+        if num_accepted.device != dev or num_accepted_out.device != dev:
+            raise ValueError("num_accepted / num_accepted_out must be on the states' device")
         n = num_accepted.numel()
         num_accepted_out[:n].copy_(num_accepted)
     rows = plan.shape[0]

@@ -213,7 +213,9 @@ impl Coordinator {
                 } else {
                     num_tokens
                 };
-                m.allocate_new_blocks(&mut self.pool, slot, n, num_tokens_main_model)
+                let new = m.allocate_new_blocks(&mut self.pool, slot, n, num_tokens_main_model);
+                m.note_handed_out(slot, &new);
+                new
             })
             .collect()
     }

@@ -9,6 +9,7 @@ use crate::coordinator::Coordinator;
 use crate::error::{invalid, CoreError, CoreResult};
 use crate::events::PoolEvent;
 use crate::fast_hash::FxBuild;
+use crate::mamba_plan::{post_rows, pre_rows, PlanRequest, PlannerState, PreRow};
 use crate::spec::GroupSpec;
 use crate::{BlockId, ReqSlot};
 
@@ -64,6 +65,8 @@ struct RequestState {
 #[derive(Debug, Clone)]
 pub struct KvCacheManager {
     coord: Coordinator,
+    // Mamba align worker-side state for copy plans.
+    planner: PlannerState,
     max_model_len: usize,
     enable_caching: bool,
     slots: HashMap<String, ReqSlot, FxBuild>,
@@ -94,6 +97,7 @@ impl KvCacheManager {
         let coord = Coordinator::new(pool, &cfg.groups, cfg.use_eagle, cfg.scheduler_block_size)?;
         Ok(KvCacheManager {
             coord,
+            planner: PlannerState::default(),
             max_model_len: cfg.max_model_len,
             enable_caching: cfg.enable_caching,
             slots: HashMap::default(),
@@ -413,6 +417,9 @@ impl KvCacheManager {
             let hashes = &requests[slot as usize].as_ref().expect("live slot").hashes;
             coord.cache_blocks(slot, hashes, num_tokens_to_cache);
         }
+        self.planner
+            .last_step
+            .insert(slot, (total_computed, args.num_new_tokens));
         Ok(Some(new_blocks))
     }
 
@@ -471,6 +478,7 @@ impl KvCacheManager {
     pub fn free(&mut self, request_id: &str) {
         if let Some(slot) = self.slot(request_id) {
             self.coord.free(slot);
+            self.planner.forget(slot);
             self.drop_slot(slot);
         }
     }
@@ -594,6 +602,110 @@ impl KvCacheManager {
     ) -> Option<crate::manager::AlignState> {
         let slot = self.slot(request_id)?;
         self.coord.managers.get(group)?.align_state(slot)
+    }
+
+    /// Mamba align groups: (block size, speculative blocks), or None.
+    fn align_geometry(&self) -> Option<(usize, usize)> {
+        self.coord
+            .managers
+            .iter()
+            .find(|m| m.is_mamba_align())
+            .map(|m| match m.spec.kind {
+                crate::spec::SpecKind::Mamba {
+                    num_speculative_blocks,
+                    ..
+                } => (m.block_size as usize, num_speculative_blocks as usize),
+                _ => unreachable!("is_mamba_align"),
+            })
+    }
+
+    fn plan_request(&self, request_id: &str) -> CoreResult<(ReqSlot, PlanRequest<'_>)> {
+        let slot = self.slot(request_id);
+        let step = slot.and_then(|s| self.planner.last_step.get(s).copied());
+        let (Some(slot), Some((num_computed, num_scheduled))) = (slot, step) else {
+            return Err(CoreError::UnknownRequest(format!(
+                "request {request_id:?} has no allocation this step to plan Mamba copies for"
+            )));
+        };
+        let views = self
+            .coord
+            .managers
+            .iter()
+            .filter(|m| m.is_mamba_align())
+            .map(|m| m.worker_view(slot).unwrap_or(&[]))
+            .collect();
+        let prev_state_idx = self.planner.state_idx.get(slot).copied();
+        Ok((
+            slot,
+            PlanRequest {
+                views,
+                num_computed,
+                num_scheduled,
+                prev_state_idx,
+            },
+        ))
+    }
+
+    /// Pre-forward Mamba state copies of this step for `request_ids` (the
+    /// batch, in order), given the worker's accepted-token counts of the
+    /// previous step. Advances each request's running-state index; on an
+    /// error nothing is advanced.
+    pub fn mamba_pre_copy_plan(
+        &mut self,
+        request_ids: &[&str],
+        num_accepted: &[i64],
+    ) -> CoreResult<Vec<PreRow>> {
+        let Some((block_size, _)) = self.align_geometry() else {
+            return invalid("no Mamba align group: nothing to plan");
+        };
+        if request_ids.len() != num_accepted.len() {
+            return invalid(format!(
+                "num_accepted has {} entries for {} requests",
+                num_accepted.len(),
+                request_ids.len()
+            ));
+        }
+        let mut rows = Vec::new();
+        let mut updates = Vec::with_capacity(request_ids.len());
+        for (i, (rid, &a)) in request_ids.iter().zip(num_accepted).enumerate() {
+            let (slot, r) = self.plan_request(rid)?;
+            updates.push((slot, pre_rows(i, &r, a, block_size, &mut rows)?));
+        }
+        for (slot, cur) in updates {
+            self.planner.state_idx.insert(slot, cur);
+        }
+        Ok(rows)
+    }
+
+    /// Post-verification selection rows for `request_ids` (after this step's
+    /// pre plan), given each request's scheduled draft count. Flat
+    /// `[group, req, (dst, conv_src, temp_src, bias, reset) * (k + 1)]` rows.
+    pub fn mamba_post_select_plan(
+        &self,
+        request_ids: &[&str],
+        num_draft: &[usize],
+    ) -> CoreResult<(Vec<i32>, usize)> {
+        let Some((block_size, num_spec)) = self.align_geometry() else {
+            return invalid("no Mamba align group: nothing to plan");
+        };
+        if request_ids.len() != num_draft.len() {
+            return invalid(format!(
+                "num_draft has {} entries for {} requests",
+                num_draft.len(),
+                request_ids.len()
+            ));
+        }
+        let mut out = Vec::new();
+        for (i, (rid, &d)) in request_ids.iter().zip(num_draft).enumerate() {
+            let (_, r) = self.plan_request(rid)?;
+            let Some(state_idx) = r.prev_state_idx else {
+                return invalid(format!(
+                    "request {rid:?}: run the pre-copy plan of this step first"
+                ));
+            };
+            post_rows(i, &r, state_idx, d, num_spec, block_size, &mut out)?;
+        }
+        Ok((out, 2 + 5 * (num_spec + 1)))
     }
 
     pub fn take_events(&mut self) -> Vec<PoolEvent> {

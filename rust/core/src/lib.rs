@@ -3,6 +3,7 @@
 //! `python/hybridcache`, the binding in `rust/python`.
 #![forbid(unsafe_code)]
 
+pub mod block_hasher;
 pub mod block_pool;
 pub mod coordinator;
 pub mod error;
@@ -11,6 +12,7 @@ pub mod fast_hash;
 pub mod free_queue;
 pub mod hashes;
 pub mod kv_manager;
+pub mod mamba_plan;
 pub mod manager;
 pub mod prefix_map;
 pub mod slot_table;

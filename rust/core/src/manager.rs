@@ -43,6 +43,10 @@ pub struct SingleTypeManager {
     cached_this_step: HashSet<(Box<[u8]>, u32)>,
     // Mamba align mode.
     align: SlotTable<AlignState>,
+    // Mamba align: the block ids as the worker holds them (append-only: the
+    // table as first handed out, then every returned new block). The worker
+    // copies states out of ids the manager has since nulled or moved.
+    worker_view: SlotTable<Vec<BlockId>>,
 }
 
 impl SingleTypeManager {
@@ -64,7 +68,32 @@ impl SingleTypeManager {
             enable_caching,
             cached_this_step: HashSet::new(),
             align: SlotTable::default(),
+            worker_view: SlotTable::default(),
         }
+    }
+
+    /// Records what the worker received from an allocation: the whole table
+    /// on the request's first allocation, the new blocks afterwards.
+    pub fn note_handed_out(&mut self, slot: ReqSlot, new_blocks: &[BlockId]) {
+        if !self.is_align() {
+            return;
+        }
+        match self.worker_view.get_mut(slot) {
+            Some(view) => view.extend_from_slice(new_blocks),
+            None => {
+                let table = self.blocks(slot).to_vec();
+                self.worker_view.insert(slot, table);
+            }
+        }
+    }
+
+    /// The worker's view of the request's block ids (Mamba align groups).
+    pub fn worker_view(&self, slot: ReqSlot) -> Option<&[BlockId]> {
+        self.worker_view.get(slot).map(Vec::as_slice)
+    }
+
+    pub fn is_mamba_align(&self) -> bool {
+        self.is_align()
     }
 
     pub fn blocks(&self, slot: ReqSlot) -> &[BlockId] {
@@ -396,6 +425,7 @@ impl SingleTypeManager {
     /// Frees the request's blocks, tail first so tails are evicted first.
     pub fn free(&mut self, pool: &mut BlockPool, slot: ReqSlot) {
         self.align.remove(slot);
+        self.worker_view.remove(slot);
         if let Some(blocks) = self.req_to_blocks.remove(slot) {
             if matches!(self.spec.kind, SpecKind::SlidingWindow { .. }) {
                 // Scratch blocks are reused first; cached ones stay behind.

@@ -6,6 +6,7 @@
 //! `free`, `cache_blocks`) are native so a scheduler step costs one call.
 
 mod convert;
+mod hasher;
 
 use convert::{
     block_ids, count, count_obj, guard, hash_update, ids_tuple, parse_group, u32_arg, GroupTuple,
@@ -16,7 +17,7 @@ use hybridcache_core::{
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyList, PyString, PyTuple};
 
 /// An optional count: 0 when left out (or None, Python's usual "default");
 /// otherwise an int >= 0, the error naming the argument.
@@ -595,6 +596,38 @@ impl NativeManager {
             .map(|a| (a.last_state_block_idx, a.allocated))
     }
 
+    /// Pre-forward Mamba state-copy plan of this step (int32 rows of
+    /// `group, dst, conv_src, temp_src, bias`, little endian) for the batch
+    /// `request_ids`, given the worker's accepted-token counts.
+    fn mamba_pre_copy_plan<'py>(
+        &mut self,
+        py: Python<'py>,
+        request_ids: Vec<String>,
+        num_accepted: Vec<i64>,
+    ) -> PyResult<Bound<'py, PyByteArray>> {
+        let ids: Vec<&str> = request_ids.iter().map(String::as_str).collect();
+        let rows = guard(|| self.inner.mamba_pre_copy_plan(&ids, &num_accepted))?;
+        let bytes: Vec<u8> = rows
+            .iter()
+            .flatten()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        Ok(PyByteArray::new(py, &bytes))
+    }
+
+    /// Post-verification selection plan: (int32 rows as bytes, columns).
+    fn mamba_post_select_plan<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: Vec<String>,
+        num_draft: Vec<usize>,
+    ) -> PyResult<(Bound<'py, PyByteArray>, usize)> {
+        let ids: Vec<&str> = request_ids.iter().map(String::as_str).collect();
+        let (rows, cols) = guard(|| self.inner.mamba_post_select_plan(&ids, &num_draft))?;
+        let bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Ok((PyByteArray::new(py, &bytes), cols))
+    }
+
     fn take_new_block_ids(&mut self) -> Vec<u32> {
         self.inner.take_new_block_ids()
     }
@@ -642,6 +675,7 @@ impl NativeManager {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeManager>()?;
+    hasher::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,0 +1,501 @@
+//! PyO3 binding of `hybridcache_core::block_hasher`: vLLM 0.23.0's request
+//! block hasher, natively. Reads the request's attributes and converts the
+//! values; encoding and digests live in the core crate.
+//!
+//! Values the core cannot encode exactly (a token that is not a plain int in
+//! i64 range, an extra key of another type, a pickle that would reuse a memo
+//! entry or span several frames) are serialized here by Python's own
+//! `cbor2.dumps(x, canonical=True)` / `pickle.dumps(x, HIGHEST_PROTOCOL)`,
+//! as vLLM does, and digested natively; the result is the same either way.
+
+use hybridcache_core::block_hasher::{
+    BlockHashError, BlockHasher as CoreHasher, Digest, Encoding, HashFn, Key,
+};
+use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PySlice, PyString, PyTuple};
+
+use crate::convert::type_name;
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<BlockHasher>()
+}
+
+fn value_err(e: BlockHashError) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+/// `getattr(obj, name, None)`.
+fn attr_or_none<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &Bound<'py, PyString>,
+) -> PyResult<Bound<'py, PyAny>> {
+    match obj.getattr(name) {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_instance_of::<PyAttributeError>(obj.py()) => {
+            Ok(obj.py().None().into_bound(obj.py()))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads `seq[start:end]` into `out` as i64; false when an item is not an
+/// exact int in i64 range (then Python serializes the block).
+fn read_tokens(
+    seq: &Bound<'_, PyAny>,
+    start: usize,
+    end: usize,
+    out: &mut Vec<i64>,
+) -> PyResult<bool> {
+    out.clear();
+    let push = |item: Bound<'_, PyAny>, out: &mut Vec<i64>| -> bool {
+        if !item.is_exact_instance_of::<PyInt>() {
+            return false;
+        }
+        match item.extract::<i64>() {
+            Ok(v) => {
+                out.push(v);
+                true
+            }
+            Err(_) => false,
+        }
+    };
+    if let Ok(list) = seq.downcast::<PyList>() {
+        let end = end.min(list.len());
+        for i in start..end {
+            if !push(list.get_item(i)?, out) {
+                return Ok(false);
+            }
+        }
+    } else if let Ok(tuple) = seq.downcast::<PyTuple>() {
+        let end = end.min(tuple.len());
+        for i in start..end {
+            if !push(tuple.get_item(i)?, out) {
+                return Ok(false);
+            }
+        }
+    } else {
+        let end = end.min(seq.len()?);
+        for i in start..end {
+            if !push(seq.get_item(i)?, out) {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// One extra key as a core [`Key`]; None when it has no exact native
+/// encoding. `ids` collects the objects pickle would memoize.
+fn to_key(v: &Bound<'_, PyAny>, ids: &mut Vec<usize>) -> PyResult<Option<Key>> {
+    if v.is_none() {
+        return Ok(Some(Key::None));
+    }
+    if let Ok(b) = v.downcast_exact::<PyBool>() {
+        return Ok(Some(Key::Bool(b.is_true())));
+    }
+    if v.is_exact_instance_of::<PyInt>() {
+        if let Ok(i) = v.extract::<i64>() {
+            return Ok(Some(Key::Int(i as i128)));
+        }
+        return Ok(v.extract::<i128>().ok().map(Key::Int));
+    }
+    if let Ok(s) = v.downcast_exact::<PyString>() {
+        ids.push(s.as_ptr() as usize);
+        // A str with lone surrogates has no UTF-8: Python decides.
+        return Ok(s.to_str().ok().map(|s| Key::Str(s.to_owned())));
+    }
+    if let Ok(b) = v.downcast_exact::<PyBytes>() {
+        ids.push(b.as_ptr() as usize);
+        return Ok(Some(Key::Bytes(b.as_bytes().to_vec())));
+    }
+    if let Ok(t) = v.downcast_exact::<PyTuple>() {
+        return Ok(tuple_keys(t, ids)?.map(Key::Tuple));
+    }
+    Ok(None)
+}
+
+fn tuple_keys(t: &Bound<'_, PyTuple>, ids: &mut Vec<usize>) -> PyResult<Option<Vec<Key>>> {
+    if !t.is_empty() {
+        ids.push(t.as_ptr() as usize); // the empty tuple is never memoized
+    }
+    let mut keys = Vec::with_capacity(t.len());
+    for item in t.iter() {
+        match to_key(&item, ids)? {
+            Some(k) => keys.push(k),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(keys))
+}
+
+/// Scratch space reused across the blocks of one call.
+#[derive(Default)]
+struct Scratch {
+    buf: Vec<u8>,
+    tokens: Vec<i64>,
+    ids: Vec<usize>,
+}
+
+/// vLLM 0.23.0's request block hasher, bit-identical for `sha256_cbor`,
+/// `xxhash_cbor`, `sha256` and `xxhash`.
+///
+/// `BlockHasher(hash_name, block_size, none_hash, extra_keys_fn=None)`;
+/// `none_hash` is vLLM's `NONE_HASH`. Calling it with a request is
+/// `get_request_block_hasher(block_size, hash_fn)(request)`: the hashes of
+/// the request's new full blocks. Extra keys for LoRA and cache salt are
+/// built natively; for requests with multimodal features or prompt embeds
+/// `extra_keys_fn(request, start, end, mm_idx) -> (keys | None, mm_idx)`
+/// (vLLM's `generate_block_hash_extra_keys`) is called per block.
+#[pyclass(module = "hybridcache._native", name = "BlockHasher", frozen)]
+pub struct BlockHasher {
+    core: CoreHasher,
+    none_hash: Py<PyBytes>,
+    extra_keys_fn: Option<PyObject>,
+}
+
+impl BlockHasher {
+    fn hash_fn(&self) -> HashFn {
+        self.core.hash_fn()
+    }
+
+    /// vLLM's `if not parent_block_hash: parent_block_hash = NONE_HASH`.
+    fn resolve_parent<'py>(
+        &self,
+        parent: Option<&Bound<'py, PyAny>>,
+        py: Python<'py>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let Some(p) = parent else {
+            return Ok(self.none_hash.bind(py).clone().into_any());
+        };
+        let empty = match p.downcast_exact::<PyBytes>() {
+            Ok(b) => b.as_bytes().is_empty(),
+            Err(_) => !p.is_truthy()?,
+        };
+        Ok(if empty {
+            self.none_hash.bind(py).clone().into_any()
+        } else {
+            p.clone()
+        })
+    }
+
+    /// The native path; None where only Python's serializer is exact.
+    fn try_native(
+        &self,
+        s: &mut Scratch,
+        parent: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        start: usize,
+        end: usize,
+        extra: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<Digest>> {
+        let Ok(parent) = parent.downcast_exact::<PyBytes>() else {
+            return Ok(None);
+        };
+        if !read_tokens(tokens, start, end, &mut s.tokens)? {
+            return Ok(None);
+        }
+        s.ids.clear();
+        let keys = if extra.is_none() {
+            None
+        } else {
+            let Ok(t) = extra.downcast_exact::<PyTuple>() else {
+                return Ok(None);
+            };
+            match tuple_keys(t, &mut s.ids)? {
+                Some(k) => Some(k),
+                None => return Ok(None),
+            }
+        };
+        if self.hash_fn().encoding() == Encoding::Pickle && !s.ids.is_empty() {
+            // Pickle writes an object seen twice as a memo reference.
+            s.ids.push(parent.as_ptr() as usize);
+            s.ids.sort_unstable();
+            if s.ids.windows(2).any(|w| w[0] == w[1]) {
+                return Ok(None);
+            }
+        }
+        s.buf.clear();
+        match self
+            .hash_fn()
+            .encode_block(&mut s.buf, parent.as_bytes(), &s.tokens, keys.as_deref())
+        {
+            Ok(()) => Ok(Some(self.hash_fn().digest(&s.buf))),
+            Err(BlockHashError::PickleTooLarge(_)) => Ok(None),
+            Err(e) => Err(value_err(e)),
+        }
+    }
+
+    /// `hash_fn((parent, tuple(tokens[start:end]), extra))` with Python's
+    /// serializer and the native digest.
+    fn python_hash(
+        &self,
+        parent: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        start: usize,
+        end: usize,
+        extra: &Bound<'_, PyAny>,
+    ) -> PyResult<Digest> {
+        let py = parent.py();
+        let slice = PySlice::new(py, start as isize, end as isize, 1);
+        let block = py.get_type::<PyTuple>().call1((tokens.get_item(slice)?,))?;
+        let value = PyTuple::new(py, [parent.clone(), block, extra.clone()])?;
+        let data = match self.hash_fn().encoding() {
+            Encoding::Cbor => {
+                let kw = PyDict::new(py);
+                kw.set_item("canonical", true)?;
+                py.import("cbor2")?
+                    .getattr("dumps")?
+                    .call((value,), Some(&kw))?
+            }
+            Encoding::Pickle => {
+                let pickle = py.import("pickle")?;
+                let proto = pickle.getattr("HIGHEST_PROTOCOL")?;
+                pickle.getattr("dumps")?.call1((value, proto))?
+            }
+        };
+        let data = data.downcast_into::<PyBytes>()?;
+        Ok(self.hash_fn().digest(data.as_bytes()))
+    }
+
+    /// `hash_block_tokens` of `tokens[start:end]` under an already resolved parent.
+    #[allow(clippy::too_many_arguments)]
+    fn block<'py>(
+        &self,
+        py: Python<'py>,
+        s: &mut Scratch,
+        parent: &Bound<'py, PyAny>,
+        tokens: &Bound<'py, PyAny>,
+        start: usize,
+        end: usize,
+        extra: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let d = match self.try_native(s, parent, tokens, start, end, extra)? {
+            Some(d) => d,
+            None => self.python_hash(parent, tokens, start, end, extra)?,
+        };
+        Ok(PyBytes::new(py, d.as_bytes()))
+    }
+}
+
+#[pymethods]
+impl BlockHasher {
+    #[new]
+    #[pyo3(signature = (hash_name, block_size, none_hash, extra_keys_fn=None))]
+    fn new(
+        hash_name: &str,
+        block_size: i64,
+        none_hash: Bound<'_, PyBytes>,
+        extra_keys_fn: Option<PyObject>,
+    ) -> PyResult<Self> {
+        let hash_fn = HashFn::from_name(hash_name).map_err(value_err)?;
+        let block_size = usize::try_from(block_size)
+            .ok()
+            .filter(|&b| b > 0)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!("block_size must be > 0, got {block_size}"))
+            })?;
+        let core = CoreHasher::new(hash_fn, block_size, none_hash.as_bytes()).map_err(value_err)?;
+        if let Some(f) = &extra_keys_fn {
+            if !f.bind(none_hash.py()).is_callable() {
+                return Err(PyTypeError::new_err("extra_keys_fn must be callable"));
+            }
+        }
+        Ok(Self {
+            core,
+            none_hash: none_hash.unbind(),
+            extra_keys_fn,
+        })
+    }
+
+    #[getter]
+    fn hash_name(&self) -> &'static str {
+        self.hash_fn().name()
+    }
+
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.core.block_size()
+    }
+
+    #[getter]
+    fn none_hash(&self, py: Python<'_>) -> Py<PyBytes> {
+        self.none_hash.clone_ref(py)
+    }
+
+    /// Length of a block hash in bytes: 32 (sha256*) or 16 (xxhash*).
+    #[getter]
+    fn digest_size(&self) -> usize {
+        self.hash_fn().digest_len()
+    }
+
+    /// The hash function on already serialized bytes (`hashlib.sha256(data)
+    /// .digest()` or `xxhash.xxh3_128_digest(data)`).
+    fn digest<'py>(&self, py: Python<'py>, data: &[u8]) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.hash_fn().digest(data).as_bytes())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "BlockHasher({:?}, block_size={})",
+            self.hash_fn().name(),
+            self.core.block_size()
+        )
+    }
+
+    /// vLLM's `hash_block_tokens(hash_fn, parent, token_ids, extra_keys)`.
+    #[pyo3(signature = (parent, token_ids, extra_keys=None))]
+    fn hash_block<'py>(
+        &self,
+        py: Python<'py>,
+        parent: Option<&Bound<'py, PyAny>>,
+        token_ids: &Bound<'py, PyAny>,
+        extra_keys: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let parent = self.resolve_parent(parent, py)?;
+        let none = py.None().into_bound(py);
+        let extra = extra_keys.unwrap_or(&none);
+        self.block(
+            py,
+            &mut Scratch::default(),
+            &parent,
+            token_ids,
+            0,
+            token_ids.len()?,
+            extra,
+        )
+    }
+
+    /// Hashes of the full blocks of `token_ids` from block `start_block` on,
+    /// chained from `parent` (the hash of block `start_block - 1`, or None).
+    /// `extra_keys_per_block[i]` (None or a tuple) belongs to the i-th
+    /// hashed block; it must have one entry per hashed block.
+    #[pyo3(signature = (token_ids, parent=None, start_block=0, extra_keys_per_block=None))]
+    fn hash_blocks<'py>(
+        &self,
+        py: Python<'py>,
+        token_ids: &Bound<'py, PyAny>,
+        parent: Option<&Bound<'py, PyAny>>,
+        start_block: i64,
+        extra_keys_per_block: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let start_block = usize::try_from(start_block).map_err(|_| {
+            PyValueError::new_err(format!("start_block must be >= 0, got {start_block}"))
+        })?;
+        let tokens =
+            if token_ids.is_instance_of::<PyList>() || token_ids.is_instance_of::<PyTuple>() {
+                token_ids.clone()
+            } else {
+                py.get_type::<PyList>().call1((token_ids,))?
+            };
+        let bs = self.core.block_size();
+        let n = self.core.num_new_blocks(tokens.len()?, start_block);
+        if let Some(e) = extra_keys_per_block {
+            let got = e.len()?;
+            if got != n {
+                return Err(value_err(BlockHashError::ExtraKeysLength {
+                    expected: n,
+                    got,
+                }));
+            }
+        }
+        let out = PyList::empty(py);
+        let none = py.None().into_bound(py);
+        let mut parent = self.resolve_parent(parent, py)?;
+        let mut s = Scratch::default();
+        for i in 0..n {
+            let start = (start_block + i) * bs;
+            let extra = match extra_keys_per_block {
+                Some(e) => e.get_item(i)?,
+                None => none.clone(),
+            };
+            let h = self.block(py, &mut s, &parent, &tokens, start, start + bs, &extra)?;
+            out.append(&h)?;
+            parent = h.into_any();
+        }
+        Ok(out)
+    }
+
+    /// vLLM's `request_block_hasher(request)`: hashes of the request's full
+    /// blocks after `len(request.block_hashes)`, from `request.all_token_ids`
+    /// (its `_all_token_ids` list where present) and its extra keys.
+    fn __call__<'py>(
+        &self,
+        py: Python<'py>,
+        request: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let bs = self.core.block_size();
+        let out = PyList::empty(py);
+        let hashes = request.getattr(intern!(py, "block_hashes"))?;
+        let have = hashes.len()?;
+        let mut start = have * bs;
+        let num_tokens: usize = request.getattr(intern!(py, "num_tokens"))?.extract()?;
+        if start + bs > num_tokens {
+            return Ok(out); // no new full block
+        }
+        let tokens = match request.getattr(intern!(py, "_all_token_ids")) {
+            Ok(t) if t.is_instance_of::<PyList>() => t,
+            _ => request.getattr(intern!(py, "all_token_ids"))?,
+        };
+        let mut parent = if have > 0 {
+            Some(hashes.get_item(have - 1)?)
+        } else {
+            None
+        };
+
+        // vLLM's generate_block_hash_extra_keys: lora name, mm (identifier,
+        // offset) pairs, cache salt (first block), prompt-embeds digest.
+        let mm = attr_or_none(request, intern!(py, "mm_features"))?;
+        let embeds = attr_or_none(request, intern!(py, "prompt_embeds"))?;
+        let in_python = mm.is_truthy()? || !embeds.is_none();
+        let lora = attr_or_none(request, intern!(py, "lora_request"))?;
+        let lora_name = if !in_python && lora.is_truthy()? {
+            Some(lora.getattr(intern!(py, "lora_name"))?)
+        } else {
+            None
+        };
+        let salt = attr_or_none(request, intern!(py, "cache_salt"))?;
+        let salt = (!in_python && salt.is_truthy()?).then_some(salt);
+        let extra_fn = match (&self.extra_keys_fn, in_python) {
+            (Some(f), true) => Some(f.bind(py)),
+            (None, true) => {
+                return Err(PyValueError::new_err(format!(
+                    "request has multimodal features or prompt embeds ({}); \
+                     this BlockHasher was built without extra_keys_fn",
+                    type_name(request)
+                )))
+            }
+            (_, false) => None,
+        };
+        let mut mm_idx: i64 = if start > 0 { -1 } else { 0 };
+        let none = py.None().into_bound(py);
+        let mut s = Scratch::default();
+        while start + bs <= num_tokens {
+            let end = start + bs;
+            let extra = if let Some(f) = extra_fn {
+                let (keys, idx): (Bound<'py, PyAny>, i64) =
+                    f.call1((request, start, end, mm_idx))?.extract()?;
+                mm_idx = idx;
+                keys
+            } else {
+                let mut keys: Vec<Bound<'py, PyAny>> = Vec::with_capacity(2);
+                keys.extend(lora_name.iter().cloned());
+                if start == 0 {
+                    keys.extend(salt.iter().cloned());
+                }
+                if keys.is_empty() {
+                    none.clone()
+                } else {
+                    PyTuple::new(py, keys)?.into_any()
+                }
+            };
+            let p = self.resolve_parent(parent.as_ref(), py)?;
+            let h = self.block(py, &mut s, &p, &tokens, start, end, &extra)?;
+            out.append(&h)?;
+            parent = Some(h.into_any());
+            start = end;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,114 @@
+"""The `hybridcache` command: `bench --quick --json` gives sane JSON (no timing
+assertions), `replay` runs the embedded default trace, and a tampered
+recording is caught by the bench's verification."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybridcache import bench
+from hybridcache.__main__ import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _vllm_ok() -> bool:
+    version, _ = bench.load_vllm()
+    return version is not None
+
+
+def test_bench_quick_json(capsys):
+    assert main(["bench", "--quick", "--json", "--no-progress"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    with_vllm = _vllm_ok()
+    assert report["vllm"] == ("0.23.0" if with_vllm else None)
+    assert report["quick"] is True
+    results = report["results"]
+    assert [(r["config"], r["running"]) for r in results] == [
+        (c, n) for c in bench.CONFIGS for n in (64, 256)
+    ]
+    for r in results:
+        assert r["verified"] is True, r.get("divergence")
+        assert r["compared"] == (["hybridcache", "vllm"] if with_vllm else ["hybridcache"])
+        assert r["steps"] == 20 and r["ops"] > r["steps"]
+        assert 0 < r["mean_running"] <= r["running"]
+        trace = r["trace"]
+        assert trace["admitted"] > 0 and trace["decode_allocs"] > 0 and trace["hit_tokens"] >= 0
+        for name in r["compared"]:
+            impl = r["impls"][name]
+            assert impl["step"]["count"] == r["steps"]
+            assert 0 < impl["step"]["p50_us"] <= impl["step"]["p90_us"]
+            assert "step_us_all" not in impl  # per-step series stay out of the JSON
+            for kind in bench.KINDS:
+                assert kind in impl["calls"]
+            decode = impl["calls"]["decode_allocate_slots"]
+            assert decode["count"] > 0 and decode["p50_us"] >= 0
+        if with_vllm:
+            assert r["speedup"]["step_p50"] > 0
+            assert set(r["speedup"]) >= {"step_p50", "step_p90", "decode_allocate_slots", "get_computed_blocks", "free"}
+    scale = report["scale"]["hybridcache"]
+    assert scale["num_blocks"] == 100_000 and scale["build_ms"] > 0
+    assert scale["free_blocks"] == 100_000 - 1  # the null block is never free
+    if with_vllm:
+        assert report["scale"]["vllm"]["free_blocks"] == 100_000 - 1
+
+
+def test_bench_table_and_plot(tmp_path, capsys):
+    """The human-readable table, and --plot (or a clear note without matplotlib)."""
+    png = tmp_path / "steps.png"
+    args = ["bench", "--no-vllm", "--no-progress", "--running", "8", "--steps", "3", "--scale-blocks", "1000",
+            "--config", "full", "--plot", str(png)]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "full: full attention" in captured.out
+    assert "hybridcache only" in captured.out
+    assert "pool of 1,000 blocks (hybridcache)" in captured.out
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in captured.err
+    else:
+        assert png.stat().st_size > 0
+
+
+def test_bench_catches_a_wrong_block_table():
+    w = bench.Workload(config="full+swa", running=8, steps=5)
+    rec = bench.record(w)
+    step, i = next(
+        (s, i) for s, ops in enumerate(rec.steps) for i, op in enumerate(ops)
+        if op[0] == bench.ALLOC_RUN and isinstance(op[5], tuple) and any(op[5])
+    )
+    code, idx, a, b, state, expected = rec.steps[step][i]
+    tampered = tuple([*g, 999_999] for g in expected)
+    rec.steps[step][i] = (code, idx, a, b, state, tampered)
+    with pytest.raises(bench.BenchDivergence, match=f"step {step}"):
+        bench.replay_timed(rec, [("hybridcache", bench.make_hybridcache_manager)])
+
+
+def test_replay_subcommand(capsys):
+    assert main(["replay"]) == 0
+    out = capsys.readouterr().out
+    assert "ops" in out and "steps" in out and "preemptions" in out and "hit tokens" in out
+    if _vllm_ok():
+        assert "verified identical to vLLM 0.23.0" in out
+    else:
+        assert "vLLM not installed: ran hybridcache only" in out
+
+
+def test_replay_without_vllm(capsys):
+    assert main(["replay", "--no-vllm", "--requests", "40"]) == 0
+    assert "ran hybridcache only" in capsys.readouterr().out
+
+
+def test_module_entry_point():
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "hybridcache", "--help"], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "bench" in proc.stdout and "replay" in proc.stdout
