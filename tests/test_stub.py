@@ -19,7 +19,7 @@ ALLOWLIST = ROOT / "tests" / "stubtest_allowlist.txt"
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=600, cwd=ROOT
     )
 
 
