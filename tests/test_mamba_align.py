@@ -130,3 +130,24 @@ def test_draft_count_sweep_matches_vllm(mode, num_spec, name, drafts):
         ours.free(req)
         assert ref.block_pool.get_num_free_blocks() == ours.block_pool.get_num_free_blocks()
         ours.check_invariants()
+
+
+def test_external_tokens_in_align_mode_never_crash():
+    """vLLM 0.23.0 under-counts the block it gives external (connector)
+    tokens in a Mamba align group: with exactly that many free blocks it
+    passes its capacity check and then raises in the pool. hybridcache counts
+    it and answers None (the scheduler waits), state untouched."""
+    cfg = KVCacheConfig(num_blocks=7, kv_cache_groups=[
+        KVCacheGroupSpec(["attn"], FullAttentionSpec(block_size=8)),
+        KVCacheGroupSpec(["m"], MambaSpec(block_size=8, mamba_cache_mode="align")),
+    ])
+    ours = hybridcache.KVCacheManager(cfg, 1024, 8, 8)
+    req = Request("x", list(range(40)), 8)
+    before = ours.free_queue()
+    assert ours.allocate_slots(req, 8, num_external_computed_tokens=32) is None
+    assert ours.free_queue() == before and ours.get_block_ids("x") == ([], [])
+    ours.check_invariants()
+    vkm = pytest.importorskip("vllm.v1.core.kv_cache_manager")
+    ref = vkm.KVCacheManager(_vllm_config(cfg), 1024, 8, 8)
+    with pytest.raises(ValueError, match="Cannot get 1 free blocks"):
+        ref.allocate_slots(req, 8, num_external_computed_tokens=32)

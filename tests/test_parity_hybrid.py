@@ -30,7 +30,7 @@ from hybridcache.replay import (
     vllm_factory,
 )
 
-SEEDS = range(3)
+SEEDS = range(4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Cell:
     # some group is flagged "+eagle" in the mix).
     eagle: tuple[bool, ...] = (False, True)
     # Draft-count ceilings, one per seed (0: no speculative decoding).
-    drafts: tuple[int, ...] = (4, 8, 2)
+    drafts: tuple[int, ...] = (4, 8, 2, 0)
     extra: tuple[tuple[str, object], ...] = ()
 
 
@@ -52,12 +52,18 @@ CELLS = [
     Cell("full-mamba_align", "full,mamba:align"),
     # vLLM sizes num_speculative_blocks to the draft count; a larger draft
     # count (vLLM's own regression test for #39271) must work too.
-    Cell("full-mamba_align_spec2", "full,mamba:align:2", drafts=(2, 5, 1)),
-    Cell("full-mamba_all_spec2", "full,mamba:all:2", drafts=(2, 1, 2)),
+    Cell("full-mamba_align_spec2", "full,mamba:align:2", drafts=(2, 5, 1, 2)),
+    Cell("full-mamba_all_spec2", "full,mamba:all:2", drafts=(2, 1, 2, 0)),
     Cell("sw-mamba_align", "sw:64,mamba:align"),
     # Identical Mamba specs: one spec group of three KV-cache groups.
     Cell("full-mamba_align_x3", "full,mamba:align*3"),
     Cell("full-sw-mamba_align", "full,sw:64,mamba:align"),
+    # A draft model: lookahead slots without EAGLE's hit pruning.
+    Cell("draft_model-full-sw-mamba_align", "full,sw:64,mamba:align", eagle=(False,),
+         extra=(("num_lookahead_tokens", 3),)),
+    # A step budget below the window and off the block grid.
+    Cell("small_budget-full-sw-mamba_align", "full,sw:100,mamba:align",
+         extra=(("max_num_batched_tokens", 40),)),
     # Identical specs group together across the interleaving.
     Cell("interleaved", "full,sw:48,full,sw:48"),
     Cell("two_windows", "full,sw:32,sw:96"),
@@ -84,7 +90,7 @@ CELLS = [
     # Prefix caching off: vLLM forces Mamba "none" with block_size =
     # max_model_len (scheduler_block_size becomes the LCM with it).
     Cell("nocache-full-mamba", "full,mamba", caching=False),
-    Cell("nocache-full-mamba_spec2", "full,mamba:none:2", caching=False, drafts=(2, 1, 2)),
+    Cell("nocache-full-mamba_spec2", "full,mamba:none:2", caching=False, drafts=(2, 1, 2, 2)),
     Cell("nocache-full-sw", "full,sw:64", caching=False),
     Cell("nocache-full-chunked", "full,chunked:64", caching=False),
     Cell("nocache-full-sw-mamba", "full,sw:64,mamba", caching=False),
@@ -96,7 +102,7 @@ CELLS = [
 def _config(cell: Cell, eagle: bool, seed: int) -> ReplayConfig:
     """Small pools (a third above one max-length request, so allocation
     failures and preemptions are frequent) and chunked prefill."""
-    probe = ReplayConfig(
+    kwargs = dict(
         mix=cell.mix,
         num_blocks=1 << 20,
         enable_caching=cell.caching,
@@ -109,10 +115,15 @@ def _config(cell: Cell, eagle: bool, seed: int) -> ReplayConfig:
         max_prompt_len=300,
         max_shared_prefix_len=256,
         max_num_batched_tokens=128,
-        **dict(cell.extra),
     )
+    kwargs.update(cell.extra)
+    probe = ReplayConfig(**kwargs)
     need = probe.min_num_blocks()
     return probe.with_changes(num_blocks=need + 1 + need // 3)
+
+
+def _cell(name: str) -> Cell:
+    return next(c for c in CELLS if c.name == name)
 
 
 def _params():
@@ -175,8 +186,7 @@ def test_hybrid_parity_with_vllm(cell: Cell, eagle: bool, vllm_available):
 def test_hybridcache_on_vllm_config_classes(name: str, vllm_available):
     """hybridcache built on vLLM's own spec classes (duck typing) and on its
     own classes answer exactly as vLLM does."""
-    cell = next(c for c in CELLS if c.name == name)
-    cfg = _config(cell, eagle=True, seed=0)
+    cfg = _config(_cell(name), eagle=True, seed=0)
     summary = replay(
         cfg,
         7,
@@ -189,7 +199,7 @@ def test_hybridcache_on_vllm_config_classes(name: str, vllm_available):
 def test_driver_agrees_with_itself_on_hybrid(vllm_available):
     """Two vLLM managers never diverge on a hybrid trace, and a seed always
     gives the same trace (the generator needs no torch: hybridcache alone)."""
-    cfg = _config(CELLS[7], eagle=True, seed=0)
+    cfg = _config(_cell("full-sw-mamba_align"), eagle=True, seed=0)
     first = replay(cfg, 0, [vllm_factory, vllm_factory])
     again = run_single(cfg, 0, hybridcache_factory)
     assert _without_time(first) == _without_time(again)
@@ -262,7 +272,7 @@ HYBRID_LIES = {
 
 @pytest.mark.parametrize("method", sorted(HYBRID_LIES))
 def test_hybrid_divergence_is_detected(method: str, vllm_available):
-    cfg = _config(CELLS[7], eagle=False, seed=0)  # full, sw, mamba align
+    cfg = _config(_cell("full-sw-mamba_align"), eagle=False, seed=0)
     corrupt = HYBRID_LIES[method]
     liar = lambda c: _LiesOnce(vllm_factory(c), method, corrupt)  # noqa: E731
     with pytest.raises(ReplayDivergence) as info:
@@ -317,6 +327,9 @@ def test_config_resolves_block_sizes_as_vllm():
         dict(mix="full,mamba:none"),  # and "none" only without caching
         dict(mix="full,mamba:all,mamba:align"),  # one mamba_cache_mode per model
         dict(mix="full", hash_block_size=8),  # one group: hash == block size
+        # vLLM 0.23.0 truncates only the first full spec group's hit: a second
+        # full block size corrupts its pool's free count.
+        dict(mix="full@16,sw:64@16,full@32"),
         dict(mix="full,sw:64", num_blocks=20),  # a max-length request must fit
     ],
 )
@@ -344,3 +357,26 @@ def test_cli_help_and_bad_mix(capsys):
     with pytest.raises(SystemExit) as info:
         main(["--mix", "full,cross"])  # caching on: rejected with a message
     assert info.value.code == 2 and "cross attention" in capsys.readouterr().err
+
+
+def test_cli_runs_without_vllm_or_torch():
+    """The generator and hybridcache's own config classes need neither."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['vllm'] = None\n"
+        "from hybridcache.replay import main\n"
+        "raise SystemExit(main(['--mix', 'full,sw:64,mamba:align:2', '--eagle', '--requests', '15']))\n"
+    )
+    env = dict(os.environ)
+    import hybridcache
+
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(hybridcache.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "'split_trims'" in out.stdout

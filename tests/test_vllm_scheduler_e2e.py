@@ -4,12 +4,15 @@ seeded workload and simulated model outputs (sampled tokens, accepted drafts).
 Every step compares everything the scheduler hands out: scheduled requests and
 token counts, new block ids per group, num_common_prefix_blocks, preempted and
 finished ids, block ids to zero, engine-core outputs, KV events, prefix-cache
-stats, plus the manager views vLLM code reads (block_pool, coordinator).
+stats, plus the manager views vLLM code reads (block_pool, coordinator) and,
+with a scripted KV connector, what the connector sees.
 
 The schedulers are built as vLLM's tests/v1/core/utils.py `create_scheduler`
 does, except that the model is a local config.json naming a registered stub
-architecture (no hub access, no model code import), the device is "cpu", and
-hybrid (full attention + Mamba "align") configs pass their own KVCacheConfig.
+architecture (no hub access, no model code import), the device is "cpu",
+hybrid (full attention + Mamba "align") configs pass their own KVCacheConfig,
+and EAGLE is expressed by setting the speculative method after validation
+(the scheduler reads nothing else of it; no draft checkpoint is needed).
 """
 
 from __future__ import annotations
@@ -84,7 +87,8 @@ class HybridcacheStubForCausalLM(torch.nn.Module):
     def embed_input_ids(self, input_ids: Any) -> Any:
         return input_ids
 
-    def forward(self, input_ids: Any, positions: Any, intermediate_tensors: Any = None, inputs_embeds: Any = None) -> Any:
+    def forward(self, input_ids: Any, positions: Any, intermediate_tensors: Any = None,
+                inputs_embeds: Any = None) -> Any:
         return input_ids
 
     def compute_logits(self, hidden_states: Any) -> Any:

@@ -8,11 +8,11 @@ RuntimeError (broken invariant or a caught panic).
 """
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias, final
 
 from typing_extensions import disjoint_base
 
-__all__ = ["NativeManager", "__version__"]
+__all__ = ["BlockHasher", "BlockView", "KVCacheBlocks", "NativeManager", "__version__"]
 
 __version__: Final[str]
 
@@ -48,9 +48,9 @@ class NativeManager:
         use_eagle: bool,
         enable_events: bool,
     ) -> NativeManager: ...
-    def _bind_python(self, blocks_cls: type, empty: object, event_sink: Callable[[list[_RawEvent], Any], None] | None) -> None:
-        """Called once by the facade: its KVCacheBlocks class, the shared empty
-        instance, and the event sink (None when events are off)."""
+    def _bind_python(self, empty: KVCacheBlocks, event_sink: Callable[[list[_RawEvent], Any], None] | None) -> None:
+        """Called once by the facade: the shared empty KVCacheBlocks and the
+        event sink (None when events are off)."""
     @property
     def num_blocks(self) -> int: ...
     @property
@@ -127,9 +127,7 @@ class NativeManager:
     def check_invariants(self) -> None: ...
 
 # ---- block hashing (rust/python/src/hasher.rs) ----
-from typing import final  # noqa: E402
 
-__all__ += ["BlockHasher"]
 
 # extra_keys_fn(request, start, end, mm_idx) -> (extra keys or None, mm_idx):
 # vLLM's generate_block_hash_extra_keys.
@@ -176,3 +174,47 @@ class BlockHasher:
     def __call__(self, request: Any) -> list[bytes]:
         """vLLM's `request_block_hasher(request)`: the hashes of the request's
         new full blocks (after `len(request.block_hashes)`)."""
+
+
+@final
+class BlockView:
+    """vLLM's `KVCacheBlock` fields as a live, read-only view of one block."""
+
+    def __new__(cls, native: Any, block_id: int) -> BlockView: ...
+    @property
+    def block_id(self) -> int: ...
+    @property
+    def ref_cnt(self) -> int: ...
+    @property
+    def block_hash(self) -> bytes | None:
+        """vLLM's `BlockHashWithGroupId`: hash bytes + 4-byte big-endian group."""
+    @property
+    def is_null(self) -> bool: ...
+    @property
+    def _native(self) -> Any: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class KVCacheBlocks:
+    """Block ids per KV-cache group (vLLM's `KVCacheBlocks`); `blocks` builds
+    block views on demand."""
+
+    def __new__(cls, block_ids: Iterable[Iterable[int]], native: Any = None) -> KVCacheBlocks: ...
+    def get_block_ids(
+        self, allow_none: bool = False, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...] | None: ...
+    @property
+    def blocks(self) -> tuple[list[BlockView], ...]:
+        """Block views per group (vLLM's `KVCacheBlocks.blocks`)."""
+    @property
+    def _ids(self) -> tuple[list[int], ...]: ...
+    @property
+    def _native(self) -> Any: ...
+    def get_unhashed_block_ids(self) -> list[int]: ...
+    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
+        """Unhashed block ids per group, null (padding) blocks left out."""
+    def __add__(self, other: KVCacheBlocks, /) -> KVCacheBlocks: ...
+    def __radd__(self, other: KVCacheBlocks, /) -> KVCacheBlocks: ...
+    def new_empty(self) -> KVCacheBlocks: ...
+    def __eq__(self, other: object, /) -> bool: ...

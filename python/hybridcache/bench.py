@@ -160,7 +160,7 @@ def vllm_kv_cache_config(w: Workload, num_blocks: int | None = None) -> Any:
     from vllm.v1 import kv_cache_interface as iface
 
     bs = w.block_size
-    attn = dict(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    attn: dict[str, Any] = dict(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
     groups = [iface.KVCacheGroupSpec(["attn"], iface.FullAttentionSpec(**attn))]
     if w.config == "full+swa":
         groups.append(iface.KVCacheGroupSpec(["swa"], iface.SlidingWindowSpec(**attn, sliding_window=w.sliding_window)))
@@ -445,7 +445,10 @@ class _Recorder:
             num_drafts = req.num_computed_tokens - req.num_tokens
             accepted = rng.randint(0, num_drafts)
             req.num_computed_tokens -= num_drafts - accepted
-            room = min(self.max_tokens[idx] - req.num_output_tokens, w.max_model_len - 1 - w.max_drafts - req.num_tokens)
+            room = min(
+                self.max_tokens[idx] - req.num_output_tokens,
+                w.max_model_len - 1 - w.max_drafts - req.num_tokens,
+            )
             sampled = min(accepted + 1, room)
             req.append_output_token_ids(self._tokens(sampled))
             if sampled >= room:
@@ -574,7 +577,8 @@ def _replay_steps(
     bs = impl.block_size
     computed = impl.computed
     kind = impl.kind_ns
-    decode_ns, prefill_ns, admit_ns = kind["decode_allocate_slots"], kind["prefill_allocate_slots"], kind["admit_allocate_slots"]
+    decode_ns, prefill_ns = kind["decode_allocate_slots"], kind["prefill_allocate_slots"]
+    admit_ns = kind["admit_allocate_slots"]
     gcb_ns, blocks_ns, free_ns, other_ns = kind["get_computed_blocks"], kind["get_blocks"], kind["free"], kind["other"]
     warmup = rec.workload.warmup_steps
     for s in range(first, last):
@@ -724,7 +728,7 @@ def _quantile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _summary_us(values_ns: Sequence[int]) -> dict[str, float | int]:
+def _summary_us(values_ns: Sequence[int]) -> dict[str, float | int | None]:
     v = sorted(values_ns)
     if not v:
         return {"count": 0, "mean_us": None, "p50_us": None, "p90_us": None}
@@ -777,9 +781,8 @@ def run_workload(
     }
     start = time.perf_counter()
     try:
-        impls = replay_timed(
-            rec, factories, chunk_steps, clock, on_chunk=(lambda n: progress.advance(n / len(factories))) if progress else None
-        )
+        on_chunk = (lambda n: progress.advance(n / len(factories))) if progress else None
+        impls = replay_timed(rec, factories, chunk_steps, clock, on_chunk=on_chunk)
     except BenchDivergence as e:
         result["verified"] = False
         result["divergence"] = str(e)
@@ -844,9 +847,15 @@ def pool_scale(factory: Callable[[Any], Any], config: Any, num_blocks: int) -> d
 def scale_figures(use_vllm: bool, num_blocks: int = SCALE_BLOCKS) -> dict[str, Any]:
     w = Workload(config="full")
     kwargs = w.manager_kwargs()
-    out = {"hybridcache": pool_scale(lambda c: _hc_manager(c, kwargs), hybridcache_kv_cache_config(w, num_blocks), num_blocks)}
+    out = {
+        "hybridcache": pool_scale(
+            lambda c: _hc_manager(c, kwargs), hybridcache_kv_cache_config(w, num_blocks), num_blocks
+        )
+    }
     if use_vllm:
-        out["vllm"] = pool_scale(lambda c: _vllm_manager(c, kwargs), vllm_kv_cache_config(w, num_blocks), num_blocks)
+        out["vllm"] = pool_scale(
+            lambda c: _vllm_manager(c, kwargs), vllm_kv_cache_config(w, num_blocks), num_blocks
+        )
     return out
 
 
@@ -895,7 +904,9 @@ class Progress:
         try:
             from tqdm import tqdm
 
-            self._tqdm = tqdm(total=total, file=sys.stderr, leave=False, bar_format="{desc:<34} {bar} {percentage:3.0f}% {elapsed}")
+            self._tqdm = tqdm(
+                total=total, file=sys.stderr, leave=False, bar_format="{desc:<34} {bar} {percentage:3.0f}% {elapsed}"
+            )
             self.kind = "tqdm"
             return
         except ImportError:
@@ -1079,19 +1090,20 @@ def run_bench(
     from . import __version__
 
     start = time.perf_counter()
+    workloads = [Workload(config=c, running=r, steps=steps, seed=seed) for c in configs for r in runnings]
     vllm_version, note = load_vllm() if use_vllm else (None, "vLLM not used (--no-vllm)")
+    total = sum(2 * (w.warmup_steps + w.steps) for w in workloads)
+    progress = Progress(total, show_progress)
     # Everything alive now (vLLM, torch) is left out of later collections.
     gc.collect()
     gc.freeze()
-    workloads = [Workload(config=c, running=r, steps=steps, seed=seed) for c in configs for r in runnings]
-    total = sum(2 * (w.warmup_steps + w.steps) for w in workloads)
-    progress = Progress(total, show_progress)
     try:
         progress.phase(f"pool of {scale_blocks:,} blocks")
         scale = scale_figures(bool(vllm_version), scale_blocks) if scale_blocks else None
         results = [run_workload(w, bool(vllm_version), progress, clock=clock) for w in workloads]
     finally:
         progress.close()
+        gc.unfreeze()
     return {
         "hybridcache": __version__,
         "vllm": vllm_version,
@@ -1126,14 +1138,16 @@ def _int_list(text: str) -> list[int]:
 
 
 def add_arguments(parser: Any) -> None:
-    parser.add_argument("--quick", action="store_true", help="a short run: 20 measured steps, 64 and 256 running, a 100k-block pool")
+    parser.add_argument("--quick", action="store_true",
+                        help="a short run: 20 measured steps, 64 and 256 running, a 100k-block pool")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout (no table)")
     parser.add_argument("--plot", metavar="PNG", help="draw per-step latency distributions (needs matplotlib)")
     parser.add_argument("--config", action="append", choices=CONFIGS, dest="configs",
                         help="configuration to run (repeatable; default: all)")
     parser.add_argument("--running", type=str, default=None,
                         help="running-request counts, comma-separated (default 64,256,1024; --quick 64,256)")
-    parser.add_argument("--steps", type=int, default=None, help="measured steps per configuration (default 300; --quick 20)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="measured steps per configuration (default 300; --quick 20)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-vllm", action="store_true", help="run hybridcache only, even if vLLM is importable")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

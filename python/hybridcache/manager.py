@@ -101,7 +101,7 @@ class KVCacheManager(_native.NativeManager):
         self._stats_cls = prefix_cache_stats_class() if self.log_stats else None
         self.prefix_cache_stats = self._stats_cls() if self._stats_cls else None
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups), self)
-        self._bind_python(KVCacheBlocks, self.empty_kv_cache_blocks, self._on_events if builder else None)
+        self._bind_python(self.empty_kv_cache_blocks, self._on_events if builder else None)
         self.block_pool = BlockPoolView(self)
 
     @property

@@ -147,6 +147,7 @@ impl Coordinator {
         new_computed: &[Vec<BlockId>],
         num_encoder_tokens: usize,
         total_computed_tokens: usize,
+        num_external_computed_tokens: usize,
         num_tokens_main_model: usize,
         apply_admission_cap: bool,
     ) -> i64 {
@@ -162,6 +163,7 @@ impl Coordinator {
                         num_encoder_tokens,
                         &[],
                         0,
+                        0,
                         num_encoder_tokens,
                         apply_admission_cap,
                     )
@@ -172,6 +174,7 @@ impl Coordinator {
                         num_tokens,
                         nc,
                         total_computed_tokens,
+                        num_external_computed_tokens,
                         num_tokens_main_model,
                         apply_admission_cap,
                     )

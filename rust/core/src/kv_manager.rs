@@ -370,6 +370,7 @@ impl KvCacheManager {
                 new_computed,
                 args.num_encoder_tokens,
                 total_computed,
+                0,
                 full,
                 true,
             );
@@ -384,17 +385,28 @@ impl KvCacheManager {
 
         // Blocks outside the window are freed even if the allocation fails.
         self.coord.remove_skipped_blocks(slot, total_computed);
-        let need = self.coord.get_num_blocks_to_allocate(
-            slot,
-            num_tokens_need_slot,
-            new_computed,
-            args.num_encoder_tokens,
-            num_local_computed + args.num_external_computed_tokens,
-            num_tokens_main_model,
-            false,
-        );
-        let available = self.coord.pool.num_free_blocks() as i64 - args.reserved_blocks as i64;
-        if need > available {
+        let need_with_external = |external| {
+            self.coord.get_num_blocks_to_allocate(
+                slot,
+                num_tokens_need_slot,
+                new_computed,
+                args.num_encoder_tokens,
+                num_local_computed + args.num_external_computed_tokens,
+                external,
+                num_tokens_main_model,
+                false,
+            )
+        };
+        // vLLM's count decides, as in vLLM; the true count (which adds the
+        // external-token block of Mamba align groups vLLM leaves out) only
+        // turns what would crash vLLM's pool into None.
+        let need = need_with_external(0);
+        let need_true = match args.num_external_computed_tokens {
+            0 => need,
+            external => need_with_external(external),
+        };
+        let free = self.coord.pool.num_free_blocks() as i64;
+        if need > free - args.reserved_blocks as i64 || need_true > free {
             self.release_if_idle(slot);
             return Ok(None);
         }
@@ -589,6 +601,7 @@ impl KvCacheManager {
             new_computed,
             num_encoder_tokens,
             total_computed_tokens,
+            0,
             num_tokens_main_model,
             apply_admission_cap,
         ))

@@ -151,6 +151,7 @@ impl SingleTypeManager {
         num_tokens: usize,
         new_computed: &[BlockId],
         total_computed_tokens: usize,
+        num_external_computed_tokens: usize,
         num_tokens_main_model: usize,
         apply_admission_cap: bool,
     ) -> i64 {
@@ -166,13 +167,22 @@ impl SingleTypeManager {
                 }
             }
             if mode == MambaMode::Align {
+                // vLLM 0.23.0 leaves out the block it allocates for external
+                // (connector) tokens here and then fails to get it from the
+                // pool; counting it keeps the answer "None", not a crash.
+                let external = self.external_blocks(
+                    slot,
+                    new_computed,
+                    total_computed_tokens,
+                    num_external_computed_tokens,
+                );
                 return self.align_blocks_to_allocate(
                     pool,
                     slot,
                     new_computed,
                     num_tokens_main_model,
                     num_spec,
-                );
+                ) + external as i64;
             }
             num_tokens += self.block_size as usize * num_spec;
         }
@@ -197,6 +207,31 @@ impl SingleTypeManager {
             .min(new_computed.len());
         // Cache hits sitting in the free queue leave it when touched.
         (num_new + evictable(pool, &new_computed[skip_new..])) as i64
+    }
+
+    /// Blocks `allocate_new_computed_blocks` takes for external tokens.
+    fn external_blocks(
+        &self,
+        slot: ReqSlot,
+        new_computed: &[BlockId],
+        total: usize,
+        external: usize,
+    ) -> usize {
+        if external == 0 || self.is_running(slot) || self.spec.kind == SpecKind::CrossAttention {
+            return 0;
+        }
+        let skipped_tokens = self.num_skipped_tokens(total);
+        let skipped = skipped_tokens / self.block_size as usize;
+        let external = if skipped > 0 {
+            external.min(total - skipped_tokens)
+        } else {
+            external
+        };
+        if external == 0 {
+            return 0;
+        }
+        let held = self.blocks(slot).len() + skipped + new_computed.len().saturating_sub(skipped);
+        cdiv(total, self.block_size as usize).saturating_sub(held)
     }
 
     fn align_blocks_to_allocate(

@@ -131,11 +131,22 @@ fn tuple_keys(t: &Bound<'_, PyTuple>, ids: &mut Vec<usize>) -> PyResult<Option<V
 }
 
 /// Scratch space reused across the blocks of one call.
-#[derive(Default)]
 struct Scratch {
     buf: Vec<u8>,
     tokens: Vec<i64>,
     ids: Vec<usize>,
+}
+
+impl Scratch {
+    /// Room for a block of `n` tokens without growing (a key-free block
+    /// encodes to at most ~40 + 9n bytes).
+    fn for_block(n: usize) -> Self {
+        Self {
+            buf: Vec::with_capacity(64 + 9 * n),
+            tokens: Vec::with_capacity(n),
+            ids: Vec::new(),
+        }
+    }
 }
 
 /// vLLM 0.23.0's request block hasher, bit-identical for `sha256_cbor`,
@@ -358,7 +369,7 @@ impl BlockHasher {
         let extra = extra_keys.unwrap_or(&none);
         self.block(
             py,
-            &mut Scratch::default(),
+            &mut Scratch::for_block(token_ids.len()?),
             &parent,
             token_ids,
             0,
@@ -403,7 +414,7 @@ impl BlockHasher {
         let out = PyList::empty(py);
         let none = py.None().into_bound(py);
         let mut parent = self.resolve_parent(parent, py)?;
-        let mut s = Scratch::default();
+        let mut s = Scratch::for_block(bs);
         for i in 0..n {
             let start = (start_block + i) * bs;
             let extra = match extra_keys_per_block {
@@ -419,7 +430,9 @@ impl BlockHasher {
 
     /// vLLM's `request_block_hasher(request)`: hashes of the request's full
     /// blocks after `len(request.block_hashes)`, from `request.all_token_ids`
-    /// (its `_all_token_ids` list where present) and its extra keys.
+    /// and `request.num_tokens` (read as the `_all_token_ids` list and its
+    /// length where the request has one, as vLLM's and hybridcache's do) and
+    /// its extra keys.
     fn __call__<'py>(
         &self,
         py: Python<'py>,
@@ -430,14 +443,21 @@ impl BlockHasher {
         let hashes = request.getattr(intern!(py, "block_hashes"))?;
         let have = hashes.len()?;
         let mut start = have * bs;
-        let num_tokens: usize = request.getattr(intern!(py, "num_tokens"))?.extract()?;
+        // vLLM's Request.num_tokens is len(self._all_token_ids), the list
+        // behind all_token_ids: read both straight from that list.
+        let (tokens, num_tokens) = match request.getattr(intern!(py, "_all_token_ids")) {
+            Ok(t) if t.is_exact_instance_of::<PyList>() => {
+                let n = t.len()?;
+                (t, n)
+            }
+            _ => (
+                request.getattr(intern!(py, "all_token_ids"))?,
+                request.getattr(intern!(py, "num_tokens"))?.extract()?,
+            ),
+        };
         if start + bs > num_tokens {
             return Ok(out); // no new full block
         }
-        let tokens = match request.getattr(intern!(py, "_all_token_ids")) {
-            Ok(t) if t.is_instance_of::<PyList>() => t,
-            _ => request.getattr(intern!(py, "all_token_ids"))?,
-        };
         let mut parent = if have > 0 {
             Some(hashes.get_item(have - 1)?)
         } else {
@@ -470,7 +490,7 @@ impl BlockHasher {
         };
         let mut mm_idx: i64 = if start > 0 { -1 } else { 0 };
         let none = py.None().into_bound(py);
-        let mut s = Scratch::default();
+        let mut s = Scratch::for_block(bs);
         while start + bs <= num_tokens {
             let end = start + bs;
             let extra = if let Some(f) = extra_fn {

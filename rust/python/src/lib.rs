@@ -5,7 +5,10 @@
 //! (`hybridcache.KVCacheManager`); the hot methods (`allocate_slots`,
 //! `free`, `cache_blocks`) are native so a scheduler step costs one call.
 
+mod blocks;
 mod convert;
+
+use blocks::{BlockView, KVCacheBlocks};
 mod hasher;
 
 use convert::{
@@ -27,8 +30,7 @@ fn opt_count(name: &str, v: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
 
 /// Python-side collaborators the facade binds after construction.
 struct Bound_ {
-    /// The facade's `KVCacheBlocks` class and its shared empty instance.
-    blocks_cls: PyObject,
+    /// The shared empty `KVCacheBlocks` (vLLM hands out one instance).
     empty: PyObject,
     /// `sink(raw_events, request)` turns raw events into event objects.
     event_sink: Option<PyObject>,
@@ -159,19 +161,30 @@ impl NativeManager {
         }
         let py = slf.py();
         let num_blocks = this.inner.pool().num_blocks();
-        if blocks.is_instance(side.blocks_cls.bind(py))? {
-            let owner = blocks.getattr(intern!(py, "_native"))?;
-            if !owner.is_none() && !owner.is(slf) {
+        if let Ok(native) = blocks.downcast::<KVCacheBlocks>() {
+            let native = native.get();
+            if native.owner().is_some_and(|o| !o.is(slf)) {
                 return Err(PyValueError::new_err(
                     "new_computed_blocks come from another KVCacheManager",
                 ));
             }
-            return block_ids(
-                &blocks.getattr(intern!(py, "_ids"))?,
-                num_blocks,
-                "new_computed_blocks",
-            )
-            .map(Some);
+            let ids = native
+                .ids()
+                .iter()
+                .map(|g| {
+                    g.iter()
+                        .map(|&b| {
+                            u32::try_from(b).ok().filter(|&b| b < num_blocks).ok_or_else(|| {
+                                let shown = if b == i64::MIN { "that is not an int".to_string() } else { b.to_string() };
+                                PyValueError::new_err(format!(
+                                    "new_computed_blocks: block id {shown} out of range: the pool has {num_blocks} blocks"
+                                ))
+                            })
+                        })
+                        .collect::<PyResult<Vec<u32>>>()
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            return Ok(Some(ids));
         }
         // Any KVCacheBlocks-like object (vLLM's own): read block ids.
         let groups = blocks.getattr(intern!(py, "blocks")).map_err(|_| {
@@ -235,7 +248,12 @@ impl NativeManager {
         if ids.iter().all(Vec::is_empty) {
             return Ok(side.empty.clone_ref(py));
         }
-        Ok(side.blocks_cls.call1(py, (ids_tuple(py, ids)?, slf))?)
+        Ok(Bound::new(
+            py,
+            KVCacheBlocks::from_ids(ids, slf.clone().into_any().unbind()),
+        )?
+        .into_any()
+        .unbind())
     }
 }
 
@@ -281,20 +299,11 @@ impl NativeManager {
         })
     }
 
-    /// Called once by the facade: its KVCacheBlocks class, the shared empty
-    /// instance, and the event sink (None when events are off).
-    #[pyo3(signature = (blocks_cls, empty, event_sink))]
-    fn _bind_python(
-        &mut self,
-        blocks_cls: PyObject,
-        empty: PyObject,
-        event_sink: Option<PyObject>,
-    ) {
-        self.py_side = Some(Bound_ {
-            blocks_cls,
-            empty,
-            event_sink,
-        });
+    /// Called once by the facade: the shared empty KVCacheBlocks and the
+    /// event sink (None when events are off).
+    #[pyo3(signature = (empty, event_sink))]
+    fn _bind_python(&mut self, empty: PyObject, event_sink: Option<PyObject>) {
+        self.py_side = Some(Bound_ { empty, event_sink });
     }
 
     #[getter]
@@ -675,6 +684,8 @@ impl NativeManager {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeManager>()?;
+    m.add_class::<KVCacheBlocks>()?;
+    m.add_class::<BlockView>()?;
     hasher::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -1,0 +1,288 @@
+//! `KVCacheBlocks` and the block views behind its `blocks` attribute, as
+//! native classes: the result of every `allocate_slots` and its
+//! `get_block_ids()` cost one native call each, not a Python frame.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+
+/// vLLM's `KVCacheBlock` fields as a live, read-only view of one block.
+#[pyclass(module = "hybridcache._native", name = "BlockView", frozen, eq, hash)]
+pub struct BlockView {
+    owner: PyObject,
+    #[pyo3(get)]
+    block_id: i64,
+}
+
+impl PartialEq for BlockView {
+    fn eq(&self, other: &Self) -> bool {
+        self.owner.is(&other.owner) && self.block_id == other.block_id
+    }
+}
+
+impl std::hash::Hash for BlockView {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.block_id.hash(state);
+    }
+}
+
+#[pymethods]
+impl BlockView {
+    #[new]
+    fn new(native: PyObject, block_id: i64) -> Self {
+        BlockView {
+            owner: native,
+            block_id,
+        }
+    }
+
+    #[getter]
+    fn ref_cnt(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.owner.call_method1(py, "ref_cnt", (self.block_id,))
+    }
+
+    /// vLLM's `BlockHashWithGroupId`: hash bytes + 4-byte big-endian group.
+    #[getter]
+    fn block_hash<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let h = self
+            .owner
+            .call_method1(py, "block_hash", (self.block_id,))?;
+        let Some((hash, group)) = h.extract::<Option<(Vec<u8>, u32)>>(py)? else {
+            return Ok(None);
+        };
+        let mut key = hash;
+        key.extend_from_slice(&group.to_be_bytes());
+        Ok(Some(PyBytes::new(py, &key)))
+    }
+
+    #[getter]
+    fn is_null(&self) -> bool {
+        self.block_id == 0
+    }
+
+    #[getter]
+    fn _native(&self, py: Python<'_>) -> PyObject {
+        self.owner.clone_ref(py)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!(
+            "KVCacheBlock(block_id={}, ref_cnt={})",
+            self.block_id,
+            self.ref_cnt(py)?
+        ))
+    }
+}
+
+/// Block ids per KV-cache group (vLLM's `KVCacheBlocks`); `blocks` builds
+/// block views on demand.
+#[pyclass(module = "hybridcache._native", name = "KVCacheBlocks", frozen)]
+pub struct KVCacheBlocks {
+    ids: Vec<Vec<i64>>,
+    owner: Option<PyObject>,
+}
+
+impl KVCacheBlocks {
+    pub fn from_ids(ids: &[Vec<u32>], owner: PyObject) -> Self {
+        KVCacheBlocks {
+            ids: ids
+                .iter()
+                .map(|g| g.iter().map(|&b| i64::from(b)).collect())
+                .collect(),
+            owner: Some(owner),
+        }
+    }
+
+    pub fn ids(&self) -> &[Vec<i64>] {
+        &self.ids
+    }
+
+    pub fn owner(&self) -> Option<&PyObject> {
+        self.owner.as_ref()
+    }
+
+    fn groups<'py>(
+        &self,
+        py: Python<'py>,
+        group_ids: Option<Vec<usize>>,
+    ) -> PyResult<Vec<&Vec<i64>>> {
+        let _ = py;
+        match group_ids {
+            None => Ok(self.ids.iter().collect()),
+            Some(gs) => gs
+                .into_iter()
+                .map(|g| {
+                    self.ids
+                        .get(g)
+                        .ok_or_else(|| PyValueError::new_err(format!("no KV cache group {g}")))
+                })
+                .collect(),
+        }
+    }
+
+    fn unhashed(&self, py: Python<'_>, skip_null: bool) -> PyResult<Vec<Vec<i64>>> {
+        let mut out = Vec::with_capacity(self.ids.len());
+        for g in &self.ids {
+            let ids: Vec<i64> = g
+                .iter()
+                .copied()
+                .filter(|&b| !(skip_null && b == 0))
+                .collect();
+            let flags: Vec<bool> = match &self.owner {
+                Some(o) => o
+                    .call_method1(py, "unhashed", (ids.clone(),))?
+                    .extract(py)?,
+                None => vec![true; ids.len()],
+            };
+            out.push(
+                ids.into_iter()
+                    .zip(flags)
+                    .filter(|(_, u)| *u)
+                    .map(|(b, _)| b)
+                    .collect(),
+            );
+        }
+        Ok(out)
+    }
+}
+
+#[pymethods]
+impl KVCacheBlocks {
+    #[new]
+    #[pyo3(signature = (block_ids, native=None))]
+    fn new(block_ids: &Bound<'_, PyAny>, native: Option<PyObject>) -> PyResult<Self> {
+        let mut ids = Vec::new();
+        for g in block_ids.try_iter()? {
+            let mut group = Vec::new();
+            for b in g?.try_iter()? {
+                let b = b?;
+                // Out-of-range ids are kept: allocate_slots rejects them by name.
+                let id = b.extract::<i64>().unwrap_or(i64::MIN);
+                group.push(id);
+            }
+            ids.push(group);
+        }
+        Ok(KVCacheBlocks { ids, owner: native })
+    }
+
+    #[pyo3(signature = (allow_none=false, group_ids=None))]
+    fn get_block_ids<'py>(
+        &self,
+        py: Python<'py>,
+        allow_none: bool,
+        group_ids: Option<Vec<usize>>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let groups = self.groups(py, group_ids)?;
+        if allow_none && groups.iter().all(|g| g.is_empty()) {
+            return Ok(None);
+        }
+        let lists = groups
+            .iter()
+            .map(|g| PyList::new(py, g.iter()))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(Some(PyTuple::new(py, lists)?))
+    }
+
+    /// Block views per group (vLLM's `KVCacheBlocks.blocks`).
+    #[getter]
+    fn blocks<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let this = slf.get();
+        let Some(owner) = &this.owner else {
+            return Err(PyValueError::new_err(
+                "these KVCacheBlocks are not bound to a manager",
+            ));
+        };
+        let lists = this
+            .ids
+            .iter()
+            .map(|g| {
+                let views = g
+                    .iter()
+                    .map(|&b| {
+                        Bound::new(
+                            py,
+                            BlockView {
+                                owner: owner.clone_ref(py),
+                                block_id: b,
+                            },
+                        )
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                PyList::new(py, views)
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        PyTuple::new(py, lists)
+    }
+
+    #[getter]
+    fn _ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let lists = self
+            .ids
+            .iter()
+            .map(|g| PyList::new(py, g.iter()))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyTuple::new(py, lists)
+    }
+
+    #[getter]
+    fn _native(&self, py: Python<'_>) -> Option<PyObject> {
+        self.owner.as_ref().map(|o| o.clone_ref(py))
+    }
+
+    fn get_unhashed_block_ids(&self, py: Python<'_>) -> PyResult<Vec<i64>> {
+        if self.ids.len() != 1 {
+            return Err(PyValueError::new_err(
+                "get_unhashed_block_ids supports only one KV cache group",
+            ));
+        }
+        Ok(self.unhashed(py, false)?.remove(0))
+    }
+
+    /// Unhashed block ids per group, null (padding) blocks left out.
+    fn get_unhashed_block_ids_all_groups(&self, py: Python<'_>) -> PyResult<Vec<Vec<i64>>> {
+        self.unhashed(py, true)
+    }
+
+    fn __add__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+        let Ok(other) = other.downcast::<KVCacheBlocks>() else {
+            return Ok(py.NotImplemented());
+        };
+        let other = other.get();
+        let ids = self
+            .ids
+            .iter()
+            .zip(&other.ids)
+            .map(|(a, b)| a.iter().chain(b).copied().collect())
+            .collect();
+        let owner = self
+            .owner
+            .as_ref()
+            .or(other.owner.as_ref())
+            .map(|o| o.clone_ref(py));
+        Ok(Bound::new(py, KVCacheBlocks { ids, owner })?
+            .into_any()
+            .unbind())
+    }
+
+    fn new_empty(&self, py: Python<'_>) -> KVCacheBlocks {
+        KVCacheBlocks {
+            ids: vec![Vec::new(); self.ids.len()],
+            owner: self.owner.as_ref().map(|o| o.clone_ref(py)),
+        }
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .downcast::<KVCacheBlocks>()
+            .is_ok_and(|o| o.get().ids == self.ids)
+    }
+
+    fn __repr__(&self) -> String {
+        let groups: Vec<String> = self.ids.iter().map(|g| format!("{g:?}")).collect();
+        format!(
+            "KVCacheBlocks(({}))",
+            groups.join(", ") + if groups.len() == 1 { "," } else { "" }
+        )
+    }
+}
