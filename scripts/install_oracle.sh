@@ -14,7 +14,7 @@ fi
 pip_install numpy msgspec cbor2 regex cachetools psutil pydantic cloudpickle pyzmq \
   typing_extensions pyyaml packaging urllib3 aiohttp requests openai-harmony openai \
   pillow pybase64 uvloop py-cpuinfo prometheus_client xgrammar fastapi \
-  partial_json_parser llguidance gguf 'transformers<5.21' blake3 torch
+  partial_json_parser llguidance gguf 'transformers<5.21' blake3 xxhash torch
 
 # Map module names that differ from their PyPI names.
 declare -A PKG=( [zmq]=pyzmq [yaml]=pyyaml [cpuinfo]=py-cpuinfo [PIL]=pillow

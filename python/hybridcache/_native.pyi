@@ -48,9 +48,11 @@ class NativeManager:
         use_eagle: bool,
         enable_events: bool,
     ) -> NativeManager: ...
-    def _bind_python(self, empty: KVCacheBlocks, event_sink: Callable[[list[_RawEvent], Any], None] | None) -> None:
-        """Called once by the facade: the shared empty KVCacheBlocks and the
-        event sink (None when events are off)."""
+    def _bind_python(
+        self, empty: KVCacheBlocks, event_sink: Callable[[list[_RawEvent], Any], None] | None, log_stats: bool = False
+    ) -> None:
+        """Called once by the facade: the shared empty KVCacheBlocks, the event
+        sink (None when events are off) and whether lookups are counted."""
     @property
     def num_blocks(self) -> int: ...
     @property
@@ -60,9 +62,13 @@ class NativeManager:
     @property
     def num_requests(self) -> int: ...
     def num_known_hashes(self, request_id: str) -> int: ...
-    def _lookup(self, request: Any) -> tuple[tuple[list[int], ...], int]:
-        """Cache-hit lookup for `request` (hashes it lacks are stored first):
-        (block ids per group, hit tokens)."""
+    def get_computed_blocks(self, request: Any) -> tuple[KVCacheBlocks, int]:
+        """vLLM's `get_computed_blocks(request)`: the longest prefix-cache hit
+        as (KVCacheBlocks, hit tokens); the request's new hashes are stored
+        first, and the lookup is counted for prefix-cache stats."""
+    def _take_stats(self, take: bool = True) -> tuple[bool, int, int, int, int, int, int]:
+        """Prefix-cache lookup counters since the last take (reset unless `take` is False):
+        (reset, requests, queries, hits, preempted_requests, preempted_queries, preempted_hits)."""
     def allocate_slots(
         self,
         request: Any,

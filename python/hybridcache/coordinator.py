@@ -24,7 +24,7 @@ def _group_block_ids(new_computed_blocks: Any, num_groups: int) -> list[list[int
     if new_computed_blocks is None:
         return [[] for _ in range(num_groups)]
     if isinstance(new_computed_blocks, KVCacheBlocks):
-        new_computed_blocks = new_computed_blocks._ids
+        new_computed_blocks = new_computed_blocks.get_block_ids()
     groups = list(new_computed_blocks)
     if len(groups) != num_groups:
         raise ValueError(f"new_computed_blocks has {len(groups)} groups, the manager has {num_groups}")

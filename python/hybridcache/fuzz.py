@@ -451,7 +451,8 @@ class Driver:
             ext = 0
         if ext and self.s.align and not self.allow_known_bugs and not self._roomy(r.num_tokens + 4):
             # vLLM 0.23.0 bug: Mamba align does not count the blocks taken for
-            # external tokens (vLLM raises ValueError half-way, the core panics).
+            # external tokens; vLLM raises ValueError half-way through (the
+            # reference breaks), hybridcache answers None.
             self.f.known_bug_avoided += 1
             ext = 0
         async_load = ext > 0 and c.chance(0.5)

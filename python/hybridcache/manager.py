@@ -99,9 +99,8 @@ class KVCacheManager(_native.NativeManager):
         builder = EventBuilder([(g.event_kind, g.sliding_window) for g in groups]) if enable_kv_cache_events else None
         self._event_builder = builder
         self._stats_cls = prefix_cache_stats_class() if self.log_stats else None
-        self.prefix_cache_stats = self._stats_cls() if self._stats_cls else None
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups), self)
-        self._bind_python(self.empty_kv_cache_blocks, self._on_events if builder else None)
+        self._bind_python(self.empty_kv_cache_blocks, self._on_events if builder else None, self.log_stats)
         self.block_pool = BlockPoolView(self)
 
     @property
@@ -121,28 +120,24 @@ class KVCacheManager(_native.NativeManager):
     # -- vLLM API beyond the native hot path ------------------------------
 
     def make_prefix_cache_stats(self) -> Any:
+        """The prefix-cache stats since the last call (vLLM's class when
+        importable), or None when `log_stats` is off."""
+        return self._stats(take=True)
+
+    @property
+    def prefix_cache_stats(self) -> Any:
+        """The stats gathered so far (a snapshot), or None without `log_stats`."""
+        return self._stats(take=False)
+
+    def _stats(self, take: bool) -> Any:
         if not self.log_stats:
             return None
-        stats = self.prefix_cache_stats
-        self.prefix_cache_stats = self._stats_cls()
+        reset, requests, queries, hits, p_requests, p_queries, p_hits = self._take_stats(take)
+        stats = self._stats_cls()
+        stats.reset = reset
+        stats.requests, stats.queries, stats.hits = requests, queries, hits
+        stats.preempted_requests, stats.preempted_queries, stats.preempted_hits = p_requests, p_queries, p_hits
         return stats
-
-    def get_computed_blocks(self, request: Any) -> tuple[KVCacheBlocks, int]:
-        if not self.enable_caching or request.skip_reading_prefix_cache:
-            return self.empty_kv_cache_blocks, 0
-        ids, hits = self._lookup(request)
-        if self.log_stats:
-            self.prefix_cache_stats.record(
-                num_tokens=request.num_tokens, num_hits=hits, preempted=request.num_preemptions > 0
-            )
-        return self.create_kv_cache_blocks(ids), hits
-
-    def reset_prefix_cache(self) -> bool:
-        if not super().reset_prefix_cache():
-            return False
-        if self.log_stats:
-            self.prefix_cache_stats.reset = True
-        return True
 
     def take_events(self) -> list[Any]:
         events, self._events = self._events, []

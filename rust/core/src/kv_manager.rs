@@ -62,9 +62,41 @@ struct RequestState {
     hashes: Vec<Box<[u8]>>,
 }
 
+/// Prefix-cache lookup counters (vLLM's `PrefixCacheStats` fields).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LookupStats {
+    /// `reset_prefix_cache` succeeded since the last take.
+    pub reset: bool,
+    pub requests: u64,
+    pub queries: u64,
+    pub hits: u64,
+    pub preempted_requests: u64,
+    pub preempted_queries: u64,
+    pub preempted_hits: u64,
+}
+
+impl LookupStats {
+    pub fn record(&mut self, num_tokens: usize, num_hits: usize, preempted: bool) {
+        let (requests, queries, hits) = if preempted {
+            (
+                &mut self.preempted_requests,
+                &mut self.preempted_queries,
+                &mut self.preempted_hits,
+            )
+        } else {
+            (&mut self.requests, &mut self.queries, &mut self.hits)
+        };
+        *requests += 1;
+        *queries += num_tokens as u64;
+        *hits += num_hits as u64;
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct KvCacheManager {
     coord: Coordinator,
+    /// Lookup counters since the last `take_stats`.
+    pub stats: LookupStats,
     // Mamba align worker-side state for copy plans.
     planner: PlannerState,
     max_model_len: usize,
@@ -97,6 +129,7 @@ impl KvCacheManager {
         let coord = Coordinator::new(pool, &cfg.groups, cfg.use_eagle, cfg.scheduler_block_size)?;
         Ok(KvCacheManager {
             coord,
+            stats: LookupStats::default(),
             planner: PlannerState::default(),
             max_model_len: cfg.max_model_len,
             enable_caching: cfg.enable_caching,
@@ -549,7 +582,14 @@ impl KvCacheManager {
     }
 
     pub fn reset_prefix_cache(&mut self) -> bool {
-        self.coord.pool.reset_prefix_cache()
+        let ok = self.coord.pool.reset_prefix_cache();
+        self.stats.reset |= ok;
+        ok
+    }
+
+    /// The lookup counters, reset to zero.
+    pub fn take_stats(&mut self) -> LookupStats {
+        std::mem::take(&mut self.stats)
     }
 
     pub fn get_num_common_prefix_blocks(&mut self, request_id: &str) -> Vec<usize> {

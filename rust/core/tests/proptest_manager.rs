@@ -542,17 +542,6 @@ impl Machine {
                 }
                 let rest = num_tokens - hit_len;
                 let ext = (ext as usize).min(rest - 1);
-                // vLLM 0.23.0 bug (see `vllm_bug_mamba_align_external_tokens_undercount`):
-                // Mamba align does not count the blocks taken for external
-                // tokens. Only with room for any outcome, unless asked for.
-                let ext = if self.align
-                    && !known_bugs()
-                    && !self.roomy(hit_len + rest + lookahead as usize)
-                {
-                    0
-                } else {
-                    ext
-                };
                 // vLLM 0.23.0 bug (see `vllm_bug_external_tokens_take_a_later_groups_free_hit`):
                 // an earlier group's external-token blocks may pop a free hit
                 // block of a later group. Kept out unless asked for.
@@ -743,26 +732,6 @@ impl Machine {
             }
         }
         Ok(())
-    }
-
-    /// Free blocks suffice for an allocation of up to `tokens` tokens,
-    /// whatever any group's count says.
-    fn roomy(&self, tokens: usize) -> bool {
-        let (groups, _, _) = mix_groups(self.mix, self.caching);
-        let bound: usize = groups
-            .iter()
-            .map(|g| {
-                let spec = match g.kind {
-                    SpecKind::Mamba {
-                        num_speculative_blocks,
-                        ..
-                    } => num_speculative_blocks as usize,
-                    _ => 0,
-                };
-                cdiv(tokens.min(MAX_MODEL_LEN), g.block_size as usize) + spec + 1
-            })
-            .sum();
-        self.m.pool().num_free_blocks() >= bound
     }
 
     /// A prefill chunk of at most `left` tokens starting at `start`; Mamba
@@ -981,17 +950,15 @@ fn vllm_bug_external_tokens_take_a_later_groups_free_hit() {
         .expect("a block must not serve two groups");
 }
 
-/// vLLM 0.23.0 bug: in Mamba "align" mode `get_num_blocks_to_allocate`
-/// counts only `1 + num_speculative_blocks` new blocks, not the blocks
-/// `allocate_new_computed_blocks` takes for external computed tokens. When
-/// the pool is that tight, vLLM raises `ValueError: Cannot get 1 free blocks
-/// from the pool` half-way through `allocate_slots` (blocks already taken);
-/// hybridcache's core panics in `BlockPool::get_new_blocks` ("caller must
-/// check free blocks"), which the binding turns into RuntimeError. Either
-/// way the call should have returned `Ok(None)`.
+/// vLLM 0.23.0 bug, fixed in hybridcache: in Mamba "align" mode vLLM's
+/// `get_num_blocks_to_allocate` counts only `1 + num_speculative_blocks` new
+/// blocks, not the blocks `allocate_new_computed_blocks` takes for external
+/// computed tokens. With a pool that tight vLLM raises `ValueError: Cannot
+/// get 1 free blocks from the pool` half-way through `allocate_slots`
+/// (blocks already taken); the core used to panic in
+/// `BlockPool::get_new_blocks`. Now: `Ok(None)`, nothing taken.
 #[test]
-#[ignore = "vLLM 0.23.0 bug: Mamba align under-counts blocks for external tokens (core panics)"]
-fn vllm_bug_mamba_align_external_tokens_undercount() {
+fn mamba_align_external_tokens_out_of_blocks_is_none() {
     let mut m = KvCacheManager::new(ManagerConfig {
         num_blocks: 5,
         groups: vec![GroupSpec::full_attention(4), mamba(MambaMode::Align, 0, 4)],

@@ -41,6 +41,8 @@ struct Bound_ {
 struct NativeManager {
     inner: KvCacheManager,
     enable_caching: bool,
+    /// Count lookups for prefix-cache stats (vLLM's `log_stats`).
+    log_stats: bool,
     py_side: Option<Bound_>,
 }
 
@@ -295,15 +297,17 @@ impl NativeManager {
         Ok(NativeManager {
             inner: guard(|| KvCacheManager::new(cfg))?,
             enable_caching,
+            log_stats: false,
             py_side: None,
         })
     }
 
-    /// Called once by the facade: the shared empty KVCacheBlocks and the
-    /// event sink (None when events are off).
-    #[pyo3(signature = (empty, event_sink))]
-    fn _bind_python(&mut self, empty: PyObject, event_sink: Option<PyObject>) {
+    /// Called once by the facade: the shared empty KVCacheBlocks, the event
+    /// sink (None when events are off) and whether lookups are counted.
+    #[pyo3(signature = (empty, event_sink, log_stats=false))]
+    fn _bind_python(&mut self, empty: PyObject, event_sink: Option<PyObject>, log_stats: bool) {
         self.py_side = Some(Bound_ { empty, event_sink });
+        self.log_stats = log_stats;
     }
 
     #[getter]
@@ -330,32 +334,72 @@ impl NativeManager {
         self.inner.num_known_hashes(request_id)
     }
 
-    /// Cache-hit lookup for `request` (hashes it lacks are stored first):
-    /// (block ids per group, hit tokens).
-    fn _lookup<'py>(
-        &mut self,
-        py: Python<'py>,
+    /// vLLM's `get_computed_blocks(request)`: the longest prefix-cache hit
+    /// as (KVCacheBlocks, hit tokens); the request's new hashes are stored
+    /// first, and the lookup is counted for prefix-cache stats.
+    fn get_computed_blocks<'py>(
+        slf: &Bound<'py, Self>,
         request: &Bound<'py, PyAny>,
-    ) -> PyResult<(Bound<'py, PyTuple>, usize)> {
+    ) -> PyResult<(PyObject, usize)> {
+        let py = slf.py();
+        let empty = || -> PyResult<PyObject> { Ok(slf.borrow().py_side()?.empty.clone_ref(py)) };
+        if !slf.borrow().enable_caching
+            || request
+                .getattr(intern!(py, "skip_reading_prefix_cache"))?
+                .is_truthy()?
+        {
+            return Ok((empty()?, 0));
+        }
         let rid = request_id(request)?;
         let rid = rid.to_str()?;
         let num_tokens = count_obj(
             "request.num_tokens",
             &request.getattr(intern!(py, "num_tokens"))?,
         )?;
-        let update = self.pending_hashes(request, rid)?;
-        let (blocks, hit) = guard(|| {
-            if num_tokens == 0 {
-                return Err(CoreError::InvalidArgument(format!(
-                    "request {rid:?} has no tokens"
-                )));
+        let (blocks, hit) = {
+            let mut this = slf.borrow_mut();
+            let update = this.pending_hashes(request, rid)?;
+            let (blocks, hit) = guard(|| {
+                if num_tokens == 0 {
+                    return Err(CoreError::InvalidArgument(format!(
+                        "request {rid:?} has no tokens"
+                    )));
+                }
+                if let Some(u) = update {
+                    this.inner.sync_hashes(rid, u.offset, u.hashes)?;
+                }
+                this.inner.get_computed_blocks(rid, num_tokens)
+            })?;
+            if this.log_stats {
+                let preempted = count_obj(
+                    "request.num_preemptions",
+                    &request.getattr(intern!(py, "num_preemptions"))?,
+                )? > 0;
+                this.inner.stats.record(num_tokens, hit, preempted);
             }
-            if let Some(u) = update {
-                self.inner.sync_hashes(rid, u.offset, u.hashes)?;
-            }
-            self.inner.get_computed_blocks(rid, num_tokens)
-        })?;
-        Ok((ids_tuple(py, &blocks)?, hit))
+            (blocks, hit)
+        };
+        Ok((Self::make_blocks(slf, &blocks)?, hit))
+    }
+
+    /// Prefix-cache lookup counters since the last call, reset:
+    /// (reset, requests, queries, hits, preempted_requests, preempted_queries, preempted_hits).
+    #[pyo3(signature = (take=true))]
+    fn _take_stats(&mut self, take: bool) -> (bool, u64, u64, u64, u64, u64, u64) {
+        let s = if take {
+            self.inner.take_stats()
+        } else {
+            self.inner.stats
+        };
+        (
+            s.reset,
+            s.requests,
+            s.queries,
+            s.hits,
+            s.preempted_requests,
+            s.preempted_queries,
+            s.preempted_hits,
+        )
     }
 
     /// vLLM 0.23.0's `KVCacheManager.allocate_slots`.
