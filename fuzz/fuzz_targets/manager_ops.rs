@@ -66,36 +66,90 @@ fn cdiv(a: usize, b: usize) -> usize {
 
 fn sw(window: u32, bs: u32) -> GroupSpec {
     let mut g = GroupSpec::new(SpecKind::SlidingWindow { window }, bs);
-    g.admission_cap = Some(cdiv((window as usize - 1 + MAX_MODEL_LEN).min(MAX_MODEL_LEN), bs as usize) + 1);
+    g.admission_cap = Some(
+        cdiv(
+            (window as usize - 1 + MAX_MODEL_LEN).min(MAX_MODEL_LEN),
+            bs as usize,
+        ) + 1,
+    );
     g
 }
 
 fn chunked(chunk: u32, bs: u32) -> GroupSpec {
     let mut g = GroupSpec::new(SpecKind::ChunkedLocal { chunk }, bs);
-    g.admission_cap = Some(cdiv((chunk as usize + MAX_MODEL_LEN).min(MAX_MODEL_LEN), bs as usize));
+    g.admission_cap = Some(cdiv(
+        (chunk as usize + MAX_MODEL_LEN).min(MAX_MODEL_LEN),
+        bs as usize,
+    ));
     g
 }
 
 fn mamba(mode: MambaMode, num_spec: u32, bs: u32) -> GroupSpec {
-    GroupSpec::new(SpecKind::Mamba { mode, num_speculative_blocks: num_spec }, bs)
+    GroupSpec::new(
+        SpecKind::Mamba {
+            mode,
+            num_speculative_blocks: num_spec,
+        },
+        bs,
+    )
 }
 
 /// (groups, scheduler_block_size, hash_block_size)
 fn mix(i: usize, caching: bool, b: &mut Bytes) -> (Vec<GroupSpec>, u32, u32) {
-    let align = if caching { MambaMode::Align } else { MambaMode::None };
+    let align = if caching {
+        MambaMode::Align
+    } else {
+        MambaMode::None
+    };
     match i {
         0 => (vec![GroupSpec::full_attention(4)], 4, 4),
-        1 => (vec![GroupSpec::full_attention(4), sw(3 + b.below(12) as u32, [4, 8][b.below(2)])], 8, 4),
-        2 => (vec![GroupSpec::full_attention(4), mamba(align, 1 + b.below(3) as u32, 8)], 8, 4),
+        1 => (
+            vec![
+                GroupSpec::full_attention(4),
+                sw(3 + b.below(12) as u32, [4, 8][b.below(2)]),
+            ],
+            8,
+            4,
+        ),
+        2 => (
+            vec![
+                GroupSpec::full_attention(4),
+                mamba(align, 1 + b.below(3) as u32, 8),
+            ],
+            8,
+            4,
+        ),
         3 => {
-            let mode = if caching { [MambaMode::All, MambaMode::Align][b.below(2)] } else { MambaMode::None };
-            (vec![sw(2 + b.below(9) as u32, 4), mamba(mode, b.below(2) as u32, 4)], 4, 4)
+            let mode = if caching {
+                [MambaMode::All, MambaMode::Align][b.below(2)]
+            } else {
+                MambaMode::None
+            };
+            (
+                vec![
+                    sw(2 + b.below(9) as u32, 4),
+                    mamba(mode, b.below(2) as u32, 4),
+                ],
+                4,
+                4,
+            )
         }
         4 => {
             let m = mamba(align, b.below(3) as u32, 4);
-            (vec![GroupSpec::full_attention(4), m.clone(), m.clone(), m], 4, 4)
+            (
+                vec![GroupSpec::full_attention(4), m.clone(), m.clone(), m],
+                4,
+                4,
+            )
         }
-        _ => (vec![GroupSpec::full_attention(4), chunked([8, 16][b.below(2)], 4)], 8, 4),
+        _ => (
+            vec![
+                GroupSpec::full_attention(4),
+                chunked([8, 16][b.below(2)], 4),
+            ],
+            8,
+            4,
+        ),
     }
 }
 
@@ -130,7 +184,12 @@ struct Req {
     st: St,
 }
 
-type Snap = (Vec<u32>, Vec<i32>, Vec<Option<(Vec<u8>, u32)>>, Vec<Vec<Vec<u32>>>);
+type Snap = (
+    Vec<u32>,
+    Vec<i32>,
+    Vec<Option<(Vec<u8>, u32)>>,
+    Vec<Vec<Vec<u32>>>,
+);
 
 fn snap(m: &KvCacheManager, reqs: &[Req]) -> Snap {
     let p = m.pool();
@@ -138,7 +197,9 @@ fn snap(m: &KvCacheManager, reqs: &[Req]) -> Snap {
     (
         p.free_queue().collect(),
         (0..n).map(|b| p.ref_cnt(b)).collect(),
-        (0..n).map(|b| p.block_hash(b).map(|(h, g)| (h.to_vec(), g))).collect(),
+        (0..n)
+            .map(|b| p.block_hash(b).map(|(h, g)| (h.to_vec(), g)))
+            .collect(),
         reqs.iter().map(|r| m.get_block_ids(&r.id)).collect(),
     )
 }
@@ -161,11 +222,16 @@ impl Fuzz {
         }
         let all = block_hashes(&self.reqs[i].tokens, self.hbs);
         let known = self.m.num_known_hashes(&self.reqs[i].id);
-        (all.len() > known).then(|| HashUpdate { offset: known, hashes: all[known..].to_vec() })
+        (all.len() > known).then(|| HashUpdate {
+            offset: known,
+            hashes: all[known..].to_vec(),
+        })
     }
 
     fn pick(&self, b: &mut Bytes, want: impl Fn(&Req) -> bool) -> Option<usize> {
-        let c: Vec<usize> = (0..self.reqs.len()).filter(|&i| want(&self.reqs[i])).collect();
+        let c: Vec<usize> = (0..self.reqs.len())
+            .filter(|&i| want(&self.reqs[i]))
+            .collect();
         (!c.is_empty()).then(|| c[b.below(c.len())])
     }
 
@@ -173,7 +239,11 @@ impl Fuzz {
         let mut n = (1 + b.below(left.max(1))).min(left);
         if self.align && n < left {
             let end = (start + n) / self.sbs * self.sbs;
-            n = if end > start { end - start } else { left.min(self.sbs - start % self.sbs) };
+            n = if end > start {
+                end - start
+            } else {
+                left.min(self.sbs - start % self.sbs)
+            };
         }
         n.max(1)
     }
@@ -181,13 +251,18 @@ impl Fuzz {
     fn allocate(&mut self, i: usize, args: &AllocateArgs) -> Option<Vec<Vec<u32>>> {
         let id = self.reqs[i].id.clone();
         let before = snap(&self.m, &self.reqs);
-        let total = (args.num_computed_tokens + args.num_new_computed_tokens + args.num_external_computed_tokens)
+        let total = (args.num_computed_tokens
+            + args.num_new_computed_tokens
+            + args.num_external_computed_tokens)
             .min(MAX_MODEL_LEN);
         let gate = args.full_sequence_must_fit && {
             let full = args.num_tokens.min(MAX_MODEL_LEN);
             let empty = vec![Vec::new(); self.m.num_groups()];
             let nc = args.new_computed_blocks.unwrap_or(&empty);
-            let need = self.m.get_num_blocks_to_allocate(&id, full, nc, 0, total, full, true).unwrap();
+            let need = self
+                .m
+                .get_num_blocks_to_allocate(&id, full, nc, 0, total, full, true)
+                .unwrap();
             need > self.m.pool().num_free_blocks() as i64
         };
         let expected = if gate {
@@ -203,10 +278,16 @@ impl Fuzz {
             .allocate_slots(&id, args, update)
             .unwrap_or_else(|e| panic!("allocate_slots({id}, {args:?}) -> Err({e})"));
         match &out {
-            None => assert!(snap(&self.m, &self.reqs) == expected, "Ok(None) changed state"),
+            None => assert!(
+                snap(&self.m, &self.reqs) == expected,
+                "Ok(None) changed state"
+            ),
             Some(new) => {
                 for (g, (n, t)) in new.iter().zip(self.m.get_block_ids(&id)).enumerate() {
-                    assert!(t.ends_with(n), "group {g}: table {t:?} does not end with {n:?}");
+                    assert!(
+                        t.ends_with(n),
+                        "group {g}: table {t:?} does not end with {n:?}"
+                    );
                     if !matches!(self.groups[g].kind, SpecKind::Mamba { .. }) {
                         assert!(!n.contains(&NULL_BLOCK), "null block handed out");
                     }
@@ -224,8 +305,13 @@ impl Fuzz {
                 }
                 let prefix: &[u32] = match b.below(4) {
                     0 => &[],
-                    1 => &[11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26],
-                    2 => &[11, 12, 13, 14, 15, 16, 17, 18, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51],
+                    1 => &[
+                        11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26,
+                    ],
+                    2 => &[
+                        11, 12, 13, 14, 15, 16, 17, 18, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50,
+                        51,
+                    ],
                     _ => &[60, 61, 62, 63, 64, 65, 66, 67],
                 };
                 let mut tokens = prefix.to_vec();
@@ -239,11 +325,18 @@ impl Fuzz {
                 let id = format!("r{}", self.next % 14);
                 self.next += 1;
                 if !self.reqs.iter().any(|r| r.id == id) {
-                    self.reqs.push(Req { id, tokens, computed: 0, st: St::Waiting });
+                    self.reqs.push(Req {
+                        id,
+                        tokens,
+                        computed: 0,
+                        st: St::Waiting,
+                    });
                 }
             }
             2 | 3 => {
-                let Some(i) = self.pick(b, |r| r.st == St::Waiting) else { return };
+                let Some(i) = self.pick(b, |r| r.st == St::Waiting) else {
+                    return;
+                };
                 let id = self.reqs[i].id.clone();
                 let num_tokens = self.reqs[i].tokens.len();
                 let (hit, n) = if self.caching && b.bit() {
@@ -256,16 +349,27 @@ impl Fuzz {
                 };
                 assert!(n < num_tokens);
                 let rest = num_tokens - n;
-                let mut ext = if b.below(4) == 0 { b.below(12).min(rest - 1) } else { 0 };
-                let later_free_hit =
-                    hit.iter().skip(1).flatten().any(|&x| x != NULL_BLOCK && self.m.pool().ref_cnt(x) == 0);
+                let mut ext = if b.below(4) == 0 {
+                    b.below(12).min(rest - 1)
+                } else {
+                    0
+                };
+                let later_free_hit = hit
+                    .iter()
+                    .skip(1)
+                    .flatten()
+                    .any(|&x| x != NULL_BLOCK && self.m.pool().ref_cnt(x) == 0);
                 // vLLM 0.23.0 bug the core reproduces: an earlier group's external-token
                 // blocks may pop a later group's free hit block.
                 if !KNOWN_BUGS && later_free_hit {
                     ext = 0;
                 }
                 let async_load = ext > 0 && b.bit();
-                let new = if async_load { 0 } else { self.chunk(b, n + ext, rest - ext) };
+                let new = if async_load {
+                    0
+                } else {
+                    self.chunk(b, n + ext, rest - ext)
+                };
                 let any_hit = hit.iter().any(|g| !g.is_empty());
                 let args = AllocateArgs {
                     num_new_tokens: new,
@@ -293,12 +397,18 @@ impl Fuzz {
                 }
             }
             4..=6 => {
-                let Some(i) = self.pick(b, |r| r.st == St::Running) else { return };
+                let Some(i) = self.pick(b, |r| r.st == St::Running) else {
+                    return;
+                };
                 let (num_tokens, computed) = (self.reqs[i].tokens.len(), self.reqs[i].computed);
                 let left = num_tokens - computed;
                 let decode = left == 1;
                 let k = if decode { b.below(9) } else { 0 };
-                let new = if decode { 1 + k } else { self.chunk(b, computed, left) };
+                let new = if decode {
+                    1 + k
+                } else {
+                    self.chunk(b, computed, left)
+                };
                 if computed + new >= MAX_MODEL_LEN - 1 || num_tokens + k + 2 >= MAX_MODEL_LEN {
                     self.m.free(&self.reqs[i].id);
                     self.reqs.remove(i);
@@ -317,7 +427,8 @@ impl Fuzz {
                     if decode {
                         let acc = b.below(k + 1);
                         r.computed += 1 + acc;
-                        r.tokens.extend(std::iter::repeat_n(100 + (acc as u32 % 3), acc + 1));
+                        r.tokens
+                            .extend(std::iter::repeat_n(100 + (acc as u32 % 3), acc + 1));
                     } else {
                         r.computed += new;
                         if r.computed == num_tokens {
@@ -327,10 +438,16 @@ impl Fuzz {
                 }
             }
             7 => {
-                let Some(i) = self.pick(b, |r| matches!(r.st, St::Loading(_))) else { return };
-                let St::Loading(target) = self.reqs[i].st else { unreachable!() };
+                let Some(i) = self.pick(b, |r| matches!(r.st, St::Loading(_))) else {
+                    return;
+                };
+                let St::Loading(target) = self.reqs[i].st else {
+                    unreachable!()
+                };
                 let update = self.update(i);
-                self.m.cache_blocks(&self.reqs[i].id, target, update).unwrap();
+                self.m
+                    .cache_blocks(&self.reqs[i].id, target, update)
+                    .unwrap();
                 self.reqs[i].computed = target;
                 self.reqs[i].st = St::Running;
             }
@@ -356,18 +473,24 @@ impl Fuzz {
             }
             10 => match b.below(4) {
                 0 => {
-                    let all_free = self.m.pool().num_free_blocks() + 1 == self.m.pool().num_blocks() as usize;
+                    let all_free =
+                        self.m.pool().num_free_blocks() + 1 == self.m.pool().num_blocks() as usize;
                     assert_eq!(self.m.reset_prefix_cache(), all_free);
                 }
                 1 => self.m.new_step_starts(),
                 _ => {
-                    let Some(i) = self.pick(b, |r| r.st == St::Running) else { return };
+                    let Some(i) = self.pick(b, |r| r.st == St::Running) else {
+                        return;
+                    };
                     let total = self.reqs[i].computed.saturating_sub(b.below(6));
-                    self.m.remove_skipped_blocks(&self.reqs[i].id.clone(), total);
+                    self.m
+                        .remove_skipped_blocks(&self.reqs[i].id.clone(), total);
                 }
             },
             _ => {
-                let Some(i) = self.pick(b, |r| r.st == St::Running) else { return };
+                let Some(i) = self.pick(b, |r| r.st == St::Running) else {
+                    return;
+                };
                 let id = self.reqs[i].id.clone();
                 if b.bit() {
                     let n = self.reqs[i].computed.saturating_sub(b.below(6));
@@ -389,7 +512,15 @@ fuzz_target!(|data: &[u8]| {
     let (groups, sbs, hbs) = mix(mix_id, caching, &mut b);
     let num_blocks = 6 + b.below(34) as u32;
     let eagle = b.below(4) == 0;
-    let align = groups.iter().any(|g| matches!(g.kind, SpecKind::Mamba { mode: MambaMode::Align, .. }));
+    let align = groups.iter().any(|g| {
+        matches!(
+            g.kind,
+            SpecKind::Mamba {
+                mode: MambaMode::Align,
+                ..
+            }
+        )
+    });
     let m = KvCacheManager::new(ManagerConfig {
         num_blocks,
         groups: groups.clone(),
@@ -402,7 +533,16 @@ fuzz_target!(|data: &[u8]| {
         enable_events: b.bit(),
     })
     .expect("valid config");
-    let mut f = Fuzz { m, groups, caching, align, hbs: hbs as usize, sbs: sbs as usize, reqs: Vec::new(), next: 0 };
+    let mut f = Fuzz {
+        m,
+        groups,
+        caching,
+        align,
+        hbs: hbs as usize,
+        sbs: sbs as usize,
+        reqs: Vec::new(),
+        next: 0,
+    };
     let mut steps = 0;
     while !b.done() && steps < 400 {
         f.op(&mut b);

@@ -108,6 +108,7 @@ class Setup:
 def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
     """A random configuration of `mix` that vLLM 0.23.0 accepts."""
     mode = "none"
+    groups: tuple[Group, ...]
     if mix == "full":
         bs = rng.choice((4, 8))
         groups, sbs, hbs = (Group("full", bs),), bs, bs
@@ -753,9 +754,10 @@ class Driver:
                 ("get_computed_blocks with no tokens", lambda: hc.get_computed_blocks(clone(fresh, _all_token_ids=[], block_hashes=[]))),
                 ("cache_blocks of unknown request", lambda: hc.cache_blocks(Request("unknown-req", list(range(16)), s.hash_block_size), 8)),
             ]
-        own = hc.get_blocks(running.req.request_id) if running is not None else None
-        if own is not None and s.caching and any(own.get_block_ids()):
-            cases.append(("new_computed_blocks for a running request", lambda: hc.allocate_slots(running.req, 1, 0, own)))
+        if running is not None and s.caching:
+            run_req, own = running.req, hc.get_blocks(running.req.request_id)
+            if any(own.get_block_ids()):
+                cases.append(("new_computed_blocks for a running request", lambda: hc.allocate_slots(run_req, 1, 0, own)))
         if s.caching and fresh.num_tokens >= 2 * s.hash_block_size:
             short = clone(fresh, block_hashes=fresh.block_hashes[:1])
             cases.append(("caching beyond known hashes", lambda: hc.allocate_slots(short, fresh.num_tokens)))

@@ -4,7 +4,7 @@
 
 use crate::block_pool::BlockPool;
 use crate::error::{CoreError, CoreResult};
-use crate::hashes::ScaledHashes;
+use crate::hashes::{HashList, ScaledHashes};
 use crate::manager::SingleTypeManager;
 use crate::spec::{GroupSpec, SpecKind};
 use crate::{BlockId, ReqSlot};
@@ -259,7 +259,7 @@ impl Coordinator {
             .unwrap_or(0)
     }
 
-    pub fn cache_blocks(&mut self, slot: ReqSlot, hashes: &[Box<[u8]>], num_tokens: usize) {
+    pub fn cache_blocks(&mut self, slot: ReqSlot, hashes: &HashList, num_tokens: usize) {
         for i in 0..self.managers.len() {
             let tokens = self.tokens_to_cache(&self.managers[i], num_tokens);
             let scale = self.scale(&self.managers[i]);
@@ -298,7 +298,7 @@ impl Coordinator {
     /// Longest cache hit: blocks per group and the hit length in tokens.
     pub fn find_longest_cache_hit(
         &self,
-        hashes: &[Box<[u8]>],
+        hashes: &HashList,
         max_cache_hit_length: usize,
     ) -> (Vec<Vec<BlockId>>, usize) {
         let mut out = vec![Vec::new(); self.managers.len()];
@@ -326,7 +326,7 @@ impl Coordinator {
     /// Fixed point over attention types: each accepts the candidate length
     /// or shortens it; any shortening restarts the round. Lengths only
     /// decrease, so it ends.
-    fn hybrid_cache_hit(&self, hashes: &[Box<[u8]>], max_len: usize) -> (Vec<Vec<BlockId>>, usize) {
+    fn hybrid_cache_hit(&self, hashes: &HashList, max_len: usize) -> (Vec<Vec<BlockId>>, usize) {
         let hash_block_size = self.pool.hash_block_size();
         let sbs = self.scheduler_block_size as usize;
         let mut by_group: Vec<Option<Vec<BlockId>>> = vec![None; self.managers.len()];

@@ -1,18 +1,85 @@
-//! A request's block hashes, viewed at a group's block size.
+//! A request's block hashes: stored back to back in one buffer (one
+//! allocation per request, not per hash), and viewed at a group's block size.
 
 use std::borrow::Cow;
+
+/// Block hashes at hash_block_size granularity, contiguous.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HashList {
+    bytes: Vec<u8>,
+    ends: Vec<u32>,
+}
+
+impl HashList {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    fn start(&self, i: usize) -> usize {
+        if i == 0 {
+            0
+        } else {
+            self.ends[i - 1] as usize
+        }
+    }
+
+    pub fn get(&self, i: usize) -> &[u8] {
+        &self.bytes[self.start(i)..self.ends[i] as usize]
+    }
+
+    /// Hashes `from..to` as one byte run (they are stored back to back).
+    pub fn run(&self, from: usize, to: usize) -> &[u8] {
+        &self.bytes[self.start(from)..self.start(to)]
+    }
+
+    pub fn push(&mut self, hash: &[u8]) {
+        self.bytes.extend_from_slice(hash);
+        self.ends.push(self.bytes.len() as u32);
+    }
+
+    pub fn truncate(&mut self, n: usize) {
+        if n < self.len() {
+            self.bytes.truncate(self.start(n));
+            self.ends.truncate(n);
+        }
+    }
+
+    pub fn extend(&mut self, other: &HashList) {
+        for i in 0..other.len() {
+            self.push(other.get(i));
+        }
+    }
+}
+
+impl<T: AsRef<[u8]>> FromIterator<T> for HashList {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
+        let mut out = HashList::new();
+        for h in iter {
+            out.push(h.as_ref());
+        }
+        out
+    }
+}
 
 /// Hashes computed every `hash_block_size` tokens, read at a block size that
 /// is `scale` times larger: block i's hash is the concatenation of hashes
 /// `i*scale .. (i+1)*scale`, as vLLM's `BlockHashListWithBlockSize`.
 #[derive(Clone, Copy)]
 pub struct ScaledHashes<'a> {
-    hashes: &'a [Box<[u8]>],
+    hashes: &'a HashList,
     scale: usize,
 }
 
 impl<'a> ScaledHashes<'a> {
-    pub fn new(hashes: &'a [Box<[u8]>], scale: usize) -> Self {
+    pub fn new(hashes: &'a HashList, scale: usize) -> Self {
         debug_assert!(scale >= 1);
         ScaledHashes { hashes, scale }
     }
@@ -26,11 +93,7 @@ impl<'a> ScaledHashes<'a> {
     }
 
     pub fn get(&self, i: usize) -> Cow<'a, [u8]> {
-        if self.scale == 1 {
-            Cow::Borrowed(&self.hashes[i])
-        } else {
-            Cow::Owned(self.hashes[i * self.scale..(i + 1) * self.scale].concat())
-        }
+        Cow::Borrowed(self.hashes.run(i * self.scale, (i + 1) * self.scale))
     }
 }
 
@@ -40,12 +103,24 @@ mod tests {
 
     #[test]
     fn concatenates_at_larger_block_size() {
-        let h: Vec<Box<[u8]>> = (1..=5u8).map(|i| vec![i; 2].into()).collect();
+        let h: HashList = (1..=5u8).map(|i| vec![i; 2]).collect();
         let s = ScaledHashes::new(&h, 2);
         assert_eq!(s.len(), 2);
         assert_eq!(&*s.get(1), &[3, 3, 4, 4]);
         let one = ScaledHashes::new(&h, 1);
         assert_eq!(one.len(), 5);
-        assert!(matches!(one.get(0), Cow::Borrowed(_)));
+        assert_eq!(&*one.get(4), &[5, 5]);
+    }
+
+    #[test]
+    fn truncate_and_extend_keep_boundaries() {
+        let mut h: HashList = [b"ab".as_slice(), b"cde", b"f"].into_iter().collect();
+        h.truncate(1);
+        assert_eq!((h.len(), h.get(0)), (1, b"ab".as_slice()));
+        let more: HashList = [b"xy".as_slice()].into_iter().collect();
+        h.extend(&more);
+        assert_eq!(h.get(1), b"xy");
+        h.truncate(5);
+        assert_eq!(h.len(), 2);
     }
 }

@@ -9,6 +9,7 @@ use crate::coordinator::Coordinator;
 use crate::error::{invalid, CoreError, CoreResult};
 use crate::events::PoolEvent;
 use crate::fast_hash::FxBuild;
+use crate::hashes::HashList;
 use crate::mamba_plan::{post_rows, pre_rows, PlanRequest, PlannerState, PreRow};
 use crate::spec::GroupSpec;
 use crate::{BlockId, ReqSlot};
@@ -52,14 +53,14 @@ pub struct AllocateArgs<'a> {
 #[derive(Debug, Clone, Default)]
 pub struct HashUpdate {
     pub offset: usize,
-    pub hashes: Vec<Box<[u8]>>,
+    pub hashes: HashList,
 }
 
 #[derive(Debug, Clone)]
 struct RequestState {
     id: String,
     // Block hashes at hash_block_size, as the request computed them.
-    hashes: Vec<Box<[u8]>>,
+    hashes: HashList,
 }
 
 /// Prefix-cache lookup counters (vLLM's `PrefixCacheStats` fields).
@@ -161,7 +162,7 @@ impl KvCacheManager {
         }
         let state = RequestState {
             id: request_id.to_owned(),
-            hashes: Vec::new(),
+            hashes: HashList::new(),
         };
         let s = match self.free_slots.pop() {
             Some(s) => {
@@ -177,7 +178,7 @@ impl KvCacheManager {
         s
     }
 
-    fn hashes(&self, slot: ReqSlot) -> &[Box<[u8]>] {
+    fn hashes(&self, slot: ReqSlot) -> &HashList {
         &self.requests[slot as usize]
             .as_ref()
             .expect("live slot")
@@ -199,8 +200,15 @@ impl KvCacheManager {
     ) -> CoreResult<()> {
         let update = HashUpdate {
             offset,
-            hashes: new,
+            hashes: new.iter().collect(),
         };
+        self.hashes_after(request_id, Some(&update))?;
+        self.apply_hashes(request_id, update);
+        Ok(())
+    }
+
+    /// `sync_hashes` for an update already in the core's form.
+    pub fn sync_update(&mut self, request_id: &str, update: HashUpdate) -> CoreResult<()> {
         self.hashes_after(request_id, Some(&update))?;
         self.apply_hashes(request_id, update);
         Ok(())
@@ -236,7 +244,7 @@ impl KvCacheManager {
             .hashes;
         if !(update.hashes.is_empty() && update.offset == hashes.len()) {
             hashes.truncate(update.offset);
-            hashes.extend(update.hashes);
+            hashes.extend(&update.hashes);
         }
     }
 
@@ -258,8 +266,8 @@ impl KvCacheManager {
         if num_tokens == 0 {
             return invalid(format!("request {request_id:?} has no tokens"));
         }
-        let empty: &[Box<[u8]>] = &[];
-        let hashes = self.slot(request_id).map_or(empty, |s| self.hashes(s));
+        let empty = HashList::new();
+        let hashes = self.slot(request_id).map_or(&empty, |s| self.hashes(s));
         // A full hit must still recompute the last token to get logits.
         Ok(self.coord.find_longest_cache_hit(hashes, num_tokens - 1))
     }

@@ -21,6 +21,7 @@ pub mod spec;
 pub use block_pool::{BlockPool, NULL_BLOCK};
 pub use error::{CoreError, CoreResult};
 pub use events::PoolEvent;
+pub use hashes::HashList;
 pub use kv_manager::{AllocateArgs, HashUpdate, KvCacheManager, LookupStats, ManagerConfig};
 pub use spec::{GroupSpec, MambaMode, SpecKind};
 

@@ -278,13 +278,16 @@ fn block_hashes(tokens: &[u32], hbs: usize) -> Vec<Box<[u8]>> {
 // ---------------------------------------------------------------------------
 // Exact state snapshots for the Ok(None) checks.
 
+/// (last_state_block_idx, allocated) of a Mamba align group.
+type AlignTuple = (Option<usize>, bool);
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Snap {
     free: Vec<u32>,
     refs: Vec<i32>,
     hashes: Vec<Option<(Vec<u8>, u32)>>,
     tables: Vec<(String, Vec<Vec<u32>>)>,
-    align: Vec<(String, Vec<Option<(Option<usize>, bool)>>)>,
+    align: Vec<(String, Vec<Option<AlignTuple>>)>,
 }
 
 fn snap(m: &KvCacheManager, ids: &[String]) -> Snap {
@@ -377,7 +380,7 @@ impl Machine {
         let known = self.m.num_known_hashes(&r.id);
         (all.len() > known).then(|| HashUpdate {
             offset: known,
-            hashes: all[known..].to_vec(),
+            hashes: all[known..].iter().collect(),
         })
     }
 
@@ -527,7 +530,7 @@ impl Machine {
                 let (hit, hit_len) = if self.caching && use_hit {
                     if let Some(u) = self.update(i) {
                         self.m
-                            .sync_hashes(&id, u.offset, u.hashes)
+                            .sync_update(&id, u)
                             .map_err(|e| TestCaseError::fail(format!("sync_hashes: {e}")))?;
                     }
                     self.m

@@ -1,7 +1,7 @@
 //! Conversions between Python objects and core arguments, with errors that
 //! name the offending argument. No allocation decision is made here.
 
-use hybridcache_core::{CoreError, GroupSpec, HashUpdate, MambaMode, SpecKind};
+use hybridcache_core::{CoreError, GroupSpec, HashList, HashUpdate, MambaMode, SpecKind};
 use pyo3::exceptions::{
     PyKeyError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError,
 };
@@ -169,7 +169,7 @@ pub fn hash_update(block_hashes: &Bound<'_, PyAny>, known: usize) -> PyResult<Op
         return Ok(None);
     }
     let offset = if n < known { 0 } else { known };
-    let mut hashes = Vec::with_capacity(n - offset);
+    let mut hashes = HashList::new();
     for i in offset..n {
         let h = list.get_item(i)?;
         let bytes = h.downcast::<PyBytes>().map_err(|_| {
@@ -178,7 +178,7 @@ pub fn hash_update(block_hashes: &Bound<'_, PyAny>, known: usize) -> PyResult<Op
                 type_name(&h)
             ))
         })?;
-        hashes.push(Box::from(bytes.as_bytes()));
+        hashes.push(bytes.as_bytes());
     }
     Ok(Some(HashUpdate { offset, hashes }))
 }

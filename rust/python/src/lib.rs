@@ -366,7 +366,7 @@ impl NativeManager {
                     )));
                 }
                 if let Some(u) = update {
-                    this.inner.sync_hashes(rid, u.offset, u.hashes)?;
+                    this.inner.sync_update(rid, u)?;
                 }
                 this.inner.get_computed_blocks(rid, num_tokens)
             })?;
