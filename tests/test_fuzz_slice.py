@@ -15,10 +15,10 @@ from hybridcache import fuzz  # noqa: E402
 
 
 def test_fuzz_slice_finds_nothing() -> None:
-    f = fuzz.run_fuzz(ops=24_000, seed=20240, ops_per_setup=1000)
+    f = fuzz.run_fuzz(ops=40_000, seed=20240, ops_per_setup=1000)
     assert f.reports == [], "\n\n".join(f.reports)
     assert (f.divergences, f.invariant_violations, f.bad_input_failures, f.reference_errors) == (0, 0, 0, 0)
-    assert f.ops >= 24_000 and f.setups >= 2 * len(fuzz.MIXES)
+    assert f.ops >= 40_000 and f.setups >= 2 * len(fuzz.MIXES)
     # The slice reaches the interesting paths.
     assert f.bad_inputs > 500
     assert f.allocations > 5000 and f.none_allocations > 500

@@ -224,7 +224,7 @@ impl Fuzz {
         let known = self.m.num_known_hashes(&self.reqs[i].id);
         (all.len() > known).then(|| HashUpdate {
             offset: known,
-            hashes: all[known..].to_vec(),
+            hashes: all[known..].iter().collect(),
         })
     }
 
@@ -341,7 +341,7 @@ impl Fuzz {
                 let num_tokens = self.reqs[i].tokens.len();
                 let (hit, n) = if self.caching && b.bit() {
                     if let Some(u) = self.update(i) {
-                        self.m.sync_hashes(&id, u.offset, u.hashes).unwrap();
+                        self.m.sync_update(&id, u).unwrap();
                     }
                     self.m.get_computed_blocks(&id, num_tokens).unwrap()
                 } else {

@@ -1101,6 +1101,7 @@ def run_bench(
         progress.phase(f"pool of {scale_blocks:,} blocks")
         scale = scale_figures(bool(vllm_version), scale_blocks) if scale_blocks else None
         results = [run_workload(w, bool(vllm_version), progress, clock=clock) for w in workloads]
+        batched = _batched_rows(configs, runnings, min(steps, 100), seed) if vllm_version else None
     finally:
         progress.close()
         gc.unfreeze()
@@ -1116,8 +1117,26 @@ def run_bench(
         "cpu_count": os.cpu_count(),
         "scale": scale,
         "results": results,
+        "batched": batched,
         "seconds": time.perf_counter() - start,
     }
+
+
+def _batched_rows(configs: Sequence[str], runnings: Sequence[int], steps: int, seed: int) -> list[dict[str, Any]]:
+    """The batched decode API against vLLM's per-request calls (see bench_batched)."""
+    from .bench_batched import run_batched
+
+    def make_configs(config: str, num_blocks: int) -> tuple[Any, Any]:
+        w = Workload(config=config, running=1, steps=1, seed=seed)
+        return hybridcache_kv_cache_config(w, num_blocks), vllm_kv_cache_config(w, num_blocks)
+
+    rows = []
+    for config in configs:
+        kwargs = Workload(config=config, running=1, steps=1, seed=seed).manager_kwargs()
+        kwargs.update(log_stats=False, enable_kv_cache_events=False)
+        for running in runnings:
+            rows.append(run_batched(config, running, steps, make_configs, kwargs, seed))
+    return rows
 
 
 def _loadavg() -> list[float] | None:
@@ -1195,6 +1214,11 @@ def main(args: Any) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(format_report(report))
+        if report.get("batched"):
+            from .bench_batched import format_batched
+
+            print()
+            print(format_batched(report["batched"]))
     return 1 if any(r.get("verified") is False for r in report["results"]) else 0
 
 
