@@ -55,7 +55,12 @@ def test_batch_equals_per_request_calls(mix: str, events: bool) -> None:
     for step in range(60):
         drafts = [rng.choice([0, 0, 1, 4, 16]) for _ in reqs_s]
         expected = [single.allocate_slots(r, 1 + d, num_lookahead_tokens=2) for r, d in zip(reqs_s, drafts)]
-        ok, offsets, ids = batched.allocate_decode_batch(reqs_b, [1 + d for d in drafts], 2)
+        if step % 2:
+            ok, offsets, ids = batched.allocate_decode_batch(reqs_b, [1 + d for d in drafts], 2)
+        else:  # counts passed as arrays: the request attributes are not read
+            computed = [r.num_computed_tokens for r in reqs_b]
+            totals = [r.num_tokens for r in reqs_b]
+            ok, offsets, ids = batched.allocate_decode_batch(reqs_b, [1 + d for d in drafts], 2, computed, totals)
         g = single.num_kv_cache_groups
         for i, exp in enumerate(expected):
             assert ok[i] == (exp is not None)
@@ -83,3 +88,5 @@ def test_batch_rejects_mismatched_lengths() -> None:
     m = KVCacheManager(_config("full", 10), 256, BS, BS)
     with pytest.raises(ValueError, match="2 entries for 1 requests"):
         m.allocate_decode_batch([Request("a", range(5), BS)], [1, 1])
+    with pytest.raises(ValueError, match="num_tokens has 0 entries for 1 requests"):
+        m.allocate_decode_batch([Request("a", range(5), BS)], [1], 0, [0], [])

