@@ -11,6 +11,7 @@ from hybridcache import _native
 from hybridcache.block_pool import BlockPoolView
 from hybridcache.blocks import KVCacheBlocks
 from hybridcache.config import check_retention_interval, read_groups, read_num_blocks
+from hybridcache.coordinator import CoordinatorView
 from hybridcache.events import EventBuilder, prefix_cache_stats_class
 
 
@@ -101,7 +102,9 @@ class KVCacheManager(_native.NativeManager):
         self._stats_cls = prefix_cache_stats_class() if self.log_stats else None
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups), self)
         self._bind_python(self.empty_kv_cache_blocks, self._on_events if builder else None, self.log_stats)
+        self.enable_kv_cache_events = bool(enable_kv_cache_events)
         self.block_pool = BlockPoolView(self)
+        self.coordinator = CoordinatorView(self)
 
     @property
     def _native(self) -> KVCacheManager:
