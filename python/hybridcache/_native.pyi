@@ -137,6 +137,20 @@ class NativeManager:
         """(hash bytes, group id) of a cached block, else None."""
     def unhashed(self, block_ids: Sequence[int]) -> list[bool]:
         """Which of the given blocks carry no cached hash."""
+    def cached_block_ids(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None:
+        """vLLM's `block_pool.get_cached_block`, as ids: the earliest cached
+        block of `block_hash` in each group, or None on any miss (reads only)."""
+    @property
+    def num_cached_keys(self) -> int:
+        """Number of (block hash, group) keys in the prefix cache."""
+    def request_ids(self) -> list[str]:
+        """Ids of the requests the manager holds state for."""
+    def has_request(self, request_id: str) -> bool: ...
+    def free_queue_ends(self) -> tuple[int, int] | None:
+        """(front, back) of the free queue, or None when it is empty."""
+    def free_queue_neighbors(self, block_id: int) -> tuple[int | None, int | None] | None:
+        """A free block's (previous, next) free-queue neighbours (None at the
+        queue's ends), or None if the block is not free."""
     def free_queue(self) -> list[int]: ...
     def check_invariants(self) -> None: ...
 
@@ -202,6 +216,13 @@ class BlockView:
     @property
     def block_hash(self) -> bytes | None:
         """vLLM's `BlockHashWithGroupId`: hash bytes + 4-byte big-endian group."""
+    @property
+    def next_free_block(self) -> Any:
+        """vLLM's free-list links: the next / previous block in the free queue
+        (the queue's fake head / tail at its ends), or None if not free.
+        Served by `block_pool.free_block_queue` of the owning manager."""
+    @property
+    def prev_free_block(self) -> Any: ...
     @property
     def is_null(self) -> bool: ...
     @property

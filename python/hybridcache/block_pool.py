@@ -1,5 +1,6 @@
-"""`manager.block_pool`: the parts of vLLM's `BlockPool` that schedulers and
-connectors read, as live views over the native pool."""
+"""`manager.block_pool`: the parts of vLLM's `BlockPool` that schedulers,
+connectors and vLLM's own tests read, as live views over the native pool.
+Views are built only when accessed; nothing here is on the allocation path."""
 
 from __future__ import annotations
 
@@ -30,9 +31,45 @@ class _Blocks(Sequence):
         return BlockView(self._native, i % n)
 
 
+class _FakeFreeListBlock:
+    """vLLM's `fake_free_list_head` / `fake_free_list_tail` sentinels (block_id -1)."""
+
+    block_id = -1
+    ref_cnt = 0
+    block_hash = None
+    is_null = False
+
+    def __init__(self, queue: _FreeQueueView, is_head: bool) -> None:
+        self._queue = queue
+        self._is_head = is_head
+
+    @property
+    def next_free_block(self) -> Any:
+        if not self._is_head:
+            return None
+        ends = self._queue._native.free_queue_ends()
+        return self._queue.fake_free_list_tail if ends is None else BlockView(self._queue._native, ends[0])
+
+    @property
+    def prev_free_block(self) -> Any:
+        if self._is_head:
+            return None
+        ends = self._queue._native.free_queue_ends()
+        return self._queue.fake_free_list_head if ends is None else BlockView(self._queue._native, ends[1])
+
+    def __repr__(self) -> str:
+        return f"<free list fake {'head' if self._is_head else 'tail'}>"
+
+
 class _FreeQueueView:
+    """`block_pool.free_block_queue`: counts, the ordered free list, and its
+    links (`fake_free_list_head/tail`, `BlockView.next_free_block` /
+    `prev_free_block`), read from the native queue on access."""
+
     def __init__(self, native: Any) -> None:
         self._native = native
+        self.fake_free_list_head = _FakeFreeListBlock(self, True)
+        self.fake_free_list_tail = _FakeFreeListBlock(self, False)
 
     @property
     def num_free_blocks(self) -> int:
@@ -44,12 +81,74 @@ class _FreeQueueView:
     def __len__(self) -> int:
         return self._native.num_free_blocks
 
+    def _free_link(self, block_id: int, forward: bool) -> Any:
+        """A block's next (forward) or previous free block: a view, a fake
+        end, or None when the block is not in the free queue."""
+        links = self._native.free_queue_neighbors(block_id)
+        if links is None:
+            return None
+        b = links[1] if forward else links[0]
+        if b is None:
+            return self.fake_free_list_tail if forward else self.fake_free_list_head
+        return BlockView(self._native, b)
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
         raise AttributeError(
-            f"free_block_queue.{name} is a vLLM FreeKVCacheBlockQueue internal (its linked list) that "
-            "hybridcache does not provide; use num_free_blocks or get_all_free_blocks()"
+            f"free_block_queue.{name} is a vLLM FreeKVCacheBlockQueue internal that hybridcache "
+            "does not provide (the queue is read-only here: num_free_blocks, get_all_free_blocks(), "
+            "fake_free_list_head/tail links)"
+        )
+
+
+class _CachedBlockMapView:
+    """`block_pool.cached_block_hash_to_block`, read-only: its size (the
+    number of (block hash, group) keys) and lookups. Its mutators and `_cache`
+    are vLLM internals hybridcache does not expose."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    def __len__(self) -> int:
+        return self._native.num_cached_keys
+
+    def __bool__(self) -> bool:
+        return self._native.num_cached_keys > 0
+
+    def get_one_block(self, key: bytes) -> BlockView | None:
+        """By vLLM's `BlockHashWithGroupId` (hash bytes + 4-byte big-endian group)."""
+        key = bytes(key)
+        ids = self._native.cached_block_ids(key[:-4], [int.from_bytes(key[-4:], "big")])
+        return None if ids is None else BlockView(self._native, ids[0])
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"cached_block_hash_to_block.{name}: the prefix-cache map lives in the native core; "
+            "hybridcache exposes it read-only (len(), get_one_block())"
+        )
+
+
+class _EventQueueView(Sequence):
+    """`block_pool.kv_event_queue`, read-only: the KV events not yet taken."""
+
+    def __init__(self, manager: KVCacheManager) -> None:
+        self._manager = manager
+
+    def __len__(self) -> int:
+        return len(self._manager._events)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._manager._events[i]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"kv_event_queue.{name}: hybridcache's kv_event_queue is a read-only view; "
+            "events come from the native core (take them with take_events())"
         )
 
 
@@ -64,6 +163,8 @@ class BlockPoolView:
         self.free_block_queue = _FreeQueueView(native)
         self.null_block = BlockView(native, 0)
         self.metrics_collector = None
+        self.cached_block_hash_to_block = _CachedBlockMapView(native)
+        self.kv_event_queue = _EventQueueView(manager)
 
     @property
     def enable_kv_cache_events(self) -> bool:
@@ -78,6 +179,14 @@ class BlockPoolView:
 
     def get_usage(self) -> float:
         return self._native.usage
+
+    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]) -> list[BlockView] | None:
+        """vLLM's `get_cached_block`: the first cached block of `block_hash`
+        in each group, or None if any group misses (reads only)."""
+        ids = self._native.cached_block_ids(bytes(block_hash), list(kv_cache_group_ids))
+        if ids is None:
+            return None
+        return [BlockView(self._native, b) for b in ids]
 
     def take_events(self) -> list[Any]:
         return self._manager.take_events()

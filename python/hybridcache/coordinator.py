@@ -9,7 +9,7 @@ object is kept per block or per request.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hybridcache.blocks import BlockView, KVCacheBlocks
@@ -34,6 +34,48 @@ def _group_block_ids(new_computed_blocks: Any, num_groups: int) -> list[list[int
     return out
 
 
+class _ReqToBlocksView(Mapping):
+    """`single_type_managers[g].req_to_blocks`, read-only: request id ->
+    block views of group `g`, built on access (block 0 is the pool's
+    `null_block` object, as in vLLM)."""
+
+    def __init__(self, manager: KVCacheManager, group: int) -> None:
+        self._manager = manager
+        self._group = group
+
+    def __getitem__(self, request_id: str) -> list[BlockView]:
+        native = self._manager._native
+        if not native.has_request(request_id):
+            raise KeyError(request_id)
+        null = self._manager.block_pool.null_block
+        return [null if b == 0 else BlockView(native, b) for b in native.get_block_ids(request_id)[self._group]]
+
+    def __contains__(self, request_id: object) -> bool:
+        return isinstance(request_id, str) and self._manager._native.has_request(request_id)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._manager._native.request_ids())
+
+    def __len__(self) -> int:
+        return self._manager._native.num_requests
+
+
+class SingleTypeManagerView:
+    """Read-only stand-in for one of vLLM's `SingleTypeKVCacheManager`s."""
+
+    def __init__(self, manager: KVCacheManager, group: int) -> None:
+        self.kv_cache_group_id = group
+        self.req_to_blocks = _ReqToBlocksView(manager, group)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"single_type_managers[{self.kv_cache_group_id}].{name} is a vLLM SingleTypeKVCacheManager "
+            "internal that hybridcache does not provide (read-only here: req_to_blocks)"
+        )
+
+
 class CoordinatorView:
     """Read-mostly stand-in for vLLM's `KVCacheCoordinator` (vLLM 0.23.0)."""
 
@@ -45,6 +87,7 @@ class CoordinatorView:
         self.max_model_len = manager.max_model_len
         self.enable_caching = manager.enable_caching
         self.use_eagle = manager.use_eagle
+        self.single_type_managers = tuple(SingleTypeManagerView(manager, g) for g in range(self._num_groups))
 
     @property
     def block_pool(self) -> Any:
@@ -90,5 +133,6 @@ class CoordinatorView:
             raise AttributeError(name)
         raise AttributeError(
             f"coordinator.{name} is a vLLM KVCacheCoordinator internal that hybridcache does not "
-            "provide (its per-group managers live in the native core); use the KVCacheManager API"
+            "provide (its per-group managers live in the native core; single_type_managers[g] "
+            "offers a read-only req_to_blocks); use the KVCacheManager API"
         )

@@ -685,6 +685,13 @@ class _Fanout:
 # --------------------------------------------------------------------------
 
 
+def _later_group_free_hit(blocks: Any) -> bool:
+    """A hit block of group 1+ sits free in the pool (ref count 0)."""
+    if blocks is None:
+        return False
+    return any(not b.is_null and b.ref_cnt == 0 for group in blocks.blocks[1:] for b in group)
+
+
 @dataclass(eq=False)
 class _Seq:
     """Simulator-side state of one request."""
@@ -991,6 +998,12 @@ class _Simulation:
             computed = [blocks for blocks, _ in results]
             hit = results[0][1]
             external, async_load = self._external_tokens(req, hit)
+            if external and _later_group_free_hit(computed[0]):
+                # vLLM 0.23.0 allocates external-token blocks group by group:
+                # an earlier group's may pop a later group's free hit, which
+                # then sits in two groups. hybridcache avoids that (README,
+                # tests/test_vllm_divergences.py); keep traces where vLLM is sound.
+                external, async_load = 0, False
         else:  # its async load finished; as vLLM, pass the shared empty blocks
             computed = [m.empty_kv_cache_blocks for m in self.fan.managers]
         num_computed = req.num_computed_tokens or hit + external

@@ -99,6 +99,17 @@ impl BlockPool {
         self.queue.iter()
     }
 
+    /// Front and back of the free queue, `None` when empty (reads only).
+    pub fn free_queue_ends(&self) -> Option<(BlockId, BlockId)> {
+        self.queue.ends()
+    }
+
+    /// A free block's (previous, next) free-queue neighbours, `None` for the
+    /// queue's ends; `None` overall if the block is not free (reads only).
+    pub fn free_queue_neighbors(&self, b: BlockId) -> Option<(Option<BlockId>, Option<BlockId>)> {
+        self.queue.neighbors(b)
+    }
+
     pub fn num_cached_keys(&self) -> usize {
         self.map.len()
     }
@@ -275,9 +286,14 @@ impl BlockPool {
 
     /// Checks the pool's own invariants; returns the first violation.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let mut seen = vec![false; self.num_blocks as usize];
+        let nb = self.num_blocks as usize;
+        let mut seen = vec![false; nb];
         let mut n = 0;
-        for b in self.queue.iter() {
+        // Bounded walk: a corrupted (cyclic) queue must not hang the check.
+        for b in self.queue.iter().take(nb + 1) {
+            if b >= self.num_blocks {
+                return Err(format!("free queue holds block id {b} out of range"));
+            }
             if b == NULL_BLOCK {
                 return Err("null block is in the free queue".into());
             }
@@ -298,25 +314,44 @@ impl BlockPool {
                 self.queue.len()
             ));
         }
-        for b in 1..self.num_blocks {
-            if !seen[b as usize] && self.ref_cnt[b as usize] <= 0 {
+        for b in 0..self.num_blocks {
+            if self.queue.contains(b) != seen[b as usize] {
+                return Err(format!(
+                    "block {b}: its free-queue links disagree with the queue's walk"
+                ));
+            }
+            if b != NULL_BLOCK && !seen[b as usize] && self.ref_cnt[b as usize] <= 0 {
                 return Err(format!("block {b} is neither free nor referenced"));
             }
         }
         if self.block_hash[NULL_BLOCK as usize].is_some() {
             return Err("null block is cached".into());
         }
-        let mut cached = 0;
+        let mut in_map = vec![false; nb];
+        let mut keys: std::collections::HashSet<(&[u8], u32)> = std::collections::HashSet::new();
         for (h, g, b) in self.map.iter() {
+            if b >= self.num_blocks {
+                return Err(format!("prefix map holds block id {b} out of range"));
+            }
+            if std::mem::replace(&mut in_map[b as usize], true) {
+                return Err(format!("block {b} is in the prefix map twice"));
+            }
             match self.block_hash(b) {
-                Some((bh, bg)) if bh == h && bg == g => cached += 1,
+                Some((bh, bg)) if bh == h && bg == g => {}
                 _ => return Err(format!("prefix map holds block {b} under a hash it lacks")),
             }
+            keys.insert((h, g));
         }
-        let with_hash = self.block_hash.iter().filter(|h| h.is_some()).count();
-        if cached != with_hash {
+        if keys.len() != self.map.len() {
             return Err(format!(
-                "{with_hash} blocks carry a hash but {cached} are in the map"
+                "prefix map counts {} keys but holds {}",
+                self.map.len(),
+                keys.len()
+            ));
+        }
+        if let Some(b) = (0..nb).find(|&b| self.block_hash[b].is_some() && !in_map[b]) {
+            return Err(format!(
+                "block {b} carries a hash but is not in the prefix map"
             ));
         }
         Ok(())

@@ -183,6 +183,12 @@ impl Coordinator {
             .sum()
     }
 
+    /// Adds a new request's cache hits to every group, then allocates the
+    /// blocks of its external tokens. vLLM 0.23.0 interleaves the two per
+    /// group, so an earlier group's external blocks can pop a later group's
+    /// free hit block, which that group then takes too: one block in two
+    /// groups. Touching all hits first gives the same blocks whenever vLLM's
+    /// result is sound.
     pub fn allocate_new_computed_blocks(
         &mut self,
         slot: ReqSlot,
@@ -190,14 +196,22 @@ impl Coordinator {
         num_local_computed_tokens: usize,
         num_external_computed_tokens: usize,
     ) {
-        for (m, nc) in self.managers.iter_mut().zip(new_computed) {
-            m.allocate_new_computed_blocks(
-                &mut self.pool,
-                slot,
-                nc,
-                num_local_computed_tokens,
-                num_external_computed_tokens,
-            );
+        let external: Vec<usize> = self
+            .managers
+            .iter_mut()
+            .zip(new_computed)
+            .map(|(m, nc)| {
+                m.add_computed_blocks(
+                    &mut self.pool,
+                    slot,
+                    nc,
+                    num_local_computed_tokens,
+                    num_external_computed_tokens,
+                )
+            })
+            .collect();
+        for (m, n) in self.managers.iter_mut().zip(external) {
+            m.allocate_external_blocks(&mut self.pool, slot, n);
         }
     }
 

@@ -108,6 +108,30 @@ impl FreeQueue {
         }
     }
 
+    /// The front and back blocks (`None` when empty); reads only.
+    pub fn ends(&self) -> Option<(BlockId, BlockId)> {
+        if self.len == 0 {
+            return None;
+        }
+        Some((
+            self.next[self.head() as usize],
+            self.prev[self.tail() as usize],
+        ))
+    }
+
+    /// A queued block's (previous, next) neighbours, `None` standing for the
+    /// head / tail sentinel; `None` overall if `b` is not queued. Reads only.
+    pub fn neighbors(&self, b: BlockId) -> Option<(Option<BlockId>, Option<BlockId>)> {
+        if (b as usize) >= self.prev.len() - 2 || !self.contains(b) {
+            return None;
+        }
+        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
+        Some((
+            (p != self.head()).then_some(p),
+            (n != self.tail()).then_some(n),
+        ))
+    }
+
     /// Iterates the queue front to back.
     pub fn iter(&self) -> impl Iterator<Item = BlockId> + '_ {
         let tail = self.tail();
@@ -153,6 +177,22 @@ mod tests {
         q.prepend_n(&[4, 0]);
         assert_eq!(order(&q), vec![4, 0, 1, 3, 2]);
         assert_eq!(q.len(), 5);
+    }
+
+    #[test]
+    fn ends_and_neighbors() {
+        let mut q = FreeQueue::new(3);
+        assert_eq!(q.ends(), Some((0, 2)));
+        assert_eq!(q.neighbors(0), Some((None, Some(1))));
+        assert_eq!(q.neighbors(1), Some((Some(0), Some(2))));
+        assert_eq!(q.neighbors(2), Some((Some(1), None)));
+        q.remove(1);
+        assert_eq!(q.neighbors(1), None);
+        assert_eq!(q.neighbors(0), Some((None, Some(2))));
+        assert_eq!(q.neighbors(7), None);
+        q.remove(0);
+        q.remove(2);
+        assert_eq!(q.ends(), None);
     }
 
     #[test]

@@ -42,7 +42,7 @@ pub struct SingleTypeManager {
     // Mamba: blocks cached during this step cannot serve hits until the next.
     cached_this_step: HashSet<(Box<[u8]>, u32)>,
     // Mamba align mode.
-    align: SlotTable<AlignState>,
+    pub(crate) align: SlotTable<AlignState>,
     // Mamba align: the block ids as the worker holds them (append-only: the
     // table as first handed out, then every returned new block). The worker
     // copies states out of ids the manager has since nulled or moved.
@@ -256,16 +256,21 @@ impl SingleTypeManager {
         num_new + evictable(pool, new_computed) as i64
     }
 
-    pub fn allocate_new_computed_blocks(
+    /// Adds a new request's cache hits (touched, so they leave the free
+    /// queue) after null padding for skipped blocks. Returns how many blocks
+    /// its external (connector) tokens still need: the coordinator allocates
+    /// those only once every group has touched its hits (see `Coordinator::
+    /// allocate_new_computed_blocks`).
+    pub fn add_computed_blocks(
         &mut self,
         pool: &mut BlockPool,
         slot: ReqSlot,
         new_computed: &[BlockId],
         num_local_computed_tokens: usize,
         num_external_computed_tokens: usize,
-    ) {
+    ) -> usize {
         if self.is_running(slot) || self.spec.kind == SpecKind::CrossAttention {
-            return;
+            return 0;
         }
         let total = num_local_computed_tokens + num_external_computed_tokens;
         let skipped_tokens = self.num_skipped_tokens(total);
@@ -283,13 +288,22 @@ impl SingleTypeManager {
         blocks.extend(std::iter::repeat_n(NULL_BLOCK, num_skipped_blocks));
         blocks.extend_from_slice(computed);
         self.num_cached_block.insert(slot, blocks.len());
-        if external > 0 {
-            let n = cdiv(total, self.block_size as usize).saturating_sub(blocks.len());
-            let start = blocks.len();
-            pool.get_new_blocks(n, blocks);
-            if self.spec.reports_new_block_ids {
-                self.new_block_ids.extend_from_slice(&blocks[start..]);
-            }
+        if external == 0 {
+            return 0;
+        }
+        cdiv(total, self.block_size as usize).saturating_sub(blocks.len())
+    }
+
+    /// Fresh blocks for external tokens (after `add_computed_blocks`).
+    pub fn allocate_external_blocks(&mut self, pool: &mut BlockPool, slot: ReqSlot, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let blocks = self.req_to_blocks.entry(slot);
+        let start = blocks.len();
+        pool.get_new_blocks(n, blocks);
+        if self.spec.reports_new_block_ids {
+            self.new_block_ids.extend_from_slice(&blocks[start..]);
         }
     }
 

@@ -26,6 +26,19 @@ impl std::hash::Hash for BlockView {
     }
 }
 
+impl BlockView {
+    fn free_link(&self, py: Python<'_>, forward: bool) -> PyResult<PyObject> {
+        let queue = self
+            .owner
+            .bind(py)
+            .getattr("block_pool")?
+            .getattr("free_block_queue")?;
+        Ok(queue
+            .call_method1("_free_link", (self.block_id, forward))?
+            .unbind())
+    }
+}
+
 #[pymethods]
 impl BlockView {
     #[new]
@@ -53,6 +66,19 @@ impl BlockView {
         let mut key = hash;
         key.extend_from_slice(&group.to_be_bytes());
         Ok(Some(PyBytes::new(py, &key)))
+    }
+
+    /// vLLM's free-list links: the next / previous block in the free queue
+    /// (the queue's fake head / tail at its ends), or None if not free.
+    /// Served by `block_pool.free_block_queue` of the owning manager.
+    #[getter]
+    fn next_free_block(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.free_link(py, true)
+    }
+
+    #[getter]
+    fn prev_free_block(&self, py: Python<'_>) -> PyResult<PyObject> {
+        self.free_link(py, false)
     }
 
     #[getter]

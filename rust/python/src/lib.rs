@@ -758,6 +758,43 @@ impl NativeManager {
             .collect()
     }
 
+    /// vLLM's `block_pool.get_cached_block`, as ids: the earliest cached
+    /// block of `block_hash` in each group, or None on any miss (reads only).
+    fn cached_block_ids(&self, block_hash: &[u8], group_ids: Vec<u32>) -> Option<Vec<u32>> {
+        let mut out = Vec::with_capacity(group_ids.len());
+        self.inner
+            .pool()
+            .get_cached_block(block_hash, &group_ids, &mut out)
+            .then_some(out)
+    }
+
+    /// Number of (block hash, group) keys in the prefix cache.
+    #[getter]
+    fn num_cached_keys(&self) -> usize {
+        self.inner.pool().num_cached_keys()
+    }
+
+    /// Ids of the requests the manager holds state for.
+    fn request_ids(&self) -> Vec<String> {
+        self.inner.request_ids().map(str::to_owned).collect()
+    }
+
+    fn has_request(&self, request_id: &str) -> bool {
+        self.inner.has_request(request_id)
+    }
+
+    /// (front, back) of the free queue, or None when it is empty.
+    fn free_queue_ends(&self) -> Option<(u32, u32)> {
+        self.inner.pool().free_queue_ends()
+    }
+
+    /// A free block's (previous, next) free-queue neighbours (None at the
+    /// queue's ends), or None if the block is not free.
+    fn free_queue_neighbors(&self, block_id: i64) -> PyResult<Option<(Option<u32>, Option<u32>)>> {
+        let b = self.block_id(block_id)?;
+        Ok(self.inner.pool().free_queue_neighbors(b))
+    }
+
     fn free_queue(&self) -> Vec<u32> {
         self.inner.pool().free_queue().collect()
     }
