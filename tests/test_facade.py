@@ -844,3 +844,47 @@ def test_version_and_public_api() -> None:
     assert m.usage == 0.0 and m.block_pool.get_usage() == 0.0
     with pytest.raises(IndexError):
         m.block_pool.blocks[7]
+
+
+# ---------------------------------------------------------------------------
+# read-only compatibility views of vLLM internals (what vLLM's own tests read)
+
+
+def test_internal_read_views_follow_native_state() -> None:
+    m = make_hc(num_blocks=8)
+    pool = m.block_pool
+    r = req("a", range(3 * BS + 1))
+    blocks = m.allocate_slots(r, 3 * BS + 1)
+    assert blocks is not None
+    ids = blocks.get_block_ids()
+    # get_cached_block: first cached block per group, None on any miss.
+    for i, h in enumerate(r.block_hashes):
+        got = pool.get_cached_block(h, kv_cache_group_ids=[0])
+        assert got is not None and [b.block_id for b in got] == [ids[0][i]]
+        assert pool.cached_block_hash_to_block.get_one_block(got[0].block_hash) == got[0]
+        assert pool.get_cached_block(h, kv_cache_group_ids=[0, 1]) is None  # a miss in group 1
+    assert pool.get_cached_block(b"\x00" * len(r.block_hashes[0]), [0]) is None
+    assert len(pool.cached_block_hash_to_block) == len(r.block_hashes) == 3
+    # req_to_blocks: block views per request, built on access.
+    for g in range(1):
+        rtb = m.coordinator.single_type_managers[g].req_to_blocks
+        assert list(rtb) == ["a"] and "a" in rtb and "b" not in rtb
+        assert [b.block_id for b in rtb["a"]] == ids[g]
+        with pytest.raises(KeyError):
+            rtb["b"]
+    # free list links walk the same order as get_all_free_blocks().
+    fq = pool.free_block_queue
+    m.free(r)
+    order, node = [], fq.fake_free_list_head.next_free_block
+    while node is not fq.fake_free_list_tail:
+        order.append(node.block_id)
+        node = node.next_free_block
+    assert order == [b.block_id for b in fq.get_all_free_blocks()] and len(order) == 7
+    back, node = [], fq.fake_free_list_tail.prev_free_block
+    while node is not fq.fake_free_list_head:
+        back.append(node.block_id)
+        node = node.prev_free_block
+    assert back == order[::-1]
+    assert dict(m.coordinator.single_type_managers[0].req_to_blocks) == {}
+    assert m.reset_prefix_cache() and not pool.cached_block_hash_to_block
+    m.check_invariants()

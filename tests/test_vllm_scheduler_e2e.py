@@ -796,12 +796,35 @@ def test_other_vllm_version_is_refused(monkeypatch: Any) -> None:
 def test_unsupported_internals_fail_clearly(model_dir: str) -> None:
     s = build_scheduler(Case("views", num_blocks=64), model_dir, hybrid=True)
     m = s.kv_cache_manager
+    # Internals that vLLM's tests only read are served as read-only views...
+    pool = m.block_pool
+    assert len(m.coordinator.single_type_managers) == m.num_kv_cache_groups
+    assert dict(m.coordinator.single_type_managers[0].req_to_blocks) == {}
+    assert len(pool.cached_block_hash_to_block) == 0 and not pool.cached_block_hash_to_block
+    assert len(pool.kv_event_queue) == 0
+    head, tail = pool.free_block_queue.fake_free_list_head, pool.free_block_queue.fake_free_list_tail
+    walked = []
+    node = head.next_free_block
+    while node is not tail:
+        walked.append(node.block_id)
+        assert node.next_free_block.prev_free_block == node
+        node = node.next_free_block
+    assert walked == [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+    assert tail.prev_free_block.block_id == walked[-1] and head.prev_free_block is None
+    assert pool.blocks[0].next_free_block is None  # the null block is never free
+    # ...but mutating them fails clearly.
     with pytest.raises(AttributeError, match="hybridcache"):
-        m.coordinator.single_type_managers  # noqa: B018
+        pool.cached_block_hash_to_block.pop  # noqa: B018
     with pytest.raises(AttributeError, match="hybridcache"):
-        m.block_pool.cached_block_hash_to_block  # noqa: B018
+        pool.cached_block_hash_to_block._cache  # noqa: B018
     with pytest.raises(AttributeError, match="hybridcache"):
-        m.block_pool.free_block_queue.fake_free_list_head  # noqa: B018
+        pool.kv_event_queue.append  # noqa: B018
+    with pytest.raises(AttributeError, match="hybridcache"):
+        pool.get_new_blocks  # noqa: B018
+    with pytest.raises(AttributeError, match="hybridcache"):
+        m.coordinator.single_type_managers[0].allocate_new_blocks  # noqa: B018
+    with pytest.raises(TypeError):
+        m.coordinator.single_type_managers[0].req_to_blocks["x"] = []  # type: ignore[index]
     with pytest.raises(NotImplementedError, match="hybridcache"):
         m.block_pool.touch([m.block_pool.blocks[1]])
     assert m.coordinator.block_pool is m.block_pool
