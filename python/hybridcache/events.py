@@ -4,11 +4,12 @@ look-alike classes with the same fields in the same order."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Any
+
+from hybridcache.hashing import generate_block_hash_extra_keys
 
 MEDIUM_GPU = "GPU"
 
@@ -90,58 +91,6 @@ def external_hash(h: bytes) -> bytes | int:
     return int.from_bytes(h, "big") & ((1 << 64) - 1)
 
 
-def _mm_extra_keys(request: Any, start: int, end: int, mm_idx: int) -> tuple[list[Any], int]:
-    feats = getattr(request, "mm_features", None)
-    if not feats:
-        return [], mm_idx
-    last = feats[-1].mm_position
-    if last.offset + last.length <= start:
-        return [], mm_idx
-    if mm_idx < 0:
-        mm_idx = len(feats) + mm_idx
-    keys: list[Any] = []
-    while mm_idx < len(feats):
-        f = feats[mm_idx]
-        offset, length = f.mm_position.offset, f.mm_position.length
-        if end <= offset:
-            break
-        if start >= offset + length:
-            mm_idx += 1
-            continue
-        keys.append((f.identifier, offset - start))
-        if end >= offset + length:
-            mm_idx += 1
-        else:
-            break
-    return keys, mm_idx
-
-
-def _prompt_embeds_keys(request: Any, start: int, end: int) -> list[bytes]:
-    embeds = getattr(request, "prompt_embeds", None)
-    if embeds is None:
-        return []
-    cache = request._prompt_embeds_per_block_hashes
-    digest = cache.get((start, end))
-    if digest is None:
-        from vllm.v1.utils import tensor_data  # only requests with embeds get here
-
-        digest = hashlib.sha256(tensor_data(embeds[start:end])).digest()
-        cache[(start, end)] = digest
-    return [digest]
-
-
-def block_extra_keys(request: Any, start: int, end: int, mm_idx: int) -> tuple[tuple[Any, ...] | None, int]:
-    """vLLM's per-block extra keys: LoRA name, multimodal ids, cache salt
-    (first block only), prompt-embeds hash."""
-    mm_keys, mm_idx = _mm_extra_keys(request, start, end, mm_idx)
-    lora = getattr(request, "lora_request", None)
-    lora_keys = [lora.lora_name] if lora else []
-    salt = getattr(request, "cache_salt", None)
-    salt_keys = [salt] if (start == 0 and salt) else []
-    keys = lora_keys + mm_keys + salt_keys + _prompt_embeds_keys(request, start, end)
-    return (tuple(keys) if keys else None), mm_idx
-
-
 class EventBuilder:
     """Turns the core's event tuples into event objects, reading from the
     request of the call that produced them what only it knows."""
@@ -167,7 +116,7 @@ class EventBuilder:
         extra: list[Any] = []
         mm_idx = 0
         for pos in positions:
-            keys, mm_idx = block_extra_keys(request, pos * block_size, (pos + 1) * block_size, mm_idx)
+            keys, mm_idx = generate_block_hash_extra_keys(request, pos * block_size, (pos + 1) * block_size, mm_idx)
             extra.append(keys)
         lora = getattr(request, "lora_request", None)
         kind, window = self._group_kinds[group]
