@@ -107,7 +107,11 @@ def test_replay_without_vllm(capsys):
 
 
 def test_module_entry_point():
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # The same hybridcache this process imported (installed wheel or source tree).
+    import hybridcache
+
+    package_root = str(Path(hybridcache.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=package_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-m", "hybridcache", "--help"], capture_output=True, text=True,
                           timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr

@@ -757,7 +757,9 @@ def test_post_plan_and_select_match_vllm(vllm_mamba, k):
 
 def test_import_hybridcache_does_not_import_torch():
     code = "import sys, hybridcache; assert sys.modules.get('torch') is None and sys.modules.get('triton') is None"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]))
+    # The same hybridcache this process imported (installed wheel or source tree).
+    package_root = str(Path(K.__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
