@@ -1,5 +1,5 @@
 //! hybridcache-core: a KV-cache block manager with vLLM 0.23.0's semantics,
-//! in pure Rust (no PyO3, no unsafe). The Python facade lives in
+//! in pure Rust (no PyO3; `unsafe_code` is forbidden). The Python facade lives in
 //! `python/hybridcache`, the binding in `rust/python`.
 #![forbid(unsafe_code)]
 
