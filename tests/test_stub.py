@@ -40,7 +40,9 @@ def test_stubtest_passes() -> None:
 
 
 def test_stub_is_strictly_typed() -> None:
-    r = _run("mypy", "--strict", "--no-incremental", str(STUB))
+    # The stub alone: the facade modules mypy reaches through the package
+    # are not what this test is about.
+    r = _run("mypy", "--strict", "--no-incremental", "--follow-imports=silent", str(STUB))
     assert r.returncode == 0, r.stdout + r.stderr
 
 
