@@ -70,29 +70,30 @@ class KVCacheManager(_native.NativeManager):
             bool(use_eagle),
             bool(enable_kv_cache_events),
         )
-        self._groups = groups
+        self._init_python_side(
+            kv_cache_config, groups, max_model_len, enable_caching, use_eagle, log_stats, enable_kv_cache_events
+        )
         return self
 
-    def __init__(
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Everything is set up in `__new__` (the native base needs its
+        arguments there); this only accepts the same arguments."""
+
+    def _init_python_side(
         self,
         kv_cache_config: Any,
+        groups: list[Any],
         max_model_len: int,
-        scheduler_block_size: int,
-        hash_block_size: int,
-        max_num_batched_tokens: int | None = None,
-        enable_caching: bool = True,
-        use_eagle: bool = False,
-        log_stats: bool = False,
-        enable_kv_cache_events: bool = False,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-        metrics_collector: Any = None,
+        enable_caching: bool,
+        use_eagle: bool,
+        log_stats: bool,
+        enable_kv_cache_events: bool,
     ) -> None:
-        groups = self._groups
         self.max_model_len = max_model_len
         self.enable_caching = bool(enable_caching)
         self.use_eagle = bool(use_eagle)
         self.log_stats = bool(log_stats)
+        self.enable_kv_cache_events = bool(enable_kv_cache_events)
         self.metrics_collector = None
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = len(groups)
@@ -102,7 +103,6 @@ class KVCacheManager(_native.NativeManager):
         self._stats_cls = prefix_cache_stats_class() if self.log_stats else None
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups), self)
         self._bind_python(self.empty_kv_cache_blocks, self._on_events if builder else None, self.log_stats)
-        self.enable_kv_cache_events = bool(enable_kv_cache_events)
         self.block_pool = BlockPoolView(self)
         self.coordinator = CoordinatorView(self)
 
