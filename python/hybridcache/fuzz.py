@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .replay import norm_allocated, norm_blocks, norm_event, norm_stats
 from .request import LoRARequest, Request
 
 MIXES = ("full", "full_sw", "full_mamba_align", "sw_mamba", "full_mamba3", "full_chunked")
@@ -204,38 +205,6 @@ def build_vllm(s: Setup) -> Any:
 
 # ---------------------------------------------------------------------------
 # Normalization of outputs
-
-
-def _freeze(v: Any) -> Any:
-    if isinstance(v, (list, tuple)):
-        return tuple(_freeze(x) for x in v)
-    return v
-
-
-def norm_blocks(blocks: Any) -> Any:
-    if blocks is None:
-        return None
-    return tuple(tuple(g) for g in blocks.get_block_ids())
-
-
-def norm_allocated(blocks: Any) -> Any:
-    if blocks is None:
-        return None
-    return norm_blocks(blocks), _freeze(blocks.get_unhashed_block_ids_all_groups())
-
-
-def norm_event(e: Any) -> Any:
-    names = getattr(type(e), "__struct_fields__", None)
-    if names is None:
-        names = [f.name for f in dataclasses.fields(e)] if dataclasses.is_dataclass(e) else sorted(vars(e))
-    return type(e).__name__, tuple((n, _freeze(getattr(e, n))) for n in names)
-
-
-_STATS = ("reset", "requests", "queries", "hits", "preempted_requests", "preempted_queries", "preempted_hits")
-
-
-def norm_stats(s: Any) -> Any:
-    return None if s is None else tuple(getattr(s, n) for n in _STATS)
 
 
 def pool_state(m: Any) -> Any:
