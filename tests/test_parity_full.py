@@ -12,6 +12,7 @@ import itertools
 
 import pytest
 
+from liars import FakeBlocks, LiesOnce
 from hybridcache.replay import (
     DEFAULT_CONFIG,
     ReplayConfig,
@@ -147,46 +148,13 @@ def _without_time(summary):
 # --------------------------------------------------------------------------
 
 
-class _FakeBlocks:
-    def __init__(self, block_ids):
-        self._block_ids = block_ids
-
-    def get_block_ids(self):
-        return self._block_ids
-
-
-class _LiesOnce:
-    """Delegates to a real manager but corrupts the n-th non-trivial answer of
-    one method."""
-
-    def __init__(self, inner, method: str, corrupt, nth: int = 5):
-        self._inner, self._method, self._corrupt = inner, method, corrupt
-        self._left = nth
-
-    def __getattr__(self, name):
-        value = getattr(self._inner, name)
-        if name != self._method:
-            return value
-
-        def wrapped(*args, **kwargs):
-            result = value(*args, **kwargs)
-            corrupted = self._corrupt(result)
-            if corrupted is not None:
-                self._left -= 1
-                if self._left == 0:
-                    return corrupted
-            return result
-
-        return wrapped
-
-
 def _shift_first_block(blocks):
     if blocks is None:
         return None
     ids = blocks.get_block_ids()
     if not ids[0]:
         return None
-    return _FakeBlocks(([ids[0][0] + 1] + list(ids[0][1:]),))
+    return FakeBlocks(([ids[0][0] + 1] + list(ids[0][1:]),))
 
 
 def _drop_first_event(events):
@@ -226,7 +194,7 @@ LIES = {
 def test_divergence_is_detected(lie, vllm_factory):
     method, corrupt = LIES[lie]
     cfg = _config(True, True, 16, False, seed=0)
-    liar = lambda c: _LiesOnce(vllm_factory(c), method, corrupt)  # noqa: E731
+    liar = lambda c: LiesOnce(vllm_factory(c), method, corrupt)  # noqa: E731
     with pytest.raises(ReplayDivergence) as info:
         replay(cfg, 0, [vllm_factory, liar], ["vllm", "liar"])
     err = info.value

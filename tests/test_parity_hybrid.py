@@ -16,6 +16,7 @@ import logging
 
 import pytest
 
+from liars import FakeBlocks, LiesOnce
 from hybridcache.replay import (
     GroupSpec,
     ReplayConfig,
@@ -215,41 +216,6 @@ def _without_time(summary):
 # --------------------------------------------------------------------------
 
 
-class _FakeBlocks:
-    def __init__(self, block_ids):
-        self._block_ids = block_ids
-
-    def get_block_ids(self):
-        return self._block_ids
-
-    def get_unhashed_block_ids_all_groups(self):
-        return [list(g) for g in self._block_ids]
-
-
-class _LiesOnce:
-    """Delegates to a real manager; the n-th non-trivial answer of `method`
-    is corrupted."""
-
-    def __init__(self, inner, method: str, corrupt, nth: int = 5):
-        self._inner, self._method, self._corrupt, self._left = inner, method, corrupt, nth
-
-    def __getattr__(self, name):
-        value = getattr(self._inner, name)
-        if name != self._method:
-            return value
-
-        def wrapped(*args, **kwargs):
-            result = value(*args, **kwargs)
-            corrupted = self._corrupt(result)
-            if corrupted is not None:
-                self._left -= 1
-                if self._left == 0:
-                    return corrupted
-            return result
-
-        return wrapped
-
-
 def _drop_last_group_block(ids):
     if not ids[-1]:
         return None
@@ -260,7 +226,7 @@ def _shift_last_group(blocks):
     if blocks is None or not blocks.get_block_ids()[-1]:
         return None
     ids = blocks.get_block_ids()
-    return _FakeBlocks((*ids[:-1], [b + 1 for b in ids[-1]]))
+    return FakeBlocks((*ids[:-1], [b + 1 for b in ids[-1]]))
 
 
 HYBRID_LIES = {
@@ -274,7 +240,7 @@ HYBRID_LIES = {
 def test_hybrid_divergence_is_detected(method: str, vllm_available):
     cfg = _config(_cell("full-sw-mamba_align"), eagle=False, seed=0)
     corrupt = HYBRID_LIES[method]
-    liar = lambda c: _LiesOnce(vllm_factory(c), method, corrupt)  # noqa: E731
+    liar = lambda c: LiesOnce(vllm_factory(c), method, corrupt)  # noqa: E731
     with pytest.raises(ReplayDivergence) as info:
         replay(cfg, 0, [vllm_factory, liar], ["vllm", "liar"])
     assert info.value.op.startswith(method)

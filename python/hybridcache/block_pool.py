@@ -13,6 +13,20 @@ if TYPE_CHECKING:
     from hybridcache.manager import KVCacheManager
 
 
+class ReadOnlyView:
+    """A stand-in for a vLLM object: names hybridcache does not provide (vLLM
+    internals) raise an AttributeError saying what the view does offer."""
+
+    def _missing(self, name: str) -> str:
+        raise NotImplementedError
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes the view does not define.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(self._missing(name))
+
+
 class _Blocks(Sequence):
     """`block_pool.blocks[i]`, built only when indexed."""
 
@@ -61,7 +75,7 @@ class _FakeFreeListBlock:
         return f"<free list fake {'head' if self._is_head else 'tail'}>"
 
 
-class _FreeQueueView:
+class _FreeQueueView(ReadOnlyView):
     """`block_pool.free_block_queue`: counts, the ordered free list, and its
     links (`fake_free_list_head/tail`, `BlockView.next_free_block` /
     `prev_free_block`), read from the native queue on access."""
@@ -92,17 +106,15 @@ class _FreeQueueView:
             return self.fake_free_list_tail if forward else self.fake_free_list_head
         return BlockView(self._native, b)
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(
+    def _missing(self, name: str) -> str:
+        return (
             f"free_block_queue.{name} is a vLLM FreeKVCacheBlockQueue internal that hybridcache "
             "does not provide (the queue is read-only here: num_free_blocks, get_all_free_blocks(), "
             "fake_free_list_head/tail links)"
         )
 
 
-class _CachedBlockMapView:
+class _CachedBlockMapView(ReadOnlyView):
     """`block_pool.cached_block_hash_to_block`, read-only: its size (the
     number of (block hash, group) keys) and lookups. Its mutators and `_cache`
     are vLLM internals hybridcache does not expose."""
@@ -122,16 +134,14 @@ class _CachedBlockMapView:
         ids = self._native.cached_block_ids(key[:-4], [int.from_bytes(key[-4:], "big")])
         return None if ids is None else BlockView(self._native, ids[0])
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(
+    def _missing(self, name: str) -> str:
+        return (
             f"cached_block_hash_to_block.{name}: the prefix-cache map lives in the native core; "
             "hybridcache exposes it read-only (len(), get_one_block())"
         )
 
 
-class _EventQueueView(Sequence):
+class _EventQueueView(ReadOnlyView, Sequence):
     """`block_pool.kv_event_queue`, read-only: the KV events not yet taken."""
 
     def __init__(self, manager: KVCacheManager) -> None:
@@ -143,16 +153,14 @@ class _EventQueueView(Sequence):
     def __getitem__(self, i: Any) -> Any:
         return self._manager._events[i]
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(
+    def _missing(self, name: str) -> str:
+        return (
             f"kv_event_queue.{name}: hybridcache's kv_event_queue is a read-only view; "
             "events come from the native core (take them with take_events())"
         )
 
 
-class BlockPoolView:
+class BlockPoolView(ReadOnlyView):
     def __init__(self, manager: KVCacheManager) -> None:
         self._manager = manager
         native = manager._native
@@ -202,10 +210,8 @@ class BlockPoolView:
             "block_pool.free_blocks (dropping references taken with touch) is not supported by hybridcache yet"
         )
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(
+    def _missing(self, name: str) -> str:
+        return (
             f"block_pool.{name} is a vLLM BlockPool internal that hybridcache does not provide "
             "(the pool lives in the native core)"
         )

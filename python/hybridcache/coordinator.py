@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hybridcache.block_pool import ReadOnlyView
 from hybridcache.blocks import BlockView, KVCacheBlocks
 
 if TYPE_CHECKING:
@@ -60,23 +61,21 @@ class _ReqToBlocksView(Mapping):
         return self._manager._native.num_requests
 
 
-class SingleTypeManagerView:
+class SingleTypeManagerView(ReadOnlyView):
     """Read-only stand-in for one of vLLM's `SingleTypeKVCacheManager`s."""
 
     def __init__(self, manager: KVCacheManager, group: int) -> None:
         self.kv_cache_group_id = group
         self.req_to_blocks = _ReqToBlocksView(manager, group)
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(
+    def _missing(self, name: str) -> str:
+        return (
             f"single_type_managers[{self.kv_cache_group_id}].{name} is a vLLM SingleTypeKVCacheManager "
             "internal that hybridcache does not provide (read-only here: req_to_blocks)"
         )
 
 
-class CoordinatorView:
+class CoordinatorView(ReadOnlyView):
     """Read-mostly stand-in for vLLM's `KVCacheCoordinator` (vLLM 0.23.0)."""
 
     def __init__(self, manager: KVCacheManager) -> None:
@@ -127,11 +126,8 @@ class CoordinatorView:
     def new_step_starts(self) -> None:
         self._manager.new_step_starts()
 
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for attributes not defined above.
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(
+    def _missing(self, name: str) -> str:
+        return (
             f"coordinator.{name} is a vLLM KVCacheCoordinator internal that hybridcache does not "
             "provide (its per-group managers live in the native core; single_type_managers[g] "
             "offers a read-only req_to_blocks); use the KVCacheManager API"
