@@ -4,7 +4,9 @@
 use crate::error::{invalid, CoreResult};
 use crate::events::PoolEvent;
 use crate::free_queue::FreeQueue;
-use crate::prefix_map::PrefixMap;
+use smallvec::SmallVec;
+
+use crate::prefix_map::{PrefixMap, NO_ENTRY};
 use crate::BlockId;
 
 pub const NULL_BLOCK: BlockId = 0;
@@ -14,8 +16,8 @@ pub struct BlockPool {
     num_blocks: u32,
     // Signed: vLLM does not maintain the null block's count, which may dip below 0.
     ref_cnt: Vec<i32>,
-    // Hash key (without group) of each cached block, and its group.
-    block_hash: Vec<Option<Box<[u8]>>>,
+    // Prefix-map entry (the interned hash) of each cached block, and its group.
+    block_entry: Vec<u32>,
     block_group: Vec<u32>,
     queue: FreeQueue,
     map: PrefixMap,
@@ -45,7 +47,7 @@ impl BlockPool {
         Ok(BlockPool {
             num_blocks,
             ref_cnt: vec![0; num_blocks as usize],
-            block_hash: vec![None; num_blocks as usize],
+            block_entry: vec![NO_ENTRY; num_blocks as usize],
             block_group: vec![0; num_blocks as usize],
             queue,
             map: PrefixMap::new(),
@@ -86,9 +88,10 @@ impl BlockPool {
 
     /// The cached hash (without group) and group of a block, if cached.
     pub fn block_hash(&self, b: BlockId) -> Option<(&[u8], u32)> {
-        self.block_hash[b as usize]
-            .as_deref()
-            .map(|h| (h, self.block_group[b as usize]))
+        match self.block_entry[b as usize] {
+            NO_ENTRY => None,
+            e => Some((self.map.key(e), self.block_group[b as usize])),
+        }
     }
 
     pub fn is_free(&self, b: BlockId) -> bool {
@@ -151,19 +154,21 @@ impl BlockPool {
     }
 
     fn maybe_evict_cached_block(&mut self, b: BlockId) -> bool {
-        let Some(hash) = self.block_hash[b as usize].take() else {
-            return false;
-        };
-        let group = self.block_group[b as usize];
-        if !self.map.pop(&hash, group, b) {
-            // Not in the map: keep the hash, as vLLM does.
-            self.block_hash[b as usize] = Some(hash);
+        let entry = self.block_entry[b as usize];
+        if entry == NO_ENTRY {
             return false;
         }
-        if self.enable_events {
+        let group = self.block_group[b as usize];
+        let hash = self.enable_events.then(|| Box::from(self.map.key(entry)));
+        // A cached block is always held by its entry (checked by
+        // `check_invariants`), so the pop succeeds.
+        let popped = self.map.pop(entry, group, b);
+        debug_assert!(popped);
+        self.block_entry[b as usize] = NO_ENTRY;
+        if let Some(hash) = hash {
             self.events.push(PoolEvent::Removed { hash, group });
         }
-        true
+        popped
     }
 
     /// A cache hit by another request: take blocks off the free queue and
@@ -184,6 +189,8 @@ impl BlockPool {
         blocks: I,
         prepend: bool,
     ) {
+        // All counts drop before any block joins the queue (a block listed
+        // twice joins it twice, as in vLLM).
         for b in blocks.clone() {
             self.ref_cnt[b as usize] -= 1;
         }
@@ -191,10 +198,10 @@ impl BlockPool {
             .into_iter()
             .filter(|&b| self.ref_cnt[b as usize] == 0 && b != NULL_BLOCK);
         if prepend {
-            let freed: Vec<BlockId> = freed.collect();
+            let freed: SmallVec<[BlockId; 16]> = freed.collect();
             self.queue.prepend_n(&freed);
         } else {
-            let freed: Vec<BlockId> = freed.collect();
+            // Appending changes no count, so the filter can run lazily.
             for b in freed {
                 self.queue.append(b);
             }
@@ -226,14 +233,12 @@ impl BlockPool {
             if b == NULL_BLOCK || masked_out {
                 continue;
             }
-            debug_assert!(self.block_hash[b as usize].is_none());
+            debug_assert_eq!(self.block_entry[b as usize], NO_ENTRY);
             let hash = hash_of(i);
-            self.map.insert(&hash, group, b);
-            let boxed: Box<[u8]> = hash.into_owned().into_boxed_slice();
-            self.block_hash[b as usize] = Some(boxed.clone());
+            self.block_entry[b as usize] = self.map.insert(&hash, group, b);
             self.block_group[b as usize] = group;
             if self.enable_events {
-                new_hashes.push(boxed);
+                new_hashes.push(hash.into_owned().into_boxed_slice());
                 positions.push(i as u32);
             }
         }
@@ -269,7 +274,7 @@ impl BlockPool {
             return false;
         }
         self.map.clear();
-        self.block_hash.iter_mut().for_each(|h| *h = None);
+        self.block_entry.iter_mut().for_each(|e| *e = NO_ENTRY);
         if self.enable_events {
             self.events.push(PoolEvent::AllCleared);
         }
@@ -324,7 +329,7 @@ impl BlockPool {
                 return Err(format!("block {b} is neither free nor referenced"));
             }
         }
-        if self.block_hash[NULL_BLOCK as usize].is_some() {
+        if self.block_entry[NULL_BLOCK as usize] != NO_ENTRY {
             return Err("null block is cached".into());
         }
         let mut in_map = vec![false; nb];
@@ -349,7 +354,7 @@ impl BlockPool {
                 keys.len()
             ));
         }
-        if let Some(b) = (0..nb).find(|&b| self.block_hash[b].is_some() && !in_map[b]) {
+        if let Some(b) = (0..nb).find(|&b| self.block_entry[b] != NO_ENTRY && !in_map[b]) {
             return Err(format!(
                 "block {b} carries a hash but is not in the prefix map"
             ));

@@ -6,6 +6,7 @@ use crate::block_pool::BlockPool;
 use crate::error::{CoreError, CoreResult};
 use crate::hashes::{HashList, ScaledHashes};
 use crate::manager::SingleTypeManager;
+use crate::new_blocks::NewBlocks;
 use crate::spec::{GroupSpec, SpecKind};
 use crate::{BlockId, ReqSlot};
 
@@ -221,20 +222,18 @@ impl Coordinator {
         num_tokens: usize,
         num_tokens_main_model: usize,
         num_encoder_tokens: usize,
-    ) -> Vec<Vec<BlockId>> {
-        self.managers
-            .iter_mut()
-            .map(|m| {
-                let n = if m.spec.kind == SpecKind::CrossAttention {
-                    num_encoder_tokens
-                } else {
-                    num_tokens
-                };
-                let new = m.allocate_new_blocks(&mut self.pool, slot, n, num_tokens_main_model);
-                m.note_handed_out(slot, &new);
-                new
-            })
-            .collect()
+        out: &mut NewBlocks,
+    ) {
+        out.clear();
+        for m in self.managers.iter_mut() {
+            let n = if m.spec.kind == SpecKind::CrossAttention {
+                num_encoder_tokens
+            } else {
+                num_tokens
+            };
+            m.allocate_new_blocks(&mut self.pool, slot, n, num_tokens_main_model, &mut out.ids);
+            out.ends.push(out.ids.len() as u32);
+        }
     }
 
     /// Tokens each manager caches for `num_tokens` computed tokens.

@@ -11,6 +11,7 @@ use crate::events::PoolEvent;
 use crate::fast_hash::FxBuild;
 use crate::hashes::HashList;
 use crate::mamba_plan::{post_rows, pre_rows, PlanRequest, PlannerState, PreRow};
+use crate::new_blocks::NewBlocks;
 use crate::spec::GroupSpec;
 use crate::{BlockId, ReqSlot};
 
@@ -343,7 +344,23 @@ impl KvCacheManager {
         args: &AllocateArgs,
         update: Option<HashUpdate>,
     ) -> CoreResult<Option<Vec<Vec<BlockId>>>> {
+        let mut out = NewBlocks::new();
+        let ok = self.allocate_slots_into(slot, request_id, args, update, &mut out)?;
+        Ok(ok.then(|| out.to_vecs()))
+    }
+
+    /// `allocate_slots_at` writing the new blocks into `out` (reused by the
+    /// caller, so a call allocates nothing): `Ok(false)` for vLLM's `None`.
+    pub fn allocate_slots_into(
+        &mut self,
+        slot: Option<ReqSlot>,
+        request_id: &str,
+        args: &AllocateArgs,
+        update: Option<HashUpdate>,
+        out: &mut NewBlocks,
+    ) -> CoreResult<bool> {
         debug_assert_eq!(slot, self.slot(request_id));
+        out.clear();
         if args.num_new_tokens == 0 && args.num_external_computed_tokens == 0 {
             return invalid(
                 "num_new_tokens must be greater than 0 when there are no external computed tokens",
@@ -417,7 +434,7 @@ impl KvCacheManager {
             );
             if need > self.coord.pool.num_free_blocks() as i64 {
                 self.release_if_idle(slot);
-                return Ok(None);
+                return Ok(false);
             }
         }
         let num_tokens_main_model = total_computed + args.num_new_tokens;
@@ -449,7 +466,7 @@ impl KvCacheManager {
         let free = self.coord.pool.num_free_blocks() as i64;
         if need > free - args.reserved_blocks as i64 || need_true > free {
             self.release_if_idle(slot);
-            return Ok(None);
+            return Ok(false);
         }
         if adds_computed {
             self.coord.allocate_new_computed_blocks(
@@ -459,11 +476,12 @@ impl KvCacheManager {
                 args.num_external_computed_tokens,
             );
         }
-        let new_blocks = self.coord.allocate_new_blocks(
+        self.coord.allocate_new_blocks(
             slot,
             num_tokens_need_slot,
             num_tokens_main_model,
             args.num_encoder_tokens,
+            out,
         );
         if caches {
             let (coord, requests) = (&mut self.coord, &self.requests);
@@ -473,7 +491,7 @@ impl KvCacheManager {
         self.planner
             .last_step
             .insert(slot, (total_computed, args.num_new_tokens));
-        Ok(Some(new_blocks))
+        Ok(true)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -487,19 +505,17 @@ impl KvCacheManager {
         total_computed: usize,
         num_tokens: usize,
     ) -> CoreResult<()> {
-        let groups: Vec<usize> = new_computed.iter().map(Vec::len).collect();
+        let groups = |g: u32| new_computed[g as usize].len();
         let need = self
             .coord
             .hashes_needed_to_cache(num_tokens, |m| match slot {
                 Some(s) if adds_computed => {
-                    m.num_cached_after_computed(s, groups[m.group_id as usize], total_computed)
+                    m.num_cached_after_computed(s, groups(m.group_id), total_computed)
                 }
                 Some(s) => m.num_cached_blocks(s),
-                None if adds_computed => m.num_cached_after_computed(
-                    u32::MAX,
-                    groups[m.group_id as usize],
-                    total_computed,
-                ),
+                None if adds_computed => {
+                    m.num_cached_after_computed(u32::MAX, groups(m.group_id), total_computed)
+                }
                 None => 0,
             });
         if have < need {

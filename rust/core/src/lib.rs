@@ -14,6 +14,7 @@ pub mod hashes;
 pub mod kv_manager;
 pub mod mamba_plan;
 pub mod manager;
+pub mod new_blocks;
 pub mod prefix_map;
 pub mod slot_table;
 pub mod spec;
@@ -23,6 +24,7 @@ pub use error::{CoreError, CoreResult};
 pub use events::PoolEvent;
 pub use hashes::HashList;
 pub use kv_manager::{AllocateArgs, HashUpdate, KvCacheManager, LookupStats, ManagerConfig};
+pub use new_blocks::NewBlocks;
 pub use spec::{GroupSpec, MambaMode, SpecKind};
 
 /// Block ids are u32; block 0 is the null block.

@@ -8,6 +8,10 @@
 
 use std::collections::HashSet;
 
+use smallvec::SmallVec;
+
+use crate::prefix_map::{HashKey, PrehashedBuild};
+
 use crate::block_pool::{BlockPool, NULL_BLOCK};
 use crate::hashes::ScaledHashes;
 use crate::slot_table::SlotTable;
@@ -40,7 +44,7 @@ pub struct SingleTypeManager {
     new_block_ids: Vec<BlockId>,
     enable_caching: bool,
     // Mamba: blocks cached during this step cannot serve hits until the next.
-    cached_this_step: HashSet<(Box<[u8]>, u32)>,
+    cached_this_step: HashSet<(HashKey, u32), PrehashedBuild>,
     // Mamba align mode.
     pub(crate) align: SlotTable<AlignState>,
     // Mamba align: the block ids as the worker holds them (append-only: the
@@ -66,7 +70,7 @@ impl SingleTypeManager {
             num_cached_block: SlotTable::default(),
             new_block_ids: Vec::new(),
             enable_caching,
-            cached_this_step: HashSet::new(),
+            cached_this_step: HashSet::default(),
             align: SlotTable::default(),
             worker_view: SlotTable::default(),
         }
@@ -161,7 +165,7 @@ impl SingleTypeManager {
             // report more than the pool so the request waits a step.
             if let Some(&last) = new_computed.last() {
                 if let Some((h, g)) = pool.block_hash(last) {
-                    if self.cached_this_step.contains(&(Box::from(h), g)) {
+                    if self.cached_this_step.contains(&(HashKey::new(h), g)) {
                         return i64::from(pool.num_blocks()) + 1;
                     }
                 }
@@ -307,32 +311,37 @@ impl SingleTypeManager {
         }
     }
 
-    /// Grows the table to cover `num_tokens`; returns what was appended.
+    /// Grows the table to cover `num_tokens`; appends the new blocks to `out`
+    /// (and records them as handed to the worker).
     pub fn allocate_new_blocks(
         &mut self,
         pool: &mut BlockPool,
         slot: ReqSlot,
         num_tokens: usize,
         num_tokens_main_model: usize,
-    ) -> Vec<BlockId> {
+        out: &mut Vec<BlockId>,
+    ) {
         let mut num_tokens = num_tokens;
         if let Some((mode, num_spec)) = self.mamba() {
             if mode == MambaMode::Align {
-                return self.allocate_align_blocks(pool, slot, num_tokens_main_model, num_spec);
+                let start = out.len();
+                self.allocate_align_blocks(pool, slot, num_tokens_main_model, num_spec, out);
+                self.note_handed_out(slot, &out[start..]);
+                return;
             }
             num_tokens += self.block_size as usize * num_spec;
         }
         let blocks = self.req_to_blocks.entry(slot);
         let num_required = cdiv(num_tokens, self.block_size as usize);
         if num_required <= blocks.len() {
-            return Vec::new();
+            return;
         }
         let start = blocks.len();
         pool.get_new_blocks(num_required - start, blocks);
         if self.spec.reports_new_block_ids {
             self.new_block_ids.extend_from_slice(&blocks[start..]);
         }
-        blocks[start..].to_vec()
+        out.extend_from_slice(&blocks[start..]);
     }
 
     /// Mamba align: the running state moves to a fresh block each time the
@@ -345,11 +354,12 @@ impl SingleTypeManager {
         slot: ReqSlot,
         num_tokens_main_model: usize,
         num_spec: usize,
-    ) -> Vec<BlockId> {
+        out: &mut Vec<BlockId>,
+    ) {
         let num_required = cdiv(num_tokens_main_model, self.block_size as usize) + num_spec;
         let blocks = self.req_to_blocks.entry(slot);
         if num_required <= blocks.len() {
-            return Vec::new();
+            return;
         }
         let prev_len = blocks.len();
         let state = self.align.entry(slot);
@@ -376,7 +386,7 @@ impl SingleTypeManager {
         let num_new = num_required.saturating_sub(blocks.len());
         pool.get_new_blocks(num_new, blocks);
         state.allocated = true;
-        blocks[prev_len..].to_vec()
+        out.extend_from_slice(&blocks[prev_len..]);
     }
 
     pub fn take_new_block_ids(&mut self, out: &mut Vec<BlockId>) {
@@ -465,7 +475,7 @@ impl SingleTypeManager {
             let end = num_full.min(blocks.len());
             for &b in &blocks[num_cached.min(end)..end] {
                 if let Some((h, g)) = pool.block_hash(b) {
-                    self.cached_this_step.insert((Box::from(h), g));
+                    self.cached_this_step.insert((HashKey::new(h), g));
                 }
             }
         }
@@ -530,8 +540,8 @@ impl SingleTypeManager {
         }
         let blocks = self.req_to_blocks.entry(slot);
         let n = (skipped / self.block_size as usize).min(blocks.len());
-        let mut removed_cached = Vec::new();
-        let mut removed_uncached = Vec::new();
+        let mut removed_cached: SmallVec<[BlockId; 8]> = SmallVec::new();
+        let mut removed_uncached: SmallVec<[BlockId; 8]> = SmallVec::new();
         for i in (0..n).rev() {
             let b = blocks[i];
             if b == NULL_BLOCK {
@@ -547,8 +557,12 @@ impl SingleTypeManager {
         }
         // Scratch blocks go to the front of the free queue (reused first);
         // cached ones stay behind as best-effort prefix-cache entries.
-        pool.free_blocks(removed_cached, false);
-        pool.free_blocks(removed_uncached, true);
+        if !removed_cached.is_empty() {
+            pool.free_blocks(removed_cached.iter().copied(), false);
+        }
+        if !removed_uncached.is_empty() {
+            pool.free_blocks(removed_uncached.iter().copied(), true);
+        }
     }
 
     /// The state block of two steps ago is no longer a copy source: free it.
@@ -561,7 +575,7 @@ impl SingleTypeManager {
         }
         let blocks = self.req_to_blocks.entry(slot);
         if blocks[idx] != NULL_BLOCK {
-            pool.free_blocks([blocks[idx]], false);
+            pool.free_blocks(std::iter::once(blocks[idx]), false);
             blocks[idx] = NULL_BLOCK;
         }
     }
