@@ -100,6 +100,30 @@ class NativeManager:
         tracks the counts itself passes `num_computed_tokens` / `num_tokens`
         lists, and the requests' attributes are then not read (their block
         hashes still are, when a block fills)."""
+    def request_handle(self, request_id: str) -> int:
+        """A handle for a request the manager holds (after its first
+        allocation), for `allocate_decode_arrays`. It names that request
+        until it is freed and is never reused; KeyError for a request the
+        manager does not hold."""
+    def allocate_decode_arrays(
+        self,
+        handles: list[int] | bytes | bytearray,
+        num_new_tokens: list[int] | bytes | bytearray,
+        num_computed_tokens: list[int] | bytes | bytearray,
+        num_tokens: list[int] | bytes | bytearray,
+        num_lookahead_tokens: int = 0,
+        requests: list[Any] | None = None,
+    ) -> tuple[bytes, bytes, bytes]:
+        """`allocate_decode_batch` over arrays (lists of ints, or bytes of
+        little-endian uint64 handles / uint32 counts). `requests[i]` is read
+        only for its `block_hashes` when a block fills (required with prefix
+        caching). Everything is checked before anything changes. Returns
+        `(ok, offsets, ids)` as bytes: one byte per request (0: None), then
+        uint32 offsets and ids: request i's new blocks in group g are
+        `ids[offsets[i*G+g] : offsets[i*G+g+1]]`."""
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """vLLM's `get_blocks(request_id)` (the shared empty KVCacheBlocks
+        for a request without blocks)."""
     def free(self, request: Any) -> None:
         """vLLM's `free(request)`: frees the request's blocks, tail first."""
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:

@@ -1,13 +1,17 @@
 """The batched step API against vLLM's per-request calls: one decode step of
 N running requests is `allocate_slots` N times in vLLM (plus the
-scheduler's `get_block_ids` of each result) and one `allocate_decode_batch`
-call in hybridcache. Both run on the same requests, alternating steps, and
-every step's new block ids must be identical."""
+scheduler's `get_block_ids` of each result) and one call in hybridcache:
+`allocate_decode_batch` (request objects and lists) or
+`allocate_decode_arrays` (request handles and uint32 arrays, as a serving
+loop that keeps its counts in arrays holds them). Each runs on its own
+copy of the same requests, the three alternating in turn, and every step's
+new block ids must be identical to vLLM's."""
 
 from __future__ import annotations
 
 import random
 import time
+from array import array
 from typing import Any, Callable
 
 from .request import Request
@@ -37,6 +41,11 @@ def _unpack(batch: tuple[list[bool], list[int], list[int]], groups: int) -> list
     return out
 
 
+def _unpack_arrays(batch: tuple[bytes, bytes, bytes], groups: int) -> list[Any]:
+    ok, offsets, ids = batch
+    return _unpack(([b != 0 for b in ok], array("I", offsets).tolist(), array("I", ids).tolist()), groups)
+
+
 def _fill(m: Any, reqs: list[Request]) -> None:
     for r in reqs:
         if m.allocate_slots(r, r.num_tokens - r.num_computed_tokens) is None:
@@ -60,44 +69,56 @@ def run_batched(
     # Room for every request: prompt, growth, and Mamba state + speculative blocks.
     num_blocks = running * (8 + 5 * steps // BS + 4 * 20) + 10
     hc_cfg, v_cfg = make_configs(config, num_blocks)
-    hc, vm = KVCacheManager(hc_cfg, **manager_kwargs), VllmManager(v_cfg, **manager_kwargs)
+    hc = KVCacheManager(hc_cfg, **manager_kwargs)
+    ha = KVCacheManager(hc_cfg, **manager_kwargs)
+    vm = VllmManager(v_cfg, **manager_kwargs)
     groups = hc.num_kv_cache_groups
     prompts = [[rng.randrange(1000) for _ in range(rng.randrange(32, 64))] for _ in range(running)]
     hc_reqs = [Request(f"r{i}", p, BS) for i, p in enumerate(prompts)]
+    ha_reqs = [Request(f"r{i}", p, BS) for i, p in enumerate(prompts)]
     v_reqs = [Request(f"r{i}", p, BS) for i, p in enumerate(prompts)]
-    for m, reqs in ((hc, hc_reqs), (vm, v_reqs)):
+    for m, reqs in ((hc, hc_reqs), (ha, ha_reqs), (vm, v_reqs)):
         _fill(m, reqs)
         for r in reqs:
             r.num_computed_tokens = r.num_tokens
             r.append_output_token_ids([1])
-    times: dict[str, list[int]] = {"hybridcache": [], "vllm": []}
+    handles = array("Q", [ha.request_handle(r.request_id) for r in ha_reqs])
+    names = ("vllm", "hybridcache", "arrays")
+    times: dict[str, list[int]] = {name: [] for name in names}
     for step in range(steps):
         drafts = [rng.choice([0, 0, 1, 2, 4]) for _ in range(running)]
         counts = [1 + d for d in drafts]
-        order = ("vllm", "hybridcache") if step % 2 else ("hybridcache", "vllm")
+        order = names[step % 3 :] + names[: step % 3]
         # A serving loop that uses the batch API tracks these counts itself.
         computed = [r.num_computed_tokens for r in hc_reqs]
         totals = [r.num_tokens for r in hc_reqs]
+        arrays = (array("I", counts), array("I", computed), array("I", totals))
         results = {}
         for name in order:
-            t0 = time.perf_counter_ns()
             if name == "vllm":
+                t0 = time.perf_counter_ns()
                 results[name] = _decode_step_vllm(vm, v_reqs, counts)
-            else:
+            elif name == "hybridcache":
+                t0 = time.perf_counter_ns()
                 results[name] = hc.allocate_decode_batch(hc_reqs, counts, 0, computed, totals)
+            else:
+                t0 = time.perf_counter_ns()
+                new_b, comp_b, tot_b = (a.tobytes() for a in arrays)
+                results[name] = ha.allocate_decode_arrays(handles.tobytes(), new_b, comp_b, tot_b, 0, ha_reqs)
             times[name].append(time.perf_counter_ns() - t0)
-        results["hybridcache"] = _unpack(results["hybridcache"], groups)
         norm = [None if x is None else tuple(list(g) for g in x) for x in results["vllm"]]
-        mine = [None if x is None else tuple(list(g) for g in x) for x in results["hybridcache"]]
-        if norm != mine:
-            raise AssertionError(f"batched bench: step {step} differs from vLLM's per-request calls")
-        for reqs in (hc_reqs, v_reqs):
+        for name, unpack in (("hybridcache", _unpack), ("arrays", _unpack_arrays)):
+            mine = [None if x is None else tuple(list(g) for g in x) for x in unpack(results[name], groups)]
+            if norm != mine:
+                raise AssertionError(f"batched bench ({name}): step {step} differs from vLLM's per-request calls")
+        for reqs in (hc_reqs, ha_reqs, v_reqs):
             r_rng = random.Random(step)
             for r, d in zip(reqs, drafts):
                 a = r_rng.randint(0, d)
                 r.num_computed_tokens += 1 + a
                 r.append_output_token_ids([7] * (1 + a))
         hc.new_step_starts()
+        ha.new_step_starts()
         vm.new_step_starts()
     med = {k: sorted(v)[len(v) // 2] / 1000 for k, v in times.items()}
     return {
@@ -107,19 +128,24 @@ def run_batched(
         "vllm_us_per_step": med["vllm"],
         "hybridcache_batched_us_per_step": med["hybridcache"],
         "ratio": med["vllm"] / med["hybridcache"] if med["hybridcache"] else None,
+        "hybridcache_arrays_us_per_step": med["arrays"],
+        "arrays_ratio": med["vllm"] / med["arrays"] if med["arrays"] else None,
         "verified": True,
     }
 
 
 def format_batched(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "batched decode API: one allocate_decode_batch call vs vLLM's per-request allocate_slots (+get_block_ids)",
-        f"  {'config':22s} {'running':>7s} {'vLLM µs/step':>13s} {'batched µs/step':>16s} {'x':>7s}",
+        "batched decode API: one call per step vs vLLM's per-request allocate_slots (+get_block_ids);",
+        "  batch = allocate_decode_batch(requests, lists); arrays = allocate_decode_arrays(handles, uint32 arrays)",
+        f"  {'config':22s} {'running':>7s} {'vLLM µs/step':>13s} {'batch µs/step':>14s} {'x':>7s}"
+        f" {'arrays µs/step':>15s} {'x':>7s}",
     ]
     for r in rows:
         lines.append(
             f"  {r['config']:22s} {r['running']:7d} {r['vllm_us_per_step']:13,.1f} "
-            f"{r['hybridcache_batched_us_per_step']:16,.1f} {r['ratio']:6.1f}x"
+            f"{r['hybridcache_batched_us_per_step']:14,.1f} {r['ratio']:6.1f}x"
+            f" {r['hybridcache_arrays_us_per_step']:15,.1f} {r['arrays_ratio']:6.1f}x"
         )
     lines.append("  verified: every step's new block ids identical to vLLM 0.23.0's")
     return "\n".join(lines)

@@ -146,5 +146,3 @@ class KVCacheManager(_native.NativeManager):
         events, self._events = self._events, []
         return events
 
-    def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        return self.create_kv_cache_blocks(self.get_block_ids(request_id))

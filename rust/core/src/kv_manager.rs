@@ -3,6 +3,7 @@
 //! owns every decision. Arguments are checked before anything changes.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::block_pool::BlockPool;
 use crate::coordinator::Coordinator;
@@ -59,7 +60,8 @@ pub struct HashUpdate {
 
 #[derive(Debug, Clone)]
 struct RequestState {
-    id: String,
+    // Shared with `slots`' key: cloning it for a call allocates nothing.
+    id: Arc<str>,
     // Block hashes at hash_block_size, as the request computed them.
     hashes: HashList,
 }
@@ -103,8 +105,11 @@ pub struct KvCacheManager {
     planner: PlannerState,
     max_model_len: usize,
     enable_caching: bool,
-    slots: HashMap<String, ReqSlot, FxBuild>,
+    slots: HashMap<Arc<str>, ReqSlot, FxBuild>,
     requests: Vec<Option<RequestState>>,
+    // Bumped each time a slot is released: a handle names slot + generation,
+    // so a handle of a freed request never reaches its slot's next tenant.
+    generations: Vec<u32>,
     free_slots: Vec<ReqSlot>,
 }
 
@@ -137,6 +142,7 @@ impl KvCacheManager {
             enable_caching: cfg.enable_caching,
             slots: HashMap::default(),
             requests: Vec::new(),
+            generations: Vec::new(),
             free_slots: Vec::new(),
         })
     }
@@ -161,8 +167,9 @@ impl KvCacheManager {
         if let Some(s) = self.slot(request_id) {
             return s;
         }
+        let id: Arc<str> = Arc::from(request_id);
         let state = RequestState {
-            id: request_id.to_owned(),
+            id: id.clone(),
             hashes: HashList::new(),
         };
         let s = match self.free_slots.pop() {
@@ -172,10 +179,11 @@ impl KvCacheManager {
             }
             None => {
                 self.requests.push(Some(state));
+                self.generations.push(0);
                 (self.requests.len() - 1) as ReqSlot
             }
         };
-        self.slots.insert(request_id.to_owned(), s);
+        self.slots.insert(id, s);
         s
     }
 
@@ -317,6 +325,27 @@ impl KvCacheManager {
         self.slot(request_id)
     }
 
+    /// A handle for a request the manager holds: stable until the request
+    /// is freed (or dropped after a failed first allocation), never reused.
+    pub fn handle(&self, request_id: &str) -> Option<u64> {
+        self.slot(request_id)
+            .map(|s| u64::from(self.generations[s as usize]) << 32 | u64::from(s))
+    }
+
+    /// The slot and id of the request a handle names.
+    pub fn resolve_handle(&self, handle: u64) -> CoreResult<(ReqSlot, Arc<str>)> {
+        let slot = handle as u32;
+        let generation = (handle >> 32) as u32;
+        match self.requests.get(slot as usize) {
+            Some(Some(state)) if self.generations[slot as usize] == generation => {
+                Ok((slot, state.id.clone()))
+            }
+            _ => Err(CoreError::UnknownRequest(format!(
+                "request handle {handle} names no request the manager holds (freed, or never allocated)"
+            ))),
+        }
+    }
+
     /// Hashes held for the request of `slot` (from `lookup`).
     pub fn known_hashes_at(&self, slot: Option<ReqSlot>) -> usize {
         slot.map_or(0, |s| self.hashes(s).len())
@@ -349,24 +378,21 @@ impl KvCacheManager {
         Ok(ok.then(|| out.to_vecs()))
     }
 
-    /// `allocate_slots_at` writing the new blocks into `out` (reused by the
-    /// caller, so a call allocates nothing): `Ok(false)` for vLLM's `None`.
-    pub fn allocate_slots_into(
-        &mut self,
+    /// The argument checks of `allocate_slots_into` alone (changes nothing):
+    /// `Ok` means that call, with the same state, cannot fail.
+    pub fn check_allocate(
+        &self,
         slot: Option<ReqSlot>,
         request_id: &str,
         args: &AllocateArgs,
-        update: Option<HashUpdate>,
-        out: &mut NewBlocks,
-    ) -> CoreResult<bool> {
-        debug_assert_eq!(slot, self.slot(request_id));
-        out.clear();
+        update: Option<&HashUpdate>,
+    ) -> CoreResult<()> {
         if args.num_new_tokens == 0 && args.num_external_computed_tokens == 0 {
             return invalid(
                 "num_new_tokens must be greater than 0 when there are no external computed tokens",
             );
         }
-        let have = self.hashes_after_at(slot, request_id, update.as_ref())?;
+        let have = self.hashes_after_at(slot, request_id, update)?;
         self.check_new_computed(slot, args)?;
         let owned_empty;
         let new_computed: &[Vec<BlockId>] = match args.new_computed_blocks {
@@ -411,6 +437,39 @@ impl KvCacheManager {
                 num_tokens_to_cache,
             )?;
         }
+
+        Ok(())
+    }
+
+    /// `allocate_slots_at` writing the new blocks into `out` (reused by the
+    /// caller, so a call allocates nothing): `Ok(false)` for vLLM's `None`.
+    pub fn allocate_slots_into(
+        &mut self,
+        slot: Option<ReqSlot>,
+        request_id: &str,
+        args: &AllocateArgs,
+        update: Option<HashUpdate>,
+        out: &mut NewBlocks,
+    ) -> CoreResult<bool> {
+        debug_assert_eq!(slot, self.slot(request_id));
+        out.clear();
+        self.check_allocate(slot, request_id, args, update.as_ref())?;
+        let owned_empty;
+        let new_computed: &[Vec<BlockId>] = match args.new_computed_blocks {
+            Some(nc) => nc,
+            None if self.num_groups() <= NO_BLOCKS.len() => &NO_BLOCKS[..self.num_groups()],
+            None => {
+                owned_empty = vec![Vec::new(); self.num_groups()];
+                &owned_empty
+            }
+        };
+        let adds_computed =
+            args.new_computed_blocks.is_some() || args.num_external_computed_tokens > 0;
+        let num_local_computed = args.num_computed_tokens + args.num_new_computed_tokens;
+        let total_computed =
+            (num_local_computed + args.num_external_computed_tokens).min(self.max_model_len);
+        let caches = self.enable_caching && !args.delay_cache_blocks;
+        let num_tokens_to_cache = (total_computed + args.num_new_tokens).min(args.num_tokens);
 
         // From here on the call is valid; every path below only succeeds.
         let slot = match slot {
@@ -539,6 +598,7 @@ impl KvCacheManager {
     fn drop_slot(&mut self, slot: ReqSlot) {
         if let Some(state) = self.requests[slot as usize].take() {
             self.slots.remove(&state.id);
+            self.generations[slot as usize] = self.generations[slot as usize].wrapping_add(1);
             self.free_slots.push(slot);
         }
     }
@@ -807,11 +867,16 @@ impl KvCacheManager {
 
     /// Ids of the requests the manager holds state for (any order; reads only).
     pub fn request_ids(&self) -> impl Iterator<Item = &str> + '_ {
-        self.slots.keys().map(String::as_str)
+        self.slots.keys().map(|id| &**id)
     }
 
     pub fn has_request(&self, request_id: &str) -> bool {
         self.slots.contains_key(request_id)
+    }
+
+    /// One more than the highest request slot ever used (slots index dense tables).
+    pub fn slot_capacity(&self) -> usize {
+        self.requests.len()
     }
 
     pub fn num_requests(&self) -> usize {

@@ -303,3 +303,24 @@ fn common_prefix_counts_every_holder() {
     m.free("ghost");
     assert_eq!(m.get_num_common_prefix_blocks("a"), vec![3]);
 }
+
+#[test]
+fn handles_name_one_request_and_go_stale_when_it_is_freed() {
+    let mut m = KvCacheManager::new(config(10, 4, false, false)).unwrap();
+    assert_eq!(m.handle("a"), None, "no handle before the first allocation");
+    alloc(&mut m, "a", 4, 0, 4).unwrap();
+    let h = m.handle("a").unwrap();
+    assert_eq!(m.handle("a"), Some(h), "stable while held");
+    let (slot, id) = m.resolve_handle(h).unwrap();
+    assert_eq!((Some(slot), &*id), (m.lookup("a"), "a"));
+    m.free("a");
+    assert!(matches!(m.resolve_handle(h), Err(CoreError::UnknownRequest(_))));
+    // The slot is reused by the next request; the old handle stays stale.
+    alloc(&mut m, "b", 4, 0, 4).unwrap();
+    let hb = m.handle("b").unwrap();
+    assert_eq!(hb as u32, h as u32, "same slot");
+    assert_ne!(hb, h);
+    assert!(m.resolve_handle(h).is_err());
+    assert_eq!(&*m.resolve_handle(hb).unwrap().1, "b");
+    assert!(m.resolve_handle(u64::MAX).is_err());
+}

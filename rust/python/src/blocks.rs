@@ -5,6 +5,7 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
+use smallvec::SmallVec;
 
 /// vLLM's `KVCacheBlock` fields as a live, read-only view of one block.
 #[pyclass(module = "hybridcache._native", name = "BlockView", frozen, eq, hash)]
@@ -104,15 +105,20 @@ impl BlockView {
 /// block views on demand.
 #[pyclass(module = "hybridcache._native", name = "KVCacheBlocks", frozen)]
 pub struct KVCacheBlocks {
-    ids: Vec<Vec<i64>>,
+    // Inline for up to four groups: a result costs one allocation per
+    // group that got blocks.
+    ids: SmallVec<[Vec<i64>; 4]>,
     owner: Option<PyObject>,
 }
 
 impl KVCacheBlocks {
     pub fn from_ids(ids: &[Vec<u32>], owner: PyObject) -> Self {
+        Self::from_groups(ids.iter().map(Vec::as_slice), owner)
+    }
+
+    pub fn from_groups<'a>(groups: impl Iterator<Item = &'a [u32]>, owner: PyObject) -> Self {
         KVCacheBlocks {
-            ids: ids
-                .iter()
+            ids: groups
                 .map(|g| g.iter().map(|&b| i64::from(b)).collect())
                 .collect(),
             owner: Some(owner),
@@ -177,7 +183,7 @@ impl KVCacheBlocks {
     #[new]
     #[pyo3(signature = (block_ids, native=None))]
     fn new(block_ids: &Bound<'_, PyAny>, native: Option<PyObject>) -> PyResult<Self> {
-        let mut ids = Vec::new();
+        let mut ids = SmallVec::new();
         for g in block_ids.try_iter()? {
             let mut group = Vec::new();
             for b in g?.try_iter()? {
@@ -293,7 +299,7 @@ impl KVCacheBlocks {
 
     fn new_empty(&self, py: Python<'_>) -> KVCacheBlocks {
         KVCacheBlocks {
-            ids: vec![Vec::new(); self.ids.len()],
+            ids: (0..self.ids.len()).map(|_| Vec::new()).collect(),
             owner: self.owner.as_ref().map(|o| o.clone_ref(py)),
         }
     }

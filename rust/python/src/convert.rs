@@ -6,7 +6,7 @@ use pyo3::exceptions::{
     PyKeyError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub fn to_py_err(e: CoreError) -> PyErr {
@@ -181,4 +181,58 @@ pub fn hash_update(block_hashes: &Bound<'_, PyAny>, known: usize) -> PyResult<Op
         hashes.push(bytes.as_bytes());
     }
     Ok(Some(HashUpdate { offset, hashes }))
+}
+
+/// Unsigned ints from a list of ints, or from bytes / bytearray holding
+/// `width`-byte little-endian values (what `numpy.ndarray.tobytes()` gives
+/// for uint32 / uint64 on every common platform). The error names `name`.
+pub fn uint_array(name: &str, v: &Bound<'_, PyAny>, width: usize) -> PyResult<Vec<u64>> {
+    let from_le = |bytes: &[u8]| -> PyResult<Vec<u64>> {
+        if bytes.len() % width != 0 {
+            return Err(PyValueError::new_err(format!(
+                "{name}: {} bytes is not a whole number of {width}-byte ints",
+                bytes.len()
+            )));
+        }
+        Ok(bytes
+            .chunks_exact(width)
+            .map(|c| {
+                let mut w = [0u8; 8];
+                w[..width].copy_from_slice(c);
+                u64::from_le_bytes(w)
+            })
+            .collect())
+    };
+    if let Ok(b) = v.downcast::<PyBytes>() {
+        return from_le(b.as_bytes());
+    }
+    if let Ok(b) = v.downcast::<PyByteArray>() {
+        return from_le(&b.to_vec());
+    }
+    let Ok(list) = v.downcast::<PyList>() else {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be a list of ints or bytes of {width}-byte little-endian ints, got {}",
+            type_name(v)
+        )));
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, x)| {
+            let x: i64 = x.extract().map_err(|_| {
+                PyTypeError::new_err(format!("{name}[{i}] must be an int, got {}", type_name(&x)))
+            })?;
+            u64::try_from(x)
+                .map_err(|_| PyValueError::new_err(format!("{name}[{i}] must be >= 0, got {x}")))
+        })
+        .collect()
+}
+
+/// Little-endian bytes of u32 values (a compact result numpy reads with
+/// `numpy.frombuffer(b, dtype="<u4")`).
+pub fn u32_bytes<'py>(py: Python<'py>, values: &[u32]) -> Bound<'py, PyBytes> {
+    let mut raw = Vec::with_capacity(values.len() * 4);
+    for v in values {
+        raw.extend_from_slice(&v.to_le_bytes());
+    }
+    PyBytes::new(py, &raw)
 }

@@ -12,10 +12,11 @@ use blocks::{BlockView, KVCacheBlocks};
 mod hasher;
 
 use convert::{
-    block_ids, count, count_obj, guard, hash_update, ids_tuple, parse_group, u32_arg, GroupTuple,
+    block_ids, count, count_obj, guard, hash_update, ids_tuple, parse_group, u32_arg, u32_bytes,
+    uint_array, GroupTuple,
 };
 use hybridcache_core::{
-    AllocateArgs, CoreError, HashUpdate, KvCacheManager, ManagerConfig, PoolEvent,
+    AllocateArgs, CoreError, HashUpdate, KvCacheManager, ManagerConfig, NewBlocks, PoolEvent,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
@@ -44,6 +45,8 @@ struct NativeManager {
     /// Count lookups for prefix-cache stats (vLLM's `log_stats`).
     log_stats: bool,
     py_side: Option<Bound_>,
+    // The last allocation's new blocks (reused: a call allocates nothing).
+    scratch: NewBlocks,
 }
 
 fn request_id<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> {
@@ -127,25 +130,52 @@ impl NativeManager {
         hash_update(&hashes, self.inner.num_known_hashes(rid))
     }
 
-    /// One allocation: the request's new hashes are read only if caching
-    /// may need them (a block filled since they were last sent).
+    /// One allocation into `self.scratch`; false for vLLM's None. The
+    /// request's new hashes are read only if caching may need them (a block
+    /// filled since they were last sent).
     fn allocate_one(
         &mut self,
         request: &Bound<'_, PyAny>,
         rid: &str,
         args: &AllocateArgs,
-    ) -> PyResult<Option<Vec<Vec<u32>>>> {
+    ) -> PyResult<bool> {
         let slot = self.inner.lookup(rid);
+        let update = self.update_if_needed(slot, request, args)?;
+        let (inner, out) = (&mut self.inner, &mut self.scratch);
+        guard(|| inner.allocate_slots_into(slot, rid, args, update, out))
+    }
+
+    /// The request's hashes the core lacks, read only when this allocation
+    /// may cache a block they cover.
+    fn update_if_needed(
+        &self,
+        slot: Option<u32>,
+        request: &Bound<'_, PyAny>,
+        args: &AllocateArgs,
+    ) -> PyResult<Option<HashUpdate>> {
         let known = self.inner.known_hashes_at(slot);
-        let update = if self.inner.may_need_hashes(known, args) {
-            hash_update(
-                &request.getattr(intern!(request.py(), "block_hashes"))?,
-                known,
-            )?
-        } else {
-            None
-        };
-        guard(|| self.inner.allocate_slots_at(slot, rid, args, update))
+        if !self.inner.may_need_hashes(known, args) {
+            return Ok(None);
+        }
+        hash_update(
+            &request.getattr(intern!(request.py(), "block_hashes"))?,
+            known,
+        )
+    }
+
+    /// The result of the allocation in `scratch`: the shared empty
+    /// `KVCacheBlocks` when no group got a block.
+    fn scratch_blocks(&self, slf: &Bound<'_, Self>) -> PyResult<PyObject> {
+        let py = slf.py();
+        if self.scratch.is_empty() {
+            return Ok(self.py_side()?.empty.clone_ref(py));
+        }
+        Ok(Bound::new(
+            py,
+            KVCacheBlocks::from_groups(self.scratch.groups(), slf.clone().into_any().unbind()),
+        )?
+        .into_any()
+        .unbind())
     }
 
     /// Block ids of `new_computed_blocks`; None for None or the shared empty.
@@ -299,6 +329,7 @@ impl NativeManager {
             enable_caching,
             log_stats: false,
             py_side: None,
+            scratch: NewBlocks::new(),
         })
     }
 
@@ -447,12 +478,20 @@ impl NativeManager {
             full_sequence_must_fit,
             reserved_blocks: opt_count("reserved_blocks", reserved_blocks)?,
         };
-        let out = slf.borrow_mut().allocate_one(request, rid, &args)?;
-        Self::flush_events(slf, Some(request))?;
-        match out {
-            None => Ok(py.None()),
-            Some(ids) => Self::make_blocks(slf, &ids),
+        let (result, has_events) = {
+            let mut this = slf.borrow_mut();
+            let ok = this.allocate_one(request, rid, &args)?;
+            let result = if ok {
+                this.scratch_blocks(slf)?
+            } else {
+                py.None()
+            };
+            (result, this.inner.has_events())
+        };
+        if has_events {
+            Self::flush_events(slf, Some(request))?;
         }
+        Ok(result)
     }
 
     /// The decode `allocate_slots` of a whole step in one call: for each
@@ -536,19 +575,18 @@ impl NativeManager {
                     num_lookahead_tokens: lookahead,
                     ..Default::default()
                 };
-                let out = this.allocate_one(&request, rid, &args)?;
+                let got = this.allocate_one(&request, rid, &args)?;
                 if events_on && this.inner.has_events() {
                     pending_events.push((this.inner.take_events(), request.clone()));
                 }
-                ok.push(out.is_some());
-                match out {
-                    Some(groups) => {
-                        for g in groups {
-                            ids.extend_from_slice(&g);
-                            offsets.push(ids.len() as u32);
-                        }
+                ok.push(got);
+                if got {
+                    for g in this.scratch.groups() {
+                        ids.extend_from_slice(g);
+                        offsets.push(ids.len() as u32);
                     }
-                    None => offsets.extend(std::iter::repeat_n(ids.len() as u32, num_groups)),
+                } else {
+                    offsets.extend(std::iter::repeat_n(ids.len() as u32, num_groups));
                 }
             }
         }
@@ -570,6 +608,166 @@ impl NativeManager {
             PyList::new(py, offsets)?,
             PyList::new(py, ids)?,
         ))
+    }
+
+    /// A handle for a request the manager holds (after its first
+    /// allocation): an int `allocate_decode_arrays` takes in place of the
+    /// request. It names that request until it is freed and is never reused;
+    /// KeyError for a request the manager does not hold.
+    fn request_handle(&self, request_id: &str) -> PyResult<u64> {
+        self.inner.handle(request_id).ok_or_else(|| {
+            pyo3::exceptions::PyKeyError::new_err(format!(
+                "request {request_id:?} holds no state in this manager (allocate it first)"
+            ))
+        })
+    }
+
+    /// `allocate_decode_batch` over arrays, for serving loops that keep
+    /// their per-request counts in arrays: request `i` is `handles[i]`
+    /// (from `request_handle`), with `num_new_tokens[i]`,
+    /// `num_computed_tokens[i]` and `num_tokens[i]` as the request's
+    /// attributes would give them. Each array is a list of ints or bytes of
+    /// little-endian ints (uint64 handles, uint32 counts: `ndarray.tobytes()`).
+    /// `requests[i]` is read only for its `block_hashes`, and only when a
+    /// block fills; it is required when prefix caching is on.
+    ///
+    /// Everything is checked before any request is allocated, so an error
+    /// leaves the manager as it was. Returns `(ok, offsets, ids)` as bytes:
+    /// `ok` one byte per request (0 where `allocate_slots` would return
+    /// None), `offsets` and `ids` uint32 (little-endian): the new blocks of
+    /// request i in group g are `ids[offsets[i*G+g] : offsets[i*G+g+1]]`.
+    #[pyo3(signature = (handles, num_new_tokens, num_computed_tokens, num_tokens,
+                        num_lookahead_tokens=0, requests=None))]
+    fn allocate_decode_arrays<'py>(
+        slf: &Bound<'py, Self>,
+        handles: &Bound<'py, PyAny>,
+        num_new_tokens: &Bound<'py, PyAny>,
+        num_computed_tokens: &Bound<'py, PyAny>,
+        num_tokens: &Bound<'py, PyAny>,
+        num_lookahead_tokens: i64,
+        requests: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+        let py = slf.py();
+        let lookahead = count("num_lookahead_tokens", num_lookahead_tokens)?;
+        let handles = uint_array("handles", handles, 8)?;
+        let n = handles.len();
+        let counts = |name: &str, v: &Bound<'py, PyAny>| -> PyResult<Vec<u64>> {
+            let vals = uint_array(name, v, 4)?;
+            if vals.len() != n {
+                return Err(PyValueError::new_err(format!(
+                    "{name} has {} entries for {n} handles",
+                    vals.len()
+                )));
+            }
+            Ok(vals)
+        };
+        let new_tokens = counts("num_new_tokens", num_new_tokens)?;
+        let computed = counts("num_computed_tokens", num_computed_tokens)?;
+        let totals = counts("num_tokens", num_tokens)?;
+        let requests = match requests {
+            None => None,
+            Some(r) if r.is_none() => None,
+            Some(r) => {
+                let list = r
+                    .downcast::<PyList>()
+                    .map_err(|_| PyTypeError::new_err("requests must be a list"))?;
+                if list.len() != n {
+                    return Err(PyValueError::new_err(format!(
+                        "requests has {} entries for {n} handles",
+                        list.len()
+                    )));
+                }
+                Some(list)
+            }
+        };
+        let mut this = slf.borrow_mut();
+        // Pass 1: resolve and check every request; nothing changes yet.
+        let mut seen = vec![false; this.inner.slot_capacity()];
+        let mut plan = Vec::with_capacity(n);
+        for i in 0..n {
+            let (slot, id) = guard(|| this.inner.resolve_handle(handles[i]))?;
+            if std::mem::replace(&mut seen[slot as usize], true) {
+                return Err(PyValueError::new_err(format!(
+                    "handles[{i}]: request {id:?} appears twice in one step"
+                )));
+            }
+            let args = AllocateArgs {
+                num_new_tokens: new_tokens[i] as usize,
+                num_computed_tokens: computed[i] as usize,
+                num_tokens: totals[i] as usize,
+                num_lookahead_tokens: lookahead,
+                ..Default::default()
+            };
+            let known = this.inner.known_hashes_at(Some(slot));
+            let update = if this.inner.may_need_hashes(known, &args) {
+                let Some(reqs) = requests else {
+                    return Err(PyValueError::new_err(format!(
+                        "request {id:?} fills a block this step: pass requests= so its block_hashes can be read"
+                    )));
+                };
+                let request = reqs.get_item(i)?;
+                hash_update(&request.getattr(intern!(py, "block_hashes"))?, known)?
+            } else {
+                None
+            };
+            guard(|| this.inner.check_allocate(Some(slot), &id, &args, update.as_ref()))
+                .map_err(|e| {
+                    let msg = format!("handles[{i}]: {}", e.value(py));
+                    PyErr::from_type(e.get_type(py), msg)
+                })?;
+            plan.push((slot, id, args, update));
+        }
+        // Pass 2: allocate, in order.
+        let num_groups = this.inner.num_groups();
+        let events_on = this
+            .py_side
+            .as_ref()
+            .is_some_and(|s| s.event_sink.is_some());
+        let mut ok = Vec::with_capacity(n);
+        let mut offsets = Vec::with_capacity(n * num_groups + 1);
+        offsets.push(0u32);
+        let mut ids: Vec<u32> = Vec::new();
+        let mut pending_events = Vec::new();
+        let state = &mut *this;
+        for (i, (slot, id, args, update)) in plan.into_iter().enumerate() {
+            let (inner, out) = (&mut state.inner, &mut state.scratch);
+            let got = guard(|| inner.allocate_slots_into(Some(slot), &id, &args, update, out))?;
+            if events_on && state.inner.has_events() {
+                pending_events.push((state.inner.take_events(), i));
+            }
+            ok.push(u8::from(got));
+            if got {
+                for g in state.scratch.groups() {
+                    ids.extend_from_slice(g);
+                    offsets.push(ids.len() as u32);
+                }
+            } else {
+                offsets.extend(std::iter::repeat_n(ids.len() as u32, num_groups));
+            }
+        }
+        let sink = this
+            .py_side
+            .as_ref()
+            .and_then(|s| s.event_sink.as_ref())
+            .map(|s| s.clone_ref(py));
+        drop(this);
+        if let Some(sink) = sink {
+            for (events, i) in pending_events {
+                let request = match requests {
+                    Some(r) => r.get_item(i)?.unbind(),
+                    None => py.None(),
+                };
+                sink.call1(py, (raw_events(py, events)?, request))?;
+            }
+        }
+        Ok((PyBytes::new(py, &ok), u32_bytes(py, &offsets), u32_bytes(py, &ids)))
+    }
+
+    /// vLLM's `get_blocks(request_id)`: the request's blocks per group (the
+    /// shared empty `KVCacheBlocks` for a request without blocks).
+    fn get_blocks(slf: &Bound<'_, Self>, request_id: &str) -> PyResult<PyObject> {
+        let ids = slf.borrow().inner.get_block_ids(request_id);
+        Self::make_blocks(slf, &ids)
     }
 
     /// vLLM's `free(request)`: frees the request's blocks, tail first.
