@@ -1,7 +1,7 @@
 //! Core-only decode loop for profiling (`perf record`): N running requests,
 //! decode steps with 0..16 drafts and random acceptance, hashes appended as
 //! blocks fill. Prints ns per decode allocate_slots (whole loop: includes hash updates and frees).
-//! cargo run --release -p hybridcache-core --example decode_profile -- [full|mamba] [running] [steps]
+//! cargo run --release -p hybridcache-core --example decode_profile -- [full|swa|mamba] [running] [steps] [wide|small]
 use std::time::Instant;
 
 use hybridcache_core::{
@@ -27,6 +27,8 @@ fn main() {
     let config = args.get(1).map_or("full", String::as_str);
     let running: usize = args.get(2).map_or(256, |s| s.parse().unwrap());
     let steps: usize = args.get(3).map_or(2000, |s| s.parse().unwrap());
+    // "wide": 0..16 drafts (3 in 4 steps); "small": 0, 0, 1, 2 or 4 drafts.
+    let drafts = args.get(4).map_or("wide", String::as_str);
     let bs = 16u32;
     let mut groups = vec![GroupSpec::full_attention(bs)];
     match config {
@@ -109,10 +111,10 @@ fn main() {
         m.new_step_starts();
         m.take_new_block_ids();
         for i in 0..running {
-            let d = if rng.below(4) == 0 {
-                0
-            } else {
-                rng.below(17) as usize
+            let d = match drafts {
+                "small" => [0, 0, 1, 2, 4][rng.below(5) as usize],
+                _ if rng.below(4) == 0 => 0,
+                _ => rng.below(17) as usize,
             };
             let computed = len[i] - 1;
             let u = update(len[i], &mut sent[i], &mut hash_for);

@@ -236,6 +236,28 @@ impl Coordinator {
         }
     }
 
+    /// Whether a plain decode step changes no block in any group (see
+    /// `SingleTypeManager::decode_is_noop`); `num_tokens_to_cache` is None
+    /// when the call caches nothing.
+    pub fn decode_is_noop(
+        &self,
+        slot: ReqSlot,
+        total_computed: usize,
+        num_tokens: usize,
+        num_tokens_main_model: usize,
+        num_tokens_to_cache: Option<usize>,
+    ) -> bool {
+        self.managers.iter().all(|m| {
+            m.decode_is_noop(
+                slot,
+                total_computed,
+                num_tokens,
+                num_tokens_main_model,
+                num_tokens_to_cache.map(|t| self.tokens_to_cache(m, t)),
+            )
+        })
+    }
+
     /// Tokens each manager caches for `num_tokens` computed tokens.
     pub fn tokens_to_cache(&self, m: &SingleTypeManager, num_tokens: usize) -> usize {
         if self.kind != CoordinatorKind::Hybrid {

@@ -332,14 +332,12 @@ impl KvCacheManager {
             .map(|s| u64::from(self.generations[s as usize]) << 32 | u64::from(s))
     }
 
-    /// The slot and id of the request a handle names.
-    pub fn resolve_handle(&self, handle: u64) -> CoreResult<(ReqSlot, Arc<str>)> {
+    /// The slot of the request a handle names.
+    pub fn resolve_handle(&self, handle: u64) -> CoreResult<ReqSlot> {
         let slot = handle as u32;
         let generation = (handle >> 32) as u32;
         match self.requests.get(slot as usize) {
-            Some(Some(state)) if self.generations[slot as usize] == generation => {
-                Ok((slot, state.id.clone()))
-            }
+            Some(Some(_)) if self.generations[slot as usize] == generation => Ok(slot),
             _ => Err(CoreError::UnknownRequest(format!(
                 "request handle {handle} names no request the manager holds (freed, or never allocated)"
             ))),
@@ -378,6 +376,30 @@ impl KvCacheManager {
         Ok(ok.then(|| out.to_vecs()))
     }
 
+    /// A plain decode of a running request that changes no block (most
+    /// decode steps): it needs no check beyond `num_new_tokens > 0` and no
+    /// work beyond what the planner records. False: take the general path.
+    fn is_noop_decode(&self, slot: Option<ReqSlot>, args: &AllocateArgs) -> bool {
+        let Some(slot) = slot else { return false };
+        let plain = args.new_computed_blocks.is_none()
+            && args.num_new_computed_tokens == 0
+            && args.num_external_computed_tokens == 0
+            && args.num_encoder_tokens == 0
+            && args.reserved_blocks == 0
+            && !args.full_sequence_must_fit
+            && args.num_new_tokens > 0;
+        if !plain {
+            return false;
+        }
+        let total_computed = args.num_computed_tokens.min(self.max_model_len);
+        let main_model = total_computed + args.num_new_tokens;
+        let need_slot = (main_model + args.num_lookahead_tokens).min(self.max_model_len);
+        let caches = self.enable_caching && !args.delay_cache_blocks;
+        let to_cache = caches.then(|| main_model.min(args.num_tokens));
+        self.coord
+            .decode_is_noop(slot, total_computed, need_slot, main_model, to_cache)
+    }
+
     /// The argument checks of `allocate_slots_into` alone (changes nothing):
     /// `Ok` means that call, with the same state, cannot fail.
     pub fn check_allocate(
@@ -387,6 +409,9 @@ impl KvCacheManager {
         args: &AllocateArgs,
         update: Option<&HashUpdate>,
     ) -> CoreResult<()> {
+        if update.is_none() && self.is_noop_decode(slot, args) {
+            return Ok(());
+        }
         if args.num_new_tokens == 0 && args.num_external_computed_tokens == 0 {
             return invalid(
                 "num_new_tokens must be greater than 0 when there are no external computed tokens",
@@ -454,6 +479,32 @@ impl KvCacheManager {
         debug_assert_eq!(slot, self.slot(request_id));
         out.clear();
         self.check_allocate(slot, request_id, args, update.as_ref())?;
+        // From here on the call is valid; every path below only succeeds.
+        let slot = match slot {
+            Some(s) => s,
+            None => self.slot_or_insert(request_id),
+        };
+        Ok(self.allocate_checked(slot, args, update, out))
+    }
+
+    /// The allocation of `allocate_slots_into` for a request whose slot
+    /// exists, once `check_allocate` accepted these arguments in this state
+    /// (a batch checks all its requests first, then allocates them).
+    pub fn allocate_checked(
+        &mut self,
+        slot: ReqSlot,
+        args: &AllocateArgs,
+        update: Option<HashUpdate>,
+        out: &mut NewBlocks,
+    ) -> bool {
+        out.clear();
+        if update.is_none() && self.is_noop_decode(Some(slot), args) {
+            out.push_empty_groups(self.num_groups());
+            self.planner
+                .last_step
+                .insert(slot, (args.num_computed_tokens.min(self.max_model_len), args.num_new_tokens));
+            return true;
+        }
         let owned_empty;
         let new_computed: &[Vec<BlockId>] = match args.new_computed_blocks {
             Some(nc) => nc,
@@ -470,12 +521,6 @@ impl KvCacheManager {
             (num_local_computed + args.num_external_computed_tokens).min(self.max_model_len);
         let caches = self.enable_caching && !args.delay_cache_blocks;
         let num_tokens_to_cache = (total_computed + args.num_new_tokens).min(args.num_tokens);
-
-        // From here on the call is valid; every path below only succeeds.
-        let slot = match slot {
-            Some(s) => s,
-            None => self.slot_or_insert(request_id),
-        };
         if let Some(u) = update {
             self.apply_hashes_at(slot, u);
         }
@@ -493,7 +538,7 @@ impl KvCacheManager {
             );
             if need > self.coord.pool.num_free_blocks() as i64 {
                 self.release_if_idle(slot);
-                return Ok(false);
+                return false;
             }
         }
         let num_tokens_main_model = total_computed + args.num_new_tokens;
@@ -525,7 +570,7 @@ impl KvCacheManager {
         let free = self.coord.pool.num_free_blocks() as i64;
         if need > free - args.reserved_blocks as i64 || need_true > free {
             self.release_if_idle(slot);
-            return Ok(false);
+            return false;
         }
         if adds_computed {
             self.coord.allocate_new_computed_blocks(
@@ -550,7 +595,7 @@ impl KvCacheManager {
         self.planner
             .last_step
             .insert(slot, (total_computed, args.num_new_tokens));
-        Ok(true)
+        true
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -872,6 +917,11 @@ impl KvCacheManager {
 
     pub fn has_request(&self, request_id: &str) -> bool {
         self.slots.contains_key(request_id)
+    }
+
+    /// The id of the request in a live slot (from `lookup` / `resolve_handle`).
+    pub fn request_id_at(&self, slot: ReqSlot) -> &str {
+        &self.requests[slot as usize].as_ref().expect("live slot").id
     }
 
     /// One more than the highest request slot ever used (slots index dense tables).

@@ -518,6 +518,68 @@ impl SingleTypeManager {
             .count()
     }
 
+    /// Whether a plain decode step (no computed blocks, no external or
+    /// encoder tokens) changes nothing in this group: no block leaves the
+    /// window, none is allocated, none is cached. Mirrors
+    /// `remove_skipped_blocks`, `allocate_new_blocks` and `cache_blocks`;
+    /// false sends the call the general way.
+    pub fn decode_is_noop(
+        &self,
+        slot: ReqSlot,
+        total_computed: usize,
+        num_tokens: usize,
+        num_tokens_main_model: usize,
+        tokens_to_cache: Option<usize>,
+    ) -> bool {
+        if !self.is_running(slot) {
+            return false;
+        }
+        let bs = self.block_size as usize;
+        let blocks = self.blocks(slot);
+        let window_noop = |total: usize| {
+            let n = (self.num_skipped_tokens(total) / bs).min(blocks.len());
+            n == 0 || blocks[n - 1] == NULL_BLOCK
+        };
+        let num_required = match self.spec.kind {
+            SpecKind::FullAttention => cdiv(num_tokens, bs),
+            SpecKind::SlidingWindow { .. } | SpecKind::ChunkedLocal { .. } => {
+                if !window_noop(total_computed) {
+                    return false;
+                }
+                cdiv(num_tokens, bs)
+            }
+            SpecKind::Mamba {
+                mode,
+                num_speculative_blocks,
+            } => {
+                let num_spec = num_speculative_blocks as usize;
+                let total = total_computed.saturating_sub(num_spec);
+                if !window_noop(total) {
+                    return false;
+                }
+                if mode == MambaMode::Align {
+                    if self.worker_view.get(slot).is_none() {
+                        return false;
+                    }
+                    let old_state = self.align.get(slot).and_then(|a| a.last_state_block_idx);
+                    if let Some(idx) = old_state {
+                        if idx + 1 < cdiv(total, bs) && blocks[idx] != NULL_BLOCK {
+                            return false;
+                        }
+                    }
+                    cdiv(num_tokens_main_model, bs) + num_spec
+                } else {
+                    cdiv(num_tokens + bs * num_spec, bs)
+                }
+            }
+            SpecKind::CrossAttention => return false,
+        };
+        if num_required > blocks.len() {
+            return false;
+        }
+        tokens_to_cache.is_none_or(|t| t / bs <= self.num_cached_blocks(slot))
+    }
+
     /// Frees blocks that fall outside the attention window, replacing them
     /// with the null block.
     pub fn remove_skipped_blocks(&mut self, pool: &mut BlockPool, slot: ReqSlot, total: usize) {

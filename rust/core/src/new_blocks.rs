@@ -22,6 +22,12 @@ impl NewBlocks {
         self.ends.clear();
     }
 
+    /// `n` groups that got no block.
+    pub fn push_empty_groups(&mut self, n: usize) {
+        let end = self.ids.len() as u32;
+        self.ends.extend(std::iter::repeat_n(end, n));
+    }
+
     pub fn num_groups(&self) -> usize {
         self.ends.len()
     }

@@ -311,8 +311,8 @@ fn handles_name_one_request_and_go_stale_when_it_is_freed() {
     alloc(&mut m, "a", 4, 0, 4).unwrap();
     let h = m.handle("a").unwrap();
     assert_eq!(m.handle("a"), Some(h), "stable while held");
-    let (slot, id) = m.resolve_handle(h).unwrap();
-    assert_eq!((Some(slot), &*id), (m.lookup("a"), "a"));
+    let slot = m.resolve_handle(h).unwrap();
+    assert_eq!((Some(slot), m.request_id_at(slot)), (m.lookup("a"), "a"));
     m.free("a");
     assert!(matches!(m.resolve_handle(h), Err(CoreError::UnknownRequest(_))));
     // The slot is reused by the next request; the old handle stays stale.
@@ -321,6 +321,6 @@ fn handles_name_one_request_and_go_stale_when_it_is_freed() {
     assert_eq!(hb as u32, h as u32, "same slot");
     assert_ne!(hb, h);
     assert!(m.resolve_handle(h).is_err());
-    assert_eq!(&*m.resolve_handle(hb).unwrap().1, "b");
+    assert_eq!(m.request_id_at(m.resolve_handle(hb).unwrap()), "b");
     assert!(m.resolve_handle(u64::MAX).is_err());
 }

@@ -685,7 +685,8 @@ impl NativeManager {
         let mut seen = vec![false; this.inner.slot_capacity()];
         let mut plan = Vec::with_capacity(n);
         for i in 0..n {
-            let (slot, id) = guard(|| this.inner.resolve_handle(handles[i]))?;
+            let slot = guard(|| this.inner.resolve_handle(handles[i]))?;
+            let id = this.inner.request_id_at(slot);
             if std::mem::replace(&mut seen[slot as usize], true) {
                 return Err(PyValueError::new_err(format!(
                     "handles[{i}]: request {id:?} appears twice in one step"
@@ -710,12 +711,12 @@ impl NativeManager {
             } else {
                 None
             };
-            guard(|| this.inner.check_allocate(Some(slot), &id, &args, update.as_ref()))
+            guard(|| this.inner.check_allocate(Some(slot), id, &args, update.as_ref()))
                 .map_err(|e| {
                     let msg = format!("handles[{i}]: {}", e.value(py));
                     PyErr::from_type(e.get_type(py), msg)
                 })?;
-            plan.push((slot, id, args, update));
+            plan.push((slot, args, update));
         }
         // Pass 2: allocate, in order.
         let num_groups = this.inner.num_groups();
@@ -729,9 +730,9 @@ impl NativeManager {
         let mut ids: Vec<u32> = Vec::new();
         let mut pending_events = Vec::new();
         let state = &mut *this;
-        for (i, (slot, id, args, update)) in plan.into_iter().enumerate() {
+        for (i, (slot, args, update)) in plan.into_iter().enumerate() {
             let (inner, out) = (&mut state.inner, &mut state.scratch);
-            let got = guard(|| inner.allocate_slots_into(Some(slot), &id, &args, update, out))?;
+            let got = guard(|| Ok(inner.allocate_checked(slot, &args, update, out)))?;
             if events_on && state.inner.has_events() {
                 pending_events.push((state.inner.take_events(), i));
             }
