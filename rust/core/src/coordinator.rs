@@ -5,10 +5,10 @@
 use crate::block_pool::BlockPool;
 use crate::error::{CoreError, CoreResult};
 use crate::hashes::{HashList, ScaledHashes};
-use crate::manager::SingleTypeManager;
+use crate::manager::{DecodeHorizon, SingleTypeManager};
 use crate::new_blocks::NewBlocks;
 use crate::spec::{GroupSpec, SpecKind};
-use crate::{BlockId, ReqSlot};
+use crate::{cdiv, BlockId, ReqSlot};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CoordinatorKind {
@@ -256,6 +256,29 @@ impl Coordinator {
                 num_tokens_to_cache.map(|t| self.tokens_to_cache(m, t)),
             )
         })
+    }
+
+    /// The request's decode horizon over all groups (see
+    /// `SingleTypeManager::decode_horizon`), with each group's caching bound:
+    /// the most tokens whose `tokens_to_cache` stays within its cached blocks.
+    pub fn decode_horizon(&self, slot: ReqSlot) -> Option<DecodeHorizon> {
+        let mut h = DecodeHorizon::UNBOUNDED;
+        for m in &self.managers {
+            let mut g = m.decode_horizon(slot)?;
+            // tokens_to_cache(t) / bs <= cached  <=>  tokens_to_cache(t) < limit
+            let limit = (m.num_cached_blocks(slot) + 1) * m.block_size as usize;
+            g.max_to_cache = match self.kind {
+                CoordinatorKind::Hybrid if m.use_eagle => return None,
+                CoordinatorKind::Hybrid => {
+                    // t / sbs * sbs < limit  <=>  t < ceil(limit / sbs) * sbs
+                    let sbs = self.scheduler_block_size as usize;
+                    cdiv(limit, sbs) * sbs - 1
+                }
+                _ => limit - 1,
+            };
+            h = h.min(g);
+        }
+        Some(h)
     }
 
     /// Tokens each manager caches for `num_tokens` computed tokens.

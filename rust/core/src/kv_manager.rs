@@ -12,7 +12,9 @@ use crate::events::PoolEvent;
 use crate::fast_hash::FxBuild;
 use crate::hashes::HashList;
 use crate::mamba_plan::{post_rows, pre_rows, PlanRequest, PlannerState, PreRow};
+use crate::manager::DecodeHorizon;
 use crate::new_blocks::NewBlocks;
+use crate::slot_table::SlotTable;
 use crate::spec::GroupSpec;
 use crate::{BlockId, ReqSlot};
 
@@ -103,6 +105,10 @@ pub struct KvCacheManager {
     pub stats: LookupStats,
     // Mamba align worker-side state for copy plans.
     planner: PlannerState,
+    // Per running request: bounds within which a decode changes no block
+    // (absent: unknown, the exact check runs). Dropped whenever the
+    // request's tables change outside a no-op decode.
+    horizons: SlotTable<DecodeHorizon>,
     max_model_len: usize,
     enable_caching: bool,
     slots: HashMap<Arc<str>, ReqSlot, FxBuild>,
@@ -138,6 +144,7 @@ impl KvCacheManager {
             coord,
             stats: LookupStats::default(),
             planner: PlannerState::default(),
+            horizons: SlotTable::default(),
             max_model_len: cfg.max_model_len,
             enable_caching: cfg.enable_caching,
             slots: HashMap::default(),
@@ -379,7 +386,7 @@ impl KvCacheManager {
     /// A plain decode of a running request that changes no block (most
     /// decode steps): it needs no check beyond `num_new_tokens > 0` and no
     /// work beyond what the planner records. False: take the general path.
-    fn is_noop_decode(&self, slot: Option<ReqSlot>, args: &AllocateArgs) -> bool {
+    pub fn is_noop_decode(&self, slot: Option<ReqSlot>, args: &AllocateArgs) -> bool {
         let Some(slot) = slot else { return false };
         let plain = args.new_computed_blocks.is_none()
             && args.num_new_computed_tokens == 0
@@ -396,8 +403,36 @@ impl KvCacheManager {
         let need_slot = (main_model + args.num_lookahead_tokens).min(self.max_model_len);
         let caches = self.enable_caching && !args.delay_cache_blocks;
         let to_cache = caches.then(|| main_model.min(args.num_tokens));
-        self.coord
-            .decode_is_noop(slot, total_computed, need_slot, main_model, to_cache)
+        match self.horizons.get(slot) {
+            Some(h) => {
+                let noop = h.allows(total_computed, need_slot, main_model, to_cache);
+                debug_assert!(
+                    !noop
+                        || self.coord.decode_is_noop(
+                            slot,
+                            total_computed,
+                            need_slot,
+                            main_model,
+                            to_cache
+                        ),
+                    "decode horizon {h:?} of slot {slot} admits a decode that changes blocks"
+                );
+                noop
+            }
+            None => {
+                self.coord
+                    .decode_is_noop(slot, total_computed, need_slot, main_model, to_cache)
+            }
+        }
+    }
+
+    /// The whole effect of a decode `is_noop_decode` accepted: the Mamba
+    /// planner notes the step (callers that checked already skip the rest).
+    pub fn record_noop_decode(&mut self, slot: ReqSlot, args: &AllocateArgs) {
+        let total_computed = args.num_computed_tokens.min(self.max_model_len);
+        self.planner
+            .last_step
+            .insert(slot, (total_computed, args.num_new_tokens));
     }
 
     /// The argument checks of `allocate_slots_into` alone (changes nothing):
@@ -500,11 +535,10 @@ impl KvCacheManager {
         out.clear();
         if update.is_none() && self.is_noop_decode(Some(slot), args) {
             out.push_empty_groups(self.num_groups());
-            self.planner
-                .last_step
-                .insert(slot, (args.num_computed_tokens.min(self.max_model_len), args.num_new_tokens));
+            self.record_noop_decode(slot, args);
             return true;
         }
+        self.horizons.remove(slot);
         let owned_empty;
         let new_computed: &[Vec<BlockId>] = match args.new_computed_blocks {
             Some(nc) => nc,
@@ -595,6 +629,9 @@ impl KvCacheManager {
         self.planner
             .last_step
             .insert(slot, (total_computed, args.num_new_tokens));
+        if let Some(h) = self.coord.decode_horizon(slot) {
+            self.horizons.insert(slot, h);
+        }
         true
     }
 
@@ -641,6 +678,7 @@ impl KvCacheManager {
     }
 
     fn drop_slot(&mut self, slot: ReqSlot) {
+        self.horizons.remove(slot);
         if let Some(state) = self.requests[slot as usize].take() {
             self.slots.remove(&state.id);
             self.generations[slot as usize] = self.generations[slot as usize].wrapping_add(1);
@@ -659,6 +697,7 @@ impl KvCacheManager {
 
     pub fn remove_skipped_blocks(&mut self, request_id: &str, total_computed_tokens: usize) {
         if let Some(slot) = self.slot(request_id) {
+            self.horizons.remove(slot);
             self.coord
                 .remove_skipped_blocks(slot, total_computed_tokens);
         }
@@ -700,6 +739,7 @@ impl KvCacheManager {
         if let Some(u) = update {
             self.apply_hashes(request_id, u);
         }
+        self.horizons.remove(slot);
         let (coord, requests) = (&mut self.coord, &self.requests);
         let hashes = &requests[slot as usize].as_ref().expect("live slot").hashes;
         coord.cache_blocks(slot, hashes, num_computed_tokens);

@@ -18,6 +18,51 @@ use crate::slot_table::SlotTable;
 use crate::spec::{GroupSpec, MambaMode, SpecKind};
 use crate::{cdiv, BlockId, ReqSlot};
 
+/// Largest counts for which a plain decode of a request changes no block
+/// (see `SingleTypeManager::decode_horizon`); `usize::MAX`: no bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeHorizon {
+    /// Computed tokens (after the max_model_len cap).
+    pub max_total: usize,
+    /// Tokens that need a slot (with lookahead, capped).
+    pub max_need_slot: usize,
+    /// Computed + new tokens (Mamba align sizes by this).
+    pub max_main: usize,
+    /// Tokens to cache (only bounds calls that cache).
+    pub max_to_cache: usize,
+}
+
+impl DecodeHorizon {
+    pub const UNBOUNDED: DecodeHorizon = DecodeHorizon {
+        max_total: usize::MAX,
+        max_need_slot: usize::MAX,
+        max_main: usize::MAX,
+        max_to_cache: usize::MAX,
+    };
+
+    pub fn min(self, o: DecodeHorizon) -> DecodeHorizon {
+        DecodeHorizon {
+            max_total: self.max_total.min(o.max_total),
+            max_need_slot: self.max_need_slot.min(o.max_need_slot),
+            max_main: self.max_main.min(o.max_main),
+            max_to_cache: self.max_to_cache.min(o.max_to_cache),
+        }
+    }
+
+    pub fn allows(
+        &self,
+        total: usize,
+        need_slot: usize,
+        main: usize,
+        to_cache: Option<usize>,
+    ) -> bool {
+        total <= self.max_total
+            && need_slot <= self.max_need_slot
+            && main <= self.max_main
+            && to_cache.is_none_or(|t| t <= self.max_to_cache)
+    }
+}
+
 /// Mamba "align" bookkeeping of one request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AlignState {
@@ -578,6 +623,63 @@ impl SingleTypeManager {
             return false;
         }
         tokens_to_cache.is_none_or(|t| t / bs <= self.num_cached_blocks(slot))
+    }
+
+    /// Bounds within which a plain decode changes nothing in this group
+    /// (a sound summary of `decode_is_noop`, cached per request so the
+    /// common decode costs a few compares). Caching is bounded by the
+    /// coordinator, from `num_cached_blocks`. None: no such summary.
+    pub fn decode_horizon(&self, slot: ReqSlot) -> Option<DecodeHorizon> {
+        if !self.is_running(slot) {
+            return None;
+        }
+        let bs = self.block_size as usize;
+        let blocks = self.blocks(slot);
+        let len = blocks.len();
+        // Blocks before the first real one are null: a window ending there
+        // frees nothing (`remove_window_blocks` stops at a null block).
+        let first_real = || blocks.iter().position(|&b| b != NULL_BLOCK);
+        let mut h = DecodeHorizon::UNBOUNDED;
+        match self.spec.kind {
+            SpecKind::FullAttention => h.max_need_slot = len * bs,
+            SpecKind::SlidingWindow { window } => {
+                if let Some(j) = first_real() {
+                    // skipped = total + 1 - window < (j + 1) * bs
+                    h.max_total = (j + 1) * bs + window as usize - 2;
+                }
+                h.max_need_slot = len * bs;
+            }
+            SpecKind::ChunkedLocal { chunk } => {
+                if let Some(j) = first_real() {
+                    let chunk = chunk as usize;
+                    h.max_total = cdiv((j + 1) * bs, chunk) * chunk - 1;
+                }
+                h.max_need_slot = len * bs;
+            }
+            SpecKind::Mamba {
+                mode,
+                num_speculative_blocks,
+            } => {
+                let num_spec = num_speculative_blocks as usize;
+                let room = len.checked_sub(num_spec)? * bs;
+                // The window and the old state apply to total - num_spec.
+                if let Some(j) = first_real() {
+                    h.max_total = (j + 1) * bs + num_spec;
+                }
+                if mode == MambaMode::Align {
+                    self.worker_view.get(slot)?;
+                    let old_state = self.align.get(slot).and_then(|a| a.last_state_block_idx);
+                    if let Some(idx) = old_state.filter(|&i| blocks[i] != NULL_BLOCK) {
+                        h.max_total = h.max_total.min((idx + 1) * bs + num_spec);
+                    }
+                    h.max_main = room;
+                } else {
+                    h.max_need_slot = room;
+                }
+            }
+            SpecKind::CrossAttention => return None,
+        }
+        Some(h)
     }
 
     /// Frees blocks that fall outside the attention window, replacing them

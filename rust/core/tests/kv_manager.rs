@@ -314,7 +314,10 @@ fn handles_name_one_request_and_go_stale_when_it_is_freed() {
     let slot = m.resolve_handle(h).unwrap();
     assert_eq!((Some(slot), m.request_id_at(slot)), (m.lookup("a"), "a"));
     m.free("a");
-    assert!(matches!(m.resolve_handle(h), Err(CoreError::UnknownRequest(_))));
+    assert!(matches!(
+        m.resolve_handle(h),
+        Err(CoreError::UnknownRequest(_))
+    ));
     // The slot is reused by the next request; the old handle stays stale.
     alloc(&mut m, "b", 4, 0, 4).unwrap();
     let hb = m.handle("b").unwrap();

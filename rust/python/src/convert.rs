@@ -230,9 +230,9 @@ pub fn uint_array(name: &str, v: &Bound<'_, PyAny>, width: usize) -> PyResult<Ve
 /// Little-endian bytes of u32 values (a compact result numpy reads with
 /// `numpy.frombuffer(b, dtype="<u4")`).
 pub fn u32_bytes<'py>(py: Python<'py>, values: &[u32]) -> Bound<'py, PyBytes> {
-    let mut raw = Vec::with_capacity(values.len() * 4);
-    for v in values {
-        raw.extend_from_slice(&v.to_le_bytes());
+    if cfg!(target_endian = "little") {
+        return PyBytes::new(py, bytemuck::cast_slice(values));
     }
+    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     PyBytes::new(py, &raw)
 }

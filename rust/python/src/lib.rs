@@ -646,7 +646,11 @@ impl NativeManager {
         num_tokens: &Bound<'py, PyAny>,
         num_lookahead_tokens: i64,
         requests: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    ) -> PyResult<(
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+    )> {
         let py = slf.py();
         let lookahead = count("num_lookahead_tokens", num_lookahead_tokens)?;
         let handles = uint_array("handles", handles, 8)?;
@@ -681,42 +685,58 @@ impl NativeManager {
             }
         };
         let mut this = slf.borrow_mut();
+        let decode_args = |i: usize| AllocateArgs {
+            num_new_tokens: new_tokens[i] as usize,
+            num_computed_tokens: computed[i] as usize,
+            num_tokens: totals[i] as usize,
+            num_lookahead_tokens: lookahead,
+            ..Default::default()
+        };
         // Pass 1: resolve and check every request; nothing changes yet.
-        let mut seen = vec![false; this.inner.slot_capacity()];
-        let mut plan = Vec::with_capacity(n);
-        for i in 0..n {
-            let slot = guard(|| this.inner.resolve_handle(handles[i]))?;
-            let id = this.inner.request_id_at(slot);
-            if std::mem::replace(&mut seen[slot as usize], true) {
-                return Err(PyValueError::new_err(format!(
-                    "handles[{i}]: request {id:?} appears twice in one step"
-                )));
-            }
-            let args = AllocateArgs {
-                num_new_tokens: new_tokens[i] as usize,
-                num_computed_tokens: computed[i] as usize,
-                num_tokens: totals[i] as usize,
-                num_lookahead_tokens: lookahead,
-                ..Default::default()
-            };
-            let known = this.inner.known_hashes_at(Some(slot));
-            let update = if this.inner.may_need_hashes(known, &args) {
-                let Some(reqs) = requests else {
+        // `general[k]` is Some(hash update) for requests that take the
+        // general path, None for decodes that change no block.
+        let mut general: Vec<Option<Option<HashUpdate>>> = Vec::with_capacity(n);
+        let mut slots = Vec::with_capacity(n);
+        {
+            let inner = &this.inner;
+            let mut seen = vec![false; inner.slot_capacity()];
+            for (i, &handle) in handles.iter().enumerate() {
+                let slot = inner.resolve_handle(handle).map_err(convert::to_py_err)?;
+                if std::mem::replace(&mut seen[slot as usize], true) {
                     return Err(PyValueError::new_err(format!(
-                        "request {id:?} fills a block this step: pass requests= so its block_hashes can be read"
+                        "handles[{i}]: request {:?} appears twice in one step",
+                        inner.request_id_at(slot)
                     )));
+                }
+                slots.push(slot);
+                let args = decode_args(i);
+                let known = inner.known_hashes_at(Some(slot));
+                let may_need_hashes = inner.may_need_hashes(known, &args);
+                if !may_need_hashes && inner.is_noop_decode(Some(slot), &args) {
+                    // Most decode steps change no block: nothing more to check.
+                    general.push(None);
+                    continue;
+                }
+                let id = inner.request_id_at(slot);
+                let update = if may_need_hashes {
+                    let Some(reqs) = requests else {
+                        return Err(PyValueError::new_err(format!(
+                            "request {id:?} fills a block this step: pass requests= so its block_hashes can be read"
+                        )));
+                    };
+                    let request = reqs.get_item(i)?;
+                    hash_update(&request.getattr(intern!(py, "block_hashes"))?, known)?
+                } else {
+                    None
                 };
-                let request = reqs.get_item(i)?;
-                hash_update(&request.getattr(intern!(py, "block_hashes"))?, known)?
-            } else {
-                None
-            };
-            guard(|| this.inner.check_allocate(Some(slot), id, &args, update.as_ref()))
-                .map_err(|e| {
-                    let msg = format!("handles[{i}]: {}", e.value(py));
-                    PyErr::from_type(e.get_type(py), msg)
-                })?;
-            plan.push((slot, args, update));
+                guard(|| inner.check_allocate(Some(slot), id, &args, update.as_ref())).map_err(
+                    |e| {
+                        let msg = format!("handles[{i}]: {}", e.value(py));
+                        PyErr::from_type(e.get_type(py), msg)
+                    },
+                )?;
+                general.push(Some(update));
+            }
         }
         // Pass 2: allocate, in order.
         let num_groups = this.inner.num_groups();
@@ -730,7 +750,14 @@ impl NativeManager {
         let mut ids: Vec<u32> = Vec::new();
         let mut pending_events = Vec::new();
         let state = &mut *this;
-        for (i, (slot, args, update)) in plan.into_iter().enumerate() {
+        for (i, (slot, path)) in slots.into_iter().zip(general).enumerate() {
+            let args = decode_args(i);
+            let Some(update) = path else {
+                state.inner.record_noop_decode(slot, &args);
+                ok.push(1);
+                offsets.extend(std::iter::repeat_n(ids.len() as u32, num_groups));
+                continue;
+            };
             let (inner, out) = (&mut state.inner, &mut state.scratch);
             let got = guard(|| Ok(inner.allocate_checked(slot, &args, update, out)))?;
             if events_on && state.inner.has_events() {
@@ -761,7 +788,11 @@ impl NativeManager {
                 sink.call1(py, (raw_events(py, events)?, request))?;
             }
         }
-        Ok((PyBytes::new(py, &ok), u32_bytes(py, &offsets), u32_bytes(py, &ids)))
+        Ok((
+            PyBytes::new(py, &ok),
+            u32_bytes(py, &offsets),
+            u32_bytes(py, &ids),
+        ))
     }
 
     /// vLLM's `get_blocks(request_id)`: the request's blocks per group (the
