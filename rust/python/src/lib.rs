@@ -130,6 +130,24 @@ impl NativeManager {
         hash_update(&hashes, self.inner.num_known_hashes(rid))
     }
 
+    /// A decode that changes no block, done without reading anything more
+    /// of the request: `args.num_tokens` may be an upper bound (the no-op
+    /// test only gets stricter with more tokens to cache). False: nothing
+    /// was done, allocate the general way.
+    fn try_noop_decode(&mut self, rid: &str, args: &AllocateArgs) -> bool {
+        let Some(slot) = self.inner.lookup(rid) else {
+            return false;
+        };
+        let known = self.inner.known_hashes_at(Some(slot));
+        if self.inner.may_need_hashes(known, args) || !self.inner.is_noop_decode(Some(slot), args) {
+            return false;
+        }
+        self.inner.record_noop_decode(slot, args);
+        self.scratch.clear();
+        self.scratch.push_empty_groups(self.inner.num_groups());
+        true
+    }
+
     /// One allocation into `self.scratch`; false for vLLM's None. The
     /// request's new hashes are read only if caching may need them (a block
     /// filled since they were last sent).
@@ -462,10 +480,8 @@ impl NativeManager {
                 "request.num_computed_tokens",
                 &request.getattr(intern!(py, "num_computed_tokens"))?,
             )?,
-            num_tokens: count_obj(
-                "request.num_tokens",
-                &request.getattr(intern!(py, "num_tokens"))?,
-            )?,
+            // Read below, only if the call may cache a block.
+            num_tokens: usize::MAX,
             num_new_computed_tokens: opt_count("num_new_computed_tokens", num_new_computed_tokens)?,
             new_computed_blocks: new_computed.as_deref(),
             num_lookahead_tokens: opt_count("num_lookahead_tokens", num_lookahead_tokens)?,
@@ -478,9 +494,19 @@ impl NativeManager {
             full_sequence_must_fit,
             reserved_blocks: opt_count("reserved_blocks", reserved_blocks)?,
         };
+        let mut args = args;
         let (result, has_events) = {
             let mut this = slf.borrow_mut();
-            let ok = this.allocate_one(request, rid, &args)?;
+            let ok = match this.try_noop_decode(rid, &args) {
+                true => true,
+                false => {
+                    args.num_tokens = count_obj(
+                        "request.num_tokens",
+                        &request.getattr(intern!(py, "num_tokens"))?,
+                    )?;
+                    this.allocate_one(request, rid, &args)?
+                }
+            };
             let result = if ok {
                 this.scratch_blocks(slf)?
             } else {
@@ -561,21 +587,25 @@ impl NativeManager {
                         &request.getattr(intern!(py, "num_computed_tokens"))?,
                     )?,
                 };
-                let total = match &totals {
-                    Some(t) => t[i],
-                    None => count_obj(
-                        "request.num_tokens",
-                        &request.getattr(intern!(py, "num_tokens"))?,
-                    )?,
-                };
-                let args = AllocateArgs {
+                let mut args = AllocateArgs {
                     num_new_tokens: counts[i],
                     num_computed_tokens: num_computed,
-                    num_tokens: total,
+                    // An upper bound until read: only a call that may cache needs it.
+                    num_tokens: totals.as_ref().map_or(usize::MAX, |t| t[i]),
                     num_lookahead_tokens: lookahead,
                     ..Default::default()
                 };
-                let got = this.allocate_one(&request, rid, &args)?;
+                let got = if this.try_noop_decode(rid, &args) {
+                    true
+                } else {
+                    if totals.is_none() {
+                        args.num_tokens = count_obj(
+                            "request.num_tokens",
+                            &request.getattr(intern!(py, "num_tokens"))?,
+                        )?;
+                    }
+                    this.allocate_one(&request, rid, &args)?
+                };
                 if events_on && this.inner.has_events() {
                     pending_events.push((this.inner.take_events(), request.clone()));
                 }
