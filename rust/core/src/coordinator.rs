@@ -261,19 +261,17 @@ impl Coordinator {
     /// The request's decode horizon over all groups (see
     /// `SingleTypeManager::decode_horizon`), with each group's caching bound:
     /// the most tokens whose `tokens_to_cache` stays within its cached blocks.
-    pub fn decode_horizon(&self, slot: ReqSlot) -> Option<DecodeHorizon> {
+    pub fn decode_horizon(&mut self, slot: ReqSlot) -> Option<DecodeHorizon> {
         let mut h = DecodeHorizon::UNBOUNDED;
-        for m in &self.managers {
+        let (kind, sbs) = (self.kind, self.scheduler_block_size as usize);
+        for m in &mut self.managers {
             let mut g = m.decode_horizon(slot)?;
             // tokens_to_cache(t) / bs <= cached  <=>  tokens_to_cache(t) < limit
             let limit = (m.num_cached_blocks(slot) + 1) * m.block_size as usize;
-            g.max_to_cache = match self.kind {
+            g.max_to_cache = match kind {
                 CoordinatorKind::Hybrid if m.use_eagle => return None,
-                CoordinatorKind::Hybrid => {
-                    // t / sbs * sbs < limit  <=>  t < ceil(limit / sbs) * sbs
-                    let sbs = self.scheduler_block_size as usize;
-                    cdiv(limit, sbs) * sbs - 1
-                }
+                // t / sbs * sbs < limit  <=>  t < ceil(limit / sbs) * sbs
+                CoordinatorKind::Hybrid => cdiv(limit, sbs) * sbs - 1,
                 _ => limit - 1,
             };
             h = h.min(g);

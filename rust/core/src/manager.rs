@@ -96,6 +96,10 @@ pub struct SingleTypeManager {
     // table as first handed out, then every returned new block). The worker
     // copies states out of ids the manager has since nulled or moved.
     worker_view: SlotTable<Vec<BlockId>>,
+    // Window kinds: a running request's table never turns a null entry
+    // live again, so its first live block only moves right; this remembers
+    // where the last scan found it.
+    null_prefix: SlotTable<usize>,
 }
 
 impl SingleTypeManager {
@@ -118,6 +122,7 @@ impl SingleTypeManager {
             cached_this_step: HashSet::default(),
             align: SlotTable::default(),
             worker_view: SlotTable::default(),
+            null_prefix: SlotTable::default(),
         }
     }
 
@@ -530,6 +535,7 @@ impl SingleTypeManager {
     pub fn free(&mut self, pool: &mut BlockPool, slot: ReqSlot) {
         self.align.remove(slot);
         self.worker_view.remove(slot);
+        self.null_prefix.remove(slot);
         if let Some(blocks) = self.req_to_blocks.remove(slot) {
             if matches!(self.spec.kind, SpecKind::SlidingWindow { .. }) {
                 // Scratch blocks are reused first; cached ones stay behind.
@@ -629,16 +635,25 @@ impl SingleTypeManager {
     /// (a sound summary of `decode_is_noop`, cached per request so the
     /// common decode costs a few compares). Caching is bounded by the
     /// coordinator, from `num_cached_blocks`. None: no such summary.
-    pub fn decode_horizon(&self, slot: ReqSlot) -> Option<DecodeHorizon> {
+    pub fn decode_horizon(&mut self, slot: ReqSlot) -> Option<DecodeHorizon> {
         if !self.is_running(slot) {
             return None;
         }
         let bs = self.block_size as usize;
-        let blocks = self.blocks(slot);
+        let blocks = self
+            .req_to_blocks
+            .get(slot)
+            .map_or(&[][..], |v| v.as_slice());
         let len = blocks.len();
         // Blocks before the first real one are null: a window ending there
         // frees nothing (`remove_window_blocks` stops at a null block).
-        let first_real = || blocks.iter().position(|&b| b != NULL_BLOCK);
+        let null_prefix = &mut self.null_prefix;
+        let mut first_real = || {
+            let from = null_prefix.get(slot).copied().unwrap_or(0).min(len);
+            let found = first_non_null(&blocks[from..]).map(|i| from + i);
+            null_prefix.insert(slot, found.unwrap_or(len));
+            found
+        };
         let mut h = DecodeHorizon::UNBOUNDED;
         match self.spec.kind {
             SpecKind::FullAttention => h.max_need_slot = len * bs,
@@ -933,6 +948,41 @@ impl HitSearch<'_> {
                 o.push(b);
             }
             break;
+        }
+    }
+}
+
+/// Index of the first non-null block. Window tables are long null runs
+/// followed by a few live blocks, so the scan goes eight ids at a time
+/// (an OR over a fixed chunk the compiler vectorizes).
+fn first_non_null(blocks: &[BlockId]) -> Option<usize> {
+    let mut chunks = blocks.chunks_exact(8);
+    let mut base = 0;
+    for c in chunks.by_ref() {
+        if c.iter().fold(0, |acc, &b| acc | b) != NULL_BLOCK {
+            break;
+        }
+        base += 8;
+    }
+    blocks[base..]
+        .iter()
+        .position(|&b| b != NULL_BLOCK)
+        .map(|i| base + i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_non_null_finds_the_first_live_block() {
+        assert_eq!(first_non_null(&[]), None);
+        assert_eq!(first_non_null(&[0; 20]), None);
+        for at in [0, 3, 7, 8, 15, 16, 19] {
+            let mut t = vec![0; 20];
+            t[at] = 5;
+            t[19] = 9;
+            assert_eq!(first_non_null(&t), Some(at), "live block at {at}");
         }
     }
 }
