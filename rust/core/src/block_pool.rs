@@ -11,14 +11,30 @@ use crate::BlockId;
 
 pub const NULL_BLOCK: BlockId = 0;
 
+/// What the pool keeps per block.
+#[derive(Debug, Clone, Copy)]
+struct BlockMeta {
+    // Signed: vLLM does not maintain the null block's count, which may dip below 0.
+    ref_cnt: i32,
+    // Prefix-map entry (the interned hash) of a cached block, or NO_ENTRY.
+    entry: u32,
+    group: u32,
+}
+
+impl BlockMeta {
+    const FREE: BlockMeta = BlockMeta {
+        ref_cnt: 0,
+        entry: NO_ENTRY,
+        group: 0,
+    };
+}
+
 #[derive(Debug, Clone)]
 pub struct BlockPool {
     num_blocks: u32,
-    // Signed: vLLM does not maintain the null block's count, which may dip below 0.
-    ref_cnt: Vec<i32>,
-    // Prefix-map entry (the interned hash) of each cached block, and its group.
-    block_entry: Vec<u32>,
-    block_group: Vec<u32>,
+    // Ref count, prefix-map entry and group of each block side by side:
+    // allocating, freeing and evicting a block touch one cache line.
+    meta: Vec<BlockMeta>,
     queue: FreeQueue,
     map: PrefixMap,
     enable_caching: bool,
@@ -46,9 +62,7 @@ impl BlockPool {
         debug_assert_eq!(null, Some(NULL_BLOCK));
         Ok(BlockPool {
             num_blocks,
-            ref_cnt: vec![0; num_blocks as usize],
-            block_entry: vec![NO_ENTRY; num_blocks as usize],
-            block_group: vec![0; num_blocks as usize],
+            meta: vec![BlockMeta::FREE; num_blocks as usize],
             queue,
             map: PrefixMap::new(),
             enable_caching,
@@ -83,14 +97,14 @@ impl BlockPool {
     }
 
     pub fn ref_cnt(&self, b: BlockId) -> i32 {
-        self.ref_cnt[b as usize]
+        self.meta[b as usize].ref_cnt
     }
 
     /// The cached hash (without group) and group of a block, if cached.
     pub fn block_hash(&self, b: BlockId) -> Option<(&[u8], u32)> {
-        match self.block_entry[b as usize] {
+        match self.meta[b as usize].entry {
             NO_ENTRY => None,
-            e => Some((self.map.key(e), self.block_group[b as usize])),
+            e => Some((self.map.key(e), self.meta[b as usize].group)),
         }
     }
 
@@ -148,23 +162,23 @@ impl BlockPool {
             if self.enable_caching {
                 self.maybe_evict_cached_block(b);
             }
-            self.ref_cnt[b as usize] += 1;
+            self.meta[b as usize].ref_cnt += 1;
             out.push(b);
         }
     }
 
     fn maybe_evict_cached_block(&mut self, b: BlockId) -> bool {
-        let entry = self.block_entry[b as usize];
+        let entry = self.meta[b as usize].entry;
         if entry == NO_ENTRY {
             return false;
         }
-        let group = self.block_group[b as usize];
+        let group = self.meta[b as usize].group;
         let hash = self.enable_events.then(|| Box::from(self.map.key(entry)));
         // A cached block is always held by its entry (checked by
         // `check_invariants`), so the pop succeeds.
         let popped = self.map.pop(entry, group, b);
         debug_assert!(popped);
-        self.block_entry[b as usize] = NO_ENTRY;
+        self.meta[b as usize].entry = NO_ENTRY;
         if let Some(hash) = hash {
             self.events.push(PoolEvent::Removed { hash, group });
         }
@@ -175,10 +189,10 @@ impl BlockPool {
     /// count the new holder.
     pub fn touch(&mut self, blocks: &[BlockId]) {
         for &b in blocks {
-            if self.ref_cnt[b as usize] == 0 && b != NULL_BLOCK {
+            if self.meta[b as usize].ref_cnt == 0 && b != NULL_BLOCK {
                 self.queue.remove(b);
             }
-            self.ref_cnt[b as usize] += 1;
+            self.meta[b as usize].ref_cnt += 1;
         }
     }
 
@@ -192,11 +206,11 @@ impl BlockPool {
         // All counts drop before any block joins the queue (a block listed
         // twice joins it twice, as in vLLM).
         for b in blocks.clone() {
-            self.ref_cnt[b as usize] -= 1;
+            self.meta[b as usize].ref_cnt -= 1;
         }
         let freed = blocks
             .into_iter()
-            .filter(|&b| self.ref_cnt[b as usize] == 0 && b != NULL_BLOCK);
+            .filter(|&b| self.meta[b as usize].ref_cnt == 0 && b != NULL_BLOCK);
         if prepend {
             let freed: SmallVec<[BlockId; 16]> = freed.collect();
             self.queue.prepend_n(&freed);
@@ -233,10 +247,10 @@ impl BlockPool {
             if b == NULL_BLOCK || masked_out {
                 continue;
             }
-            debug_assert_eq!(self.block_entry[b as usize], NO_ENTRY);
+            debug_assert_eq!(self.meta[b as usize].entry, NO_ENTRY);
             let hash = hash_of(i);
-            self.block_entry[b as usize] = self.map.insert(&hash, group, b);
-            self.block_group[b as usize] = group;
+            self.meta[b as usize].entry = self.map.insert(&hash, group, b);
+            self.meta[b as usize].group = group;
             if self.enable_events {
                 new_hashes.push(hash.into_owned().into_boxed_slice());
                 positions.push(i as u32);
@@ -274,7 +288,7 @@ impl BlockPool {
             return false;
         }
         self.map.clear();
-        self.block_entry.iter_mut().for_each(|e| *e = NO_ENTRY);
+        self.meta.iter_mut().for_each(|m| m.entry = NO_ENTRY);
         if self.enable_events {
             self.events.push(PoolEvent::AllCleared);
         }
@@ -305,10 +319,10 @@ impl BlockPool {
             if std::mem::replace(&mut seen[b as usize], true) {
                 return Err(format!("block {b} is in the free queue twice"));
             }
-            if self.ref_cnt[b as usize] != 0 {
+            if self.meta[b as usize].ref_cnt != 0 {
                 return Err(format!(
                     "free block {b} has ref_cnt {}",
-                    self.ref_cnt[b as usize]
+                    self.meta[b as usize].ref_cnt
                 ));
             }
             n += 1;
@@ -325,11 +339,11 @@ impl BlockPool {
                     "block {b}: its free-queue links disagree with the queue's walk"
                 ));
             }
-            if b != NULL_BLOCK && !seen[b as usize] && self.ref_cnt[b as usize] <= 0 {
+            if b != NULL_BLOCK && !seen[b as usize] && self.meta[b as usize].ref_cnt <= 0 {
                 return Err(format!("block {b} is neither free nor referenced"));
             }
         }
-        if self.block_entry[NULL_BLOCK as usize] != NO_ENTRY {
+        if self.meta[NULL_BLOCK as usize].entry != NO_ENTRY {
             return Err("null block is cached".into());
         }
         let mut in_map = vec![false; nb];
@@ -354,7 +368,7 @@ impl BlockPool {
                 keys.len()
             ));
         }
-        if let Some(b) = (0..nb).find(|&b| self.block_entry[b] != NO_ENTRY && !in_map[b]) {
+        if let Some(b) = (0..nb).find(|&b| self.meta[b].entry != NO_ENTRY && !in_map[b]) {
             return Err(format!(
                 "block {b} carries a hash but is not in the prefix map"
             ));

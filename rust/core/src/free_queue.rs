@@ -8,40 +8,41 @@ const NIL: u32 = u32::MAX;
 
 #[derive(Debug, Clone)]
 pub struct FreeQueue {
-    // prev/next of block i; the head sentinel is index n, the tail n + 1.
-    prev: Vec<u32>,
-    next: Vec<u32>,
+    // [prev, next] of block i side by side (one cache line per block
+    // touched); the head sentinel is index n, the tail n + 1.
+    links: Vec<[u32; 2]>,
     len: usize,
 }
+
+const PREV: usize = 0;
+const NEXT: usize = 1;
 
 impl FreeQueue {
     /// A queue holding blocks 0..n in ID order, as vLLM starts.
     pub fn new(n: u32) -> Self {
         let head = n;
         let tail = n + 1;
-        let mut prev = vec![NIL; n as usize + 2];
-        let mut next = vec![NIL; n as usize + 2];
+        let mut links = vec![[NIL, NIL]; n as usize + 2];
         let mut last = head;
         for b in 0..n {
-            next[last as usize] = b;
-            prev[b as usize] = last;
+            links[last as usize][NEXT] = b;
+            links[b as usize][PREV] = last;
             last = b;
         }
-        next[last as usize] = tail;
-        prev[tail as usize] = last;
+        links[last as usize][NEXT] = tail;
+        links[tail as usize][PREV] = last;
         FreeQueue {
-            prev,
-            next,
+            links,
             len: n as usize,
         }
     }
 
     fn head(&self) -> u32 {
-        (self.prev.len() - 2) as u32
+        (self.links.len() - 2) as u32
     }
 
     fn tail(&self) -> u32 {
-        (self.prev.len() - 1) as u32
+        (self.links.len() - 1) as u32
     }
 
     pub fn len(&self) -> usize {
@@ -53,24 +54,22 @@ impl FreeQueue {
     }
 
     pub fn contains(&self, b: BlockId) -> bool {
-        self.prev[b as usize] != NIL
+        self.links[b as usize][PREV] != NIL
     }
 
     fn unlink(&mut self, b: u32) {
-        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
-        self.next[p as usize] = n;
-        self.prev[n as usize] = p;
-        self.prev[b as usize] = NIL;
-        self.next[b as usize] = NIL;
+        let [p, n] = self.links[b as usize];
+        self.links[p as usize][NEXT] = n;
+        self.links[n as usize][PREV] = p;
+        self.links[b as usize] = [NIL, NIL];
         self.len -= 1;
     }
 
     fn link_after(&mut self, at: u32, b: u32) {
-        let n = self.next[at as usize];
-        self.next[at as usize] = b;
-        self.prev[b as usize] = at;
-        self.next[b as usize] = n;
-        self.prev[n as usize] = b;
+        let n = self.links[at as usize][NEXT];
+        self.links[at as usize][NEXT] = b;
+        self.links[b as usize] = [at, n];
+        self.links[n as usize][PREV] = b;
         self.len += 1;
     }
 
@@ -79,7 +78,7 @@ impl FreeQueue {
         if self.len == 0 {
             return None;
         }
-        let b = self.next[self.head() as usize];
+        let b = self.links[self.head() as usize][NEXT];
         self.unlink(b);
         Some(b)
     }
@@ -95,7 +94,7 @@ impl FreeQueue {
 
     /// Appends blocks at the back, in the order given.
     pub fn append(&mut self, b: BlockId) {
-        let last = self.prev[self.tail() as usize];
+        let last = self.links[self.tail() as usize][PREV];
         self.link_after(last, b);
     }
 
@@ -114,18 +113,18 @@ impl FreeQueue {
             return None;
         }
         Some((
-            self.next[self.head() as usize],
-            self.prev[self.tail() as usize],
+            self.links[self.head() as usize][NEXT],
+            self.links[self.tail() as usize][PREV],
         ))
     }
 
     /// A queued block's (previous, next) neighbours, `None` standing for the
     /// head / tail sentinel; `None` overall if `b` is not queued. Reads only.
     pub fn neighbors(&self, b: BlockId) -> Option<(Option<BlockId>, Option<BlockId>)> {
-        if (b as usize) >= self.prev.len() - 2 || !self.contains(b) {
+        if (b as usize) >= self.links.len() - 2 || !self.contains(b) {
             return None;
         }
-        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
+        let [p, n] = self.links[b as usize];
         Some((
             (p != self.head()).then_some(p),
             (n != self.tail()).then_some(n),
@@ -135,13 +134,13 @@ impl FreeQueue {
     /// Iterates the queue front to back.
     pub fn iter(&self) -> impl Iterator<Item = BlockId> + '_ {
         let tail = self.tail();
-        let mut cur = self.next[self.head() as usize];
+        let mut cur = self.links[self.head() as usize][NEXT];
         std::iter::from_fn(move || {
             if cur == tail {
                 None
             } else {
                 let b = cur;
-                cur = self.next[cur as usize];
+                cur = self.links[cur as usize][NEXT];
                 Some(b)
             }
         })

@@ -101,13 +101,16 @@ impl BlockView {
     }
 }
 
+/// The block ids of one group.
+pub type GroupIds = SmallVec<[i64; 2]>;
+
 /// Block ids per KV-cache group (vLLM's `KVCacheBlocks`); `blocks` builds
 /// block views on demand.
 #[pyclass(module = "hybridcache._native", name = "KVCacheBlocks", frozen)]
 pub struct KVCacheBlocks {
-    // Inline for up to four groups: a result costs one allocation per
-    // group that got blocks.
-    ids: SmallVec<[Vec<i64>; 4]>,
+    // Inline for up to four groups of up to two blocks (a decode result):
+    // building one allocates nothing beyond the Python object.
+    ids: SmallVec<[GroupIds; 4]>,
     owner: Option<PyObject>,
 }
 
@@ -125,7 +128,7 @@ impl KVCacheBlocks {
         }
     }
 
-    pub fn ids(&self) -> &[Vec<i64>] {
+    pub fn ids(&self) -> &[GroupIds] {
         &self.ids
     }
 
@@ -137,7 +140,7 @@ impl KVCacheBlocks {
         &self,
         py: Python<'py>,
         group_ids: Option<Vec<usize>>,
-    ) -> PyResult<Vec<&Vec<i64>>> {
+    ) -> PyResult<Vec<&GroupIds>> {
         let _ = py;
         match group_ids {
             None => Ok(self.ids.iter().collect()),
@@ -185,7 +188,7 @@ impl KVCacheBlocks {
     fn new(block_ids: &Bound<'_, PyAny>, native: Option<PyObject>) -> PyResult<Self> {
         let mut ids = SmallVec::new();
         for g in block_ids.try_iter()? {
-            let mut group = Vec::new();
+            let mut group = GroupIds::new();
             for b in g?.try_iter()? {
                 let b = b?;
                 // Out-of-range ids are kept: allocate_slots rejects them by name.
@@ -205,7 +208,7 @@ impl KVCacheBlocks {
         group_ids: Option<Vec<usize>>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
         // The scheduler asks this of every decode result, mostly empty.
-        if allow_none && group_ids.is_none() && self.ids.iter().all(Vec::is_empty) {
+        if allow_none && group_ids.is_none() && self.ids.iter().all(|g| g.is_empty()) {
             return Ok(None);
         }
         let groups = self.groups(py, group_ids)?;
@@ -303,7 +306,7 @@ impl KVCacheBlocks {
 
     fn new_empty(&self, py: Python<'_>) -> KVCacheBlocks {
         KVCacheBlocks {
-            ids: (0..self.ids.len()).map(|_| Vec::new()).collect(),
+            ids: (0..self.ids.len()).map(|_| GroupIds::new()).collect(),
             owner: self.owner.as_ref().map(|o| o.clone_ref(py)),
         }
     }
