@@ -14,7 +14,6 @@ use crate::hashes::HashList;
 use crate::mamba_plan::{post_rows, pre_rows, PlanRequest, PlannerState, PreRow};
 use crate::manager::DecodeHorizon;
 use crate::new_blocks::NewBlocks;
-use crate::slot_table::SlotTable;
 use crate::spec::GroupSpec;
 use crate::{BlockId, ReqSlot};
 
@@ -64,6 +63,11 @@ pub struct HashUpdate {
 struct RequestState {
     // Shared with `slots`' key: cloning it for a call allocates nothing.
     id: Arc<str>,
+    // Bounds within which a decode changes no block (None: unknown, the
+    // exact check runs). Dropped whenever the request's tables change
+    // outside a no-op decode. Kept here, beside the hashes a decode also
+    // reads: one request's hot state in one place.
+    horizon: Option<DecodeHorizon>,
     // Block hashes at hash_block_size, as the request computed them.
     hashes: HashList,
 }
@@ -105,12 +109,10 @@ pub struct KvCacheManager {
     pub stats: LookupStats,
     // Mamba align worker-side state for copy plans.
     planner: PlannerState,
-    // Per running request: bounds within which a decode changes no block
-    // (absent: unknown, the exact check runs). Dropped whenever the
-    // request's tables change outside a no-op decode.
-    horizons: SlotTable<DecodeHorizon>,
     max_model_len: usize,
     enable_caching: bool,
+    // Some group is Mamba align (the copy planner tracks requests then).
+    has_align_groups: bool,
     slots: HashMap<Arc<str>, ReqSlot, FxBuild>,
     requests: Vec<Option<RequestState>>,
     // Bumped each time a slot is released: a handle names slot + generation,
@@ -140,13 +142,14 @@ impl KvCacheManager {
             cfg.enable_events,
         )?;
         let coord = Coordinator::new(pool, &cfg.groups, cfg.use_eagle, cfg.scheduler_block_size)?;
+        let has_align_groups = coord.managers.iter().any(|m| m.is_mamba_align());
         Ok(KvCacheManager {
             coord,
             stats: LookupStats::default(),
             planner: PlannerState::default(),
-            horizons: SlotTable::default(),
             max_model_len: cfg.max_model_len,
             enable_caching: cfg.enable_caching,
+            has_align_groups,
             slots: HashMap::default(),
             requests: Vec::new(),
             generations: Vec::new(),
@@ -177,6 +180,7 @@ impl KvCacheManager {
         let id: Arc<str> = Arc::from(request_id);
         let state = RequestState {
             id: id.clone(),
+            horizon: None,
             hashes: HashList::new(),
         };
         let s = match self.free_slots.pop() {
@@ -403,7 +407,10 @@ impl KvCacheManager {
         let need_slot = (main_model + args.num_lookahead_tokens).min(self.max_model_len);
         let caches = self.enable_caching && !args.delay_cache_blocks;
         let to_cache = caches.then(|| main_model.min(args.num_tokens));
-        match self.horizons.get(slot) {
+        let horizon = self.requests[slot as usize]
+            .as_ref()
+            .and_then(|r| r.horizon);
+        match horizon {
             Some(h) => {
                 let noop = h.allows(total_computed, need_slot, main_model, to_cache);
                 debug_assert!(
@@ -430,9 +437,17 @@ impl KvCacheManager {
     /// planner notes the step (callers that checked already skip the rest).
     pub fn record_noop_decode(&mut self, slot: ReqSlot, args: &AllocateArgs) {
         let total_computed = args.num_computed_tokens.min(self.max_model_len);
-        self.planner
-            .last_step
-            .insert(slot, (total_computed, args.num_new_tokens));
+        self.note_last_step(slot, total_computed, args.num_new_tokens);
+    }
+
+    /// What the Mamba copy planner needs of a request's last allocation
+    /// (nothing to keep without Mamba align groups).
+    fn note_last_step(&mut self, slot: ReqSlot, total_computed: usize, num_new_tokens: usize) {
+        if self.has_align_groups {
+            self.planner
+                .last_step
+                .insert(slot, (total_computed, num_new_tokens));
+        }
     }
 
     /// The argument checks of `allocate_slots_into` alone (changes nothing):
@@ -538,7 +553,7 @@ impl KvCacheManager {
             self.record_noop_decode(slot, args);
             return true;
         }
-        self.horizons.remove(slot);
+        self.set_horizon(slot, None);
         let owned_empty;
         let new_computed: &[Vec<BlockId>] = match args.new_computed_blocks {
             Some(nc) => nc,
@@ -626,11 +641,9 @@ impl KvCacheManager {
             let hashes = &requests[slot as usize].as_ref().expect("live slot").hashes;
             coord.cache_blocks(slot, hashes, num_tokens_to_cache);
         }
-        self.planner
-            .last_step
-            .insert(slot, (total_computed, args.num_new_tokens));
+        self.note_last_step(slot, total_computed, args.num_new_tokens);
         if let Some(h) = self.coord.decode_horizon(slot) {
-            self.horizons.insert(slot, h);
+            self.set_horizon(slot, Some(h));
         }
         true
     }
@@ -677,8 +690,13 @@ impl KvCacheManager {
         }
     }
 
+    fn set_horizon(&mut self, slot: ReqSlot, horizon: Option<DecodeHorizon>) {
+        if let Some(state) = self.requests[slot as usize].as_mut() {
+            state.horizon = horizon;
+        }
+    }
+
     fn drop_slot(&mut self, slot: ReqSlot) {
-        self.horizons.remove(slot);
         if let Some(state) = self.requests[slot as usize].take() {
             self.slots.remove(&state.id);
             self.generations[slot as usize] = self.generations[slot as usize].wrapping_add(1);
@@ -697,7 +715,7 @@ impl KvCacheManager {
 
     pub fn remove_skipped_blocks(&mut self, request_id: &str, total_computed_tokens: usize) {
         if let Some(slot) = self.slot(request_id) {
-            self.horizons.remove(slot);
+            self.set_horizon(slot, None);
             self.coord
                 .remove_skipped_blocks(slot, total_computed_tokens);
         }
@@ -739,7 +757,7 @@ impl KvCacheManager {
         if let Some(u) = update {
             self.apply_hashes(request_id, u);
         }
-        self.horizons.remove(slot);
+        self.set_horizon(slot, None);
         let (coord, requests) = (&mut self.coord, &self.requests);
         let hashes = &requests[slot as usize].as_ref().expect("live slot").hashes;
         coord.cache_blocks(slot, hashes, num_computed_tokens);
