@@ -5,7 +5,7 @@
 use crate::block_pool::BlockPool;
 use crate::error::{CoreError, CoreResult};
 use crate::hashes::{HashList, ScaledHashes};
-use crate::manager::{DecodeHorizon, SingleTypeManager};
+use crate::manager::{DecodeCounts, DecodeHorizon, SingleTypeManager};
 use crate::new_blocks::NewBlocks;
 use crate::spec::{GroupSpec, SpecKind};
 use crate::{cdiv, BlockId, ReqSlot};
@@ -237,24 +237,11 @@ impl Coordinator {
     }
 
     /// Whether a plain decode step changes no block in any group (see
-    /// `SingleTypeManager::decode_is_noop`); `num_tokens_to_cache` is None
-    /// when the call caches nothing.
-    pub fn decode_is_noop(
-        &self,
-        slot: ReqSlot,
-        total_computed: usize,
-        num_tokens: usize,
-        num_tokens_main_model: usize,
-        num_tokens_to_cache: Option<usize>,
-    ) -> bool {
+    /// `SingleTypeManager::decode_is_noop`).
+    pub fn decode_is_noop(&self, slot: ReqSlot, c: &DecodeCounts) -> bool {
         self.managers.iter().all(|m| {
-            m.decode_is_noop(
-                slot,
-                total_computed,
-                num_tokens,
-                num_tokens_main_model,
-                num_tokens_to_cache.map(|t| self.tokens_to_cache(m, t)),
-            )
+            let to_cache = c.to_cache.map(|t| self.tokens_to_cache(m, t));
+            m.decode_is_noop(slot, &DecodeCounts { to_cache, ..*c })
         })
     }
 

@@ -2,6 +2,7 @@
 //! The facade reads the request object and passes its numbers; this type
 //! owns every decision. Arguments are checked before anything changes.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -12,7 +13,7 @@ use crate::events::PoolEvent;
 use crate::fast_hash::FxBuild;
 use crate::hashes::HashList;
 use crate::mamba_plan::{post_rows, pre_rows, PlanRequest, PlannerState, PreRow};
-use crate::manager::DecodeHorizon;
+use crate::manager::{DecodeCounts, DecodeHorizon};
 use crate::new_blocks::NewBlocks;
 use crate::spec::GroupSpec;
 use crate::{BlockId, ReqSlot};
@@ -404,32 +405,26 @@ impl KvCacheManager {
         }
         let total_computed = args.num_computed_tokens.min(self.max_model_len);
         let main_model = total_computed + args.num_new_tokens;
-        let need_slot = (main_model + args.num_lookahead_tokens).min(self.max_model_len);
         let caches = self.enable_caching && !args.delay_cache_blocks;
-        let to_cache = caches.then(|| main_model.min(args.num_tokens));
+        let counts = DecodeCounts {
+            total_computed,
+            need_slot: (main_model + args.num_lookahead_tokens).min(self.max_model_len),
+            main_model,
+            to_cache: caches.then(|| main_model.min(args.num_tokens)),
+        };
         let horizon = self.requests[slot as usize]
             .as_ref()
             .and_then(|r| r.horizon);
         match horizon {
             Some(h) => {
-                let noop = h.allows(total_computed, need_slot, main_model, to_cache);
+                let noop = h.allows(&counts);
                 debug_assert!(
-                    !noop
-                        || self.coord.decode_is_noop(
-                            slot,
-                            total_computed,
-                            need_slot,
-                            main_model,
-                            to_cache
-                        ),
+                    !noop || self.coord.decode_is_noop(slot, &counts),
                     "decode horizon {h:?} of slot {slot} admits a decode that changes blocks"
                 );
                 noop
             }
-            None => {
-                self.coord
-                    .decode_is_noop(slot, total_computed, need_slot, main_model, to_cache)
-            }
+            None => self.coord.decode_is_noop(slot, &counts),
         }
     }
 
@@ -447,6 +442,17 @@ impl KvCacheManager {
             self.planner
                 .last_step
                 .insert(slot, (total_computed, num_new_tokens));
+        }
+    }
+
+    /// `new_computed_blocks`, or no blocks for each group.
+    fn new_computed_or_empty<'a>(&self, args: &AllocateArgs<'a>) -> Cow<'a, [Vec<BlockId>]> {
+        match args.new_computed_blocks {
+            Some(nc) => Cow::Borrowed(nc),
+            None if self.num_groups() <= NO_BLOCKS.len() => {
+                Cow::Borrowed(&NO_BLOCKS[..self.num_groups()])
+            }
+            None => Cow::Owned(vec![Vec::new(); self.num_groups()]),
         }
     }
 
@@ -469,15 +475,8 @@ impl KvCacheManager {
         }
         let have = self.hashes_after_at(slot, request_id, update)?;
         self.check_new_computed(slot, args)?;
-        let owned_empty;
-        let new_computed: &[Vec<BlockId>] = match args.new_computed_blocks {
-            Some(nc) => nc,
-            None if self.num_groups() <= NO_BLOCKS.len() => &NO_BLOCKS[..self.num_groups()],
-            None => {
-                owned_empty = vec![Vec::new(); self.num_groups()];
-                &owned_empty
-            }
-        };
+        let new_computed = self.new_computed_or_empty(args);
+        let new_computed: &[Vec<BlockId>] = &new_computed;
         let adds_computed =
             args.new_computed_blocks.is_some() || args.num_external_computed_tokens > 0;
         if adds_computed {
@@ -554,15 +553,8 @@ impl KvCacheManager {
             return true;
         }
         self.set_horizon(slot, None);
-        let owned_empty;
-        let new_computed: &[Vec<BlockId>] = match args.new_computed_blocks {
-            Some(nc) => nc,
-            None if self.num_groups() <= NO_BLOCKS.len() => &NO_BLOCKS[..self.num_groups()],
-            None => {
-                owned_empty = vec![Vec::new(); self.num_groups()];
-                &owned_empty
-            }
-        };
+        let new_computed = self.new_computed_or_empty(args);
+        let new_computed: &[Vec<BlockId>] = &new_computed;
         let adds_computed =
             args.new_computed_blocks.is_some() || args.num_external_computed_tokens > 0;
         let num_local_computed = args.num_computed_tokens + args.num_new_computed_tokens;

@@ -49,18 +49,26 @@ impl DecodeHorizon {
         }
     }
 
-    pub fn allows(
-        &self,
-        total: usize,
-        need_slot: usize,
-        main: usize,
-        to_cache: Option<usize>,
-    ) -> bool {
-        total <= self.max_total
-            && need_slot <= self.max_need_slot
-            && main <= self.max_main
-            && to_cache.is_none_or(|t| t <= self.max_to_cache)
+    pub fn allows(&self, c: &DecodeCounts) -> bool {
+        c.total_computed <= self.max_total
+            && c.need_slot <= self.max_need_slot
+            && c.main_model <= self.max_main
+            && c.to_cache.is_none_or(|t| t <= self.max_to_cache)
     }
+}
+
+/// The token counts a plain decode step is sized by (as `allocate_slots`
+/// derives them from its arguments).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeCounts {
+    /// Computed tokens, capped at max_model_len.
+    pub total_computed: usize,
+    /// Tokens that need a slot: computed + new + lookahead, capped.
+    pub need_slot: usize,
+    /// Computed + new tokens (Mamba align sizes by this).
+    pub main_model: usize,
+    /// Tokens to cache; None when the call caches nothing.
+    pub to_cache: Option<usize>,
 }
 
 /// Mamba "align" bookkeeping of one request.
@@ -574,14 +582,7 @@ impl SingleTypeManager {
     /// window, none is allocated, none is cached. Mirrors
     /// `remove_skipped_blocks`, `allocate_new_blocks` and `cache_blocks`;
     /// false sends the call the general way.
-    pub fn decode_is_noop(
-        &self,
-        slot: ReqSlot,
-        total_computed: usize,
-        num_tokens: usize,
-        num_tokens_main_model: usize,
-        tokens_to_cache: Option<usize>,
-    ) -> bool {
+    pub fn decode_is_noop(&self, slot: ReqSlot, c: &DecodeCounts) -> bool {
         if !self.is_running(slot) {
             return false;
         }
@@ -592,19 +593,19 @@ impl SingleTypeManager {
             n == 0 || blocks[n - 1] == NULL_BLOCK
         };
         let num_required = match self.spec.kind {
-            SpecKind::FullAttention => cdiv(num_tokens, bs),
+            SpecKind::FullAttention => cdiv(c.need_slot, bs),
             SpecKind::SlidingWindow { .. } | SpecKind::ChunkedLocal { .. } => {
-                if !window_noop(total_computed) {
+                if !window_noop(c.total_computed) {
                     return false;
                 }
-                cdiv(num_tokens, bs)
+                cdiv(c.need_slot, bs)
             }
             SpecKind::Mamba {
                 mode,
                 num_speculative_blocks,
             } => {
                 let num_spec = num_speculative_blocks as usize;
-                let total = total_computed.saturating_sub(num_spec);
+                let total = c.total_computed.saturating_sub(num_spec);
                 if !window_noop(total) {
                     return false;
                 }
@@ -618,9 +619,9 @@ impl SingleTypeManager {
                             return false;
                         }
                     }
-                    cdiv(num_tokens_main_model, bs) + num_spec
+                    cdiv(c.main_model, bs) + num_spec
                 } else {
-                    cdiv(num_tokens + bs * num_spec, bs)
+                    cdiv(c.need_slot + bs * num_spec, bs)
                 }
             }
             SpecKind::CrossAttention => return false,
@@ -628,7 +629,8 @@ impl SingleTypeManager {
         if num_required > blocks.len() {
             return false;
         }
-        tokens_to_cache.is_none_or(|t| t / bs <= self.num_cached_blocks(slot))
+        c.to_cache
+            .is_none_or(|t| t / bs <= self.num_cached_blocks(slot))
     }
 
     /// Bounds within which a plain decode changes nothing in this group

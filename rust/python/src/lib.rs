@@ -100,6 +100,25 @@ fn raw_events<'py>(py: Python<'py>, events: Vec<PoolEvent>) -> PyResult<Bound<'p
     PyList::new(py, items)
 }
 
+/// Appends one request's batch result: its new blocks per group (from
+/// `scratch` when `got`), or an empty run per group.
+fn push_result(
+    got: bool,
+    scratch: &NewBlocks,
+    num_groups: usize,
+    offsets: &mut Vec<u32>,
+    ids: &mut Vec<u32>,
+) {
+    if got {
+        for g in scratch.groups() {
+            ids.extend_from_slice(g);
+            offsets.push(ids.len() as u32);
+        }
+    } else {
+        offsets.extend(std::iter::repeat_n(ids.len() as u32, num_groups));
+    }
+}
+
 impl NativeManager {
     fn block_id(&self, b: i64) -> PyResult<u32> {
         let n = self.inner.pool().num_blocks();
@@ -610,14 +629,7 @@ impl NativeManager {
                     pending_events.push((this.inner.take_events(), request.clone()));
                 }
                 ok.push(got);
-                if got {
-                    for g in this.scratch.groups() {
-                        ids.extend_from_slice(g);
-                        offsets.push(ids.len() as u32);
-                    }
-                } else {
-                    offsets.extend(std::iter::repeat_n(ids.len() as u32, num_groups));
-                }
+                push_result(got, &this.scratch, num_groups, &mut offsets, &mut ids);
             }
         }
         if !pending_events.is_empty() {
@@ -785,7 +797,7 @@ impl NativeManager {
             let Some(update) = path else {
                 state.inner.record_noop_decode(slot, &args);
                 ok.push(1);
-                offsets.extend(std::iter::repeat_n(ids.len() as u32, num_groups));
+                push_result(false, &state.scratch, num_groups, &mut offsets, &mut ids);
                 continue;
             };
             let (inner, out) = (&mut state.inner, &mut state.scratch);
@@ -794,14 +806,7 @@ impl NativeManager {
                 pending_events.push((state.inner.take_events(), i));
             }
             ok.push(u8::from(got));
-            if got {
-                for g in state.scratch.groups() {
-                    ids.extend_from_slice(g);
-                    offsets.push(ids.len() as u32);
-                }
-            } else {
-                offsets.extend(std::iter::repeat_n(ids.len() as u32, num_groups));
-            }
+            push_result(got, &state.scratch, num_groups, &mut offsets, &mut ids);
         }
         let sink = this
             .py_side
