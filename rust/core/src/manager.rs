@@ -615,7 +615,8 @@ impl SingleTypeManager {
                     }
                     let old_state = self.align.get(slot).and_then(|a| a.last_state_block_idx);
                     if let Some(idx) = old_state {
-                        if idx + 1 < cdiv(total, bs) && blocks[idx] != NULL_BLOCK {
+                        let live = blocks.get(idx).is_some_and(|&b| b != NULL_BLOCK);
+                        if idx + 1 < cdiv(total, bs) && live {
                             return false;
                         }
                     }
@@ -686,7 +687,8 @@ impl SingleTypeManager {
                 if mode == MambaMode::Align {
                     self.worker_view.get(slot)?;
                     let old_state = self.align.get(slot).and_then(|a| a.last_state_block_idx);
-                    if let Some(idx) = old_state.filter(|&i| blocks[i] != NULL_BLOCK) {
+                    let live = |i: &usize| blocks.get(*i).is_some_and(|&b| b != NULL_BLOCK);
+                    if let Some(idx) = old_state.filter(live) {
                         h.max_total = h.max_total.min((idx + 1) * bs + num_spec);
                     }
                     h.max_main = room;

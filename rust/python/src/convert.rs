@@ -188,7 +188,7 @@ pub fn hash_update(block_hashes: &Bound<'_, PyAny>, known: usize) -> PyResult<Op
 /// for uint32 / uint64 on every common platform). The error names `name`.
 pub fn uint_array(name: &str, v: &Bound<'_, PyAny>, width: usize) -> PyResult<Vec<u64>> {
     let from_le = |bytes: &[u8]| -> PyResult<Vec<u64>> {
-        if bytes.len() % width != 0 {
+        if !bytes.len().is_multiple_of(width) {
             return Err(PyValueError::new_err(format!(
                 "{name}: {} bytes is not a whole number of {width}-byte ints",
                 bytes.len()

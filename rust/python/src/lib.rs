@@ -153,18 +153,21 @@ impl NativeManager {
     /// of the request: `args.num_tokens` may be an upper bound (the no-op
     /// test only gets stricter with more tokens to cache). False: nothing
     /// was done, allocate the general way.
-    fn try_noop_decode(&mut self, rid: &str, args: &AllocateArgs) -> bool {
-        let Some(slot) = self.inner.lookup(rid) else {
-            return false;
-        };
-        let known = self.inner.known_hashes_at(Some(slot));
-        if self.inner.may_need_hashes(known, args) || !self.inner.is_noop_decode(Some(slot), args) {
-            return false;
-        }
-        self.inner.record_noop_decode(slot, args);
-        self.scratch.clear();
-        self.scratch.push_empty_groups(self.inner.num_groups());
-        true
+    fn try_noop_decode(&mut self, rid: &str, args: &AllocateArgs) -> PyResult<bool> {
+        guard(|| {
+            let Some(slot) = self.inner.lookup(rid) else {
+                return Ok(false);
+            };
+            let known = self.inner.known_hashes_at(Some(slot));
+            let inner = &self.inner;
+            if inner.may_need_hashes(known, args) || !inner.is_noop_decode(Some(slot), args) {
+                return Ok(false);
+            }
+            self.inner.record_noop_decode(slot, args);
+            self.scratch.clear();
+            self.scratch.push_empty_groups(self.inner.num_groups());
+            Ok(true)
+        })
     }
 
     /// One allocation into `self.scratch`; false for vLLM's None. The
@@ -516,7 +519,7 @@ impl NativeManager {
         let mut args = args;
         let (result, has_events) = {
             let mut this = slf.borrow_mut();
-            let ok = match this.try_noop_decode(rid, &args) {
+            let ok = match this.try_noop_decode(rid, &args)? {
                 true => true,
                 false => {
                     args.num_tokens = count_obj(
@@ -614,7 +617,7 @@ impl NativeManager {
                     num_lookahead_tokens: lookahead,
                     ..Default::default()
                 };
-                let got = if this.try_noop_decode(rid, &args) {
+                let got = if this.try_noop_decode(rid, &args)? {
                     true
                 } else {
                     if totals.is_none() {
@@ -754,7 +757,7 @@ impl NativeManager {
                 let args = decode_args(i);
                 let known = inner.known_hashes_at(Some(slot));
                 let may_need_hashes = inner.may_need_hashes(known, &args);
-                if !may_need_hashes && inner.is_noop_decode(Some(slot), &args) {
+                if !may_need_hashes && guard(|| Ok(inner.is_noop_decode(Some(slot), &args)))? {
                     // Most decode steps change no block: nothing more to check.
                     general.push(None);
                     continue;
@@ -795,7 +798,10 @@ impl NativeManager {
         for (i, (slot, path)) in slots.into_iter().zip(general).enumerate() {
             let args = decode_args(i);
             let Some(update) = path else {
-                state.inner.record_noop_decode(slot, &args);
+                guard(|| {
+                    state.inner.record_noop_decode(slot, &args);
+                    Ok(())
+                })?;
                 ok.push(1);
                 push_result(false, &state.scratch, num_groups, &mut offsets, &mut ids);
                 continue;
