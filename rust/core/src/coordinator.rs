@@ -248,10 +248,10 @@ impl Coordinator {
     /// The request's decode horizon over all groups (see
     /// `SingleTypeManager::decode_horizon`), with each group's caching bound:
     /// the most tokens whose `tokens_to_cache` stays within its cached blocks.
-    pub fn decode_horizon(&mut self, slot: ReqSlot) -> Option<DecodeHorizon> {
+    pub fn decode_horizon(&self, slot: ReqSlot) -> Option<DecodeHorizon> {
         let mut h = DecodeHorizon::UNBOUNDED;
         let (kind, sbs) = (self.kind, self.scheduler_block_size as usize);
-        for m in &mut self.managers {
+        for m in &self.managers {
             let mut g = m.decode_horizon(slot)?;
             // tokens_to_cache(t) / bs <= cached  <=>  tokens_to_cache(t) < limit
             let limit = (m.num_cached_blocks(slot) + 1) * m.block_size as usize;

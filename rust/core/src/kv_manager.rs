@@ -391,8 +391,7 @@ impl KvCacheManager {
     /// A plain decode of a running request that changes no block (most
     /// decode steps): it needs no check beyond `num_new_tokens > 0` and no
     /// work beyond what the planner records. False: take the general path.
-    pub fn is_noop_decode(&self, slot: Option<ReqSlot>, args: &AllocateArgs) -> bool {
-        let Some(slot) = slot else { return false };
+    pub fn is_noop_decode(&self, slot: ReqSlot, args: &AllocateArgs) -> bool {
         let plain = args.new_computed_blocks.is_none()
             && args.num_new_computed_tokens == 0
             && args.num_external_computed_tokens == 0
@@ -426,6 +425,26 @@ impl KvCacheManager {
             }
             None => self.coord.decode_is_noop(slot, &counts),
         }
+    }
+
+    /// A decode that changes no block, done in full (no hashes are due and
+    /// `is_noop_decode` holds): `out` gets an empty run per group. False:
+    /// nothing was done. `args.num_tokens` may be an upper bound here: the
+    /// test only gets stricter with more tokens to cache.
+    pub fn try_noop_decode(
+        &mut self,
+        slot: ReqSlot,
+        args: &AllocateArgs,
+        out: &mut NewBlocks,
+    ) -> bool {
+        let known = self.known_hashes_at(Some(slot));
+        if self.may_need_hashes(known, args) || !self.is_noop_decode(slot, args) {
+            return false;
+        }
+        self.record_noop_decode(slot, args);
+        out.clear();
+        out.push_empty_groups(self.num_groups());
+        true
     }
 
     /// The whole effect of a decode `is_noop_decode` accepted: the Mamba
@@ -465,9 +484,6 @@ impl KvCacheManager {
         args: &AllocateArgs,
         update: Option<&HashUpdate>,
     ) -> CoreResult<()> {
-        if update.is_none() && self.is_noop_decode(slot, args) {
-            return Ok(());
-        }
         if args.num_new_tokens == 0 && args.num_external_computed_tokens == 0 {
             return invalid(
                 "num_new_tokens must be greater than 0 when there are no external computed tokens",
@@ -525,6 +541,24 @@ impl KvCacheManager {
         update: Option<HashUpdate>,
         out: &mut NewBlocks,
     ) -> CoreResult<bool> {
+        if let (Some(s), None) = (slot, &update) {
+            if self.try_noop_decode(s, args, out) {
+                return Ok(true);
+            }
+        }
+        self.allocate_general_into(slot, request_id, args, update, out)
+    }
+
+    /// `allocate_slots_into` without the no-op decode shortcut (for a
+    /// caller that tried `try_noop_decode` already).
+    pub fn allocate_general_into(
+        &mut self,
+        slot: Option<ReqSlot>,
+        request_id: &str,
+        args: &AllocateArgs,
+        update: Option<HashUpdate>,
+        out: &mut NewBlocks,
+    ) -> CoreResult<bool> {
         debug_assert_eq!(slot, self.slot(request_id));
         out.clear();
         self.check_allocate(slot, request_id, args, update.as_ref())?;
@@ -547,11 +581,6 @@ impl KvCacheManager {
         out: &mut NewBlocks,
     ) -> bool {
         out.clear();
-        if update.is_none() && self.is_noop_decode(Some(slot), args) {
-            out.push_empty_groups(self.num_groups());
-            self.record_noop_decode(slot, args);
-            return true;
-        }
         self.set_horizon(slot, None);
         let new_computed = self.new_computed_or_empty(args);
         let new_computed: &[Vec<BlockId>] = &new_computed;

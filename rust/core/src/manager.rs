@@ -104,10 +104,6 @@ pub struct SingleTypeManager {
     // table as first handed out, then every returned new block). The worker
     // copies states out of ids the manager has since nulled or moved.
     worker_view: SlotTable<Vec<BlockId>>,
-    // Window kinds: a running request's table never turns a null entry
-    // live again, so its first live block only moves right; this remembers
-    // where the last scan found it.
-    null_prefix: SlotTable<usize>,
 }
 
 impl SingleTypeManager {
@@ -130,16 +126,13 @@ impl SingleTypeManager {
             cached_this_step: HashSet::default(),
             align: SlotTable::default(),
             worker_view: SlotTable::default(),
-            null_prefix: SlotTable::default(),
         }
     }
 
-    /// Records what the worker received from an allocation: the whole table
-    /// on the request's first allocation, the new blocks afterwards.
-    pub fn note_handed_out(&mut self, slot: ReqSlot, new_blocks: &[BlockId]) {
-        if !self.is_align() {
-            return;
-        }
+    /// Records what the worker received from an allocation of a Mamba align
+    /// group: the whole table on the request's first allocation, the new
+    /// blocks afterwards.
+    fn note_handed_out(&mut self, slot: ReqSlot, new_blocks: &[BlockId]) {
         match self.worker_view.get_mut(slot) {
             Some(view) => view.extend_from_slice(new_blocks),
             None => {
@@ -543,7 +536,6 @@ impl SingleTypeManager {
     pub fn free(&mut self, pool: &mut BlockPool, slot: ReqSlot) {
         self.align.remove(slot);
         self.worker_view.remove(slot);
-        self.null_prefix.remove(slot);
         if let Some(blocks) = self.req_to_blocks.remove(slot) {
             if matches!(self.spec.kind, SpecKind::SlidingWindow { .. }) {
                 // Scratch blocks are reused first; cached ones stay behind.
@@ -638,25 +630,16 @@ impl SingleTypeManager {
     /// (a sound summary of `decode_is_noop`, cached per request so the
     /// common decode costs a few compares). Caching is bounded by the
     /// coordinator, from `num_cached_blocks`. None: no such summary.
-    pub fn decode_horizon(&mut self, slot: ReqSlot) -> Option<DecodeHorizon> {
+    pub fn decode_horizon(&self, slot: ReqSlot) -> Option<DecodeHorizon> {
         if !self.is_running(slot) {
             return None;
         }
         let bs = self.block_size as usize;
-        let blocks = self
-            .req_to_blocks
-            .get(slot)
-            .map_or(&[][..], |v| v.as_slice());
+        let blocks = self.blocks(slot);
         let len = blocks.len();
         // Blocks before the first real one are null: a window ending there
         // frees nothing (`remove_window_blocks` stops at a null block).
-        let null_prefix = &mut self.null_prefix;
-        let mut first_real = || {
-            let from = null_prefix.get(slot).copied().unwrap_or(0).min(len);
-            let found = first_non_null(&blocks[from..]).map(|i| from + i);
-            null_prefix.insert(slot, found.unwrap_or(len));
-            found
-        };
+        let first_real = || first_non_null(blocks);
         let mut h = DecodeHorizon::UNBOUNDED;
         match self.spec.kind {
             SpecKind::FullAttention => h.max_need_slot = len * bs,

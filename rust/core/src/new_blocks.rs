@@ -42,11 +42,6 @@ impl NewBlocks {
         (0..self.num_groups()).map(|g| self.group(g))
     }
 
-    /// Every group's blocks back to back.
-    pub fn all_ids(&self) -> &[BlockId] {
-        &self.ids
-    }
-
     /// True when no group got a block.
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()

@@ -29,6 +29,11 @@ fn opt_count(name: &str, v: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
     v.map_or(Ok(0), |v| count_obj(name, v))
 }
 
+/// `AllocateArgs::num_tokens` before `request.num_tokens` is read (see
+/// `NativeManager::allocate_one`): as an upper bound it keeps the no-op
+/// decode test exact.
+const NUM_TOKENS_UNREAD: usize = usize::MAX;
+
 /// Python-side collaborators the facade binds after construction.
 struct Bound_ {
     /// The shared empty `KVCacheBlocks` (vLLM hands out one instance).
@@ -149,40 +154,34 @@ impl NativeManager {
         hash_update(&hashes, self.inner.num_known_hashes(rid))
     }
 
-    /// A decode that changes no block, done without reading anything more
-    /// of the request: `args.num_tokens` may be an upper bound (the no-op
-    /// test only gets stricter with more tokens to cache). False: nothing
-    /// was done, allocate the general way.
-    fn try_noop_decode(&mut self, rid: &str, args: &AllocateArgs) -> PyResult<bool> {
-        guard(|| {
-            let Some(slot) = self.inner.lookup(rid) else {
-                return Ok(false);
-            };
-            let known = self.inner.known_hashes_at(Some(slot));
-            let inner = &self.inner;
-            if inner.may_need_hashes(known, args) || !inner.is_noop_decode(Some(slot), args) {
-                return Ok(false);
-            }
-            self.inner.record_noop_decode(slot, args);
-            self.scratch.clear();
-            self.scratch.push_empty_groups(self.inner.num_groups());
-            Ok(true)
-        })
-    }
-
-    /// One allocation into `self.scratch`; false for vLLM's None. The
-    /// request's new hashes are read only if caching may need them (a block
-    /// filled since they were last sent).
+    /// One allocation into `self.scratch`; false for vLLM's None.
+    /// `args.num_tokens` of `NUM_TOKENS_UNREAD` means not read yet: a
+    /// decode that changes no block is done without it (it only bounds
+    /// caching, so the no-op test with an upper bound is exact), otherwise
+    /// it is read from `request`. The request's new hashes are read only if
+    /// caching may need them (a block filled since they were last sent).
     fn allocate_one(
         &mut self,
         request: &Bound<'_, PyAny>,
         rid: &str,
-        args: &AllocateArgs,
+        mut args: AllocateArgs,
     ) -> PyResult<bool> {
         let slot = self.inner.lookup(rid);
-        let update = self.update_if_needed(slot, request, args)?;
+        if let Some(s) = slot {
+            let (inner, out) = (&mut self.inner, &mut self.scratch);
+            if guard(|| Ok(inner.try_noop_decode(s, &args, out)))? {
+                return Ok(true);
+            }
+        }
+        if args.num_tokens == NUM_TOKENS_UNREAD {
+            args.num_tokens = count_obj(
+                "request.num_tokens",
+                &request.getattr(intern!(request.py(), "num_tokens"))?,
+            )?;
+        }
+        let update = self.update_if_needed(slot, request, &args)?;
         let (inner, out) = (&mut self.inner, &mut self.scratch);
-        guard(|| inner.allocate_slots_into(slot, rid, args, update, out))
+        guard(|| inner.allocate_general_into(slot, rid, &args, update, out))
     }
 
     /// The request's hashes the core lacks, read only when this allocation
@@ -502,8 +501,7 @@ impl NativeManager {
                 "request.num_computed_tokens",
                 &request.getattr(intern!(py, "num_computed_tokens"))?,
             )?,
-            // Read below, only if the call may cache a block.
-            num_tokens: usize::MAX,
+            num_tokens: NUM_TOKENS_UNREAD,
             num_new_computed_tokens: opt_count("num_new_computed_tokens", num_new_computed_tokens)?,
             new_computed_blocks: new_computed.as_deref(),
             num_lookahead_tokens: opt_count("num_lookahead_tokens", num_lookahead_tokens)?,
@@ -516,19 +514,9 @@ impl NativeManager {
             full_sequence_must_fit,
             reserved_blocks: opt_count("reserved_blocks", reserved_blocks)?,
         };
-        let mut args = args;
         let (result, has_events) = {
             let mut this = slf.borrow_mut();
-            let ok = match this.try_noop_decode(rid, &args)? {
-                true => true,
-                false => {
-                    args.num_tokens = count_obj(
-                        "request.num_tokens",
-                        &request.getattr(intern!(py, "num_tokens"))?,
-                    )?;
-                    this.allocate_one(request, rid, &args)?
-                }
-            };
+            let ok = this.allocate_one(request, rid, args)?;
             let result = if ok {
                 this.scratch_blocks(slf)?
             } else {
@@ -609,25 +597,14 @@ impl NativeManager {
                         &request.getattr(intern!(py, "num_computed_tokens"))?,
                     )?,
                 };
-                let mut args = AllocateArgs {
+                let args = AllocateArgs {
                     num_new_tokens: counts[i],
                     num_computed_tokens: num_computed,
-                    // An upper bound until read: only a call that may cache needs it.
-                    num_tokens: totals.as_ref().map_or(usize::MAX, |t| t[i]),
+                    num_tokens: totals.as_ref().map_or(NUM_TOKENS_UNREAD, |t| t[i]),
                     num_lookahead_tokens: lookahead,
                     ..Default::default()
                 };
-                let got = if this.try_noop_decode(rid, &args)? {
-                    true
-                } else {
-                    if totals.is_none() {
-                        args.num_tokens = count_obj(
-                            "request.num_tokens",
-                            &request.getattr(intern!(py, "num_tokens"))?,
-                        )?;
-                    }
-                    this.allocate_one(&request, rid, &args)?
-                };
+                let got = this.allocate_one(&request, rid, args)?;
                 if events_on && this.inner.has_events() {
                     pending_events.push((this.inner.take_events(), request.clone()));
                 }
@@ -757,7 +734,7 @@ impl NativeManager {
                 let args = decode_args(i);
                 let known = inner.known_hashes_at(Some(slot));
                 let may_need_hashes = inner.may_need_hashes(known, &args);
-                if !may_need_hashes && guard(|| Ok(inner.is_noop_decode(Some(slot), &args)))? {
+                if !may_need_hashes && guard(|| Ok(inner.is_noop_decode(slot, &args)))? {
                     // Most decode steps change no block: nothing more to check.
                     general.push(None);
                     continue;
