@@ -3,18 +3,16 @@
 //! owns every decision. Arguments are checked before anything changes.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
-use std::sync::Arc;
 
 use crate::block_pool::BlockPool;
 use crate::coordinator::Coordinator;
 use crate::error::{invalid, CoreError, CoreResult};
 use crate::events::PoolEvent;
-use crate::fast_hash::FxBuild;
 use crate::hashes::HashList;
 use crate::mamba_plan::{post_rows, pre_rows, PlanRequest, PlannerState, PreRow};
 use crate::manager::{DecodeCounts, DecodeHorizon};
 use crate::new_blocks::NewBlocks;
+use crate::requests::RequestRegistry;
 use crate::spec::GroupSpec;
 use crate::{BlockId, ReqSlot};
 
@@ -60,19 +58,6 @@ pub struct HashUpdate {
     pub hashes: HashList,
 }
 
-#[derive(Debug, Clone)]
-struct RequestState {
-    // Shared with `slots`' key: cloning it for a call allocates nothing.
-    id: Arc<str>,
-    // Bounds within which a decode changes no block (None: unknown, the
-    // exact check runs). Dropped whenever the request's tables change
-    // outside a no-op decode. Kept here, beside the hashes a decode also
-    // reads: one request's hot state in one place.
-    horizon: Option<DecodeHorizon>,
-    // Block hashes at hash_block_size, as the request computed them.
-    hashes: HashList,
-}
-
 /// Prefix-cache lookup counters (vLLM's `PrefixCacheStats` fields).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LookupStats {
@@ -114,12 +99,7 @@ pub struct KvCacheManager {
     enable_caching: bool,
     // Some group is Mamba align (the copy planner tracks requests then).
     has_align_groups: bool,
-    slots: HashMap<Arc<str>, ReqSlot, FxBuild>,
-    requests: Vec<Option<RequestState>>,
-    // Bumped each time a slot is released: a handle names slot + generation,
-    // so a handle of a freed request never reaches its slot's next tenant.
-    generations: Vec<u32>,
-    free_slots: Vec<ReqSlot>,
+    reqs: RequestRegistry,
 }
 
 impl KvCacheManager {
@@ -151,10 +131,7 @@ impl KvCacheManager {
             max_model_len: cfg.max_model_len,
             enable_caching: cfg.enable_caching,
             has_align_groups,
-            slots: HashMap::default(),
-            requests: Vec::new(),
-            generations: Vec::new(),
-            free_slots: Vec::new(),
+            reqs: RequestRegistry::default(),
         })
     }
 
@@ -171,44 +148,20 @@ impl KvCacheManager {
     }
 
     fn slot(&self, request_id: &str) -> Option<ReqSlot> {
-        self.slots.get(request_id).copied()
+        self.reqs.slot(request_id)
     }
 
     fn slot_or_insert(&mut self, request_id: &str) -> ReqSlot {
-        if let Some(s) = self.slot(request_id) {
-            return s;
-        }
-        let id: Arc<str> = Arc::from(request_id);
-        let state = RequestState {
-            id: id.clone(),
-            horizon: None,
-            hashes: HashList::new(),
-        };
-        let s = match self.free_slots.pop() {
-            Some(s) => {
-                self.requests[s as usize] = Some(state);
-                s
-            }
-            None => {
-                self.requests.push(Some(state));
-                self.generations.push(0);
-                (self.requests.len() - 1) as ReqSlot
-            }
-        };
-        self.slots.insert(id, s);
-        s
+        self.reqs.slot_or_insert(request_id)
     }
 
     fn hashes(&self, slot: ReqSlot) -> &HashList {
-        &self.requests[slot as usize]
-            .as_ref()
-            .expect("live slot")
-            .hashes
+        self.reqs.hashes(slot)
     }
 
     /// How many of the request's block hashes the core holds.
     pub fn num_known_hashes(&self, request_id: &str) -> usize {
-        self.slot(request_id).map_or(0, |s| self.hashes(s).len())
+        self.known_hashes_at(self.slot(request_id))
     }
 
     /// Stores the request's hashes from index `offset` on (the facade sends
@@ -247,7 +200,7 @@ impl KvCacheManager {
         request_id: &str,
         update: Option<&HashUpdate>,
     ) -> CoreResult<usize> {
-        let known = slot.map_or(0, |s| self.hashes(s).len());
+        let known = self.known_hashes_at(slot);
         match update {
             None => Ok(known),
             Some(u) if u.offset > known => invalid(format!(
@@ -259,14 +212,7 @@ impl KvCacheManager {
     }
 
     fn apply_hashes_at(&mut self, slot: ReqSlot, update: HashUpdate) {
-        let hashes = &mut self.requests[slot as usize]
-            .as_mut()
-            .expect("live slot")
-            .hashes;
-        if !(update.hashes.is_empty() && update.offset == hashes.len()) {
-            hashes.truncate(update.offset);
-            hashes.extend(&update.hashes);
-        }
+        self.reqs.apply_hashes(slot, update);
     }
 
     fn apply_hashes(&mut self, request_id: &str, update: HashUpdate) {
@@ -340,25 +286,21 @@ impl KvCacheManager {
     /// A handle for a request the manager holds: stable until the request
     /// is freed (or dropped after a failed first allocation), never reused.
     pub fn handle(&self, request_id: &str) -> Option<u64> {
-        self.slot(request_id)
-            .map(|s| u64::from(self.generations[s as usize]) << 32 | u64::from(s))
+        self.slot(request_id).map(|s| self.reqs.handle(s))
     }
 
     /// The slot of the request a handle names.
     pub fn resolve_handle(&self, handle: u64) -> CoreResult<ReqSlot> {
-        let slot = handle as u32;
-        let generation = (handle >> 32) as u32;
-        match self.requests.get(slot as usize) {
-            Some(Some(_)) if self.generations[slot as usize] == generation => Ok(slot),
-            _ => Err(CoreError::UnknownRequest(format!(
+        self.reqs.resolve_handle(handle).ok_or_else(|| {
+            CoreError::UnknownRequest(format!(
                 "request handle {handle} names no request the manager holds (freed, or never allocated)"
-            ))),
-        }
+            ))
+        })
     }
 
     /// Hashes held for the request of `slot` (from `lookup`).
     pub fn known_hashes_at(&self, slot: Option<ReqSlot>) -> usize {
-        slot.map_or(0, |s| self.hashes(s).len())
+        slot.map_or(0, |s| self.reqs.known_hashes(s))
     }
 
     /// Whether `allocate_slots` with these arguments may read hashes beyond
@@ -411,10 +353,7 @@ impl KvCacheManager {
             main_model,
             to_cache: caches.then(|| main_model.min(args.num_tokens)),
         };
-        let horizon = self.requests[slot as usize]
-            .as_ref()
-            .and_then(|r| r.horizon);
-        match horizon {
+        match self.reqs.horizon(slot) {
             Some(h) => {
                 let noop = h.allows(&counts);
                 debug_assert!(
@@ -458,9 +397,8 @@ impl KvCacheManager {
     /// (nothing to keep without Mamba align groups).
     fn note_last_step(&mut self, slot: ReqSlot, total_computed: usize, num_new_tokens: usize) {
         if self.has_align_groups {
-            self.planner
-                .last_step
-                .insert(slot, (total_computed, num_new_tokens));
+            self.reqs
+                .set_last_step(slot, (total_computed, num_new_tokens));
         }
     }
 
@@ -658,9 +596,8 @@ impl KvCacheManager {
             out,
         );
         if caches {
-            let (coord, requests) = (&mut self.coord, &self.requests);
-            let hashes = &requests[slot as usize].as_ref().expect("live slot").hashes;
-            coord.cache_blocks(slot, hashes, num_tokens_to_cache);
+            self.coord
+                .cache_blocks(slot, self.reqs.hashes(slot), num_tokens_to_cache);
         }
         self.note_last_step(slot, total_computed, args.num_new_tokens);
         if let Some(h) = self.coord.decode_horizon(slot) {
@@ -712,17 +649,11 @@ impl KvCacheManager {
     }
 
     fn set_horizon(&mut self, slot: ReqSlot, horizon: Option<DecodeHorizon>) {
-        if let Some(state) = self.requests[slot as usize].as_mut() {
-            state.horizon = horizon;
-        }
+        self.reqs.set_horizon(slot, horizon);
     }
 
     fn drop_slot(&mut self, slot: ReqSlot) {
-        if let Some(state) = self.requests[slot as usize].take() {
-            self.slots.remove(&state.id);
-            self.generations[slot as usize] = self.generations[slot as usize].wrapping_add(1);
-            self.free_slots.push(slot);
-        }
+        self.reqs.release(slot);
     }
 
     /// Frees every block of the request (tail first) and forgets it.
@@ -779,9 +710,8 @@ impl KvCacheManager {
             self.apply_hashes(request_id, u);
         }
         self.set_horizon(slot, None);
-        let (coord, requests) = (&mut self.coord, &self.requests);
-        let hashes = &requests[slot as usize].as_ref().expect("live slot").hashes;
-        coord.cache_blocks(slot, hashes, num_computed_tokens);
+        self.coord
+            .cache_blocks(slot, self.reqs.hashes(slot), num_computed_tokens);
         Ok(())
     }
 
@@ -882,7 +812,7 @@ impl KvCacheManager {
 
     fn plan_request(&self, request_id: &str) -> CoreResult<(ReqSlot, PlanRequest<'_>)> {
         let slot = self.slot(request_id);
-        let step = slot.and_then(|s| self.planner.last_step.get(s).copied());
+        let step = slot.and_then(|s| self.reqs.last_step(s));
         let (Some(slot), Some((num_computed, num_scheduled))) = (slot, step) else {
             return Err(CoreError::UnknownRequest(format!(
                 "request {request_id:?} has no allocation this step to plan Mamba copies for"
@@ -991,25 +921,25 @@ impl KvCacheManager {
 
     /// Ids of the requests the manager holds state for (any order; reads only).
     pub fn request_ids(&self) -> impl Iterator<Item = &str> + '_ {
-        self.slots.keys().map(|id| &**id)
+        self.reqs.ids()
     }
 
     pub fn has_request(&self, request_id: &str) -> bool {
-        self.slots.contains_key(request_id)
+        self.reqs.contains(request_id)
     }
 
     /// The id of the request in a live slot (from `lookup` / `resolve_handle`).
     pub fn request_id_at(&self, slot: ReqSlot) -> &str {
-        &self.requests[slot as usize].as_ref().expect("live slot").id
+        self.reqs.id_at(slot)
     }
 
     /// One more than the highest request slot ever used (slots index dense tables).
     pub fn slot_capacity(&self) -> usize {
-        self.requests.len()
+        self.reqs.capacity()
     }
 
     pub fn num_requests(&self) -> usize {
-        self.slots.len()
+        self.reqs.len()
     }
 
     /// Full consistency check of pool, tables and ref counts.
@@ -1021,32 +951,10 @@ impl KvCacheManager {
         if let Err(m) = self.coord.pool.check_invariants() {
             return fail(m);
         }
-        // Request bookkeeping: id -> slot -> state agree; free slots are free.
-        let live = |s: ReqSlot| {
-            self.requests
-                .get(s as usize)
-                .and_then(|r| r.as_ref())
-                .is_some()
-        };
-        if self.requests.iter().flatten().count() != self.slots.len() {
-            return fail("live request states and request ids disagree".into());
+        if let Err(m) = self.reqs.check_invariants() {
+            return fail(m);
         }
-        for (id, &s) in &self.slots {
-            match self.requests.get(s as usize).and_then(|r| r.as_ref()) {
-                Some(r) if r.id == *id => {}
-                _ => {
-                    return fail(format!(
-                        "request {id:?} maps to slot {s}, which holds another request"
-                    ))
-                }
-            }
-        }
-        let mut free_slot = vec![false; self.requests.len()];
-        for &s in &self.free_slots {
-            if live(s) || std::mem::replace(&mut free_slot[s as usize], true) {
-                return fail(format!("free slot {s} is live or listed twice"));
-            }
-        }
+        let live = |s: ReqSlot| self.reqs.is_live(s);
         let pool = &self.coord.pool;
         let n = pool.num_blocks() as usize;
         let num_groups = self.coord.managers.len() as u32;

@@ -16,6 +16,7 @@ pub mod mamba_plan;
 pub mod manager;
 pub mod new_blocks;
 pub mod prefix_map;
+pub mod requests;
 pub mod slot_table;
 pub mod spec;
 

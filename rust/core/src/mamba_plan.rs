@@ -16,14 +16,11 @@ pub type PreRow = [i32; 5];
 pub struct PlannerState {
     /// `mamba_state_idx`: the running-state index after the last plan.
     pub state_idx: SlotTable<i64>,
-    /// (num_computed, num_scheduled) of the request's last allocation.
-    pub last_step: SlotTable<(usize, usize)>,
 }
 
 impl PlannerState {
     pub fn forget(&mut self, slot: ReqSlot) {
         self.state_idx.remove(slot);
-        self.last_step.remove(slot);
     }
 }
 

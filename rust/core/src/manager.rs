@@ -33,6 +33,15 @@ pub struct DecodeHorizon {
 }
 
 impl DecodeHorizon {
+    /// Not known (to be recomputed). As bounds it admits no decode: every
+    /// decode needs a slot for at least one token.
+    pub const UNKNOWN: DecodeHorizon = DecodeHorizon {
+        max_total: 0,
+        max_need_slot: 0,
+        max_main: 0,
+        max_to_cache: 0,
+    };
+
     pub const UNBOUNDED: DecodeHorizon = DecodeHorizon {
         max_total: usize::MAX,
         max_need_slot: usize::MAX,

@@ -1,0 +1,280 @@
+//! The manager's requests: id -> dense slot, each slot's block hashes, and
+//! the few numbers a decode reads kept together in one cache line per
+//! request. A decode that changes no block (most of them) and a handle
+//! check touch that line only: under a Python scheduler the core's data is
+//! cold at every call, so lines touched, not instructions, set its cost.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::fast_hash::FxBuild;
+use crate::hashes::HashList;
+use crate::kv_manager::HashUpdate;
+use crate::manager::DecodeHorizon;
+use crate::ReqSlot;
+
+/// What a decode of one request reads and writes, in one cache line.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
+struct HotState {
+    /// Odd while the slot holds a request: bumped when the slot is taken
+    /// and when it is released, so a handle (slot + generation) of a freed
+    /// request never names the slot's next tenant.
+    generation: u32,
+    /// `hashes.len()` of the slot's `ColdState`.
+    known_hashes: u32,
+    /// Bounds within which a plain decode changes no block;
+    /// `DecodeHorizon::UNKNOWN` when they must be recomputed.
+    horizon: DecodeHorizon,
+    /// (computed tokens, scheduled tokens) of the last allocation, for the
+    /// Mamba copy planner.
+    last_step: Option<(usize, usize)>,
+}
+
+const _: () = assert!(std::mem::size_of::<HotState>() == 64);
+
+impl HotState {
+    const FREE: HotState = HotState {
+        generation: 0,
+        known_hashes: 0,
+        horizon: DecodeHorizon::UNKNOWN,
+        last_step: None,
+    };
+
+    fn is_live(&self) -> bool {
+        self.generation % 2 == 1
+    }
+}
+
+#[derive(Debug, Clone)]
+struct ColdState {
+    // Shared with `slots`' key: cloning it for a call allocates nothing.
+    id: Arc<str>,
+    // Block hashes at hash_block_size, as the request computed them.
+    hashes: HashList,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RequestRegistry {
+    slots: HashMap<Arc<str>, ReqSlot, FxBuild>,
+    hot: Vec<HotState>,
+    cold: Vec<Option<ColdState>>,
+    free_slots: Vec<ReqSlot>,
+}
+
+impl RequestRegistry {
+    pub fn slot(&self, request_id: &str) -> Option<ReqSlot> {
+        self.slots.get(request_id).copied()
+    }
+
+    pub fn slot_or_insert(&mut self, request_id: &str) -> ReqSlot {
+        if let Some(s) = self.slot(request_id) {
+            return s;
+        }
+        let id: Arc<str> = Arc::from(request_id);
+        let state = ColdState {
+            id: id.clone(),
+            hashes: HashList::new(),
+        };
+        let s = match self.free_slots.pop() {
+            Some(s) => {
+                self.cold[s as usize] = Some(state);
+                s
+            }
+            None => {
+                self.cold.push(Some(state));
+                self.hot.push(HotState::FREE);
+                (self.cold.len() - 1) as ReqSlot
+            }
+        };
+        let hot = &mut self.hot[s as usize];
+        *hot = HotState {
+            generation: hot.generation.wrapping_add(1),
+            ..HotState::FREE
+        };
+        self.slots.insert(id, s);
+        s
+    }
+
+    /// Forgets the request of a live slot; the slot is reused later.
+    pub fn release(&mut self, slot: ReqSlot) {
+        if let Some(state) = self.cold[slot as usize].take() {
+            self.slots.remove(&state.id);
+            let hot = &mut self.hot[slot as usize];
+            *hot = HotState {
+                generation: hot.generation.wrapping_add(1),
+                ..HotState::FREE
+            };
+            self.free_slots.push(slot);
+        }
+    }
+
+    fn cold(&self, slot: ReqSlot) -> &ColdState {
+        self.cold[slot as usize].as_ref().expect("live slot")
+    }
+
+    pub fn id_at(&self, slot: ReqSlot) -> &str {
+        &self.cold(slot).id
+    }
+
+    pub fn hashes(&self, slot: ReqSlot) -> &HashList {
+        &self.cold(slot).hashes
+    }
+
+    /// `hashes(slot).len()`, from the hot line.
+    pub fn known_hashes(&self, slot: ReqSlot) -> usize {
+        self.hot[slot as usize].known_hashes as usize
+    }
+
+    /// Stores the request's hashes from `update.offset` on.
+    pub fn apply_hashes(&mut self, slot: ReqSlot, update: HashUpdate) {
+        let hashes = &mut self.cold[slot as usize].as_mut().expect("live slot").hashes;
+        if !(update.hashes.is_empty() && update.offset == hashes.len()) {
+            hashes.truncate(update.offset);
+            hashes.extend(&update.hashes);
+            // HashList ends are u32 byte offsets: its length fits too.
+            self.hot[slot as usize].known_hashes = hashes.len() as u32;
+        }
+    }
+
+    pub fn horizon(&self, slot: ReqSlot) -> Option<DecodeHorizon> {
+        let h = self.hot[slot as usize].horizon;
+        (h != DecodeHorizon::UNKNOWN).then_some(h)
+    }
+
+    pub fn set_horizon(&mut self, slot: ReqSlot, horizon: Option<DecodeHorizon>) {
+        let hot = &mut self.hot[slot as usize];
+        if hot.is_live() {
+            hot.horizon = horizon.unwrap_or(DecodeHorizon::UNKNOWN);
+        }
+    }
+
+    pub fn last_step(&self, slot: ReqSlot) -> Option<(usize, usize)> {
+        self.hot[slot as usize].last_step
+    }
+
+    pub fn set_last_step(&mut self, slot: ReqSlot, step: (usize, usize)) {
+        let hot = &mut self.hot[slot as usize];
+        if hot.is_live() {
+            hot.last_step = Some(step);
+        }
+    }
+
+    /// Slot + generation of a live slot.
+    pub fn handle(&self, slot: ReqSlot) -> u64 {
+        u64::from(self.hot[slot as usize].generation) << 32 | u64::from(slot)
+    }
+
+    /// The live slot a handle names, if it still names one.
+    pub fn resolve_handle(&self, handle: u64) -> Option<ReqSlot> {
+        let slot = handle as u32;
+        let generation = (handle >> 32) as u32;
+        // Handles carry an odd generation; a released slot's is even.
+        self.hot
+            .get(slot as usize)
+            .filter(|h| h.generation == generation && h.is_live())
+            .map(|_| slot)
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = &str> + '_ {
+        self.slots.keys().map(|id| &**id)
+    }
+
+    pub fn contains(&self, request_id: &str) -> bool {
+        self.slots.contains_key(request_id)
+    }
+
+    /// One more than the highest slot ever used (slots index dense tables).
+    pub fn capacity(&self) -> usize {
+        self.cold.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    pub fn is_live(&self, slot: ReqSlot) -> bool {
+        self.hot.get(slot as usize).is_some_and(HotState::is_live)
+    }
+
+    /// id -> slot -> state agree, free slots are free, the hot line
+    /// mirrors the hashes and liveness.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if self.cold.iter().flatten().count() != self.slots.len() {
+            return Err("live request states and request ids disagree".into());
+        }
+        for (id, &s) in &self.slots {
+            match self.cold.get(s as usize).and_then(|r| r.as_ref()) {
+                Some(r) if r.id == *id => {}
+                _ => {
+                    return Err(format!(
+                        "request {id:?} maps to slot {s}, which holds another request"
+                    ))
+                }
+            }
+        }
+        for (s, (hot, cold)) in self.hot.iter().zip(&self.cold).enumerate() {
+            if hot.is_live() != cold.is_some() {
+                return Err(format!(
+                    "slot {s}: generation parity disagrees with liveness"
+                ));
+            }
+            let known = cold.as_ref().map_or(0, |c| c.hashes.len());
+            if hot.known_hashes as usize != known {
+                return Err(format!(
+                    "slot {s}: hot line says {} hashes, the request holds {known}",
+                    hot.known_hashes
+                ));
+            }
+        }
+        let mut free_slot = vec![false; self.cold.len()];
+        for &s in &self.free_slots {
+            if self.is_live(s) || std::mem::replace(&mut free_slot[s as usize], true) {
+                return Err(format!("free slot {s} is live or listed twice"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_of_released_slots_never_resolve() {
+        let mut r = RequestRegistry::default();
+        let a = r.slot_or_insert("a");
+        let ha = r.handle(a);
+        assert_eq!(r.resolve_handle(ha), Some(a));
+        r.release(a);
+        assert_eq!(r.resolve_handle(ha), None);
+        let b = r.slot_or_insert("b");
+        assert_eq!(b, a, "slots are reused");
+        assert_ne!(r.handle(b), ha);
+        assert_eq!(r.resolve_handle(ha), None);
+        assert!(r.check_invariants().is_ok());
+    }
+
+    #[test]
+    fn hot_line_mirrors_hashes_and_resets_on_release() {
+        let mut r = RequestRegistry::default();
+        let s = r.slot_or_insert("x");
+        let hashes: HashList = [b"ab".as_slice(), b"cd"].into_iter().collect();
+        r.apply_hashes(s, HashUpdate { offset: 0, hashes });
+        r.set_last_step(s, (3, 1));
+        assert_eq!((r.known_hashes(s), r.last_step(s)), (2, Some((3, 1))));
+        r.release(s);
+        assert_eq!(
+            (r.known_hashes(s), r.last_step(s), r.horizon(s)),
+            (0, None, None)
+        );
+        r.set_last_step(s, (1, 1));
+        assert_eq!(r.last_step(s), None, "a released slot keeps no state");
+        assert!(r.check_invariants().is_ok());
+    }
+}
