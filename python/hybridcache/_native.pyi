@@ -83,6 +83,8 @@ class NativeManager:
         reserved_blocks: int | None = None,
     ) -> Any:
         """vLLM 0.23.0's `KVCacheManager.allocate_slots`."""
+    def _bound_allocate_slots(self) -> Any:
+        """`allocate_slots` as a builtin bound to this manager (no PyO3 argument matching)."""
     def allocate_decode_batch(
         self,
         requests: list[Any],

@@ -103,6 +103,9 @@ class KVCacheManager(_native.NativeManager):
         self._stats_cls = prefix_cache_stats_class() if self.log_stats else None
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups), self)
         self._bind_python(self.empty_kv_cache_blocks, self._on_events if builder else None, self.log_stats)
+        # The scheduler's hottest call, bound to this manager: it skips PyO3's
+        # keyword matching (same arguments, same result as the class method).
+        self.allocate_slots = self._bound_allocate_slots()
         self.block_pool = BlockPoolView(self)
         self.coordinator = CoordinatorView(self)
 

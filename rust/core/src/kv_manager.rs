@@ -289,6 +289,17 @@ impl KvCacheManager {
         self.slot(request_id).map(|s| self.reqs.handle(s))
     }
 
+    /// The handle of a live slot (from `lookup`).
+    pub fn handle_at(&self, slot: ReqSlot) -> u64 {
+        self.reqs.handle(slot)
+    }
+
+    /// The live slot a handle names, if any (`resolve_handle` without an
+    /// error to build).
+    pub fn slot_of_handle(&self, handle: u64) -> Option<ReqSlot> {
+        self.reqs.resolve_handle(handle)
+    }
+
     /// The slot of the request a handle names.
     pub fn resolve_handle(&self, handle: u64) -> CoreResult<ReqSlot> {
         self.reqs.resolve_handle(handle).ok_or_else(|| {

@@ -33,18 +33,27 @@ pub fn count(name: &str, v: i64) -> PyResult<usize> {
 }
 
 /// A non-negative int argument; the error names it.
+#[inline]
 pub fn count_obj(name: &str, v: &Bound<'_, PyAny>) -> PyResult<usize> {
     match v.extract::<i64>() {
+        Ok(i) if i >= 0 => Ok(i as usize),
+        other => count_obj_error(name, v, other),
+    }
+}
+
+// Out of line: the scheduler's calls never get here, and the formatting
+// would otherwise sit between the hot instructions.
+#[cold]
+#[inline(never)]
+fn count_obj_error(name: &str, v: &Bound<'_, PyAny>, got: PyResult<i64>) -> PyResult<usize> {
+    match got {
         Ok(i) => count(name, i),
         Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(v.py()) => Err(
             PyValueError::new_err(format!("{name} must be >= 0 and < 2**63, got {v}")),
         ),
         Err(_) => Err(PyTypeError::new_err(format!(
             "{name} must be an int, got {}",
-            v.get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
+            type_name(v)
         ))),
     }
 }

@@ -7,6 +7,8 @@
 
 mod blocks;
 mod convert;
+mod fast_call;
+mod id_cache;
 
 use blocks::{BlockView, KVCacheBlocks};
 mod hasher;
@@ -52,6 +54,7 @@ struct NativeManager {
     py_side: Option<Bound_>,
     // The last allocation's new blocks (reused: a call allocates nothing).
     scratch: NewBlocks,
+    ids: id_cache::IdCache,
 }
 
 fn request_id<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> {
@@ -124,6 +127,82 @@ fn push_result(
     }
 }
 
+/// The optional arguments of `allocate_slots` as given (None: left out).
+struct AllocateSlotsArgs<'a, 'py> {
+    num_new_computed_tokens: Option<&'a Bound<'py, PyAny>>,
+    new_computed_blocks: Option<&'a Bound<'py, PyAny>>,
+    num_lookahead_tokens: Option<&'a Bound<'py, PyAny>>,
+    num_external_computed_tokens: Option<&'a Bound<'py, PyAny>>,
+    delay_cache_blocks: Option<&'a Bound<'py, PyAny>>,
+    num_encoder_tokens: Option<&'a Bound<'py, PyAny>>,
+    full_sequence_must_fit: Option<&'a Bound<'py, PyAny>>,
+    reserved_blocks: Option<&'a Bound<'py, PyAny>>,
+}
+
+/// An optional flag: False when left out (or None); otherwise a bool.
+fn opt_flag(name: &str, v: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+    match v {
+        None => Ok(false),
+        Some(v) if v.is_none() => Ok(false),
+        Some(v) => v.extract::<bool>().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "{name} must be a bool, got {}",
+                convert::type_name(v)
+            ))
+        }),
+    }
+}
+
+impl NativeManager {
+    /// `allocate_slots` after argument matching (both entries land here).
+    fn allocate_slots_impl(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        num_new_tokens: &Bound<'_, PyAny>,
+        opt: AllocateSlotsArgs<'_, '_>,
+    ) -> PyResult<PyObject> {
+        let py = slf.py();
+        let rid = request_id(request)?;
+        let new_computed = Self::computed_ids(slf, opt.new_computed_blocks)?;
+        let args = AllocateArgs {
+            num_new_tokens: count_obj("num_new_tokens", num_new_tokens)?,
+            num_computed_tokens: count_obj(
+                "request.num_computed_tokens",
+                &request.getattr(intern!(py, "num_computed_tokens"))?,
+            )?,
+            num_tokens: NUM_TOKENS_UNREAD,
+            num_new_computed_tokens: opt_count(
+                "num_new_computed_tokens",
+                opt.num_new_computed_tokens,
+            )?,
+            new_computed_blocks: new_computed.as_deref(),
+            num_lookahead_tokens: opt_count("num_lookahead_tokens", opt.num_lookahead_tokens)?,
+            num_external_computed_tokens: opt_count(
+                "num_external_computed_tokens",
+                opt.num_external_computed_tokens,
+            )?,
+            delay_cache_blocks: opt_flag("delay_cache_blocks", opt.delay_cache_blocks)?,
+            num_encoder_tokens: opt_count("num_encoder_tokens", opt.num_encoder_tokens)?,
+            full_sequence_must_fit: opt_flag("full_sequence_must_fit", opt.full_sequence_must_fit)?,
+            reserved_blocks: opt_count("reserved_blocks", opt.reserved_blocks)?,
+        };
+        let (result, has_events) = {
+            let mut this = slf.borrow_mut();
+            let ok = this.allocate_one(request, &rid, args)?;
+            let result = if ok {
+                this.scratch_blocks(slf)?
+            } else {
+                py.None()
+            };
+            (result, this.inner.has_events())
+        };
+        if has_events {
+            Self::flush_events(slf, Some(request))?;
+        }
+        Ok(result)
+    }
+}
+
 impl NativeManager {
     fn block_id(&self, b: i64) -> PyResult<u32> {
         let n = self.inner.pool().num_blocks();
@@ -163,10 +242,10 @@ impl NativeManager {
     fn allocate_one(
         &mut self,
         request: &Bound<'_, PyAny>,
-        rid: &str,
+        rid: &Bound<'_, PyString>,
         mut args: AllocateArgs,
     ) -> PyResult<bool> {
-        let slot = self.inner.lookup(rid);
+        let slot = self.lookup_id(rid)?;
         if let Some(s) = slot {
             let (inner, out) = (&mut self.inner, &mut self.scratch);
             if guard(|| Ok(inner.try_noop_decode(s, &args, out)))? {
@@ -180,8 +259,22 @@ impl NativeManager {
             )?;
         }
         let update = self.update_if_needed(slot, request, &args)?;
+        let rid = rid.to_str()?;
         let (inner, out) = (&mut self.inner, &mut self.scratch);
         guard(|| inner.allocate_general_into(slot, rid, &args, update, out))
+    }
+
+    /// The slot of the request whose id is `rid`: by the str object's
+    /// address when this object was seen before (see `id_cache`).
+    fn lookup_id(&mut self, rid: &Bound<'_, PyString>) -> PyResult<Option<u32>> {
+        if let Some(slot) = self.ids.get(rid).and_then(|h| self.inner.slot_of_handle(h)) {
+            return Ok(Some(slot));
+        }
+        let slot = self.inner.lookup(rid.to_str()?);
+        if let Some(s) = slot {
+            self.ids.remember(rid, self.inner.handle_at(s));
+        }
+        Ok(slot)
     }
 
     /// The request's hashes the core lacks, read only when this allocation
@@ -369,6 +462,7 @@ impl NativeManager {
             log_stats: false,
             py_side: None,
             scratch: NewBlocks::new(),
+            ids: id_cache::IdCache::default(),
         })
     }
 
@@ -472,7 +566,9 @@ impl NativeManager {
         )
     }
 
-    /// vLLM 0.23.0's `KVCacheManager.allocate_slots`.
+    /// vLLM 0.23.0's `KVCacheManager.allocate_slots`. (The facade calls it
+    /// through `_bound_allocate_slots`, the same call without PyO3's
+    /// argument matching.)
     #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens=None, new_computed_blocks=None,
                         num_lookahead_tokens=None, num_external_computed_tokens=None,
                         delay_cache_blocks=false, num_encoder_tokens=None, full_sequence_must_fit=false,
@@ -492,42 +588,29 @@ impl NativeManager {
         reserved_blocks: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyObject> {
         let py = slf.py();
-        let rid = request_id(request)?;
-        let rid = rid.to_str()?;
-        let new_computed = Self::computed_ids(slf, new_computed_blocks)?;
-        let args = AllocateArgs {
-            num_new_tokens: count_obj("num_new_tokens", num_new_tokens)?,
-            num_computed_tokens: count_obj(
-                "request.num_computed_tokens",
-                &request.getattr(intern!(py, "num_computed_tokens"))?,
-            )?,
-            num_tokens: NUM_TOKENS_UNREAD,
-            num_new_computed_tokens: opt_count("num_new_computed_tokens", num_new_computed_tokens)?,
-            new_computed_blocks: new_computed.as_deref(),
-            num_lookahead_tokens: opt_count("num_lookahead_tokens", num_lookahead_tokens)?,
-            num_external_computed_tokens: opt_count(
-                "num_external_computed_tokens",
+        let flag = |v: bool| Some(v.into_pyobject(py).expect("bool").to_owned().into_any());
+        let (delay, full) = (flag(delay_cache_blocks), flag(full_sequence_must_fit));
+        Self::allocate_slots_impl(
+            slf,
+            request,
+            num_new_tokens,
+            AllocateSlotsArgs {
+                num_new_computed_tokens,
+                new_computed_blocks,
+                num_lookahead_tokens,
                 num_external_computed_tokens,
-            )?,
-            delay_cache_blocks,
-            num_encoder_tokens: opt_count("num_encoder_tokens", num_encoder_tokens)?,
-            full_sequence_must_fit,
-            reserved_blocks: opt_count("reserved_blocks", reserved_blocks)?,
-        };
-        let (result, has_events) = {
-            let mut this = slf.borrow_mut();
-            let ok = this.allocate_one(request, rid, args)?;
-            let result = if ok {
-                this.scratch_blocks(slf)?
-            } else {
-                py.None()
-            };
-            (result, this.inner.has_events())
-        };
-        if has_events {
-            Self::flush_events(slf, Some(request))?;
-        }
-        Ok(result)
+                delay_cache_blocks: delay.as_ref(),
+                num_encoder_tokens,
+                full_sequence_must_fit: full.as_ref(),
+                reserved_blocks,
+            },
+        )
+    }
+
+    /// `allocate_slots` as a builtin bound to this manager, called without
+    /// PyO3's argument matching (see `fast_call`).
+    fn _bound_allocate_slots(slf: &Bound<'_, Self>) -> PyResult<PyObject> {
+        fast_call::bound_allocate_slots(slf)
     }
 
     /// The decode `allocate_slots` of a whole step in one call: for each
@@ -589,7 +672,6 @@ impl NativeManager {
                 .is_some_and(|s| s.event_sink.is_some());
             for (i, request) in requests.iter().enumerate() {
                 let rid = request_id(&request)?;
-                let rid = rid.to_str()?;
                 let num_computed = match &computed {
                     Some(c) => c[i],
                     None => count_obj(
@@ -604,7 +686,7 @@ impl NativeManager {
                     num_lookahead_tokens: lookahead,
                     ..Default::default()
                 };
-                let got = this.allocate_one(&request, rid, args)?;
+                let got = this.allocate_one(&request, &rid, args)?;
                 if events_on && this.inner.has_events() {
                     pending_events.push((this.inner.take_events(), request.clone()));
                 }

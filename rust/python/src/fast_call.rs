@@ -1,0 +1,197 @@
+//! `allocate_slots` as a builtin bound to one manager, called with
+//! CPython's vectorcall convention (METH_FASTCALL | METH_KEYWORDS).
+//!
+//! vLLM's scheduler calls `allocate_slots` once per running request per
+//! step, with keywords. PyO3's generic argument matching (ten parameters,
+//! names compared as strings) is a fifth of a no-op decode's cost; here
+//! keywords match interned names by address first. The facade stores the
+//! builtin on the manager instance, where attribute lookup finds it before
+//! the class's method; `NativeManager.allocate_slots` stays the same call.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
+use pyo3::types::{PyString, PyTuple};
+
+use crate::{AllocateSlotsArgs, NativeManager};
+
+/// vLLM 0.23.0's parameters of `allocate_slots`, in order.
+const PARAMS: [&str; 10] = [
+    "request",
+    "num_new_tokens",
+    "num_new_computed_tokens",
+    "new_computed_blocks",
+    "num_lookahead_tokens",
+    "num_external_computed_tokens",
+    "delay_cache_blocks",
+    "num_encoder_tokens",
+    "full_sequence_must_fit",
+    "reserved_blocks",
+];
+
+struct MethodDef(ffi::PyMethodDef);
+// SAFETY: CPython only reads the definition, whose pointers are to statics.
+unsafe impl Sync for MethodDef {}
+
+static ALLOCATE_SLOTS: MethodDef = MethodDef(ffi::PyMethodDef {
+    ml_name: c"allocate_slots".as_ptr(),
+    ml_meth: ffi::PyMethodDefPointer {
+        PyCFunctionFastWithKeywords: allocate_slots_fast,
+    },
+    ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
+    ml_doc: c"vLLM 0.23.0's KVCacheManager.allocate_slots, bound to this manager.".as_ptr(),
+});
+
+/// The interned parameter names (keyword names in call sites are interned
+/// too, so a match is usually one pointer compare).
+fn param_names(py: Python<'_>) -> &[Py<PyString>; 10] {
+    static NAMES: GILOnceCell<[Py<PyString>; 10]> = GILOnceCell::new();
+    NAMES.get_or_init(py, || PARAMS.map(|p| PyString::intern(py, p).unbind()))
+}
+
+fn param_index(py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let names = param_names(py);
+    if let Some(i) = names.iter().position(|n| n.as_ptr() == name.as_ptr()) {
+        return Ok(i);
+    }
+    let text = name.downcast::<PyString>()?.to_str()?;
+    PARAMS
+        .iter()
+        .position(|&p| p == text)
+        .ok_or_else(|| arg_error(ArgError::Unknown(text)))
+}
+
+/// Python's own wording for bad call arguments.
+enum ArgError<'a> {
+    TooMany(usize),
+    Twice(usize),
+    Missing(usize),
+    Unknown(&'a str),
+}
+
+#[cold]
+#[inline(never)]
+fn arg_error(e: ArgError<'_>) -> PyErr {
+    PyTypeError::new_err(match e {
+        ArgError::TooMany(n) => format!(
+            "allocate_slots() takes at most {} arguments ({n} given)",
+            PARAMS.len()
+        ),
+        ArgError::Twice(i) => format!(
+            "allocate_slots() got multiple values for argument '{}'",
+            PARAMS[i]
+        ),
+        ArgError::Missing(i) => format!(
+            "allocate_slots() missing required argument '{}' (pos {})",
+            PARAMS[i],
+            i + 1
+        ),
+        ArgError::Unknown(name) => {
+            format!("allocate_slots() got an unexpected keyword argument '{name}'")
+        }
+    })
+}
+
+/// A new builtin calling `allocate_slots` of `manager`.
+pub fn bound_allocate_slots(manager: &Bound<'_, NativeManager>) -> PyResult<PyObject> {
+    let def = std::ptr::addr_of!(ALLOCATE_SLOTS.0).cast_mut();
+    // SAFETY: `def` is a static definition CPython never writes to; the
+    // result is a new reference, or NULL with an exception set.
+    unsafe {
+        let f = ffi::PyCFunction_NewEx(def, manager.as_ptr(), std::ptr::null_mut());
+        Bound::from_owned_ptr_or_err(manager.py(), f).map(Bound::unbind)
+    }
+}
+
+unsafe extern "C" fn allocate_slots_fast(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls builtins with the GIL held.
+    let py = unsafe { Python::assume_gil_acquired() };
+    // SAFETY: the vectorcall contract: `args` holds `nargs` positional
+    // values then one value per name in `kwnames` (a tuple, or NULL).
+    let result = catch_unwind(AssertUnwindSafe(|| unsafe {
+        call(py, slf, args, nargs, kwnames)
+    }));
+    match result {
+        Ok(Ok(obj)) => obj.into_ptr(),
+        Ok(Err(e)) => {
+            e.restore(py);
+            std::ptr::null_mut()
+        }
+        Err(_) => {
+            PyRuntimeError::new_err("hybridcache core panicked (bug); state may be inconsistent")
+                .restore(py);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// # Safety
+/// As `allocate_slots_fast`'s arguments, with the GIL held.
+unsafe fn call(
+    py: Python<'_>,
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> PyResult<PyObject> {
+    // SAFETY: `slf` is the manager the builtin was bound to (a live object).
+    let manager = unsafe { Bound::from_borrowed_ptr(py, slf) }.downcast_into::<NativeManager>()?;
+    let names = if kwnames.is_null() {
+        None
+    } else {
+        // SAFETY: a non-NULL kwnames is a live tuple of str.
+        Some(unsafe { Bound::from_borrowed_ptr(py, kwnames) }.downcast_into::<PyTuple>()?)
+    };
+    let nargs = usize::try_from(nargs).unwrap_or(0);
+    let num_kw = names.as_ref().map_or(0, |n| n.len());
+    if nargs > PARAMS.len() {
+        return Err(arg_error(ArgError::TooMany(nargs)));
+    }
+    // SAFETY: the vectorcall contract (see above).
+    let values = unsafe { std::slice::from_raw_parts(args, nargs + num_kw) };
+    // SAFETY: each pointer is a live object the caller holds for the call.
+    let value = |i: usize| unsafe { Bound::from_borrowed_ptr(py, values[i]) };
+    let mut given: [Option<Bound<'_, PyAny>>; 10] = Default::default();
+    for (i, slot) in given.iter_mut().enumerate().take(nargs) {
+        *slot = Some(value(i));
+    }
+    if let Some(names) = &names {
+        for (k, name) in names.iter().enumerate() {
+            let i = param_index(py, &name)?;
+            if given[i].is_some() {
+                return Err(arg_error(ArgError::Twice(i)));
+            }
+            given[i] = Some(value(nargs + k));
+        }
+    }
+    let [request, num_new_tokens, rest @ ..] = given;
+    let request = request.ok_or_else(|| arg_error(ArgError::Missing(0)))?;
+    let num_new_tokens = num_new_tokens.ok_or_else(|| arg_error(ArgError::Missing(1)))?;
+    // As PyO3 does for optional parameters: None is "left out".
+    let rest = rest.map(|v| v.filter(|v| !v.is_none()));
+    let [num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit, reserved_blocks] =
+        rest;
+    NativeManager::allocate_slots_impl(
+        &manager,
+        &request,
+        &num_new_tokens,
+        AllocateSlotsArgs {
+            num_new_computed_tokens: num_new_computed_tokens.as_ref(),
+            new_computed_blocks: new_computed_blocks.as_ref(),
+            num_lookahead_tokens: num_lookahead_tokens.as_ref(),
+            num_external_computed_tokens: num_external_computed_tokens.as_ref(),
+            delay_cache_blocks: delay_cache_blocks.as_ref(),
+            num_encoder_tokens: num_encoder_tokens.as_ref(),
+            full_sequence_must_fit: full_sequence_must_fit.as_ref(),
+            reserved_blocks: reserved_blocks.as_ref(),
+        },
+    )
+}

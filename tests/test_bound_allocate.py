@@ -1,0 +1,157 @@
+"""`manager.allocate_slots` is a builtin bound to the manager (vectorcall,
+no PyO3 argument matching) that finds requests by their id object: it must
+behave exactly as the class's `NativeManager.allocate_slots`, reject bad
+calls as Python does, and never confuse requests whose ids are equal,
+re-used or rebuilt."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from hybridcache import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheManager,
+    MambaSpec,
+    Request,
+)
+from hybridcache._native import NativeManager
+
+BS = 4
+
+
+def _make(num_blocks: int = 40, mamba: bool = False) -> KVCacheManager:
+    groups = [KVCacheGroupSpec(["attn"], FullAttentionSpec(block_size=BS))]
+    if mamba:
+        spec = MambaSpec(block_size=BS, mamba_cache_mode="align", num_speculative_blocks=2)
+        groups.append(KVCacheGroupSpec(["m"], spec))
+    return KVCacheManager(KVCacheConfig(num_blocks, [], groups), 256, BS, BS)
+
+
+def _state(m: KVCacheManager, rids: list[str]) -> Any:
+    return (m.free_queue(), {r: m.get_block_ids(r) for r in rids}, m.usage)
+
+
+def _ids(blocks: Any) -> Any:
+    return None if blocks is None else blocks.get_block_ids()
+
+
+def test_is_a_bound_builtin_next_to_the_class_method() -> None:
+    m = _make()
+    assert m.allocate_slots.__self__ is m
+    assert m.allocate_slots.__name__ == "allocate_slots"
+    assert type(m).allocate_slots is NativeManager.allocate_slots
+
+
+@pytest.mark.parametrize("mamba", [False, True])
+def test_same_results_as_the_class_method(mamba: bool) -> None:
+    """Two managers fed the same calls, one through the bound builtin, one
+    through the class method, with arguments spelled every way."""
+    rng = random.Random(7)
+    bound, classic = _make(mamba=mamba), _make(mamba=mamba)
+    prompts = [[rng.randrange(50) for _ in range(rng.randrange(3, 14))] for _ in range(6)]
+    reqs = {name: [Request(f"r{i}", list(p), BS) for i, p in enumerate(prompts)] for name in ("bound", "classic")}
+    for step in range(60):
+        i = rng.randrange(6)
+        n = rng.randrange(1, 6)
+        look = rng.choice([None, 0, 2])
+        spelling = rng.randrange(3)
+        free_after = rng.random() < 0.05
+        out = {}
+        for name, m in (("bound", bound), ("classic", classic)):
+            r = reqs[name][i]
+            call = m.allocate_slots if name == "bound" else (lambda *a, _m=m, **k: NativeManager.allocate_slots(_m, *a, **k))
+            if spelling == 0:
+                res = call(r, n, num_lookahead_tokens=look)
+            elif spelling == 1:
+                res = call(r, n, 0, None, look)
+            else:
+                res = call(request=r, num_new_tokens=n, delay_cache_blocks=False, num_encoder_tokens=0)
+            out[name] = _ids(res)
+            if res is not None:
+                r.num_computed_tokens = min(r.num_tokens, r.num_computed_tokens + n)
+                if r.num_computed_tokens == r.num_tokens:
+                    r.append_output_token_ids([step % 50])
+            if free_after:
+                m.free(r)
+                r.num_computed_tokens = 0
+        assert out["bound"] == out["classic"], step
+        rids = [r.request_id for r in reqs["bound"]]
+        assert _state(bound, rids) == _state(classic, rids), step
+    bound.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda m, r: m.allocate_slots(), "missing required argument 'request'"),
+        (lambda m, r: m.allocate_slots(r), "missing required argument 'num_new_tokens'"),
+        (lambda m, r: m.allocate_slots(r, 2, bogus=1), "unexpected keyword argument 'bogus'"),
+        (lambda m, r: m.allocate_slots(r, 2, num_new_tokens=2), "multiple values for argument 'num_new_tokens'"),
+        (lambda m, r: m.allocate_slots(r, 2, 0, None, 0, 0, False, 0, False, 0, 9), "at most 10 arguments"),
+        (lambda m, r: m.allocate_slots(r, 2, delay_cache_blocks=1), "delay_cache_blocks must be a bool"),
+        (lambda m, r: m.allocate_slots(r, "2"), "num_new_tokens must be an int"),
+        (lambda m, r: m.allocate_slots(r, 2, num_lookahead_tokens=-1), "num_lookahead_tokens must be >= 0"),
+    ],
+)
+def test_bad_calls_raise_and_change_nothing(call: Any, message: str) -> None:
+    m = _make()
+    r = Request("a", list(range(10)), BS)
+    assert m.allocate_slots(r, 10) is not None
+    before = _state(m, ["a"])
+    with pytest.raises((TypeError, ValueError), match=message):
+        call(m, r)
+    assert _state(m, ["a"]) == before
+    m.check_invariants()
+
+
+def test_requests_are_found_by_value_whatever_the_id_object() -> None:
+    """A request is the same request whichever str object carries its id
+    (rebuilt strings, another Request object), and a freed request's id
+    object names nothing once the request is gone."""
+    m = _make()
+    a = Request("".join(["req", "-a"]), list(range(8)), BS)
+    assert _ids(m.allocate_slots(a, 8)) == ([1, 2],)
+    a.num_computed_tokens = 8
+    same = Request("req-a" + "", list(range(8)), BS)  # an equal id, maybe another object
+    same.request_id = "".join(["req-", "a"])
+    same.num_computed_tokens = 8
+    assert same.request_id is not a.request_id
+    assert _ids(m.allocate_slots(same, 4)) == ([3],), "found by value: the request's table grows"
+    m.free(a)
+    assert m.get_block_ids("req-a") == ([],)
+    # The old id object now names a new request: nothing of the old one shows.
+    b = Request("x", list(range(4)), BS)
+    b.request_id = a.request_id
+    assert _ids(m.allocate_slots(b, 4)) is not None
+    assert len(m.get_block_ids(a.request_id)[0]) == 1
+    m.check_invariants()
+
+
+def test_slot_reuse_never_hands_out_another_requests_blocks() -> None:
+    """Requests come and go through the same slots; each call must see its
+    own request's table (a cached slot of a freed request is never used)."""
+    rng = random.Random(3)
+    m = _make(num_blocks=200)
+    live: dict[str, Request] = {}
+    for step in range(300):
+        if live and rng.random() < 0.3:
+            rid = rng.choice(sorted(live))
+            m.free(live.pop(rid))
+            assert m.get_block_ids(rid) == ([],)
+            continue
+        rid = f"q{rng.randrange(12)}"
+        r = live.get(rid) or Request(rid, list(range(rng.randrange(1, 9))), BS)
+        n = max(1, r.num_tokens - r.num_computed_tokens)
+        before = len(m.get_block_ids(rid)[0])
+        if m.allocate_slots(r, n) is None:
+            continue
+        live[rid] = r
+        r.num_computed_tokens = r.num_tokens
+        r.append_output_token_ids([step % 7])
+        assert len(m.get_block_ids(rid)[0]) >= before
+    m.check_invariants()
