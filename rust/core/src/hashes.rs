@@ -52,10 +52,19 @@ impl HashList {
         }
     }
 
-    pub fn extend(&mut self, other: &HashList) {
-        for i in 0..other.len() {
-            self.push(other.get(i));
+    /// Room for `n` more hashes of `bytes` bytes in all.
+    pub fn with_capacity(n: usize, bytes: usize) -> Self {
+        HashList {
+            bytes: Vec::with_capacity(bytes),
+            ends: Vec::with_capacity(n),
         }
+    }
+
+    pub fn extend(&mut self, other: &HashList) {
+        // One copy per buffer (pushing one by one regrew them repeatedly).
+        let base = self.bytes.len() as u32;
+        self.bytes.extend_from_slice(&other.bytes);
+        self.ends.extend(other.ends.iter().map(|&e| e + base));
     }
 }
 

@@ -628,6 +628,11 @@ impl KvCacheManager {
         total_computed: usize,
         num_tokens: usize,
     ) -> CoreResult<()> {
+        // A group caches at most num_tokens / block_size blocks of
+        // block_size / hash_block_size hashes each: never more than this.
+        if have >= num_tokens / self.coord.pool.hash_block_size() as usize {
+            return Ok(());
+        }
         let groups = |g: u32| new_computed[g as usize].len();
         let need = self
             .coord

@@ -129,7 +129,11 @@ impl RequestRegistry {
     /// Stores the request's hashes from `update.offset` on.
     pub fn apply_hashes(&mut self, slot: ReqSlot, update: HashUpdate) {
         let hashes = &mut self.cold[slot as usize].as_mut().expect("live slot").hashes;
-        if !(update.hashes.is_empty() && update.offset == hashes.len()) {
+        if update.offset == 0 {
+            // A new request's hashes (or all of them again): take the buffer.
+            *hashes = update.hashes;
+            self.hot[slot as usize].known_hashes = hashes.len() as u32;
+        } else if !(update.hashes.is_empty() && update.offset == hashes.len()) {
             hashes.truncate(update.offset);
             hashes.extend(&update.hashes);
             // HashList ends are u32 byte offsets: its length fits too.

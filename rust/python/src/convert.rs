@@ -178,7 +178,13 @@ pub fn hash_update(block_hashes: &Bound<'_, PyAny>, known: usize) -> PyResult<Op
         return Ok(None);
     }
     let offset = if n < known { 0 } else { known };
-    let mut hashes = HashList::new();
+    // Room for all of them at once (hashes of one function share a size).
+    let first_len = list
+        .get_item(offset)
+        .ok()
+        .and_then(|h| h.downcast::<PyBytes>().ok().map(|b| b.as_bytes().len()))
+        .unwrap_or(0);
+    let mut hashes = HashList::with_capacity(n - offset, (n - offset) * first_len);
     for i in offset..n {
         let h = list.get_item(i)?;
         let bytes = h.downcast::<PyBytes>().map_err(|_| {
@@ -194,29 +200,68 @@ pub fn hash_update(block_hashes: &Bound<'_, PyAny>, known: usize) -> PyResult<Op
 
 /// Unsigned ints from a list of ints, or from bytes / bytearray holding
 /// `width`-byte little-endian values (what `numpy.ndarray.tobytes()` gives
-/// for uint32 / uint64 on every common platform). The error names `name`.
-pub fn uint_array(name: &str, v: &Bound<'_, PyAny>, width: usize) -> PyResult<Vec<u64>> {
-    let from_le = |bytes: &[u8]| -> PyResult<Vec<u64>> {
-        if !bytes.len().is_multiple_of(width) {
-            return Err(PyValueError::new_err(format!(
-                "{name}: {} bytes is not a whole number of {width}-byte ints",
-                bytes.len()
-            )));
+/// for uint32 / uint64 on every common platform). Bytes are read in place.
+pub enum UintArray<'a> {
+    Le { bytes: &'a [u8], width: usize },
+    Owned(Vec<u64>),
+}
+
+impl UintArray<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            UintArray::Le { bytes, width } => bytes.len() / width,
+            UintArray::Owned(v) => v.len(),
         }
-        Ok(bytes
-            .chunks_exact(width)
-            .map(|c| {
-                let mut w = [0u8; 8];
-                w[..width].copy_from_slice(c);
-                u64::from_le_bytes(w)
-            })
-            .collect())
+    }
+
+    #[inline]
+    pub fn get(&self, i: usize) -> u64 {
+        match *self {
+            UintArray::Le { bytes, width: 4 } => u64::from(u32::from_le_bytes(
+                bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"),
+            )),
+            UintArray::Le { bytes, .. } => {
+                u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().expect("8 bytes"))
+            }
+            UintArray::Owned(ref v) => v[i],
+        }
+    }
+}
+
+/// `v` as a `UintArray` of `width`-byte ints (4 or 8); the error names `name`.
+pub fn uint_array<'a>(
+    name: &str,
+    v: &'a Bound<'_, PyAny>,
+    width: usize,
+) -> PyResult<UintArray<'a>> {
+    debug_assert!(width == 4 || width == 8);
+    let check = |bytes: &[u8]| -> PyResult<()> {
+        if bytes.len().is_multiple_of(width) {
+            return Ok(());
+        }
+        Err(PyValueError::new_err(format!(
+            "{name}: {} bytes is not a whole number of {width}-byte ints",
+            bytes.len()
+        )))
     };
     if let Ok(b) = v.downcast::<PyBytes>() {
-        return from_le(b.as_bytes());
+        check(b.as_bytes())?;
+        return Ok(UintArray::Le {
+            bytes: b.as_bytes(),
+            width,
+        });
     }
     if let Ok(b) = v.downcast::<PyByteArray>() {
-        return from_le(&b.to_vec());
+        // A bytearray can change under us: read a copy.
+        let bytes = b.to_vec();
+        check(&bytes)?;
+        let copy = UintArray::Le {
+            bytes: &bytes,
+            width,
+        };
+        return Ok(UintArray::Owned(
+            (0..copy.len()).map(|i| copy.get(i)).collect(),
+        ));
     }
     let Ok(list) = v.downcast::<PyList>() else {
         return Err(PyTypeError::new_err(format!(
@@ -233,7 +278,8 @@ pub fn uint_array(name: &str, v: &Bound<'_, PyAny>, width: usize) -> PyResult<Ve
             u64::try_from(x)
                 .map_err(|_| PyValueError::new_err(format!("{name}[{i}] must be >= 0, got {x}")))
         })
-        .collect()
+        .collect::<PyResult<Vec<u64>>>()
+        .map(UintArray::Owned)
 }
 
 /// Little-endian bytes of u32 values (a compact result numpy reads with

@@ -159,6 +159,23 @@ unsafe fn call(
     let values = unsafe { std::slice::from_raw_parts(args, nargs + num_kw) };
     // SAFETY: each pointer is a live object the caller holds for the call.
     let value = |i: usize| unsafe { Bound::from_borrowed_ptr(py, values[i]) };
+    // The scheduler's call for a running request: (request, n) and at most
+    // num_lookahead_tokens=k. Its own short path.
+    if nargs == 2 {
+        let lookahead_only = match &names {
+            None => true,
+            Some(t) => t.len() == 1 && t.get_item(0)?.as_ptr() == param_names(py)[4].as_ptr(),
+        };
+        if lookahead_only {
+            let lookahead = (num_kw == 1).then(|| value(2)).filter(|v| !v.is_none());
+            return NativeManager::allocate_decode_call(
+                &manager,
+                &value(0),
+                &value(1),
+                lookahead.as_ref(),
+            );
+        }
+    }
     let mut given: [Option<Bound<'_, PyAny>>; 10] = Default::default();
     for (i, slot) in given.iter_mut().enumerate().take(nargs) {
         *slot = Some(value(i));

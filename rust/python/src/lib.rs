@@ -15,7 +15,7 @@ mod hasher;
 
 use convert::{
     block_ids, count, count_obj, guard, hash_update, ids_tuple, parse_group, u32_arg, u32_bytes,
-    uint_array, GroupTuple,
+    uint_array, GroupTuple, UintArray,
 };
 use hybridcache_core::{
     AllocateArgs, CoreError, HashUpdate, KvCacheManager, ManagerConfig, NewBlocks, PoolEvent,
@@ -186,13 +186,47 @@ impl NativeManager {
             full_sequence_must_fit: opt_flag("full_sequence_must_fit", opt.full_sequence_must_fit)?,
             reserved_blocks: opt_count("reserved_blocks", opt.reserved_blocks)?,
         };
+        Self::finish_allocate(slf, request, &rid, args)
+    }
+
+    /// `allocate_slots(request, num_new_tokens, num_lookahead_tokens=k)`,
+    /// the scheduler's call for a running request, without the optional
+    /// arguments' conversions: under a Python scheduler a call's cost is
+    /// mostly instruction-cache misses, so its code stays small.
+    fn allocate_decode_call(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        num_new_tokens: &Bound<'_, PyAny>,
+        num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyObject> {
+        let rid = request_id(request)?;
+        let args = AllocateArgs {
+            num_new_tokens: count_obj("num_new_tokens", num_new_tokens)?,
+            num_computed_tokens: count_obj(
+                "request.num_computed_tokens",
+                &request.getattr(intern!(slf.py(), "num_computed_tokens"))?,
+            )?,
+            num_tokens: NUM_TOKENS_UNREAD,
+            num_lookahead_tokens: opt_count("num_lookahead_tokens", num_lookahead_tokens)?,
+            ..Default::default()
+        };
+        Self::finish_allocate(slf, request, &rid, args)
+    }
+
+    /// The allocation itself, its result and its events.
+    fn finish_allocate(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        rid: &Bound<'_, PyString>,
+        args: AllocateArgs,
+    ) -> PyResult<PyObject> {
         let (result, has_events) = {
             let mut this = slf.borrow_mut();
-            let ok = this.allocate_one(request, &rid, args)?;
+            let ok = this.allocate_one(request, rid, args)?;
             let result = if ok {
                 this.scratch_blocks(slf)?
             } else {
-                py.None()
+                slf.py().None()
             };
             (result, this.inner.has_events())
         };
@@ -759,7 +793,7 @@ impl NativeManager {
         let lookahead = count("num_lookahead_tokens", num_lookahead_tokens)?;
         let handles = uint_array("handles", handles, 8)?;
         let n = handles.len();
-        let counts = |name: &str, v: &Bound<'py, PyAny>| -> PyResult<Vec<u64>> {
+        fn counts<'a>(name: &str, v: &'a Bound<'_, PyAny>, n: usize) -> PyResult<UintArray<'a>> {
             let vals = uint_array(name, v, 4)?;
             if vals.len() != n {
                 return Err(PyValueError::new_err(format!(
@@ -768,10 +802,10 @@ impl NativeManager {
                 )));
             }
             Ok(vals)
-        };
-        let new_tokens = counts("num_new_tokens", num_new_tokens)?;
-        let computed = counts("num_computed_tokens", num_computed_tokens)?;
-        let totals = counts("num_tokens", num_tokens)?;
+        }
+        let new_tokens = counts("num_new_tokens", num_new_tokens, n)?;
+        let computed = counts("num_computed_tokens", num_computed_tokens, n)?;
+        let totals = counts("num_tokens", num_tokens, n)?;
         let requests = match requests {
             None => None,
             Some(r) if r.is_none() => None,
@@ -790,9 +824,9 @@ impl NativeManager {
         };
         let mut this = slf.borrow_mut();
         let decode_args = |i: usize| AllocateArgs {
-            num_new_tokens: new_tokens[i] as usize,
-            num_computed_tokens: computed[i] as usize,
-            num_tokens: totals[i] as usize,
+            num_new_tokens: new_tokens.get(i) as usize,
+            num_computed_tokens: computed.get(i) as usize,
+            num_tokens: totals.get(i) as usize,
             num_lookahead_tokens: lookahead,
             ..Default::default()
         };
@@ -804,7 +838,8 @@ impl NativeManager {
         {
             let inner = &this.inner;
             let mut seen = vec![false; inner.slot_capacity()];
-            for (i, &handle) in handles.iter().enumerate() {
+            for i in 0..n {
+                let handle = handles.get(i);
                 let slot = inner.resolve_handle(handle).map_err(convert::to_py_err)?;
                 if std::mem::replace(&mut seen[slot as usize], true) {
                     return Err(PyValueError::new_err(format!(
