@@ -232,7 +232,7 @@ impl BlockPool {
         num_full: usize,
         block_size: u32,
         group: u32,
-        mask: Option<&[bool]>,
+        reachable: Option<crate::manager::ReachableBlocks>,
         hash_of: impl Fn(usize) -> std::borrow::Cow<'h, [u8]>,
     ) {
         if num_cached >= num_full {
@@ -243,7 +243,7 @@ impl BlockPool {
         let mut positions = Vec::new();
         for i in num_cached..end {
             let b = blocks[i];
-            let masked_out = mask.is_some_and(|m| !m[i - num_cached]);
+            let masked_out = reachable.is_some_and(|r| !r.keeps(i));
             if b == NULL_BLOCK || masked_out {
                 continue;
             }

@@ -18,6 +18,22 @@ use crate::slot_table::SlotTable;
 use crate::spec::{GroupSpec, MambaMode, SpecKind};
 use crate::{cdiv, BlockId, ReqSlot};
 
+/// The blocks of a sliding-window group that can serve a hit (a hit is
+/// scheduler-block aligned and needs the window's last blocks before the
+/// boundary); the others are not cached. vLLM's `reachable_block_mask`.
+#[derive(Debug, Clone, Copy)]
+pub struct ReachableBlocks {
+    shift: usize,
+    per_segment: usize,
+    need: usize,
+}
+
+impl ReachableBlocks {
+    pub fn keeps(&self, i: usize) -> bool {
+        i >= self.shift && (i - self.shift) % self.per_segment >= self.per_segment - self.need
+    }
+}
+
 /// Largest counts for which a plain decode of a request changes no block
 /// (see `SingleTypeManager::decode_horizon`); `usize::MAX`: no bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -487,23 +503,19 @@ impl SingleTypeManager {
         skipped.max(num_new_computed)
     }
 
-    /// Which of blocks `start..end` a sliding-window hit can ever use at an
-    /// aligned prefix length (vLLM's `reachable_block_mask`); None: all.
-    fn reachable_block_mask(&self, start: usize, end: usize) -> Option<Vec<bool>> {
+    /// Which blocks a sliding-window hit can ever use at an aligned prefix
+    /// length; None: all.
+    fn reachable_blocks(&self) -> Option<ReachableBlocks> {
         let SpecKind::SlidingWindow { window } = self.spec.kind else {
             return None;
         };
         let need = contiguous_blocks_for_hit(window, self.block_size, self.use_eagle);
-        let shift = usize::from(self.use_eagle);
         let per_segment = (self.scheduler_block_size / self.block_size) as usize;
-        if need >= per_segment {
-            return None;
-        }
-        Some(
-            (start..end)
-                .map(|i| i >= shift && (i - shift) % per_segment >= per_segment - need)
-                .collect(),
-        )
+        (need < per_segment).then_some(ReachableBlocks {
+            shift: usize::from(self.use_eagle),
+            per_segment,
+            need,
+        })
     }
 
     pub fn cache_blocks(
@@ -518,7 +530,7 @@ impl SingleTypeManager {
         if num_cached >= num_full {
             return;
         }
-        let mask = self.reachable_block_mask(num_cached, num_full);
+        let reachable = self.reachable_blocks();
         let is_mamba = self.mamba().is_some();
         let blocks = self.req_to_blocks.entry(slot);
         pool.cache_full_blocks(
@@ -527,7 +539,7 @@ impl SingleTypeManager {
             num_full,
             self.block_size,
             self.group_id,
-            mask.as_deref(),
+            reachable,
             |i| hashes.get(i),
         );
         self.num_cached_block.insert(slot, num_full);
