@@ -479,6 +479,10 @@ class Driver:
             full_sequence_must_fit=c.chance(0.05),
             reserved_blocks=c.randint(1, 2) if c.chance(0.05) else 0,
         )
+        if c.chance(0.7):
+            # Mostly the scheduler's own spelling for a running request:
+            # (request, n, num_lookahead_tokens=k), defaults left out.
+            kw = {k: v for k, v in kw.items() if k == "num_lookahead_tokens" or v}
         rid = r.request_id
         self.note(f"step {rid} computed={r.num_computed_tokens} tokens={r.num_tokens} new={new} raw={raw} {kw}")
         out, _ = self.both(f"allocate_slots({rid}, {new}, {kw})", lambda m: m.allocate_slots(r, new, **kw), norm_allocated)
