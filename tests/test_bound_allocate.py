@@ -155,3 +155,26 @@ def test_slot_reuse_never_hands_out_another_requests_blocks() -> None:
         r.append_output_token_ids([step % 7])
         assert len(m.get_block_ids(rid)[0]) >= before
     m.check_invariants()
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_a_dropped_manager_is_collected(events: bool) -> None:
+    """A manager is in reference cycles (its bound builtin, its pool and
+    coordinator views, the event sink, the null block's view) that pass
+    through native objects: they tell the garbage collector what they hold,
+    so a dropped manager is freed."""
+    import gc
+    import weakref
+
+    groups = [KVCacheGroupSpec(["attn"], FullAttentionSpec(block_size=BS))]
+    m = KVCacheManager(KVCacheConfig(40, [], groups), 256, BS, BS, log_stats=events, enable_kv_cache_events=events)
+    r = Request("a", list(range(8)), BS)
+    m.get_computed_blocks(r)
+    blocks = m.allocate_slots(r, 8, num_lookahead_tokens=0)
+    assert blocks is not None and blocks.blocks[0][0].block_id == 1
+    assert m.block_pool.null_block.block_id == 0
+    m.take_events()
+    ref = weakref.ref(m)
+    del m, blocks
+    gc.collect()
+    assert ref() is None

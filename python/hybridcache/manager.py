@@ -101,7 +101,9 @@ class KVCacheManager(_native.NativeManager):
         builder = EventBuilder([(g.event_kind, g.sliding_window) for g in groups]) if enable_kv_cache_events else None
         self._event_builder = builder
         self._stats_cls = prefix_cache_stats_class() if self.log_stats else None
-        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups), self)
+        # Not bound to this manager: the native side holds it, and a
+        # reference back would be a cycle the garbage collector cannot see.
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups))
         self._bind_python(self.empty_kv_cache_blocks, self._on_events if builder else None, self.log_stats)
         # The scheduler's hottest call, bound to this manager: it skips PyO3's
         # keyword matching (same arguments, same result as the class method).

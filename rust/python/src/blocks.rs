@@ -5,6 +5,7 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::{PyTraverseError, PyVisit};
 use smallvec::SmallVec;
 
 /// vLLM's `KVCacheBlock` fields as a live, read-only view of one block.
@@ -42,6 +43,12 @@ impl BlockView {
 
 #[pymethods]
 impl BlockView {
+    /// Its manager, for the garbage collector: the pool view a manager
+    /// keeps (`block_pool.null_block`) is a BlockView, a reference cycle.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.owner)
+    }
+
     #[new]
     fn new(native: PyObject, block_id: i64) -> Self {
         BlockView {
@@ -228,6 +235,12 @@ impl KVCacheBlocks {
         let py = slf.py();
         let this = slf.get();
         let Some(owner) = &this.owner else {
+            // A manager's shared empty result is not bound to it (so the
+            // manager holding it makes no reference cycle): no views needed.
+            if this.ids.iter().all(|g| g.is_empty()) {
+                let empty = this.ids.iter().map(|_| PyList::empty(py));
+                return PyTuple::new(py, empty);
+            }
             return Err(PyValueError::new_err(
                 "these KVCacheBlocks are not bound to a manager",
             ));

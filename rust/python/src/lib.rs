@@ -24,6 +24,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyString, PyTuple};
+use pyo3::{PyTraverseError, PyVisit};
 
 /// An optional count: 0 when left out (or None, Python's usual "default");
 /// otherwise an int >= 0, the error naming the argument.
@@ -498,6 +499,22 @@ impl NativeManager {
             scratch: NewBlocks::new(),
             ids: id_cache::IdCache::default(),
         })
+    }
+
+    /// The Python objects this manager holds, for the garbage collector
+    /// (the event sink is a bound method of the manager: a cycle).
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Some(side) = &self.py_side {
+            visit.call(&side.empty)?;
+            if let Some(sink) = &side.event_sink {
+                visit.call(sink)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.py_side = None;
     }
 
     /// Called once by the facade: the shared empty KVCacheBlocks, the event
