@@ -178,3 +178,59 @@ def test_a_dropped_manager_is_collected(events: bool) -> None:
     del m, blocks
     gc.collect()
     assert ref() is None
+
+
+class _OddRequest:
+    """A request-like object whose attributes can be missing or wrong."""
+
+    def __init__(self, base: Request, **over: Any) -> None:
+        self._base, self._over = base, over
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._over:
+            v = self._over[name]
+            if isinstance(v, Exception):
+                raise v
+            return v
+        return getattr(self._base, name)
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"n": 2**70},
+        {"n": True},
+        {"n": 0},
+        {"n": -1},
+        {"n": 1.0},
+        {"n": 1, "lookahead": None},
+        {"n": 1, "lookahead": -2},
+        {"n": 1, "lookahead": 2**64},
+        {"n": 1, "request": {"request_id": AttributeError("request_id")}},
+        {"n": 1, "request": {"request_id": 7}},
+        {"n": 1, "request": {"num_computed_tokens": "8"}},
+        {"n": 1, "request": {"num_computed_tokens": -1}},
+        {"n": 1, "request": {"request_id": "someone-else"}},
+    ],
+)
+def test_scheduler_spelling_with_odd_values_matches_the_class_method(odd: dict[str, Any]) -> None:
+    """The bound builtin answers the scheduler's spelling (request, n,
+    num_lookahead_tokens=k) on its shortest path; anything odd falls back to
+    the full path: same result or same exception as the class method, and
+    no exception left behind."""
+    outcomes = []
+    for use_bound in (True, False):
+        m = _make()
+        r = Request("a", list(range(8)), BS)
+        assert m.allocate_slots(r, 8) is not None
+        r.num_computed_tokens = 8
+        r.append_output_token_ids([1])
+        req = _OddRequest(r, **odd.get("request", {}))
+        call = m.allocate_slots if use_bound else (lambda *a, _m=m, **k: NativeManager.allocate_slots(_m, *a, **k))
+        kw = {"num_lookahead_tokens": odd["lookahead"]} if "lookahead" in odd else {}
+        try:
+            outcomes.append(("ok", _ids(call(req, odd["n"], **kw)), _state(m, ["a"])))
+        except Exception as e:  # noqa: BLE001 - compared below
+            outcomes.append((type(e).__name__, str(e), _state(m, ["a"])))
+        m.check_invariants()
+    assert outcomes[0] == outcomes[1]

@@ -10,8 +10,10 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use hybridcache_core::AllocateArgs;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::ffi;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyString, PyTuple};
@@ -142,6 +144,12 @@ unsafe fn call(
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
 ) -> PyResult<PyObject> {
+    // SAFETY: as this function's.
+    let done = unsafe { noop_decode(py, slf, args, nargs, kwnames) };
+    if !done.is_null() {
+        // SAFETY: a new reference.
+        return Ok(unsafe { PyObject::from_owned_ptr(py, done) });
+    }
     // SAFETY: `slf` is the manager the builtin was bound to (a live object).
     let manager = unsafe { Bound::from_borrowed_ptr(py, slf) }.downcast_into::<NativeManager>()?;
     let names = if kwnames.is_null() {
@@ -211,4 +219,124 @@ unsafe fn call(
             reserved_blocks: reserved_blocks.as_ref(),
         },
     )
+}
+
+/// A non-negative int, or None where it is not one (no exception left set).
+///
+/// # Safety
+/// `obj` is a live object; the GIL is held.
+unsafe fn plain_count(obj: *mut ffi::PyObject) -> Option<usize> {
+    // SAFETY: as this function's.
+    unsafe {
+        if ffi::PyLong_Check(obj) == 0 {
+            return None;
+        }
+        let v = ffi::PyLong_AsLong(obj);
+        if v == -1 && !ffi::PyErr_Occurred().is_null() {
+            ffi::PyErr_Clear();
+        }
+        usize::try_from(v).ok()
+    }
+}
+
+/// `request.<name>` as a plain count, or None (no exception left set).
+///
+/// # Safety
+/// `request` is a live object; the GIL is held.
+unsafe fn count_attr(request: *mut ffi::PyObject, name: &Bound<'_, PyString>) -> Option<usize> {
+    // SAFETY: as this function's; the attribute is a new reference, released here.
+    unsafe {
+        let v = ffi::PyObject_GetAttr(request, name.as_ptr());
+        if v.is_null() {
+            ffi::PyErr_Clear();
+            return None;
+        }
+        let n = plain_count(v);
+        ffi::Py_DECREF(v);
+        n
+    }
+}
+
+/// The scheduler's call for a running request whose decode changes no
+/// block (most calls), in straight-line code: under a Python scheduler the
+/// cost of a call is mostly instruction-cache misses, so this path is kept
+/// to raw calls without error plumbing. Returns the shared empty result (a
+/// new reference), or NULL with no exception set when the call is anything
+/// else or anything is unusual; the full path then handles it, errors
+/// included (its reads are repeated: they have no side effects).
+///
+/// # Safety
+/// As `allocate_slots_fast`'s arguments, with the GIL held.
+unsafe fn noop_decode(
+    py: Python<'_>,
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    let null = std::ptr::null_mut();
+    if nargs != 2 {
+        return null;
+    }
+    // SAFETY: the vectorcall contract: `args` holds 2 positional values and
+    // one per keyword name; all are live for the call.
+    unsafe {
+        let mut lookahead = 0;
+        if !kwnames.is_null() {
+            let only_lookahead = ffi::PyTuple_Size(kwnames) == 1
+                && ffi::PyTuple_GetItem(kwnames, 0) == param_names(py)[4].as_ptr();
+            if !only_lookahead {
+                return null;
+            }
+            let v = *args.add(2);
+            if v != ffi::Py_None() {
+                match plain_count(v) {
+                    Some(n) => lookahead = n,
+                    None => return null,
+                }
+            }
+        }
+        let Some(num_new_tokens) = plain_count(*args.add(1)) else {
+            return null;
+        };
+        let obj = Borrowed::from_ptr(py, slf);
+        let Ok(manager) = obj.downcast::<NativeManager>() else {
+            return null;
+        };
+        let Ok(mut this) = manager.try_borrow_mut() else {
+            return null;
+        };
+        let request = *args;
+        let rid = ffi::PyObject_GetAttr(request, intern!(py, "request_id").as_ptr());
+        if rid.is_null() {
+            ffi::PyErr_Clear();
+            return null;
+        }
+        // Only the address is used: the cache holds the str it names.
+        let handle = this.ids.get_addr(rid as usize);
+        ffi::Py_DECREF(rid);
+        let Some(slot) = handle.and_then(|h| this.inner.slot_of_handle(h)) else {
+            return null;
+        };
+        let Some(num_computed_tokens) = count_attr(request, intern!(py, "num_computed_tokens"))
+        else {
+            return null;
+        };
+        let args = AllocateArgs {
+            num_new_tokens,
+            num_computed_tokens,
+            num_tokens: crate::NUM_TOKENS_UNREAD,
+            num_lookahead_tokens: lookahead,
+            ..Default::default()
+        };
+        let this = &mut *this;
+        if num_new_tokens == 0 || !this.inner.try_noop_decode(slot, &args, &mut this.scratch) {
+            return null;
+        }
+        // A decode that changes no block makes no event.
+        match &this.py_side {
+            Some(side) => side.empty.clone_ref(py).into_ptr(),
+            None => null,
+        }
+    }
 }

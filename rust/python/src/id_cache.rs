@@ -23,7 +23,12 @@ pub struct IdCache {
 impl IdCache {
     /// The handle last seen for this very str object.
     pub fn get(&self, id: &Bound<'_, PyString>) -> Option<u64> {
-        self.by_addr.get(&(id.as_ptr() as usize)).copied()
+        self.get_addr(id.as_ptr() as usize)
+    }
+
+    /// `get` by the object's address.
+    pub fn get_addr(&self, addr: usize) -> Option<u64> {
+        self.by_addr.get(&addr).copied()
     }
 
     /// Remembers that `id` names the request of `handle` (slot in the low
