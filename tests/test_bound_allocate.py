@@ -234,3 +234,32 @@ def test_scheduler_spelling_with_odd_values_matches_the_class_method(odd: dict[s
             outcomes.append((type(e).__name__, str(e), _state(m, ["a"])))
         m.check_invariants()
     assert outcomes[0] == outcomes[1]
+
+
+def test_empty_result_get_block_ids_matches_the_class_method() -> None:
+    """The shared empty result answers get_block_ids(allow_none=True) on a
+    shortcut; every spelling gives what the class's method gives."""
+    from hybridcache import KVCacheBlocks, SlidingWindowSpec
+
+    groups = [
+        KVCacheGroupSpec(["attn"], FullAttentionSpec(block_size=BS)),
+        KVCacheGroupSpec(["swa"], SlidingWindowSpec(block_size=BS, sliding_window=8)),
+    ]
+    m = KVCacheManager(KVCacheConfig(40, [], groups), 256, BS, BS)
+    empty = m.empty_kv_cache_blocks
+    plain = KVCacheBlocks(((), ()))
+    spellings = [((), {}), ((), {"allow_none": True}), ((True,), {}), ((False,), {}),
+                 ((), {"allow_none": False, "group_ids": [1]}), ((), {"group_ids": [0]}), ((True, [0]), {})]
+    for args, kw in spellings:
+        assert empty.get_block_ids(*args, **kw) == KVCacheBlocks.get_block_ids(plain, *args, **kw), (args, kw)
+    for args, kw in [((), {"bogus": 1}), ((1,), {}), ((True, None, 3), {})]:
+        with pytest.raises(TypeError) as mine:
+            empty.get_block_ids(*args, **kw)
+        with pytest.raises(TypeError) as theirs:
+            KVCacheBlocks.get_block_ids(plain, *args, **kw)
+        assert str(mine.value) == str(theirs.value)
+    r = Request("a", list(range(2)), BS)
+    assert m.allocate_slots(r, 2) is not None
+    r.num_computed_tokens = 2
+    r.append_output_token_ids([5])
+    assert m.allocate_slots(r, 1, num_lookahead_tokens=0) is empty

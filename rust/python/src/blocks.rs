@@ -113,7 +113,7 @@ pub type GroupIds = SmallVec<[i64; 2]>;
 
 /// Block ids per KV-cache group (vLLM's `KVCacheBlocks`); `blocks` builds
 /// block views on demand.
-#[pyclass(module = "hybridcache._native", name = "KVCacheBlocks", frozen)]
+#[pyclass(module = "hybridcache._native", name = "KVCacheBlocks", frozen, dict)]
 pub struct KVCacheBlocks {
     // Inline for up to four groups of up to two blocks (a decode result):
     // building one allocates nothing beyond the Python object.

@@ -18,6 +18,7 @@ use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyString, PyTuple};
 
+use crate::blocks::KVCacheBlocks;
 use crate::{AllocateSlotsArgs, NativeManager};
 
 /// vLLM 0.23.0's parameters of `allocate_slots`, in order.
@@ -337,6 +338,93 @@ unsafe fn noop_decode(
         match &this.py_side {
             Some(side) => side.empty.clone_ref(py).into_ptr(),
             None => null,
+        }
+    }
+}
+
+static EMPTY_GET_BLOCK_IDS: MethodDef = MethodDef(ffi::PyMethodDef {
+    ml_name: c"get_block_ids".as_ptr(),
+    ml_meth: ffi::PyMethodDefPointer {
+        PyCFunctionFastWithKeywords: empty_get_block_ids,
+    },
+    ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
+    ml_doc: c"KVCacheBlocks.get_block_ids of the shared empty result.".as_ptr(),
+});
+
+/// `get_block_ids` for a manager's shared empty result, the answer to most
+/// decode calls: the scheduler asks `get_block_ids(allow_none=True)` of
+/// each, which is None here without PyO3's argument matching. Bound to
+/// `twin`, an equal empty `KVCacheBlocks` (not the one whose attribute it
+/// becomes, which would be a reference cycle), whose own method answers
+/// every other spelling.
+pub fn bound_empty_get_block_ids(twin: &Bound<'_, KVCacheBlocks>) -> PyResult<PyObject> {
+    if twin.get().ids().iter().any(|g| !g.is_empty()) {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "the get_block_ids shortcut is for an empty KVCacheBlocks",
+        ));
+    }
+    let def = std::ptr::addr_of!(EMPTY_GET_BLOCK_IDS.0).cast_mut();
+    // SAFETY: as in `bound_allocate_slots`.
+    unsafe {
+        let f = ffi::PyCFunction_NewEx(def, twin.as_ptr(), std::ptr::null_mut());
+        Bound::from_owned_ptr_or_err(twin.py(), f).map(Bound::unbind)
+    }
+}
+
+unsafe extern "C" fn empty_get_block_ids(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls builtins with the GIL held.
+    let py = unsafe { Python::assume_gil_acquired() };
+    // SAFETY: the vectorcall contract (see `allocate_slots_fast`); `slf` is
+    // the empty twin the builtin was bound to.
+    unsafe {
+        static ALLOW_NONE: GILOnceCell<Py<PyString>> = GILOnceCell::new();
+        let allow_none = ALLOW_NONE.get_or_init(py, || PyString::intern(py, "allow_none").unbind());
+        if nargs == 0
+            && !kwnames.is_null()
+            && ffi::PyTuple_Size(kwnames) == 1
+            && ffi::PyTuple_GetItem(kwnames, 0) == allow_none.as_ptr()
+            && *args == ffi::Py_True()
+        {
+            // All groups are empty: None, as vLLM's method answers.
+            let none = ffi::Py_None();
+            ffi::Py_INCREF(none);
+            return none;
+        }
+        // Any other spelling: the twin's own method.
+        let result = catch_unwind(AssertUnwindSafe(|| -> PyResult<PyObject> {
+            let twin = Bound::from_borrowed_ptr(py, slf);
+            let method = twin.getattr(intern!(py, "get_block_ids"))?;
+            let nargs = usize::try_from(nargs).unwrap_or(0);
+            let names = (!kwnames.is_null())
+                .then(|| Bound::from_borrowed_ptr(py, kwnames).downcast_into::<PyTuple>())
+                .transpose()?;
+            let num_kw = names.as_ref().map_or(0, |n| n.len());
+            let values = std::slice::from_raw_parts(args, nargs + num_kw);
+            let value = |i: usize| Bound::from_borrowed_ptr(py, values[i]);
+            let positional = PyTuple::new(py, (0..nargs).map(value))?;
+            let kwargs = pyo3::types::PyDict::new(py);
+            if let Some(names) = &names {
+                for (k, name) in names.iter().enumerate() {
+                    kwargs.set_item(name, value(nargs + k))?;
+                }
+            }
+            Ok(method.call(positional, Some(&kwargs))?.unbind())
+        }));
+        match result {
+            Ok(Ok(obj)) => obj.into_ptr(),
+            Ok(Err(e)) => {
+                e.restore(py);
+                std::ptr::null_mut()
+            }
+            Err(_) => {
+                PyRuntimeError::new_err("hybridcache: get_block_ids panicked (bug)").restore(py);
+                std::ptr::null_mut()
+            }
         }
     }
 }
