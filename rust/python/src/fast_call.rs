@@ -98,15 +98,40 @@ fn arg_error(e: ArgError<'_>) -> PyErr {
     })
 }
 
-/// A new builtin calling `allocate_slots` of `manager`.
-pub fn bound_allocate_slots(manager: &Bound<'_, NativeManager>) -> PyResult<PyObject> {
-    let def = std::ptr::addr_of!(ALLOCATE_SLOTS.0).cast_mut();
+/// A new builtin of `def` bound to `to` (its `self`).
+fn bind(def: &'static MethodDef, to: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+    let def = std::ptr::addr_of!(def.0).cast_mut();
     // SAFETY: `def` is a static definition CPython never writes to; the
     // result is a new reference, or NULL with an exception set.
     unsafe {
-        let f = ffi::PyCFunction_NewEx(def, manager.as_ptr(), std::ptr::null_mut());
-        Bound::from_owned_ptr_or_err(manager.py(), f).map(Bound::unbind)
+        let f = ffi::PyCFunction_NewEx(def, to.as_ptr(), std::ptr::null_mut());
+        Bound::from_owned_ptr_or_err(to.py(), f).map(Bound::unbind)
     }
+}
+
+/// What a builtin hands back to CPython: the object, or NULL with the
+/// error (a panic becomes a RuntimeError) set.
+fn to_return(
+    py: Python<'_>,
+    result: std::thread::Result<PyResult<PyObject>>,
+) -> *mut ffi::PyObject {
+    match result {
+        Ok(Ok(obj)) => obj.into_ptr(),
+        Ok(Err(e)) => {
+            e.restore(py);
+            std::ptr::null_mut()
+        }
+        Err(_) => {
+            PyRuntimeError::new_err("hybridcache core panicked (bug); state may be inconsistent")
+                .restore(py);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// A new builtin calling `allocate_slots` of `manager`.
+pub fn bound_allocate_slots(manager: &Bound<'_, NativeManager>) -> PyResult<PyObject> {
+    bind(&ALLOCATE_SLOTS, manager.as_any())
 }
 
 unsafe extern "C" fn allocate_slots_fast(
@@ -122,18 +147,7 @@ unsafe extern "C" fn allocate_slots_fast(
     let result = catch_unwind(AssertUnwindSafe(|| unsafe {
         call(py, slf, args, nargs, kwnames)
     }));
-    match result {
-        Ok(Ok(obj)) => obj.into_ptr(),
-        Ok(Err(e)) => {
-            e.restore(py);
-            std::ptr::null_mut()
-        }
-        Err(_) => {
-            PyRuntimeError::new_err("hybridcache core panicked (bug); state may be inconsistent")
-                .restore(py);
-            std::ptr::null_mut()
-        }
-    }
+    to_return(py, result)
 }
 
 /// # Safety
@@ -363,12 +377,7 @@ pub fn bound_empty_get_block_ids(twin: &Bound<'_, KVCacheBlocks>) -> PyResult<Py
             "the get_block_ids shortcut is for an empty KVCacheBlocks",
         ));
     }
-    let def = std::ptr::addr_of!(EMPTY_GET_BLOCK_IDS.0).cast_mut();
-    // SAFETY: as in `bound_allocate_slots`.
-    unsafe {
-        let f = ffi::PyCFunction_NewEx(def, twin.as_ptr(), std::ptr::null_mut());
-        Bound::from_owned_ptr_or_err(twin.py(), f).map(Bound::unbind)
-    }
+    bind(&EMPTY_GET_BLOCK_IDS, twin.as_any())
 }
 
 unsafe extern "C" fn empty_get_block_ids(
@@ -415,16 +424,6 @@ unsafe extern "C" fn empty_get_block_ids(
             }
             Ok(method.call(positional, Some(&kwargs))?.unbind())
         }));
-        match result {
-            Ok(Ok(obj)) => obj.into_ptr(),
-            Ok(Err(e)) => {
-                e.restore(py);
-                std::ptr::null_mut()
-            }
-            Err(_) => {
-                PyRuntimeError::new_err("hybridcache: get_block_ids panicked (bug)").restore(py);
-                std::ptr::null_mut()
-            }
-        }
+        to_return(py, result)
     }
 }
