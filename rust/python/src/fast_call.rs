@@ -160,13 +160,21 @@ unsafe fn call(
     kwnames: *mut ffi::PyObject,
 ) -> PyResult<PyObject> {
     // SAFETY: as this function's.
-    let done = unsafe { noop_decode(py, slf, args, nargs, kwnames) };
-    if !done.is_null() {
-        // SAFETY: a new reference.
-        return Ok(unsafe { PyObject::from_owned_ptr(py, done) });
-    }
+    let fast = unsafe { decode_fast(py, slf, args, nargs, kwnames) };
     // SAFETY: `slf` is the manager the builtin was bound to (a live object).
     let manager = unsafe { Bound::from_borrowed_ptr(py, slf) }.downcast_into::<NativeManager>()?;
+    match fast {
+        Fast::Done(result) => return Ok(result),
+        Fast::General { slot, args: a, rid } => {
+            // The reads were done and checked: go on from there.
+            // SAFETY: args[0] is the request, live for the call.
+            let request = unsafe { Bound::from_borrowed_ptr(py, *args) };
+            return NativeManager::allocation_result(&manager, &request, |this| {
+                this.allocate_general(Some(slot), &request, &rid, a)
+            });
+        }
+        Fast::Other => {}
+    }
     let names = if kwnames.is_null() {
         None
     } else {
@@ -272,26 +280,40 @@ unsafe fn count_attr(request: *mut ffi::PyObject, name: &Bound<'_, PyString>) ->
     }
 }
 
-/// The scheduler's call for a running request whose decode changes no
-/// block (most calls), in straight-line code: under a Python scheduler the
-/// cost of a call is mostly instruction-cache misses, so this path is kept
-/// to raw calls without error plumbing. Returns the shared empty result (a
-/// new reference), or NULL with no exception set when the call is anything
-/// else or anything is unusual; the full path then handles it, errors
-/// included (its reads are repeated: they have no side effects).
+/// What `decode_fast` made of a call.
+enum Fast<'py> {
+    /// A decode that changed no block: the shared empty result.
+    Done(PyObject),
+    /// The scheduler's spelling for a running request, its values read and
+    /// valid, but the decode changes blocks: the general path goes on.
+    General {
+        slot: u32,
+        args: AllocateArgs<'static>,
+        rid: Bound<'py, PyString>,
+    },
+    /// Anything else (other spellings, odd values, unknown requests): the
+    /// full path handles it, errors included (the reads here have no side
+    /// effects, so repeating them changes nothing).
+    Other,
+}
+
+/// The scheduler's call for a running request,
+/// `(request, n, num_lookahead_tokens=k)`, in straight-line code with raw
+/// calls and no error plumbing: under a Python scheduler a call's cost is
+/// mostly instruction-cache misses. Most such calls change no block and end
+/// here. No exception is left set.
 ///
 /// # Safety
 /// As `allocate_slots_fast`'s arguments, with the GIL held.
-unsafe fn noop_decode(
-    py: Python<'_>,
+unsafe fn decode_fast<'py>(
+    py: Python<'py>,
     slf: *mut ffi::PyObject,
     args: *const *mut ffi::PyObject,
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    let null = std::ptr::null_mut();
+) -> Fast<'py> {
     if nargs != 2 {
-        return null;
+        return Fast::Other;
     }
     // SAFETY: the vectorcall contract: `args` holds 2 positional values and
     // one per keyword name; all are live for the call.
@@ -301,41 +323,44 @@ unsafe fn noop_decode(
             let only_lookahead = ffi::PyTuple_Size(kwnames) == 1
                 && ffi::PyTuple_GetItem(kwnames, 0) == param_names(py)[4].as_ptr();
             if !only_lookahead {
-                return null;
+                return Fast::Other;
             }
             let v = *args.add(2);
             if v != ffi::Py_None() {
                 match plain_count(v) {
                     Some(n) => lookahead = n,
-                    None => return null,
+                    None => return Fast::Other,
                 }
             }
         }
-        let Some(num_new_tokens) = plain_count(*args.add(1)) else {
-            return null;
+        let Some(num_new_tokens) = plain_count(*args.add(1)).filter(|&n| n > 0) else {
+            return Fast::Other;
         };
         let obj = Borrowed::from_ptr(py, slf);
         let Ok(manager) = obj.downcast::<NativeManager>() else {
-            return null;
+            return Fast::Other;
         };
         let Ok(mut this) = manager.try_borrow_mut() else {
-            return null;
+            return Fast::Other;
         };
         let request = *args;
         let rid = ffi::PyObject_GetAttr(request, intern!(py, "request_id").as_ptr());
         if rid.is_null() {
             ffi::PyErr_Clear();
-            return null;
+            return Fast::Other;
         }
-        // Only the address is used: the cache holds the str it names.
-        let handle = this.ids.get_addr(rid as usize);
-        ffi::Py_DECREF(rid);
-        let Some(slot) = handle.and_then(|h| this.inner.slot_of_handle(h)) else {
-            return null;
+        let rid = Bound::from_owned_ptr(py, rid);
+        // Only str ids are cached (by address: the cache holds the str).
+        let Some(slot) = this
+            .ids
+            .get_addr(rid.as_ptr() as usize)
+            .and_then(|h| this.inner.slot_of_handle(h))
+        else {
+            return Fast::Other;
         };
         let Some(num_computed_tokens) = count_attr(request, intern!(py, "num_computed_tokens"))
         else {
-            return null;
+            return Fast::Other;
         };
         let args = AllocateArgs {
             num_new_tokens,
@@ -345,13 +370,16 @@ unsafe fn noop_decode(
             ..Default::default()
         };
         let this = &mut *this;
-        if num_new_tokens == 0 || !this.inner.try_noop_decode(slot, &args, &mut this.scratch) {
-            return null;
+        if this.inner.try_noop_decode(slot, &args, &mut this.scratch) {
+            // A decode that changes no block makes no event.
+            return match &this.py_side {
+                Some(side) => Fast::Done(side.empty.clone_ref(py)),
+                None => Fast::Other,
+            };
         }
-        // A decode that changes no block makes no event.
-        match &this.py_side {
-            Some(side) => side.empty.clone_ref(py).into_ptr(),
-            None => null,
+        match rid.downcast_into::<PyString>() {
+            Ok(rid) => Fast::General { slot, args, rid },
+            Err(_) => Fast::Other,
         }
     }
 }

@@ -221,9 +221,19 @@ impl NativeManager {
         rid: &Bound<'_, PyString>,
         args: AllocateArgs,
     ) -> PyResult<PyObject> {
+        Self::allocation_result(slf, request, |this| this.allocate_one(request, rid, args))
+    }
+
+    /// Runs one allocation (`allocate` answers vLLM's None with false) and
+    /// returns its result, its events handed to the sink.
+    fn allocation_result(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        allocate: impl FnOnce(&mut Self) -> PyResult<bool>,
+    ) -> PyResult<PyObject> {
         let (result, has_events) = {
             let mut this = slf.borrow_mut();
-            let ok = this.allocate_one(request, rid, args)?;
+            let ok = allocate(&mut this)?;
             let result = if ok {
                 this.scratch_blocks(slf)?
             } else {
@@ -278,7 +288,7 @@ impl NativeManager {
         &mut self,
         request: &Bound<'_, PyAny>,
         rid: &Bound<'_, PyString>,
-        mut args: AllocateArgs,
+        args: AllocateArgs,
     ) -> PyResult<bool> {
         let slot = self.lookup_id(rid)?;
         if let Some(s) = slot {
@@ -287,6 +297,18 @@ impl NativeManager {
                 return Ok(true);
             }
         }
+        self.allocate_general(slot, request, rid, args)
+    }
+
+    /// `allocate_one` past the no-op decode test (which failed, or does
+    /// not apply).
+    fn allocate_general(
+        &mut self,
+        slot: Option<u32>,
+        request: &Bound<'_, PyAny>,
+        rid: &Bound<'_, PyString>,
+        mut args: AllocateArgs,
+    ) -> PyResult<bool> {
         if args.num_tokens == NUM_TOKENS_UNREAD {
             args.num_tokens = count_obj(
                 "request.num_tokens",
