@@ -7,6 +7,7 @@ use pyo3::exceptions::{
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
+use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub fn to_py_err(e: CoreError) -> PyErr {
@@ -198,43 +199,30 @@ pub fn hash_update(block_hashes: &Bound<'_, PyAny>, known: usize) -> PyResult<Op
     Ok(Some(HashUpdate { offset, hashes }))
 }
 
+/// An unsigned int type an array argument holds (uint32 counts, uint64
+/// handles).
+pub trait LeUint: bytemuck::Pod + TryFrom<i64> {
+    fn from_le_chunk(chunk: &[u8]) -> Self;
+}
+
+impl LeUint for u32 {
+    fn from_le_chunk(chunk: &[u8]) -> Self {
+        u32::from_le_bytes(chunk.try_into().expect("4 bytes"))
+    }
+}
+
+impl LeUint for u64 {
+    fn from_le_chunk(chunk: &[u8]) -> Self {
+        u64::from_le_bytes(chunk.try_into().expect("8 bytes"))
+    }
+}
+
 /// Unsigned ints from a list of ints, or from bytes / bytearray holding
-/// `width`-byte little-endian values (what `numpy.ndarray.tobytes()` gives
-/// for uint32 / uint64 on every common platform). Bytes are read in place.
-pub enum UintArray<'a> {
-    Le { bytes: &'a [u8], width: usize },
-    Owned(Vec<u64>),
-}
-
-impl UintArray<'_> {
-    pub fn len(&self) -> usize {
-        match self {
-            UintArray::Le { bytes, width } => bytes.len() / width,
-            UintArray::Owned(v) => v.len(),
-        }
-    }
-
-    #[inline]
-    pub fn get(&self, i: usize) -> u64 {
-        match *self {
-            UintArray::Le { bytes, width: 4 } => u64::from(u32::from_le_bytes(
-                bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"),
-            )),
-            UintArray::Le { bytes, .. } => {
-                u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().expect("8 bytes"))
-            }
-            UintArray::Owned(ref v) => v[i],
-        }
-    }
-}
-
-/// `v` as a `UintArray` of `width`-byte ints (4 or 8); the error names `name`.
-pub fn uint_array<'a>(
-    name: &str,
-    v: &'a Bound<'_, PyAny>,
-    width: usize,
-) -> PyResult<UintArray<'a>> {
-    debug_assert!(width == 4 || width == 8);
+/// little-endian values of `T`'s width (what `numpy.ndarray.tobytes()`
+/// gives for uint32 / uint64 on every common platform). Bytes are used in
+/// place when their alignment allows. The error names `name`.
+pub fn uint_array<'a, T: LeUint>(name: &str, v: &'a Bound<'_, PyAny>) -> PyResult<Cow<'a, [T]>> {
+    let width = std::mem::size_of::<T>();
     let check = |bytes: &[u8]| -> PyResult<()> {
         if bytes.len().is_multiple_of(width) {
             return Ok(());
@@ -244,24 +232,23 @@ pub fn uint_array<'a>(
             bytes.len()
         )))
     };
+    let decode =
+        |bytes: &[u8]| -> Vec<T> { bytes.chunks_exact(width).map(T::from_le_chunk).collect() };
     if let Ok(b) = v.downcast::<PyBytes>() {
-        check(b.as_bytes())?;
-        return Ok(UintArray::Le {
-            bytes: b.as_bytes(),
-            width,
-        });
+        let bytes = b.as_bytes();
+        check(bytes)?;
+        if cfg!(target_endian = "little") {
+            if let Ok(ints) = bytemuck::try_cast_slice(bytes) {
+                return Ok(Cow::Borrowed(ints));
+            }
+        }
+        return Ok(Cow::Owned(decode(bytes)));
     }
     if let Ok(b) = v.downcast::<PyByteArray>() {
         // A bytearray can change under us: read a copy.
         let bytes = b.to_vec();
         check(&bytes)?;
-        let copy = UintArray::Le {
-            bytes: &bytes,
-            width,
-        };
-        return Ok(UintArray::Owned(
-            (0..copy.len()).map(|i| copy.get(i)).collect(),
-        ));
+        return Ok(Cow::Owned(decode(&bytes)));
     }
     let Ok(list) = v.downcast::<PyList>() else {
         return Err(PyTypeError::new_err(format!(
@@ -275,11 +262,15 @@ pub fn uint_array<'a>(
             let x: i64 = x.extract().map_err(|_| {
                 PyTypeError::new_err(format!("{name}[{i}] must be an int, got {}", type_name(&x)))
             })?;
-            u64::try_from(x)
-                .map_err(|_| PyValueError::new_err(format!("{name}[{i}] must be >= 0, got {x}")))
+            T::try_from(x).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "{name}[{i}] must be >= 0 and fit {} bits, got {x}",
+                    8 * width
+                ))
+            })
         })
-        .collect::<PyResult<Vec<u64>>>()
-        .map(UintArray::Owned)
+        .collect::<PyResult<Vec<T>>>()
+        .map(Cow::Owned)
 }
 
 /// Little-endian bytes of u32 values (a compact result numpy reads with

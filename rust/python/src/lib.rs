@@ -5,6 +5,8 @@
 //! (`hybridcache.KVCacheManager`); the hot methods (`allocate_slots`,
 //! `free`, `cache_blocks`) are native so a scheduler step costs one call.
 
+use std::borrow::Cow;
+
 mod blocks;
 mod convert;
 mod fast_call;
@@ -15,7 +17,7 @@ mod hasher;
 
 use convert::{
     block_ids, count, count_obj, guard, hash_update, ids_tuple, parse_group, u32_arg, u32_bytes,
-    uint_array, GroupTuple, UintArray,
+    uint_array, GroupTuple,
 };
 use hybridcache_core::{
     AllocateArgs, CoreError, HashUpdate, KvCacheManager, ManagerConfig, NewBlocks, PoolEvent,
@@ -837,10 +839,10 @@ impl NativeManager {
     )> {
         let py = slf.py();
         let lookahead = count("num_lookahead_tokens", num_lookahead_tokens)?;
-        let handles = uint_array("handles", handles, 8)?;
+        let handles = uint_array::<u64>("handles", handles)?;
         let n = handles.len();
-        fn counts<'a>(name: &str, v: &'a Bound<'_, PyAny>, n: usize) -> PyResult<UintArray<'a>> {
-            let vals = uint_array(name, v, 4)?;
+        fn counts<'a>(name: &str, v: &'a Bound<'_, PyAny>, n: usize) -> PyResult<Cow<'a, [u32]>> {
+            let vals = uint_array::<u32>(name, v)?;
             if vals.len() != n {
                 return Err(PyValueError::new_err(format!(
                     "{name} has {} entries for {n} handles",
@@ -870,9 +872,9 @@ impl NativeManager {
         };
         let mut this = slf.borrow_mut();
         let decode_args = |i: usize| AllocateArgs {
-            num_new_tokens: new_tokens.get(i) as usize,
-            num_computed_tokens: computed.get(i) as usize,
-            num_tokens: totals.get(i) as usize,
+            num_new_tokens: new_tokens[i] as usize,
+            num_computed_tokens: computed[i] as usize,
+            num_tokens: totals[i] as usize,
             num_lookahead_tokens: lookahead,
             ..Default::default()
         };
@@ -885,7 +887,7 @@ impl NativeManager {
             let inner = &this.inner;
             let mut seen = vec![false; inner.slot_capacity()];
             for i in 0..n {
-                let handle = handles.get(i);
+                let handle = handles[i];
                 let slot = inner.resolve_handle(handle).map_err(convert::to_py_err)?;
                 if std::mem::replace(&mut seen[slot as usize], true) {
                     return Err(PyValueError::new_err(format!(
