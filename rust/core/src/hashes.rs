@@ -52,12 +52,15 @@ impl HashList {
         }
     }
 
-    /// Room for `n` more hashes of `bytes` bytes in all.
-    pub fn with_capacity(n: usize, bytes: usize) -> Self {
-        HashList {
-            bytes: Vec::with_capacity(bytes),
-            ends: Vec::with_capacity(n),
-        }
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+    }
+
+    /// Room for `n` more hashes of `bytes` bytes in all, in place.
+    pub fn reserve(&mut self, n: usize, bytes: usize) {
+        self.bytes.reserve(bytes);
+        self.ends.reserve(n);
     }
 
     pub fn extend(&mut self, other: &HashList) {

@@ -212,7 +212,7 @@ impl KvCacheManager {
     }
 
     fn apply_hashes_at(&mut self, slot: ReqSlot, update: HashUpdate) {
-        self.reqs.apply_hashes(slot, update);
+        self.reqs.take_hashes(slot, update);
     }
 
     fn apply_hashes(&mut self, request_id: &str, update: HashUpdate) {
@@ -495,7 +495,7 @@ impl KvCacheManager {
                 return Ok(true);
             }
         }
-        self.allocate_general_into(slot, request_id, args, update, out)
+        self.allocate_general_into(slot, request_id, args, update.as_ref(), out)
     }
 
     /// `allocate_slots_into` without the no-op decode shortcut (for a
@@ -505,12 +505,12 @@ impl KvCacheManager {
         slot: Option<ReqSlot>,
         request_id: &str,
         args: &AllocateArgs,
-        update: Option<HashUpdate>,
+        update: Option<&HashUpdate>,
         out: &mut NewBlocks,
     ) -> CoreResult<bool> {
         debug_assert_eq!(slot, self.slot(request_id));
         out.clear();
-        self.check_allocate(slot, request_id, args, update.as_ref())?;
+        self.check_allocate(slot, request_id, args, update)?;
         // From here on the call is valid; every path below only succeeds.
         let slot = match slot {
             Some(s) => s,
@@ -526,7 +526,7 @@ impl KvCacheManager {
         &mut self,
         slot: ReqSlot,
         args: &AllocateArgs,
-        update: Option<HashUpdate>,
+        update: Option<&HashUpdate>,
         out: &mut NewBlocks,
     ) -> bool {
         out.clear();
@@ -541,7 +541,7 @@ impl KvCacheManager {
         let caches = self.enable_caching && !args.delay_cache_blocks;
         let num_tokens_to_cache = (total_computed + args.num_new_tokens).min(args.num_tokens);
         if let Some(u) = update {
-            self.apply_hashes_at(slot, u);
+            self.reqs.apply_hashes(slot, u);
         }
         if args.full_sequence_must_fit {
             let full = args.num_tokens.min(self.max_model_len);

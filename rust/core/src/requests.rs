@@ -127,18 +127,26 @@ impl RequestRegistry {
     }
 
     /// Stores the request's hashes from `update.offset` on.
-    pub fn apply_hashes(&mut self, slot: ReqSlot, update: HashUpdate) {
+    pub fn apply_hashes(&mut self, slot: ReqSlot, update: &HashUpdate) {
         let hashes = &mut self.cold[slot as usize].as_mut().expect("live slot").hashes;
-        if update.offset == 0 {
-            // A new request's hashes (or all of them again): take the buffer.
-            *hashes = update.hashes;
-            self.hot[slot as usize].known_hashes = hashes.len() as u32;
-        } else if !(update.hashes.is_empty() && update.offset == hashes.len()) {
-            hashes.truncate(update.offset);
-            hashes.extend(&update.hashes);
-            // HashList ends are u32 byte offsets: its length fits too.
-            self.hot[slot as usize].known_hashes = hashes.len() as u32;
+        if update.hashes.is_empty() && update.offset == hashes.len() {
+            return;
         }
+        hashes.truncate(update.offset);
+        hashes.extend(&update.hashes);
+        // HashList ends are u32 byte offsets: its length fits too.
+        self.hot[slot as usize].known_hashes = hashes.len() as u32;
+    }
+
+    /// `apply_hashes` taking the update: a new request's hashes (or all of
+    /// them again) move in without a copy.
+    pub fn take_hashes(&mut self, slot: ReqSlot, update: HashUpdate) {
+        if update.offset != 0 {
+            return self.apply_hashes(slot, &update);
+        }
+        let hashes = &mut self.cold[slot as usize].as_mut().expect("live slot").hashes;
+        *hashes = update.hashes;
+        self.hot[slot as usize].known_hashes = hashes.len() as u32;
     }
 
     pub fn horizon(&self, slot: ReqSlot) -> Option<DecodeHorizon> {
@@ -269,7 +277,7 @@ mod tests {
         let mut r = RequestRegistry::default();
         let s = r.slot_or_insert("x");
         let hashes: HashList = [b"ab".as_slice(), b"cd"].into_iter().collect();
-        r.apply_hashes(s, HashUpdate { offset: 0, hashes });
+        r.take_hashes(s, HashUpdate { offset: 0, hashes });
         r.set_last_step(s, (3, 1));
         assert_eq!((r.known_hashes(s), r.last_step(s)), (2, Some((3, 1))));
         r.release(s);

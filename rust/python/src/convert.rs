@@ -1,7 +1,7 @@
 //! Conversions between Python objects and core arguments, with errors that
 //! name the offending argument. No allocation decision is made here.
 
-use hybridcache_core::{CoreError, GroupSpec, HashList, HashUpdate, MambaMode, SpecKind};
+use hybridcache_core::{CoreError, GroupSpec, HashUpdate, MambaMode, SpecKind};
 use pyo3::exceptions::{
     PyKeyError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError,
 };
@@ -168,6 +168,17 @@ pub fn block_ids(
 /// The hashes of `block_hashes` the core does not hold yet (`known` of them
 /// it does). A shorter list than known means the request restarted: resend.
 pub fn hash_update(block_hashes: &Bound<'_, PyAny>, known: usize) -> PyResult<Option<HashUpdate>> {
+    let mut update = HashUpdate::default();
+    Ok(fill_hash_update(block_hashes, known, &mut update)?.then_some(update))
+}
+
+/// `hash_update` into a reused buffer (a decode allocates nothing for it):
+/// false when there is nothing new.
+pub fn fill_hash_update(
+    block_hashes: &Bound<'_, PyAny>,
+    known: usize,
+    out: &mut HashUpdate,
+) -> PyResult<bool> {
     let list = block_hashes.downcast::<PyList>().map_err(|_| {
         PyTypeError::new_err(format!(
             "request.block_hashes must be a list of bytes, got {}",
@@ -176,7 +187,7 @@ pub fn hash_update(block_hashes: &Bound<'_, PyAny>, known: usize) -> PyResult<Op
     })?;
     let n = list.len();
     if n == known {
-        return Ok(None);
+        return Ok(false);
     }
     let offset = if n < known { 0 } else { known };
     // Room for all of them at once (hashes of one function share a size).
@@ -185,7 +196,9 @@ pub fn hash_update(block_hashes: &Bound<'_, PyAny>, known: usize) -> PyResult<Op
         .ok()
         .and_then(|h| h.downcast::<PyBytes>().ok().map(|b| b.as_bytes().len()))
         .unwrap_or(0);
-    let mut hashes = HashList::with_capacity(n - offset, (n - offset) * first_len);
+    out.offset = offset;
+    out.hashes.clear();
+    out.hashes.reserve(n - offset, (n - offset) * first_len);
     for i in offset..n {
         let h = list.get_item(i)?;
         let bytes = h.downcast::<PyBytes>().map_err(|_| {
@@ -194,9 +207,9 @@ pub fn hash_update(block_hashes: &Bound<'_, PyAny>, known: usize) -> PyResult<Op
                 type_name(&h)
             ))
         })?;
-        hashes.push(bytes.as_bytes());
+        out.hashes.push(bytes.as_bytes());
     }
-    Ok(Some(HashUpdate { offset, hashes }))
+    Ok(true)
 }
 
 /// An unsigned int type an array argument holds (uint32 counts, uint64

@@ -16,8 +16,8 @@ use blocks::{BlockView, KVCacheBlocks};
 mod hasher;
 
 use convert::{
-    block_ids, count, count_obj, guard, hash_update, ids_tuple, parse_group, u32_arg, u32_bytes,
-    uint_array, GroupTuple,
+    block_ids, count, count_obj, fill_hash_update, guard, hash_update, ids_tuple, parse_group,
+    u32_arg, u32_bytes, uint_array, GroupTuple,
 };
 use hybridcache_core::{
     AllocateArgs, CoreError, HashUpdate, KvCacheManager, ManagerConfig, NewBlocks, PoolEvent,
@@ -57,6 +57,8 @@ struct NativeManager {
     py_side: Option<Bound_>,
     // The last allocation's new blocks (reused: a call allocates nothing).
     scratch: NewBlocks,
+    // A decode's new block hashes on their way to the core (reused too).
+    hash_buf: HashUpdate,
     ids: id_cache::IdCache,
 }
 
@@ -317,9 +319,10 @@ impl NativeManager {
                 &request.getattr(intern!(request.py(), "num_tokens"))?,
             )?;
         }
-        let update = self.update_if_needed(slot, request, &args)?;
+        let has_update = self.update_if_needed(slot, request, &args)?;
         let rid = rid.to_str()?;
         let (inner, out) = (&mut self.inner, &mut self.scratch);
+        let update = has_update.then_some(&self.hash_buf);
         guard(|| inner.allocate_general_into(slot, rid, &args, update, out))
     }
 
@@ -338,19 +341,21 @@ impl NativeManager {
 
     /// The request's hashes the core lacks, read only when this allocation
     /// may cache a block they cover.
+    /// True when `hash_buf` now holds them.
     fn update_if_needed(
-        &self,
+        &mut self,
         slot: Option<u32>,
         request: &Bound<'_, PyAny>,
         args: &AllocateArgs,
-    ) -> PyResult<Option<HashUpdate>> {
+    ) -> PyResult<bool> {
         let known = self.inner.known_hashes_at(slot);
         if !self.inner.may_need_hashes(known, args) {
-            return Ok(None);
+            return Ok(false);
         }
-        hash_update(
+        fill_hash_update(
             &request.getattr(intern!(request.py(), "block_hashes"))?,
             known,
+            &mut self.hash_buf,
         )
     }
 
@@ -521,6 +526,7 @@ impl NativeManager {
             log_stats: false,
             py_side: None,
             scratch: NewBlocks::new(),
+            hash_buf: HashUpdate::default(),
             ids: id_cache::IdCache::default(),
         })
     }
@@ -949,7 +955,7 @@ impl NativeManager {
                 continue;
             };
             let (inner, out) = (&mut state.inner, &mut state.scratch);
-            let got = guard(|| Ok(inner.allocate_checked(slot, &args, update, out)))?;
+            let got = guard(|| Ok(inner.allocate_checked(slot, &args, update.as_ref(), out)))?;
             if events_on && state.inner.has_events() {
                 pending_events.push((state.inner.take_events(), i));
             }
