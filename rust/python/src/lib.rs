@@ -57,8 +57,10 @@ struct NativeManager {
     py_side: Option<Bound_>,
     // The last allocation's new blocks (reused: a call allocates nothing).
     scratch: NewBlocks,
-    // A decode's new block hashes on their way to the core (reused too).
+    // A decode's new block hashes on their way to the core (reused too),
+    // and a batch's, one per request that fills a block.
     hash_buf: HashUpdate,
+    batch_updates: Vec<HashUpdate>,
     ids: id_cache::IdCache,
 }
 
@@ -527,6 +529,7 @@ impl NativeManager {
             py_side: None,
             scratch: NewBlocks::new(),
             hash_buf: HashUpdate::default(),
+            batch_updates: Vec::new(),
             ids: id_cache::IdCache::default(),
         })
     }
@@ -885,12 +888,15 @@ impl NativeManager {
             ..Default::default()
         };
         // Pass 1: resolve and check every request; nothing changes yet.
-        // `general[k]` is Some(hash update) for requests that take the
-        // general path, None for decodes that change no block.
-        let mut general: Vec<Option<Option<HashUpdate>>> = Vec::with_capacity(n);
+        // `general[k]` is Some(hash update index) for requests that take the
+        // general path, None for decodes that change no block. Hash updates
+        // go to buffers kept across calls (a step allocates none).
+        let mut general: Vec<Option<Option<usize>>> = Vec::with_capacity(n);
         let mut slots = Vec::with_capacity(n);
         {
-            let inner = &this.inner;
+            let state = &mut *this;
+            let (inner, updates) = (&state.inner, &mut state.batch_updates);
+            let mut num_updates = 0;
             let mut seen = vec![false; inner.slot_capacity()];
             for i in 0..n {
                 let handle = handles[i];
@@ -911,23 +917,28 @@ impl NativeManager {
                     continue;
                 }
                 let id = inner.request_id_at(slot);
-                let update = if may_need_hashes {
+                let mut update = None;
+                if may_need_hashes {
                     let Some(reqs) = requests else {
                         return Err(PyValueError::new_err(format!(
                             "request {id:?} fills a block this step: pass requests= so its block_hashes can be read"
                         )));
                     };
                     let request = reqs.get_item(i)?;
-                    hash_update(&request.getattr(intern!(py, "block_hashes"))?, known)?
-                } else {
-                    None
-                };
-                guard(|| inner.check_allocate(Some(slot), id, &args, update.as_ref())).map_err(
-                    |e| {
-                        let msg = format!("handles[{i}]: {}", e.value(py));
-                        PyErr::from_type(e.get_type(py), msg)
-                    },
-                )?;
+                    if updates.len() == num_updates {
+                        updates.push(HashUpdate::default());
+                    }
+                    let hashes = request.getattr(intern!(py, "block_hashes"))?;
+                    if fill_hash_update(&hashes, known, &mut updates[num_updates])? {
+                        update = Some(num_updates);
+                        num_updates += 1;
+                    }
+                }
+                let u = update.map(|k| &updates[k]);
+                guard(|| inner.check_allocate(Some(slot), id, &args, u)).map_err(|e| {
+                    let msg = format!("handles[{i}]: {}", e.value(py));
+                    PyErr::from_type(e.get_type(py), msg)
+                })?;
                 general.push(Some(update));
             }
         }
@@ -955,7 +966,8 @@ impl NativeManager {
                 continue;
             };
             let (inner, out) = (&mut state.inner, &mut state.scratch);
-            let got = guard(|| Ok(inner.allocate_checked(slot, &args, update.as_ref(), out)))?;
+            let update = update.map(|k| &state.batch_updates[k]);
+            let got = guard(|| Ok(inner.allocate_checked(slot, &args, update, out)))?;
             if events_on && state.inner.has_events() {
                 pending_events.push((state.inner.take_events(), i));
             }
