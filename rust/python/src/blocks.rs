@@ -214,10 +214,6 @@ impl KVCacheBlocks {
         allow_none: bool,
         group_ids: Option<Vec<usize>>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        // The scheduler asks this of every decode result, mostly empty.
-        if allow_none && group_ids.is_none() && self.ids.iter().all(|g| g.is_empty()) {
-            return Ok(None);
-        }
         let groups = self.groups(py, group_ids)?;
         if allow_none && groups.iter().all(|g| g.is_empty()) {
             return Ok(None);

@@ -19,7 +19,7 @@ use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyString, PyTuple};
 
 use crate::blocks::KVCacheBlocks;
-use crate::{AllocateSlotsArgs, NativeManager};
+use crate::{opt_flag, AllocateSlotsArgs, NativeManager};
 
 /// vLLM 0.23.0's parameters of `allocate_slots`, in order.
 const PARAMS: [&str; 10] = [
@@ -190,23 +190,6 @@ unsafe fn call(
     let values = unsafe { std::slice::from_raw_parts(args, nargs + num_kw) };
     // SAFETY: each pointer is a live object the caller holds for the call.
     let value = |i: usize| unsafe { Bound::from_borrowed_ptr(py, values[i]) };
-    // The scheduler's call for a running request: (request, n) and at most
-    // num_lookahead_tokens=k. Its own short path.
-    if nargs == 2 {
-        let lookahead_only = match &names {
-            None => true,
-            Some(t) => t.len() == 1 && t.get_item(0)?.as_ptr() == param_names(py)[4].as_ptr(),
-        };
-        if lookahead_only {
-            let lookahead = (num_kw == 1).then(|| value(2)).filter(|v| !v.is_none());
-            return NativeManager::allocate_decode_call(
-                &manager,
-                &value(0),
-                &value(1),
-                lookahead.as_ref(),
-            );
-        }
-    }
     let mut given: [Option<Bound<'_, PyAny>>; 10] = Default::default();
     for (i, slot) in given.iter_mut().enumerate().take(nargs) {
         *slot = Some(value(i));
@@ -236,9 +219,12 @@ unsafe fn call(
             new_computed_blocks: new_computed_blocks.as_ref(),
             num_lookahead_tokens: num_lookahead_tokens.as_ref(),
             num_external_computed_tokens: num_external_computed_tokens.as_ref(),
-            delay_cache_blocks: delay_cache_blocks.as_ref(),
+            delay_cache_blocks: opt_flag("delay_cache_blocks", delay_cache_blocks.as_ref())?,
             num_encoder_tokens: num_encoder_tokens.as_ref(),
-            full_sequence_must_fit: full_sequence_must_fit.as_ref(),
+            full_sequence_must_fit: opt_flag(
+                "full_sequence_must_fit",
+                full_sequence_must_fit.as_ref(),
+            )?,
             reserved_blocks: reserved_blocks.as_ref(),
         },
     )

@@ -134,20 +134,21 @@ fn push_result(
     }
 }
 
-/// The optional arguments of `allocate_slots` as given (None: left out).
+/// The optional arguments of `allocate_slots` as given (None: left out;
+/// the flags already converted, as PyO3 does first).
 struct AllocateSlotsArgs<'a, 'py> {
     num_new_computed_tokens: Option<&'a Bound<'py, PyAny>>,
     new_computed_blocks: Option<&'a Bound<'py, PyAny>>,
     num_lookahead_tokens: Option<&'a Bound<'py, PyAny>>,
     num_external_computed_tokens: Option<&'a Bound<'py, PyAny>>,
-    delay_cache_blocks: Option<&'a Bound<'py, PyAny>>,
+    delay_cache_blocks: bool,
     num_encoder_tokens: Option<&'a Bound<'py, PyAny>>,
-    full_sequence_must_fit: Option<&'a Bound<'py, PyAny>>,
+    full_sequence_must_fit: bool,
     reserved_blocks: Option<&'a Bound<'py, PyAny>>,
 }
 
 /// An optional flag: False when left out (or None); otherwise a bool.
-fn opt_flag(name: &str, v: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+pub(crate) fn opt_flag(name: &str, v: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
     match v {
         None => Ok(false),
         Some(v) if v.is_none() => Ok(false),
@@ -188,46 +189,12 @@ impl NativeManager {
                 "num_external_computed_tokens",
                 opt.num_external_computed_tokens,
             )?,
-            delay_cache_blocks: opt_flag("delay_cache_blocks", opt.delay_cache_blocks)?,
+            delay_cache_blocks: opt.delay_cache_blocks,
             num_encoder_tokens: opt_count("num_encoder_tokens", opt.num_encoder_tokens)?,
-            full_sequence_must_fit: opt_flag("full_sequence_must_fit", opt.full_sequence_must_fit)?,
+            full_sequence_must_fit: opt.full_sequence_must_fit,
             reserved_blocks: opt_count("reserved_blocks", opt.reserved_blocks)?,
         };
-        Self::finish_allocate(slf, request, &rid, args)
-    }
-
-    /// `allocate_slots(request, num_new_tokens, num_lookahead_tokens=k)`,
-    /// the scheduler's call for a running request, without the optional
-    /// arguments' conversions: under a Python scheduler a call's cost is
-    /// mostly instruction-cache misses, so its code stays small.
-    fn allocate_decode_call(
-        slf: &Bound<'_, Self>,
-        request: &Bound<'_, PyAny>,
-        num_new_tokens: &Bound<'_, PyAny>,
-        num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<PyObject> {
-        let rid = request_id(request)?;
-        let args = AllocateArgs {
-            num_new_tokens: count_obj("num_new_tokens", num_new_tokens)?,
-            num_computed_tokens: count_obj(
-                "request.num_computed_tokens",
-                &request.getattr(intern!(slf.py(), "num_computed_tokens"))?,
-            )?,
-            num_tokens: NUM_TOKENS_UNREAD,
-            num_lookahead_tokens: opt_count("num_lookahead_tokens", num_lookahead_tokens)?,
-            ..Default::default()
-        };
-        Self::finish_allocate(slf, request, &rid, args)
-    }
-
-    /// The allocation itself, its result and its events.
-    fn finish_allocate(
-        slf: &Bound<'_, Self>,
-        request: &Bound<'_, PyAny>,
-        rid: &Bound<'_, PyString>,
-        args: AllocateArgs,
-    ) -> PyResult<PyObject> {
-        Self::allocation_result(slf, request, |this| this.allocate_one(request, rid, args))
+        Self::allocation_result(slf, request, |this| this.allocate_one(request, &rid, args))
     }
 
     /// Runs one allocation (`allocate` answers vLLM's None with false) and
@@ -671,9 +638,6 @@ impl NativeManager {
         full_sequence_must_fit: bool,
         reserved_blocks: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyObject> {
-        let py = slf.py();
-        let flag = |v: bool| Some(v.into_pyobject(py).expect("bool").to_owned().into_any());
-        let (delay, full) = (flag(delay_cache_blocks), flag(full_sequence_must_fit));
         Self::allocate_slots_impl(
             slf,
             request,
@@ -683,9 +647,9 @@ impl NativeManager {
                 new_computed_blocks,
                 num_lookahead_tokens,
                 num_external_computed_tokens,
-                delay_cache_blocks: delay.as_ref(),
+                delay_cache_blocks,
                 num_encoder_tokens,
-                full_sequence_must_fit: full.as_ref(),
+                full_sequence_must_fit,
                 reserved_blocks,
             },
         )
