@@ -377,6 +377,51 @@ impl KvCacheManager {
         }
     }
 
+    /// A batched decode's first look at a request: the slot its handle
+    /// names (None: no live request) and whether `allocate_slots(request,
+    /// num_new_tokens, num_lookahead_tokens=lookahead)` is a decode that
+    /// changes no block and reads no new hash, judged from the request's
+    /// hot line alone. False may still be a no-op (`is_noop_decode` decides
+    /// then, from the tables).
+    #[inline]
+    pub fn plain_decode_by_handle(
+        &self,
+        handle: u64,
+        num_new_tokens: usize,
+        num_computed_tokens: usize,
+        num_tokens: usize,
+        lookahead: usize,
+    ) -> Option<(ReqSlot, bool)> {
+        let (slot, h, known) = self.reqs.resolve_for_decode(handle)?;
+        let total = num_computed_tokens.min(self.max_model_len);
+        let main = total + num_new_tokens;
+        let need_slot = (main + lookahead).min(self.max_model_len);
+        // An unknown horizon is all zeros: `main > 0` fails `max_main`.
+        let mut noop = num_new_tokens > 0
+            && total <= h.max_total
+            && need_slot <= h.max_need_slot
+            && main <= h.max_main;
+        if noop && self.enable_caching {
+            let to_cache = main.min(num_tokens);
+            noop = to_cache <= h.max_to_cache
+                && to_cache / self.coord.pool.hash_block_size() as usize <= known;
+        }
+        debug_assert!(
+            !noop || {
+                let args = AllocateArgs {
+                    num_new_tokens,
+                    num_computed_tokens,
+                    num_tokens,
+                    num_lookahead_tokens: lookahead,
+                    ..Default::default()
+                };
+                !self.may_need_hashes(known, &args) && self.is_noop_decode(slot, &args)
+            },
+            "hot-line check of slot {slot} disagrees with is_noop_decode"
+        );
+        Some((slot, noop))
+    }
+
     /// A decode that changes no block, done in full (no hashes are due and
     /// `is_noop_decode` holds): `out` gets an empty run per group. False:
     /// nothing was done. `args.num_tokens` may be an upper bound here: the
@@ -400,8 +445,19 @@ impl KvCacheManager {
     /// The whole effect of a decode `is_noop_decode` accepted: the Mamba
     /// planner notes the step (callers that checked already skip the rest).
     pub fn record_noop_decode(&mut self, slot: ReqSlot, args: &AllocateArgs) {
-        let total_computed = args.num_computed_tokens.min(self.max_model_len);
-        self.note_last_step(slot, total_computed, args.num_new_tokens);
+        self.record_plain_noop_decode(slot, args.num_computed_tokens, args.num_new_tokens);
+    }
+
+    /// `record_noop_decode` from the two counts it reads.
+    #[inline]
+    pub fn record_plain_noop_decode(
+        &mut self,
+        slot: ReqSlot,
+        num_computed_tokens: usize,
+        num_new_tokens: usize,
+    ) {
+        let total_computed = num_computed_tokens.min(self.max_model_len);
+        self.note_last_step(slot, total_computed, num_new_tokens);
     }
 
     /// What the Mamba copy planner needs of a request's last allocation

@@ -177,6 +177,19 @@ impl RequestRegistry {
         u64::from(self.hot[slot as usize].generation) << 32 | u64::from(slot)
     }
 
+    /// The live slot a handle names with its decode horizon (None when
+    /// unknown) and hash count: what a batched decode reads, one line.
+    #[inline]
+    pub fn resolve_for_decode(&self, handle: u64) -> Option<(ReqSlot, &DecodeHorizon, usize)> {
+        let slot = handle as u32;
+        let hot = self.hot.get(slot as usize)?;
+        (hot.generation == (handle >> 32) as u32 && hot.is_live()).then_some((
+            slot,
+            &hot.horizon,
+            hot.known_hashes as usize,
+        ))
+    }
+
     /// The live slot a handle names, if it still names one.
     pub fn resolve_handle(&self, handle: u64) -> Option<ReqSlot> {
         let slot = handle as u32;

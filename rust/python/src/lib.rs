@@ -7,6 +7,7 @@
 
 use std::borrow::Cow;
 
+mod batch;
 mod blocks;
 mod convert;
 mod fast_call;
@@ -57,10 +58,10 @@ struct NativeManager {
     py_side: Option<Bound_>,
     // The last allocation's new blocks (reused: a call allocates nothing).
     scratch: NewBlocks,
-    // A decode's new block hashes on their way to the core (reused too),
-    // and a batch's, one per request that fills a block.
+    // A decode's new block hashes on their way to the core (reused too).
     hash_buf: HashUpdate,
-    batch_updates: Vec<HashUpdate>,
+    // What `allocate_decode_arrays` reuses across steps.
+    batch: batch::BatchScratch,
     ids: id_cache::IdCache,
 }
 
@@ -496,7 +497,7 @@ impl NativeManager {
             py_side: None,
             scratch: NewBlocks::new(),
             hash_buf: HashUpdate::default(),
-            batch_updates: Vec::new(),
+            batch: batch::BatchScratch::default(),
             ids: id_cache::IdCache::default(),
         })
     }
@@ -843,101 +844,19 @@ impl NativeManager {
                 Some(list)
             }
         };
-        let mut this = slf.borrow_mut();
-        let decode_args = |i: usize| AllocateArgs {
-            num_new_tokens: new_tokens[i] as usize,
-            num_computed_tokens: computed[i] as usize,
-            num_tokens: totals[i] as usize,
-            num_lookahead_tokens: lookahead,
-            ..Default::default()
+        let arrays = batch::DecodeArrays {
+            handles,
+            num_new_tokens: new_tokens,
+            num_computed_tokens: computed,
+            num_tokens: totals,
+            lookahead,
         };
-        // Pass 1: resolve and check every request; nothing changes yet.
-        // `general[k]` is Some(hash update index) for requests that take the
-        // general path, None for decodes that change no block. Hash updates
-        // go to buffers kept across calls (a step allocates none).
-        let mut general: Vec<Option<Option<usize>>> = Vec::with_capacity(n);
-        let mut slots = Vec::with_capacity(n);
-        {
-            let state = &mut *this;
-            let (inner, updates) = (&state.inner, &mut state.batch_updates);
-            let mut num_updates = 0;
-            let mut seen = vec![false; inner.slot_capacity()];
-            for i in 0..n {
-                let handle = handles[i];
-                let slot = inner.resolve_handle(handle).map_err(convert::to_py_err)?;
-                if std::mem::replace(&mut seen[slot as usize], true) {
-                    return Err(PyValueError::new_err(format!(
-                        "handles[{i}]: request {:?} appears twice in one step",
-                        inner.request_id_at(slot)
-                    )));
-                }
-                slots.push(slot);
-                let args = decode_args(i);
-                let known = inner.known_hashes_at(Some(slot));
-                let may_need_hashes = inner.may_need_hashes(known, &args);
-                if !may_need_hashes && guard(|| Ok(inner.is_noop_decode(slot, &args)))? {
-                    // Most decode steps change no block: nothing more to check.
-                    general.push(None);
-                    continue;
-                }
-                let id = inner.request_id_at(slot);
-                let mut update = None;
-                if may_need_hashes {
-                    let Some(reqs) = requests else {
-                        return Err(PyValueError::new_err(format!(
-                            "request {id:?} fills a block this step: pass requests= so its block_hashes can be read"
-                        )));
-                    };
-                    let request = reqs.get_item(i)?;
-                    if updates.len() == num_updates {
-                        updates.push(HashUpdate::default());
-                    }
-                    let hashes = request.getattr(intern!(py, "block_hashes"))?;
-                    if fill_hash_update(&hashes, known, &mut updates[num_updates])? {
-                        update = Some(num_updates);
-                        num_updates += 1;
-                    }
-                }
-                let u = update.map(|k| &updates[k]);
-                guard(|| inner.check_allocate(Some(slot), id, &args, u)).map_err(|e| {
-                    let msg = format!("handles[{i}]: {}", e.value(py));
-                    PyErr::from_type(e.get_type(py), msg)
-                })?;
-                general.push(Some(update));
-            }
-        }
-        // Pass 2: allocate, in order.
-        let num_groups = this.inner.num_groups();
+        let mut this = slf.borrow_mut();
         let events_on = this
             .py_side
             .as_ref()
             .is_some_and(|s| s.event_sink.is_some());
-        let mut ok = Vec::with_capacity(n);
-        let mut offsets = Vec::with_capacity(n * num_groups + 1);
-        offsets.push(0u32);
-        let mut ids: Vec<u32> = Vec::new();
-        let mut pending_events = Vec::new();
-        let state = &mut *this;
-        for (i, (slot, path)) in slots.into_iter().zip(general).enumerate() {
-            let args = decode_args(i);
-            let Some(update) = path else {
-                guard(|| {
-                    state.inner.record_noop_decode(slot, &args);
-                    Ok(())
-                })?;
-                ok.push(1);
-                push_result(false, &state.scratch, num_groups, &mut offsets, &mut ids);
-                continue;
-            };
-            let (inner, out) = (&mut state.inner, &mut state.scratch);
-            let update = update.map(|k| &state.batch_updates[k]);
-            let got = guard(|| Ok(inner.allocate_checked(slot, &args, update, out)))?;
-            if events_on && state.inner.has_events() {
-                pending_events.push((state.inner.take_events(), i));
-            }
-            ok.push(u8::from(got));
-            push_result(got, &state.scratch, num_groups, &mut offsets, &mut ids);
-        }
+        let result = batch::run(&mut this, py, &arrays, requests, events_on)?;
         let sink = this
             .py_side
             .as_ref()
@@ -945,7 +864,7 @@ impl NativeManager {
             .map(|s| s.clone_ref(py));
         drop(this);
         if let Some(sink) = sink {
-            for (events, i) in pending_events {
+            for (events, i) in result.events {
                 let request = match requests {
                     Some(r) => r.get_item(i)?.unbind(),
                     None => py.None(),
@@ -954,9 +873,9 @@ impl NativeManager {
             }
         }
         Ok((
-            PyBytes::new(py, &ok),
-            u32_bytes(py, &offsets),
-            u32_bytes(py, &ids),
+            PyBytes::new(py, &result.ok),
+            u32_bytes(py, &result.offsets),
+            u32_bytes(py, &result.ids),
         ))
     }
 
