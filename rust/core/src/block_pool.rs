@@ -108,6 +108,12 @@ impl BlockPool {
         }
     }
 
+    /// The prefix-map entry (interned hash) and group of a cached block.
+    pub fn block_entry(&self, b: BlockId) -> Option<(u32, u32)> {
+        let m = self.meta[b as usize];
+        (m.entry != NO_ENTRY).then_some((m.entry, m.group))
+    }
+
     pub fn is_free(&self, b: BlockId) -> bool {
         self.queue.contains(b)
     }
@@ -173,16 +179,24 @@ impl BlockPool {
             return false;
         }
         let group = self.meta[b as usize].group;
-        let hash = self.enable_events.then(|| Box::from(self.map.key(entry)));
+        if self.enable_events {
+            self.record_removed(entry, group);
+        }
         // A cached block is always held by its entry (checked by
         // `check_invariants`), so the pop succeeds.
         let popped = self.map.pop(entry, group, b);
         debug_assert!(popped);
         self.meta[b as usize].entry = NO_ENTRY;
-        if let Some(hash) = hash {
-            self.events.push(PoolEvent::Removed { hash, group });
-        }
         popped
+    }
+
+    // Event recording stays out of line: with events off (the common
+    // case) the allocation paths keep to fewer cache lines of code.
+    #[cold]
+    #[inline(never)]
+    fn record_removed(&mut self, entry: u32, group: u32) {
+        let hash = Box::from(self.map.key(entry));
+        self.events.push(PoolEvent::Removed { hash, group });
     }
 
     /// A cache hit by another request: take blocks off the free queue and
@@ -239,35 +253,46 @@ impl BlockPool {
             return;
         }
         let end = num_full.min(blocks.len());
-        let mut new_hashes = Vec::new();
-        let mut positions = Vec::new();
+        let cached = |i: usize| blocks[i] != NULL_BLOCK && reachable.is_none_or(|r| r.keeps(i));
         for i in num_cached..end {
-            let b = blocks[i];
-            let masked_out = reachable.is_some_and(|r| !r.keeps(i));
-            if b == NULL_BLOCK || masked_out {
+            if !cached(i) {
                 continue;
             }
+            let b = blocks[i];
             debug_assert_eq!(self.meta[b as usize].entry, NO_ENTRY);
-            let hash = hash_of(i);
-            self.meta[b as usize].entry = self.map.insert(&hash, group, b);
+            self.meta[b as usize].entry = self.map.insert(&hash_of(i), group, b);
             self.meta[b as usize].group = group;
-            if self.enable_events {
-                new_hashes.push(hash.into_owned().into_boxed_slice());
-                positions.push(i as u32);
-            }
         }
         if self.enable_events {
-            let parent = (num_cached > 0).then(|| hash_of(num_cached - 1).into_owned().into());
-            self.events.push(PoolEvent::Stored {
-                hashes: new_hashes,
-                parent,
-                start_token: num_cached * block_size as usize,
-                end_token: num_full * block_size as usize,
-                block_size,
-                group,
-                positions,
-            });
+            let positions: Vec<u32> = (num_cached..end)
+                .filter(|&i| cached(i))
+                .map(|i| i as u32)
+                .collect();
+            self.record_stored(positions, num_cached, num_full, block_size, group, &hash_of);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn record_stored<'h>(
+        &mut self,
+        positions: Vec<u32>,
+        num_cached: usize,
+        num_full: usize,
+        block_size: u32,
+        group: u32,
+        hash_of: &impl Fn(usize) -> std::borrow::Cow<'h, [u8]>,
+    ) {
+        let owned = |i: usize| hash_of(i).into_owned().into_boxed_slice();
+        self.events.push(PoolEvent::Stored {
+            hashes: positions.iter().map(|&i| owned(i as usize)).collect(),
+            parent: (num_cached > 0).then(|| owned(num_cached - 1)),
+            start_token: num_cached * block_size as usize,
+            end_token: num_full * block_size as usize,
+            block_size,
+            group,
+            positions,
+        });
     }
 
     /// Drops the listed blocks from the prefix cache (not from their holders).

@@ -190,6 +190,7 @@ impl Coordinator {
     /// free hit block, which that group then takes too: one block in two
     /// groups. Touching all hits first gives the same blocks whenever vLLM's
     /// result is sound.
+    #[inline(never)] // admissions only: kept out of the decode's code
     pub fn allocate_new_computed_blocks(
         &mut self,
         slot: ReqSlot,

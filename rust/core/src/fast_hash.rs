@@ -37,6 +37,11 @@ impl Hasher for FxHasher {
     }
 
     #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+
+    #[inline]
     fn write_usize(&mut self, i: usize) {
         self.add(i as u64);
     }

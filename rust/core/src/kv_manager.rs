@@ -599,22 +599,9 @@ impl KvCacheManager {
         if let Some(u) = update {
             self.reqs.apply_hashes(slot, u);
         }
-        if args.full_sequence_must_fit {
-            let full = args.num_tokens.min(self.max_model_len);
-            let need = self.coord.get_num_blocks_to_allocate(
-                slot,
-                full,
-                new_computed,
-                args.num_encoder_tokens,
-                total_computed,
-                0,
-                full,
-                true,
-            );
-            if need > self.coord.pool.num_free_blocks() as i64 {
-                self.release_if_idle(slot);
-                return false;
-            }
+        if args.full_sequence_must_fit && !self.full_sequence_fits(slot, args, total_computed) {
+            self.release_if_idle(slot);
+            return false;
         }
         let num_tokens_main_model = total_computed + args.num_new_tokens;
         let num_tokens_need_slot =
@@ -671,6 +658,31 @@ impl KvCacheManager {
             self.set_horizon(slot, Some(h));
         }
         true
+    }
+
+    /// `full_sequence_must_fit`: the whole sequence (up to max_model_len)
+    /// would fit in the free blocks. Rare, so out of the decode's code.
+    #[cold]
+    #[inline(never)]
+    fn full_sequence_fits(
+        &self,
+        slot: ReqSlot,
+        args: &AllocateArgs,
+        total_computed: usize,
+    ) -> bool {
+        let full = args.num_tokens.min(self.max_model_len);
+        let new_computed = self.new_computed_or_empty(args);
+        let need = self.coord.get_num_blocks_to_allocate(
+            slot,
+            full,
+            &new_computed,
+            args.num_encoder_tokens,
+            total_computed,
+            0,
+            full,
+            true,
+        );
+        need <= self.coord.pool.num_free_blocks() as i64
     }
 
     #[allow(clippy::too_many_arguments)]

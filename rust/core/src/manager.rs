@@ -10,7 +10,7 @@ use std::collections::HashSet;
 
 use smallvec::SmallVec;
 
-use crate::prefix_map::{HashKey, PrehashedBuild};
+use crate::fast_hash::FxBuild;
 
 use crate::block_pool::{BlockPool, NULL_BLOCK};
 use crate::hashes::ScaledHashes;
@@ -121,8 +121,11 @@ pub struct SingleTypeManager {
     pub(crate) num_cached_block: SlotTable<usize>,
     new_block_ids: Vec<BlockId>,
     enable_caching: bool,
-    // Mamba: blocks cached during this step cannot serve hits until the next.
-    cached_this_step: HashSet<(HashKey, u32), PrehashedBuild>,
+    // Mamba: blocks cached during this step cannot serve hits until the
+    // next. vLLM keeps (hash, group) keys; a prefix-map entry stands for
+    // its hash: an entry id reused within the step is held only by blocks
+    // cached within the step, so `entry_key` marks are exact.
+    cached_this_step: HashSet<u64, FxBuild>,
     // Mamba align mode.
     pub(crate) align: SlotTable<AlignState>,
     // Mamba align: the block ids as the worker holds them (append-only: the
@@ -240,8 +243,8 @@ impl SingleTypeManager {
             // A hit on a state cached this very step is not usable yet:
             // report more than the pool so the request waits a step.
             if let Some(&last) = new_computed.last() {
-                if let Some((h, g)) = pool.block_hash(last) {
-                    if self.cached_this_step.contains(&(HashKey::new(h), g)) {
+                if let Some(key) = pool.block_entry(last).map(entry_key) {
+                    if self.cached_this_step.contains(&key) {
                         return i64::from(pool.num_blocks()) + 1;
                     }
                 }
@@ -546,8 +549,8 @@ impl SingleTypeManager {
         if is_mamba {
             let end = num_full.min(blocks.len());
             for &b in &blocks[num_cached.min(end)..end] {
-                if let Some((h, g)) = pool.block_hash(b) {
-                    self.cached_this_step.insert((HashKey::new(h), g));
+                if let Some(key) = pool.block_entry(b).map(entry_key) {
+                    self.cached_this_step.insert(key);
                 }
             }
         }
@@ -809,6 +812,11 @@ impl SingleTypeManager {
     pub fn tables(&self) -> impl Iterator<Item = (ReqSlot, &[BlockId])> + '_ {
         self.req_to_blocks.iter().map(|(s, b)| (s, b.as_slice()))
     }
+}
+
+/// A `cached_this_step` key: a cached block's (prefix-map entry, group).
+fn entry_key((entry, group): (u32, u32)) -> u64 {
+    u64::from(entry) << 32 | u64::from(group)
 }
 
 fn evictable(pool: &BlockPool, blocks: &[BlockId]) -> usize {

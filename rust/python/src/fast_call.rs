@@ -169,12 +169,41 @@ unsafe fn call(
             // The reads were done and checked: go on from there.
             // SAFETY: args[0] is the request, live for the call.
             let request = unsafe { Bound::from_borrowed_ptr(py, *args) };
-            return NativeManager::allocation_result(&manager, &request, |this| {
-                this.allocate_general(Some(slot), &request, &rid, a)
-            });
+            general(&manager, &request, slot, &rid, a)
         }
-        Fast::Other => {}
+        // SAFETY: as this function's.
+        Fast::Other => unsafe { call_full(py, manager, args, nargs, kwnames) },
     }
+}
+
+/// A decode in the scheduler's spelling that changes blocks. Out of line
+/// (as is `call_full`): the no-op decode's code stays a few cache lines.
+#[inline(never)]
+fn general(
+    manager: &Bound<'_, NativeManager>,
+    request: &Bound<'_, PyAny>,
+    slot: u32,
+    rid: &Bound<'_, PyString>,
+    a: AllocateArgs<'static>,
+) -> PyResult<PyObject> {
+    NativeManager::allocation_result(manager, request, |this| {
+        this.allocate_general(Some(slot), request, rid, a)
+    })
+}
+
+/// Every other spelling: Python's argument matching, then the full path.
+///
+/// # Safety
+/// As `allocate_slots_fast`'s arguments, with the GIL held.
+#[cold]
+#[inline(never)]
+unsafe fn call_full(
+    py: Python<'_>,
+    manager: Bound<'_, NativeManager>,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> PyResult<PyObject> {
     let names = if kwnames.is_null() {
         None
     } else {
