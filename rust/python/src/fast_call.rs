@@ -164,7 +164,7 @@ unsafe fn call(
     // SAFETY: `slf` is the manager the builtin was bound to (a live object).
     let manager = unsafe { Bound::from_borrowed_ptr(py, slf) }.downcast_into::<NativeManager>()?;
     match fast {
-        Fast::Done(result) => return Ok(result),
+        Fast::Done(result) => Ok(result),
         Fast::General { slot, args: a, rid } => {
             // The reads were done and checked: go on from there.
             // SAFETY: args[0] is the request, live for the call.
