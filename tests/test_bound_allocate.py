@@ -263,3 +263,41 @@ def test_empty_result_get_block_ids_matches_the_class_method() -> None:
     r.num_computed_tokens = 2
     r.append_output_token_ids([5])
     assert m.allocate_slots(r, 1, num_lookahead_tokens=0) is empty
+
+
+def test_get_block_ids_answers_every_spelling_as_vllm_defines_it() -> None:
+    """KVCacheBlocks.get_block_ids is a raw descriptor for () and
+    (allow_none=<bool>); other spellings reach the full method. Values as
+    vLLM 0.23.0's KVCacheBlocks.get_block_ids: lists per group, None when
+    allow_none and every group is empty; errors as Python's."""
+    import inspect
+
+    from hybridcache import KVCacheBlocks
+
+    full, empty = KVCacheBlocks(((3, 4), (), (7,))), KVCacheBlocks(((), ()))
+    assert str(inspect.signature(KVCacheBlocks.get_block_ids)) == "(self, /, allow_none=False, group_ids=None)"
+    cases = [
+        (full, (), {}, ([3, 4], [], [7])),
+        (full, (), {"allow_none": True}, ([3, 4], [], [7])),
+        (full, (), {"allow_none": False}, ([3, 4], [], [7])),
+        (full, (True,), {}, ([3, 4], [], [7])),
+        (full, (), {"group_ids": [2, 0]}, ([7], [3, 4])),
+        (full, (True, [1]), {}, None),
+        (empty, (), {"allow_none": True}, None),
+        (empty, (), {"allow_none": False}, ([], [])),
+        (empty, (), {}, ([], [])),
+    ]
+    for blocks, args, kw, expected in cases:
+        got = blocks.get_block_ids(*args, **kw)
+        assert got == expected, (args, kw)
+        assert KVCacheBlocks.get_block_ids(blocks, *args, **kw) == expected
+        # Fresh lists each call: a caller may mutate what it got.
+        if got is not None:
+            assert got[0] is not blocks.get_block_ids(*args, **kw)[0]
+    for args, kw, error in [((), {"bogus": 1}, TypeError), ((1,), {}, TypeError),
+                            ((), {"allow_none": 1}, TypeError), ((True, None, 3), {}, TypeError),
+                            ((), {"group_ids": [5]}, ValueError)]:
+        with pytest.raises(error):
+            full.get_block_ids(*args, **kw)
+    with pytest.raises(TypeError):
+        KVCacheBlocks.get_block_ids(object())

@@ -35,7 +35,7 @@ const PARAMS: [&str; 10] = [
     "reserved_blocks",
 ];
 
-struct MethodDef(ffi::PyMethodDef);
+pub(crate) struct MethodDef(pub(crate) ffi::PyMethodDef);
 // SAFETY: CPython only reads the definition, whose pointers are to statics.
 unsafe impl Sync for MethodDef {}
 
@@ -111,7 +111,7 @@ fn bind(def: &'static MethodDef, to: &Bound<'_, PyAny>) -> PyResult<PyObject> {
 
 /// What a builtin hands back to CPython: the object, or NULL with the
 /// error (a panic becomes a RuntimeError) set.
-fn to_return(
+pub(crate) fn to_return(
     py: Python<'_>,
     result: std::thread::Result<PyResult<PyObject>>,
 ) -> *mut ffi::PyObject {

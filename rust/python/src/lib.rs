@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 
 mod batch;
+mod block_ids_call;
 mod blocks;
 mod convert;
 mod fast_call;
@@ -1122,6 +1123,7 @@ impl NativeManager {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeManager>()?;
     m.add_class::<KVCacheBlocks>()?;
+    block_ids_call::install(&m.py().get_type::<KVCacheBlocks>())?;
     m.add_class::<BlockView>()?;
     hasher::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
