@@ -11,10 +11,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyList, PyString, PyTuple, PyType};
 
 use crate::blocks::KVCacheBlocks;
-use crate::fast_call::{to_return, MethodDef};
+use crate::fast_call::{call_with, to_return, MethodDef};
 
 static GET_BLOCK_IDS: MethodDef = MethodDef(ffi::PyMethodDef {
     ml_name: c"get_block_ids".as_ptr(),
@@ -115,26 +115,6 @@ unsafe fn general(
     let method = PYO3_METHOD
         .get(py)
         .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("not installed"))?;
-    let names = if kwnames.is_null() {
-        None
-    } else {
-        // SAFETY: a non-NULL kwnames is a live tuple of str.
-        Some(unsafe { Bound::from_borrowed_ptr(py, kwnames) }.downcast_into::<PyTuple>()?)
-    };
-    let nargs = usize::try_from(nargs).unwrap_or(0);
-    let num_kw = names.as_ref().map_or(0, |n| n.len());
-    // SAFETY: `args` holds `nargs + num_kw` live pointers for the call.
-    let values = unsafe { std::slice::from_raw_parts(args, nargs + num_kw) };
-    // SAFETY: as above.
-    let value = |i: usize| unsafe { Bound::from_borrowed_ptr(py, values[i]) };
-    let mut positional = vec![this.clone()];
-    positional.extend((0..nargs).map(value));
-    let positional = PyTuple::new(py, positional)?;
-    let kwargs = PyDict::new(py);
-    if let Some(names) = &names {
-        for (k, name) in names.iter().enumerate() {
-            kwargs.set_item(name, value(nargs + k))?;
-        }
-    }
-    Ok(method.bind(py).call(positional, Some(&kwargs))?.unbind())
+    // SAFETY: as this function's.
+    unsafe { call_with(method.bind(py), Some(this), args, nargs, kwnames) }
 }

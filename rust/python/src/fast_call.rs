@@ -451,22 +451,47 @@ unsafe extern "C" fn empty_get_block_ids(
         let result = catch_unwind(AssertUnwindSafe(|| -> PyResult<PyObject> {
             let twin = Bound::from_borrowed_ptr(py, slf);
             let method = twin.getattr(intern!(py, "get_block_ids"))?;
-            let nargs = usize::try_from(nargs).unwrap_or(0);
-            let names = (!kwnames.is_null())
-                .then(|| Bound::from_borrowed_ptr(py, kwnames).downcast_into::<PyTuple>())
-                .transpose()?;
-            let num_kw = names.as_ref().map_or(0, |n| n.len());
-            let values = std::slice::from_raw_parts(args, nargs + num_kw);
-            let value = |i: usize| Bound::from_borrowed_ptr(py, values[i]);
-            let positional = PyTuple::new(py, (0..nargs).map(value))?;
-            let kwargs = pyo3::types::PyDict::new(py);
-            if let Some(names) = &names {
-                for (k, name) in names.iter().enumerate() {
-                    kwargs.set_item(name, value(nargs + k))?;
-                }
-            }
-            Ok(method.call(positional, Some(&kwargs))?.unbind())
+            call_with(&method, None, args, nargs, kwnames)
         }));
         to_return(py, result)
     }
+}
+
+/// `callable(*front, *args, **kwargs)` from a vectorcall's arguments (the
+/// general spelling of a raw method: Python's own argument matching).
+///
+/// # Safety
+/// `args`, `nargs` and `kwnames` follow the vectorcall contract and are
+/// live for the call; the GIL is held.
+pub(crate) unsafe fn call_with(
+    callable: &Bound<'_, PyAny>,
+    front: Option<&Bound<'_, PyAny>>,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> PyResult<PyObject> {
+    let py = callable.py();
+    let names = if kwnames.is_null() {
+        None
+    } else {
+        // SAFETY: a non-NULL kwnames is a live tuple of str.
+        Some(unsafe { Bound::from_borrowed_ptr(py, kwnames) }.downcast_into::<PyTuple>()?)
+    };
+    let nargs = usize::try_from(nargs).unwrap_or(0);
+    let num_kw = names.as_ref().map_or(0, |n| n.len());
+    // SAFETY: `args` holds `nargs + num_kw` live pointers for the call.
+    let values = unsafe { std::slice::from_raw_parts(args, nargs + num_kw) };
+    // SAFETY: as above.
+    let value = |i: usize| unsafe { Bound::from_borrowed_ptr(py, values[i]) };
+    let mut positional: Vec<Bound<'_, PyAny>> = front.into_iter().cloned().collect();
+    positional.extend((0..nargs).map(value));
+    let kwargs = pyo3::types::PyDict::new(py);
+    if let Some(names) = &names {
+        for (k, name) in names.iter().enumerate() {
+            kwargs.set_item(name, value(nargs + k))?;
+        }
+    }
+    Ok(callable
+        .call(PyTuple::new(py, positional)?, Some(&kwargs))?
+        .unbind())
 }
