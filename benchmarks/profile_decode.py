@@ -23,31 +23,16 @@ instructions: a no-op decode runs ≈ 100 ns hot and ≈ 450 ns in the bench.
 
 from __future__ import annotations
 
-import random
 import sys
 from array import array
 
-from hybridcache.bench import Workload, hybridcache_kv_cache_config
-from hybridcache.manager import KVCacheManager
-from hybridcache.request import Request
+from hybridcache.bench_batched import accept_drafts, decoding_manager
 
 
 def main(argv: list[str]) -> None:
     config, mode, running, steps = argv[0], argv[1], int(argv[2]), int(argv[3])
     flush = len(argv) > 4 and argv[4] == "flush"
-    w = Workload(config=config, running=1, steps=1, seed=0)
-    kw = w.manager_kwargs()
-    kw.update(log_stats=False, enable_kv_cache_events=False)
-    num_blocks = running * (8 + 5 * steps // 16 + 4 * 20) + 10
-    m = KVCacheManager(hybridcache_kv_cache_config(w, num_blocks), **kw)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(1000) for _ in range(rng.randrange(32, 64))] for _ in range(running)]
-    reqs = [Request(f"r{i}", p, 16) for i, p in enumerate(prompts)]
-    for r in reqs:
-        if m.allocate_slots(r, r.num_tokens) is None:
-            raise SystemExit("pool too small")
-        r.num_computed_tokens = r.num_tokens
-        r.append_output_token_ids([1])
+    m, reqs, rng = decoding_manager(config, running, steps, seed=0)
     handles = array("Q", [m.request_handle(r.request_id) for r in reqs]).tobytes()
     scratch = bytearray(2 << 20)
     for _ in range(steps):
@@ -64,10 +49,7 @@ def main(argv: list[str]) -> None:
                 blocks = m.allocate_slots(r, n, num_lookahead_tokens=0)
                 if blocks is not None:
                     blocks.get_block_ids(allow_none=True)
-        for r, d in zip(reqs, drafts):
-            accepted = rng.randint(0, d)
-            r.num_computed_tokens += 1 + accepted
-            r.append_output_token_ids([7] * (1 + accepted))
+        accept_drafts(reqs, drafts, rng)
         m.new_step_starts()
 
 

@@ -10,13 +10,11 @@ array API. Takes a few seconds per configuration.
 
 from __future__ import annotations
 
-import random
 import sys
 from array import array
 
-from hybridcache.bench import CONFIGS, Workload, hybridcache_kv_cache_config, run_workload
-from hybridcache.manager import KVCacheManager
-from hybridcache.request import Request
+from hybridcache.bench import CONFIGS, Workload, run_workload
+from hybridcache.bench_batched import accept_drafts, decoding_manager
 
 SEED = 7
 
@@ -28,19 +26,7 @@ def drop_in(config: str, running: int, steps: int) -> None:
 
 
 def arrays(config: str, running: int, steps: int) -> None:
-    w = Workload(config=config, running=1, steps=1, seed=SEED)
-    kwargs = w.manager_kwargs()
-    kwargs.update(log_stats=False, enable_kv_cache_events=False)
-    num_blocks = running * (8 + 5 * steps // w.block_size + 4 * 20) + 10
-    m = KVCacheManager(hybridcache_kv_cache_config(w, num_blocks), **kwargs)
-    rng = random.Random(SEED)
-    reqs = [Request(f"r{i}", [rng.randrange(1000) for _ in range(rng.randrange(32, 96))], w.block_size)
-            for i in range(running)]
-    for r in reqs:
-        if m.allocate_slots(r, r.num_tokens) is None:
-            raise SystemExit("training pool too small")
-        r.num_computed_tokens = r.num_tokens
-        r.append_output_token_ids([1])
+    m, reqs, rng = decoding_manager(config, running, steps, SEED)
     handles = array("Q", [m.request_handle(r.request_id) for r in reqs]).tobytes()
     for _ in range(steps):
         drafts = [rng.choice([0, 0, 1, 2, 4]) for _ in reqs]
@@ -52,10 +38,7 @@ def arrays(config: str, running: int, steps: int) -> None:
             0,
             reqs,
         )
-        for r, d in zip(reqs, drafts):
-            accepted = rng.randint(0, d)
-            r.num_computed_tokens += 1 + accepted
-            r.append_output_token_ids([7] * (1 + accepted))
+        accept_drafts(reqs, drafts, rng)
         m.new_step_starts()
 
 

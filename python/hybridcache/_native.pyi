@@ -85,9 +85,6 @@ class NativeManager:
         """vLLM 0.23.0's `KVCacheManager.allocate_slots`."""
     def _bound_allocate_slots(self) -> Any:
         """`allocate_slots` as a builtin bound to this manager (no PyO3 argument matching)."""
-    @staticmethod
-    def _bound_empty_get_block_ids(twin: KVCacheBlocks) -> Any:
-        """`get_block_ids` of an empty KVCacheBlocks, bound to `twin` (an equal empty one)."""
     def allocate_decode_batch(
         self,
         requests: list[Any],

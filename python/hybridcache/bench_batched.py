@@ -46,10 +46,48 @@ def _unpack_arrays(batch: tuple[bytes, bytes, bytes], groups: int) -> list[Any]:
     return _unpack(([b != 0 for b in ok], array("I", offsets).tolist(), array("I", ids).tolist()), groups)
 
 
-def _fill(m: Any, reqs: list[Request]) -> None:
+def pool_blocks(running: int, steps: int) -> int:
+    """Room for every request: prompt, growth, and Mamba state + speculative blocks."""
+    return running * (8 + 5 * steps // BS + 4 * 20) + 10
+
+
+def random_prompts(rng: random.Random, running: int) -> list[list[int]]:
+    return [[rng.randrange(1000) for _ in range(rng.randrange(32, 64))] for _ in range(running)]
+
+
+def start_decoding(m: Any, reqs: list[Request]) -> None:
+    """Prefills every request in one call each, then makes it a decode with
+    one sampled token."""
     for r in reqs:
         if m.allocate_slots(r, r.num_tokens - r.num_computed_tokens) is None:
             raise RuntimeError("batched bench: pool too small for the prompts")
+    for r in reqs:
+        r.num_computed_tokens = r.num_tokens
+        r.append_output_token_ids([1])
+
+
+def accept_drafts(reqs: list[Request], drafts: list[int], rng: random.Random) -> None:
+    """A step's outputs: each request keeps a random number of its drafts."""
+    for r, d in zip(reqs, drafts):
+        accepted = rng.randint(0, d)
+        r.num_computed_tokens += 1 + accepted
+        r.append_output_token_ids([7] * (1 + accepted))
+
+
+def decoding_manager(config: str, running: int, steps: int, seed: int) -> tuple[Any, list[Request], random.Random]:
+    """A hybridcache manager of the bench's `config` with `running` requests
+    decoding (for profiles and training runs, without vLLM)."""
+    from .bench import Workload, hybridcache_kv_cache_config
+    from .manager import KVCacheManager
+
+    w = Workload(config=config, running=1, steps=1, seed=seed)
+    kwargs = w.manager_kwargs()
+    kwargs.update(log_stats=False, enable_kv_cache_events=False)
+    m = KVCacheManager(hybridcache_kv_cache_config(w, pool_blocks(running, steps)), **kwargs)
+    rng = random.Random(seed)
+    reqs = [Request(f"r{i}", p, BS) for i, p in enumerate(random_prompts(rng, running))]
+    start_decoding(m, reqs)
+    return m, reqs, rng
 
 
 def run_batched(
@@ -66,22 +104,17 @@ def run_batched(
     from .manager import KVCacheManager
 
     rng = random.Random(seed)
-    # Room for every request: prompt, growth, and Mamba state + speculative blocks.
-    num_blocks = running * (8 + 5 * steps // BS + 4 * 20) + 10
-    hc_cfg, v_cfg = make_configs(config, num_blocks)
+    hc_cfg, v_cfg = make_configs(config, pool_blocks(running, steps))
     hc = KVCacheManager(hc_cfg, **manager_kwargs)
     ha = KVCacheManager(hc_cfg, **manager_kwargs)
     vm = VllmManager(v_cfg, **manager_kwargs)
     groups = hc.num_kv_cache_groups
-    prompts = [[rng.randrange(1000) for _ in range(rng.randrange(32, 64))] for _ in range(running)]
+    prompts = random_prompts(rng, running)
     hc_reqs = [Request(f"r{i}", p, BS) for i, p in enumerate(prompts)]
     ha_reqs = [Request(f"r{i}", p, BS) for i, p in enumerate(prompts)]
     v_reqs = [Request(f"r{i}", p, BS) for i, p in enumerate(prompts)]
     for m, reqs in ((hc, hc_reqs), (ha, ha_reqs), (vm, v_reqs)):
-        _fill(m, reqs)
-        for r in reqs:
-            r.num_computed_tokens = r.num_tokens
-            r.append_output_token_ids([1])
+        start_decoding(m, reqs)
     handles = array("Q", [ha.request_handle(r.request_id) for r in ha_reqs])
     names = ("vllm", "hybridcache", "arrays")
     times: dict[str, list[int]] = {name: [] for name in names}
@@ -112,11 +145,7 @@ def run_batched(
             if norm != mine:
                 raise AssertionError(f"batched bench ({name}): step {step} differs from vLLM's per-request calls")
         for reqs in (hc_reqs, ha_reqs, v_reqs):
-            r_rng = random.Random(step)
-            for r, d in zip(reqs, drafts):
-                a = r_rng.randint(0, d)
-                r.num_computed_tokens += 1 + a
-                r.append_output_token_ids([7] * (1 + a))
+            accept_drafts(reqs, drafts, random.Random(step))
         hc.new_step_starts()
         ha.new_step_starts()
         vm.new_step_starts()

@@ -104,11 +104,6 @@ class KVCacheManager(_native.NativeManager):
         # Not bound to this manager: the native side holds it, and a
         # reference back would be a cycle the garbage collector cannot see.
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups))
-        # Most decode calls return it and the scheduler asks each result for
-        # get_block_ids(allow_none=True): answered without PyO3's argument
-        # matching (bound to an equal twin, so no reference cycle).
-        twin = KVCacheBlocks(tuple(() for _ in groups))
-        self.empty_kv_cache_blocks.get_block_ids = self._bound_empty_get_block_ids(twin)
         self._bind_python(self.empty_kv_cache_blocks, self._on_events if builder else None, self.log_stats)
         # The scheduler's hottest call, bound to this manager: it skips PyO3's
         # keyword matching (same arguments, same result as the class method).

@@ -355,15 +355,13 @@ impl KvCacheManager {
         if !plain {
             return false;
         }
-        let total_computed = args.num_computed_tokens.min(self.max_model_len);
-        let main_model = total_computed + args.num_new_tokens;
-        let caches = self.enable_caching && !args.delay_cache_blocks;
-        let counts = DecodeCounts {
-            total_computed,
-            need_slot: (main_model + args.num_lookahead_tokens).min(self.max_model_len),
-            main_model,
-            to_cache: caches.then(|| main_model.min(args.num_tokens)),
-        };
+        let counts = self.decode_counts(
+            args.num_new_tokens,
+            args.num_computed_tokens,
+            args.num_tokens,
+            args.num_lookahead_tokens,
+            !args.delay_cache_blocks,
+        );
         match self.reqs.horizon(slot) {
             Some(h) => {
                 let noop = h.allows(&counts);
@@ -374,6 +372,28 @@ impl KvCacheManager {
                 noop
             }
             None => self.coord.decode_is_noop(slot, &counts),
+        }
+    }
+
+    /// The counts a plain decode (no computed blocks, external or encoder
+    /// tokens) is sized by, as `allocate_slots` derives them; `caches`:
+    /// the call may cache (`delay_cache_blocks` is off).
+    #[inline]
+    fn decode_counts(
+        &self,
+        num_new_tokens: usize,
+        num_computed_tokens: usize,
+        num_tokens: usize,
+        lookahead: usize,
+        caches: bool,
+    ) -> DecodeCounts {
+        let total_computed = num_computed_tokens.min(self.max_model_len);
+        let main_model = total_computed + num_new_tokens;
+        DecodeCounts {
+            total_computed,
+            need_slot: (main_model + lookahead).min(self.max_model_len),
+            main_model,
+            to_cache: (caches && self.enable_caching).then(|| main_model.min(num_tokens)),
         }
     }
 
@@ -393,19 +413,18 @@ impl KvCacheManager {
         lookahead: usize,
     ) -> Option<(ReqSlot, bool)> {
         let (slot, h, known) = self.reqs.resolve_for_decode(handle)?;
-        let total = num_computed_tokens.min(self.max_model_len);
-        let main = total + num_new_tokens;
-        let need_slot = (main + lookahead).min(self.max_model_len);
-        // An unknown horizon is all zeros: `main > 0` fails `max_main`.
-        let mut noop = num_new_tokens > 0
-            && total <= h.max_total
-            && need_slot <= h.max_need_slot
-            && main <= h.max_main;
-        if noop && self.enable_caching {
-            let to_cache = main.min(num_tokens);
-            noop = to_cache <= h.max_to_cache
-                && to_cache / self.coord.pool.hash_block_size() as usize <= known;
-        }
+        let c = self.decode_counts(
+            num_new_tokens,
+            num_computed_tokens,
+            num_tokens,
+            lookahead,
+            true,
+        );
+        // An unknown horizon is all zeros: it allows no decode.
+        let hash_block_size = self.coord.pool.hash_block_size() as usize;
+        let noop = num_new_tokens > 0
+            && h.allows(&c)
+            && c.to_cache.is_none_or(|t| t / hash_block_size <= known);
         debug_assert!(
             !noop || {
                 let args = AllocateArgs {

@@ -177,8 +177,9 @@ impl RequestRegistry {
         u64::from(self.hot[slot as usize].generation) << 32 | u64::from(slot)
     }
 
-    /// The live slot a handle names with its decode horizon (None when
-    /// unknown) and hash count: what a batched decode reads, one line.
+    /// The live slot a handle names with its decode horizon (all zeros,
+    /// `DecodeHorizon::UNKNOWN`, when unknown) and hash count: what a
+    /// batched decode reads, one line.
     #[inline]
     pub fn resolve_for_decode(&self, handle: u64) -> Option<(ReqSlot, &DecodeHorizon, usize)> {
         let slot = handle as u32;
@@ -192,13 +193,7 @@ impl RequestRegistry {
 
     /// The live slot a handle names, if it still names one.
     pub fn resolve_handle(&self, handle: u64) -> Option<ReqSlot> {
-        let slot = handle as u32;
-        let generation = (handle >> 32) as u32;
-        // Handles carry an odd generation; a released slot's is even.
-        self.hot
-            .get(slot as usize)
-            .filter(|h| h.generation == generation && h.is_live())
-            .map(|_| slot)
+        self.resolve_for_decode(handle).map(|(slot, ..)| slot)
     }
 
     pub fn ids(&self) -> impl Iterator<Item = &str> + '_ {

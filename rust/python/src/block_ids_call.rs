@@ -6,15 +6,13 @@
 //! PyO3 method this descriptor replaced, which keeps its errors and its
 //! `group_ids` argument.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyList, PyString, PyTuple, PyType};
 
 use crate::blocks::KVCacheBlocks;
-use crate::fast_call::{call_with, to_return, MethodDef};
+use crate::fast_call::{call_with, raw_call, MethodDef};
 
 static GET_BLOCK_IDS: MethodDef = MethodDef(ffi::PyMethodDef {
     ml_name: c"get_block_ids".as_ptr(),
@@ -68,35 +66,35 @@ unsafe extern "C" fn get_block_ids_fast(
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
 ) -> *mut ffi::PyObject {
-    // SAFETY: CPython calls methods with the GIL held.
-    let py = unsafe { Python::assume_gil_acquired() };
-    // SAFETY: the vectorcall contract: `args` holds `nargs` positional
-    // values then one per name in `kwnames`; the descriptor checked that
-    // `slf` is a KVCacheBlocks.
-    let result = catch_unwind(AssertUnwindSafe(|| unsafe {
-        let this = Bound::from_borrowed_ptr(py, slf);
-        let fast_flag = if nargs == 0 && kwnames.is_null() {
-            Some(false)
-        } else if nargs == 0
-            && ffi::PyTuple_Size(kwnames) == 1
-            && ALLOW_NONE
-                .get(py)
-                .is_some_and(|n| ffi::PyTuple_GetItem(kwnames, 0) == n.as_ptr())
-        {
-            let v = *args;
-            (v == ffi::Py_True() || v == ffi::Py_False()).then(|| v == ffi::Py_True())
-        } else {
-            None
-        };
-        match fast_flag {
-            Some(allow_none) => {
-                let blocks = this.downcast::<KVCacheBlocks>()?;
-                block_ids(py, blocks.get(), allow_none)
+    // SAFETY: CPython calls methods with the GIL held; the vectorcall
+    // contract: `args` holds `nargs` positional values then one per name in
+    // `kwnames`; the descriptor checked that `slf` is a KVCacheBlocks.
+    unsafe {
+        raw_call(|py| {
+            let this = Bound::from_borrowed_ptr(py, slf);
+            let fast_flag = if nargs == 0 && kwnames.is_null() {
+                Some(false)
+            } else if nargs == 0
+                && ffi::PyTuple_Size(kwnames) == 1
+                && ALLOW_NONE
+                    .get(py)
+                    .is_some_and(|n| ffi::PyTuple_GetItem(kwnames, 0) == n.as_ptr())
+            {
+                let v = *args;
+                (v == ffi::Py_True() || v == ffi::Py_False()).then(|| v == ffi::Py_True())
+            } else {
+                None
+            };
+            match fast_flag {
+                Some(allow_none) => {
+                    // The descriptor checked the type (no type lookup here).
+                    let blocks = this.downcast_unchecked::<KVCacheBlocks>();
+                    block_ids(py, blocks.get(), allow_none)
+                }
+                None => general(py, &this, args, nargs, kwnames),
             }
-            None => general(py, &this, args, nargs, kwnames),
-        }
-    }));
-    to_return(py, result)
+        })
+    }
 }
 
 /// Any other spelling: the PyO3 method with `self` in front.

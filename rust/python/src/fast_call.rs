@@ -18,7 +18,6 @@ use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyString, PyTuple};
 
-use crate::blocks::KVCacheBlocks;
 use crate::{opt_flag, AllocateSlotsArgs, NativeManager};
 
 /// vLLM 0.23.0's parameters of `allocate_slots`, in order.
@@ -109,13 +108,18 @@ fn bind(def: &'static MethodDef, to: &Bound<'_, PyAny>) -> PyResult<PyObject> {
     }
 }
 
-/// What a builtin hands back to CPython: the object, or NULL with the
-/// error (a panic becomes a RuntimeError) set.
-pub(crate) fn to_return(
-    py: Python<'_>,
-    result: std::thread::Result<PyResult<PyObject>>,
+/// The body of a raw (vectorcall) entry point: `f` runs with the GIL's
+/// token; CPython gets the object, or NULL with the error set (a panic
+/// becomes a RuntimeError).
+///
+/// # Safety
+/// Called by CPython, with the GIL held.
+pub(crate) unsafe fn raw_call(
+    f: impl FnOnce(Python<'_>) -> PyResult<PyObject>,
 ) -> *mut ffi::PyObject {
-    match result {
+    // SAFETY: as this function's.
+    let py = unsafe { Python::assume_gil_acquired() };
+    match catch_unwind(AssertUnwindSafe(|| f(py))) {
         Ok(Ok(obj)) => obj.into_ptr(),
         Ok(Err(e)) => {
             e.restore(py);
@@ -140,14 +144,10 @@ unsafe extern "C" fn allocate_slots_fast(
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
 ) -> *mut ffi::PyObject {
-    // SAFETY: CPython calls builtins with the GIL held.
-    let py = unsafe { Python::assume_gil_acquired() };
-    // SAFETY: the vectorcall contract: `args` holds `nargs` positional
-    // values then one value per name in `kwnames` (a tuple, or NULL).
-    let result = catch_unwind(AssertUnwindSafe(|| unsafe {
-        call(py, slf, args, nargs, kwnames)
-    }));
-    to_return(py, result)
+    // SAFETY: CPython calls builtins with the GIL held; the vectorcall
+    // contract: `args` holds `nargs` positional values then one value per
+    // name in `kwnames` (a tuple, or NULL).
+    unsafe { raw_call(|py| call(py, slf, args, nargs, kwnames)) }
 }
 
 /// # Safety
@@ -204,33 +204,24 @@ unsafe fn call_full(
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
 ) -> PyResult<PyObject> {
-    let names = if kwnames.is_null() {
-        None
-    } else {
-        // SAFETY: a non-NULL kwnames is a live tuple of str.
-        Some(unsafe { Bound::from_borrowed_ptr(py, kwnames) }.downcast_into::<PyTuple>()?)
-    };
-    let nargs = usize::try_from(nargs).unwrap_or(0);
-    let num_kw = names.as_ref().map_or(0, |n| n.len());
-    if nargs > PARAMS.len() {
-        return Err(arg_error(ArgError::TooMany(nargs)));
+    // SAFETY: as this function's.
+    let CallArgs {
+        positional,
+        keywords,
+    } = unsafe { call_args(py, args, nargs, kwnames) }?;
+    if positional.len() > PARAMS.len() {
+        return Err(arg_error(ArgError::TooMany(positional.len())));
     }
-    // SAFETY: the vectorcall contract (see above).
-    let values = unsafe { std::slice::from_raw_parts(args, nargs + num_kw) };
-    // SAFETY: each pointer is a live object the caller holds for the call.
-    let value = |i: usize| unsafe { Bound::from_borrowed_ptr(py, values[i]) };
     let mut given: [Option<Bound<'_, PyAny>>; 10] = Default::default();
-    for (i, slot) in given.iter_mut().enumerate().take(nargs) {
-        *slot = Some(value(i));
+    for (slot, v) in given.iter_mut().zip(positional) {
+        *slot = Some(v);
     }
-    if let Some(names) = &names {
-        for (k, name) in names.iter().enumerate() {
-            let i = param_index(py, &name)?;
-            if given[i].is_some() {
-                return Err(arg_error(ArgError::Twice(i)));
-            }
-            given[i] = Some(value(nargs + k));
+    for (name, v) in keywords {
+        let i = param_index(py, &name)?;
+        if given[i].is_some() {
+            return Err(arg_error(ArgError::Twice(i)));
         }
+        given[i] = Some(v);
     }
     let [request, num_new_tokens, rest @ ..] = given;
     let request = request.ok_or_else(|| arg_error(ArgError::Missing(0)))?;
@@ -399,78 +390,22 @@ unsafe fn decode_fast<'py>(
     }
 }
 
-static EMPTY_GET_BLOCK_IDS: MethodDef = MethodDef(ffi::PyMethodDef {
-    ml_name: c"get_block_ids".as_ptr(),
-    ml_meth: ffi::PyMethodDefPointer {
-        PyCFunctionFastWithKeywords: empty_get_block_ids,
-    },
-    ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-    ml_doc: c"KVCacheBlocks.get_block_ids of the shared empty result.".as_ptr(),
-});
-
-/// `get_block_ids` for a manager's shared empty result, the answer to most
-/// decode calls: the scheduler asks `get_block_ids(allow_none=True)` of
-/// each, which is None here without PyO3's argument matching. Bound to
-/// `twin`, an equal empty `KVCacheBlocks` (not the one whose attribute it
-/// becomes, which would be a reference cycle), whose own method answers
-/// every other spelling.
-pub fn bound_empty_get_block_ids(twin: &Bound<'_, KVCacheBlocks>) -> PyResult<PyObject> {
-    if twin.get().ids().iter().any(|g| !g.is_empty()) {
-        return Err(pyo3::exceptions::PyValueError::new_err(
-            "the get_block_ids shortcut is for an empty KVCacheBlocks",
-        ));
-    }
-    bind(&EMPTY_GET_BLOCK_IDS, twin.as_any())
+/// A vectorcall's arguments as objects: the positional values, then the
+/// keyword (name, value) pairs.
+struct CallArgs<'py> {
+    positional: Vec<Bound<'py, PyAny>>,
+    keywords: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
 }
 
-unsafe extern "C" fn empty_get_block_ids(
-    slf: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    // SAFETY: CPython calls builtins with the GIL held.
-    let py = unsafe { Python::assume_gil_acquired() };
-    // SAFETY: the vectorcall contract (see `allocate_slots_fast`); `slf` is
-    // the empty twin the builtin was bound to.
-    unsafe {
-        static ALLOW_NONE: GILOnceCell<Py<PyString>> = GILOnceCell::new();
-        let allow_none = ALLOW_NONE.get_or_init(py, || PyString::intern(py, "allow_none").unbind());
-        if nargs == 0
-            && !kwnames.is_null()
-            && ffi::PyTuple_Size(kwnames) == 1
-            && ffi::PyTuple_GetItem(kwnames, 0) == allow_none.as_ptr()
-            && *args == ffi::Py_True()
-        {
-            // All groups are empty: None, as vLLM's method answers.
-            let none = ffi::Py_None();
-            ffi::Py_INCREF(none);
-            return none;
-        }
-        // Any other spelling: the twin's own method.
-        let result = catch_unwind(AssertUnwindSafe(|| -> PyResult<PyObject> {
-            let twin = Bound::from_borrowed_ptr(py, slf);
-            let method = twin.getattr(intern!(py, "get_block_ids"))?;
-            call_with(&method, None, args, nargs, kwnames)
-        }));
-        to_return(py, result)
-    }
-}
-
-/// `callable(*front, *args, **kwargs)` from a vectorcall's arguments (the
-/// general spelling of a raw method: Python's own argument matching).
-///
 /// # Safety
 /// `args`, `nargs` and `kwnames` follow the vectorcall contract and are
 /// live for the call; the GIL is held.
-pub(crate) unsafe fn call_with(
-    callable: &Bound<'_, PyAny>,
-    front: Option<&Bound<'_, PyAny>>,
+unsafe fn call_args<'py>(
+    py: Python<'py>,
     args: *const *mut ffi::PyObject,
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
-) -> PyResult<PyObject> {
-    let py = callable.py();
+) -> PyResult<CallArgs<'py>> {
     let names = if kwnames.is_null() {
         None
     } else {
@@ -483,15 +418,40 @@ pub(crate) unsafe fn call_with(
     let values = unsafe { std::slice::from_raw_parts(args, nargs + num_kw) };
     // SAFETY: as above.
     let value = |i: usize| unsafe { Bound::from_borrowed_ptr(py, values[i]) };
-    let mut positional: Vec<Bound<'_, PyAny>> = front.into_iter().cloned().collect();
-    positional.extend((0..nargs).map(value));
+    let keywords = names.iter().flat_map(|n| n.iter()).enumerate();
+    Ok(CallArgs {
+        positional: (0..nargs).map(value).collect(),
+        keywords: keywords.map(|(k, name)| (name, value(nargs + k))).collect(),
+    })
+}
+
+/// `callable(*front, *args, **kwargs)` from a vectorcall's arguments (the
+/// general spelling of a raw method: Python's own argument matching).
+///
+/// # Safety
+/// As `call_args`.
+pub(crate) unsafe fn call_with(
+    callable: &Bound<'_, PyAny>,
+    front: Option<&Bound<'_, PyAny>>,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> PyResult<PyObject> {
+    let py = callable.py();
+    // SAFETY: as this function's.
+    let CallArgs {
+        positional,
+        keywords,
+    } = unsafe { call_args(py, args, nargs, kwnames) }?;
+    let positional = front.into_iter().cloned().chain(positional);
     let kwargs = pyo3::types::PyDict::new(py);
-    if let Some(names) = &names {
-        for (k, name) in names.iter().enumerate() {
-            kwargs.set_item(name, value(nargs + k))?;
-        }
+    for (name, v) in keywords {
+        kwargs.set_item(name, v)?;
     }
     Ok(callable
-        .call(PyTuple::new(py, positional)?, Some(&kwargs))?
+        .call(
+            PyTuple::new(py, positional.collect::<Vec<_>>())?,
+            Some(&kwargs),
+        )?
         .unbind())
 }

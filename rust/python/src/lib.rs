@@ -663,13 +663,6 @@ impl NativeManager {
         fast_call::bound_allocate_slots(slf)
     }
 
-    /// `get_block_ids` of an empty `KVCacheBlocks`, bound to `twin` (an
-    /// equal empty one): the facade sets it on its shared empty result.
-    #[staticmethod]
-    fn _bound_empty_get_block_ids(twin: &Bound<'_, KVCacheBlocks>) -> PyResult<PyObject> {
-        fast_call::bound_empty_get_block_ids(twin)
-    }
-
     /// The decode `allocate_slots` of a whole step in one call: for each
     /// request in order, exactly `allocate_slots(request, num_new_tokens[i],
     /// num_lookahead_tokens=num_lookahead_tokens)`. Returns `(ok, offsets,
