@@ -11,6 +11,9 @@ use crate::BlockId;
 
 pub const NULL_BLOCK: BlockId = 0;
 
+/// Spare room a block table gets when it must grow (see `get_new_blocks`).
+const TABLE_HEADROOM: usize = 8;
+
 /// What the pool keeps per block.
 #[derive(Debug, Clone, Copy)]
 struct BlockMeta {
@@ -163,6 +166,12 @@ impl BlockPool {
     /// hash they carry. The caller has checked that `n` blocks are free.
     pub fn get_new_blocks(&mut self, n: usize, out: &mut Vec<BlockId>) {
         assert!(n <= self.queue.len(), "caller must check free blocks");
+        if out.capacity() - out.len() < n {
+            // A table grows a block at a time while its request decodes:
+            // room for a few more saves a reallocation (and malloc's code)
+            // on most of the decodes that need a block.
+            out.reserve(n + TABLE_HEADROOM);
+        }
         for _ in 0..n {
             let b = self.queue.popleft().expect("checked above");
             if self.enable_caching {

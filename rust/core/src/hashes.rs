@@ -3,6 +3,9 @@
 
 use std::borrow::Cow;
 
+/// Spare hashes a list gets room for when it must grow (see `extend`).
+const HASH_HEADROOM: usize = 8;
+
 /// Block hashes at hash_block_size granularity, contiguous.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HashList {
@@ -64,6 +67,16 @@ impl HashList {
     }
 
     pub fn extend(&mut self, other: &HashList) {
+        // A decoding request gains a hash per block: when a buffer must
+        // grow, room for a few more saves a reallocation on most of them.
+        if self.ends.capacity() - self.ends.len() < other.len() {
+            self.ends.reserve(other.len() + HASH_HEADROOM);
+        }
+        if self.bytes.capacity() - self.bytes.len() < other.bytes.len() {
+            let per_hash = other.bytes.len() / other.len().max(1);
+            self.bytes
+                .reserve(other.bytes.len() + HASH_HEADROOM * per_hash);
+        }
         // One copy per buffer (pushing one by one regrew them repeatedly).
         let base = self.bytes.len() as u32;
         self.bytes.extend_from_slice(&other.bytes);

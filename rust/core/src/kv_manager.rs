@@ -594,6 +594,20 @@ impl KvCacheManager {
         Ok(self.allocate_checked(slot, args, update, out))
     }
 
+    /// `allocate_general_into` for a request the manager holds (its id,
+    /// for messages, is the core's own copy).
+    pub fn allocate_held_into(
+        &mut self,
+        slot: ReqSlot,
+        args: &AllocateArgs,
+        update: Option<&HashUpdate>,
+        out: &mut NewBlocks,
+    ) -> CoreResult<bool> {
+        out.clear();
+        self.check_allocate(Some(slot), self.reqs.id_at(slot), args, update)?;
+        Ok(self.allocate_checked(slot, args, update, out))
+    }
+
     /// The allocation of `allocate_slots_into` for a request whose slot
     /// exists, once `check_allocate` accepted these arguments in this state
     /// (a batch checks all its requests first, then allocates them).

@@ -161,18 +161,19 @@ unsafe fn call(
 ) -> PyResult<PyObject> {
     // SAFETY: as this function's.
     let fast = unsafe { decode_fast(py, slf, args, nargs, kwnames) };
-    // SAFETY: `slf` is the manager the builtin was bound to (a live object).
-    let manager = unsafe { Bound::from_borrowed_ptr(py, slf) }.downcast_into::<NativeManager>()?;
+    // SAFETY: `slf` is the manager the builtin was bound to (a live object;
+    // `bound_allocate_slots` binds only managers).
+    let manager = || unsafe { Bound::from_borrowed_ptr(py, slf).downcast_into_unchecked() };
     match fast {
         Fast::Done(result) => Ok(result),
         Fast::General { slot, args: a, rid } => {
             // The reads were done and checked: go on from there.
             // SAFETY: args[0] is the request, live for the call.
             let request = unsafe { Bound::from_borrowed_ptr(py, *args) };
-            general(&manager, &request, slot, &rid, a)
+            general(&manager(), &request, slot, &rid, a)
         }
         // SAFETY: as this function's.
-        Fast::Other => unsafe { call_full(py, manager, args, nargs, kwnames) },
+        Fast::Other => unsafe { call_full(py, manager(), args, nargs, kwnames) },
     }
 }
 
@@ -342,10 +343,9 @@ unsafe fn decode_fast<'py>(
         let Some(num_new_tokens) = plain_count(*args.add(1)).filter(|&n| n > 0) else {
             return Fast::Other;
         };
+        // `slf` is a manager (see `call`).
         let obj = Borrowed::from_ptr(py, slf);
-        let Ok(manager) = obj.downcast::<NativeManager>() else {
-            return Fast::Other;
-        };
+        let manager = obj.downcast_unchecked::<NativeManager>();
         let Ok(mut this) = manager.try_borrow_mut() else {
             return Fast::Other;
         };
@@ -357,31 +357,44 @@ unsafe fn decode_fast<'py>(
         }
         let rid = Bound::from_owned_ptr(py, rid);
         // Only str ids are cached (by address: the cache holds the str).
-        let Some(slot) = this
-            .ids
-            .get_addr(rid.as_ptr() as usize)
-            .and_then(|h| this.inner.slot_of_handle(h))
-        else {
+        let Some(handle) = this.ids.get_addr(rid.as_ptr() as usize) else {
             return Fast::Other;
         };
         let Some(num_computed_tokens) = count_attr(request, intern!(py, "num_computed_tokens"))
         else {
             return Fast::Other;
         };
+        let this = &mut *this;
+        let Some(empty) = &this.py_side.as_ref().map(|side| &side.empty) else {
+            return Fast::Other;
+        };
+        // Most decodes change no block: judged from the request's hot line.
+        let unread = crate::NUM_TOKENS_UNREAD;
+        let Some((slot, noop)) = this.inner.plain_decode_by_handle(
+            handle,
+            num_new_tokens,
+            num_computed_tokens,
+            unread,
+            lookahead,
+        ) else {
+            return Fast::Other;
+        };
+        if noop {
+            // A decode that changes no block makes no event.
+            this.inner
+                .record_plain_noop_decode(slot, num_computed_tokens, num_new_tokens);
+            return Fast::Done(empty.clone_ref(py));
+        }
         let args = AllocateArgs {
             num_new_tokens,
             num_computed_tokens,
-            num_tokens: crate::NUM_TOKENS_UNREAD,
+            num_tokens: unread,
             num_lookahead_tokens: lookahead,
             ..Default::default()
         };
-        let this = &mut *this;
+        // Without a known horizon the tables decide.
         if this.inner.try_noop_decode(slot, &args, &mut this.scratch) {
-            // A decode that changes no block makes no event.
-            return match &this.py_side {
-                Some(side) => Fast::Done(side.empty.clone_ref(py)),
-                None => Fast::Other,
-            };
+            return Fast::Done(empty.clone_ref(py));
         }
         match rid.downcast_into::<PyString>() {
             Ok(rid) => Fast::General { slot, args, rid },

@@ -291,10 +291,16 @@ impl NativeManager {
             )?;
         }
         let has_update = self.update_if_needed(slot, request, &args)?;
-        let rid = rid.to_str()?;
         let (inner, out) = (&mut self.inner, &mut self.scratch);
         let update = has_update.then_some(&self.hash_buf);
-        guard(|| inner.allocate_general_into(slot, rid, &args, update, out))
+        match slot {
+            // A held request's id is the core's own: no UTF-8 view of the str.
+            Some(s) => guard(|| inner.allocate_held_into(s, &args, update, out)),
+            None => {
+                let rid = rid.to_str()?;
+                guard(|| inner.allocate_general_into(None, rid, &args, update, out))
+            }
+        }
     }
 
     /// The slot of the request whose id is `rid`: by the str object's
