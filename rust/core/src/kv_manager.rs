@@ -397,12 +397,12 @@ impl KvCacheManager {
         }
     }
 
-    /// A batched decode's first look at a request: the slot its handle
+    /// A plain decode's first look at a request: the slot its handle
     /// names (None: no live request) and whether `allocate_slots(request,
     /// num_new_tokens, num_lookahead_tokens=lookahead)` is a decode that
-    /// changes no block and reads no new hash, judged from the request's
-    /// hot line alone. False may still be a no-op (`is_noop_decode` decides
-    /// then, from the tables).
+    /// changes no block and reads no new hash. Judged from the request's
+    /// hot line alone, or from the tables when its horizon is unknown;
+    /// exact either way.
     #[inline]
     pub fn plain_decode_by_handle(
         &self,
@@ -420,13 +420,17 @@ impl KvCacheManager {
             lookahead,
             true,
         );
-        // An unknown horizon is all zeros: it allows no decode.
         let hash_block_size = self.coord.pool.hash_block_size() as usize;
         let noop = num_new_tokens > 0
-            && h.allows(&c)
-            && c.to_cache.is_none_or(|t| t / hash_block_size <= known);
-        debug_assert!(
-            !noop || {
+            && c.to_cache.is_none_or(|t| t / hash_block_size <= known)
+            && if *h == DecodeHorizon::UNKNOWN {
+                self.decode_is_noop_by_tables(slot, &c)
+            } else {
+                h.allows(&c)
+            };
+        debug_assert_eq!(
+            noop,
+            {
                 let args = AllocateArgs {
                     num_new_tokens,
                     num_computed_tokens,
@@ -439,6 +443,14 @@ impl KvCacheManager {
             "hot-line check of slot {slot} disagrees with is_noop_decode"
         );
         Some((slot, noop))
+    }
+
+    /// `coord.decode_is_noop` for a request without a known horizon (rare
+    /// where horizons apply: out of the hot-line check's code).
+    #[cold]
+    #[inline(never)]
+    fn decode_is_noop_by_tables(&self, slot: ReqSlot, c: &DecodeCounts) -> bool {
+        self.coord.decode_is_noop(slot, c)
     }
 
     /// A decode that changes no block, done in full (no hashes are due and

@@ -127,10 +127,6 @@ pub fn run(
             let args = a.args(i);
             let known = inner.known_hashes_at(Some(slot));
             let may_need_hashes = inner.may_need_hashes(known, &args);
-            if !may_need_hashes && guard(|| Ok(inner.is_noop_decode(slot, &args)))? {
-                plans.push(Plan::Noop);
-                continue;
-            }
             let id = inner.request_id_at(slot);
             let mut update = None;
             if may_need_hashes {

@@ -365,7 +365,7 @@ unsafe fn decode_fast<'py>(
             return Fast::Other;
         };
         let this = &mut *this;
-        let Some(empty) = &this.py_side.as_ref().map(|side| &side.empty) else {
+        let Some(side) = &this.py_side else {
             return Fast::Other;
         };
         // Most decodes change no block: judged from the request's hot line.
@@ -383,7 +383,7 @@ unsafe fn decode_fast<'py>(
             // A decode that changes no block makes no event.
             this.inner
                 .record_plain_noop_decode(slot, num_computed_tokens, num_new_tokens);
-            return Fast::Done(empty.clone_ref(py));
+            return Fast::Done(side.empty.clone_ref(py));
         }
         let args = AllocateArgs {
             num_new_tokens,
@@ -392,10 +392,6 @@ unsafe fn decode_fast<'py>(
             num_lookahead_tokens: lookahead,
             ..Default::default()
         };
-        // Without a known horizon the tables decide.
-        if this.inner.try_noop_decode(slot, &args, &mut this.scratch) {
-            return Fast::Done(empty.clone_ref(py));
-        }
         match rid.downcast_into::<PyString>() {
             Ok(rid) => Fast::General { slot, args, rid },
             Err(_) => Fast::Other,
