@@ -46,6 +46,16 @@ pub struct BlockPool {
     events: Vec<PoolEvent>,
 }
 
+/// Room for `n` more ids in a block table (or a list of ids handed out).
+/// A table grows a block at a time while its request decodes: room for a
+/// few more saves a reallocation (and malloc's code) on most of the decodes
+/// that need a block.
+pub fn reserve_table(table: &mut Vec<BlockId>, n: usize) {
+    if table.capacity() - table.len() < n {
+        table.reserve(n + TABLE_HEADROOM);
+    }
+}
+
 impl BlockPool {
     pub fn new(
         num_blocks: u32,
@@ -166,12 +176,7 @@ impl BlockPool {
     /// hash they carry. The caller has checked that `n` blocks are free.
     pub fn get_new_blocks(&mut self, n: usize, out: &mut Vec<BlockId>) {
         assert!(n <= self.queue.len(), "caller must check free blocks");
-        if out.capacity() - out.len() < n {
-            // A table grows a block at a time while its request decodes:
-            // room for a few more saves a reallocation (and malloc's code)
-            // on most of the decodes that need a block.
-            out.reserve(n + TABLE_HEADROOM);
-        }
+        reserve_table(out, n);
         for _ in 0..n {
             let b = self.queue.popleft().expect("checked above");
             if self.enable_caching {

@@ -124,6 +124,9 @@ impl Coordinator {
             }
             CoordinatorKind::NoPrefixCache => {}
         }
+        for m in managers.iter_mut() {
+            m.settle(hash_block_size);
+        }
         Ok(Coordinator {
             kind,
             pool,
@@ -132,10 +135,6 @@ impl Coordinator {
             eagle_groups,
             spec_groups,
         })
-    }
-
-    fn scale(&self, m: &SingleTypeManager) -> usize {
-        (m.block_size / self.pool.hash_block_size()) as usize
     }
 
     /// Blocks the allocation needs (may be negative: Mamba align counts
@@ -269,18 +268,7 @@ impl Coordinator {
 
     /// Tokens each manager caches for `num_tokens` computed tokens.
     pub fn tokens_to_cache(&self, m: &SingleTypeManager, num_tokens: usize) -> usize {
-        if self.kind != CoordinatorKind::Hybrid {
-            return num_tokens;
-        }
-        // Hits are multiples of scheduler_block_size, so is what is cached;
-        // EAGLE groups match one block past the boundary, so cache it too.
-        let sbs = self.scheduler_block_size as usize;
-        let aligned = num_tokens / sbs * sbs;
-        if m.use_eagle && aligned > 0 {
-            num_tokens.min(aligned + m.block_size as usize)
-        } else {
-            aligned
-        }
+        tokens_to_cache(self.kind, self.scheduler_block_size, m, num_tokens)
     }
 
     /// Hashes (at hash_block_size) that caching up to `num_tokens` reads;
@@ -293,24 +281,35 @@ impl Coordinator {
         self.managers
             .iter()
             .map(|m| {
-                m.hashes_needed_to_cache(
-                    cached(m),
-                    self.tokens_to_cache(m, num_tokens),
-                    self.scale(m),
-                )
+                m.hashes_needed_to_cache(cached(m), self.tokens_to_cache(m, num_tokens), m.scale)
             })
             .max()
             .unwrap_or(0)
     }
 
     pub fn cache_blocks(&mut self, slot: ReqSlot, hashes: &HashList, num_tokens: usize) {
-        for i in 0..self.managers.len() {
-            let tokens = self.tokens_to_cache(&self.managers[i], num_tokens);
-            let scale = self.scale(&self.managers[i]);
-            self.managers[i].cache_blocks(
+        // tokens_to_cache, with the alignment computed once.
+        let hybrid = self.kind == CoordinatorKind::Hybrid;
+        let sbs = self.scheduler_block_size as usize;
+        let aligned = if hybrid {
+            num_tokens / sbs * sbs
+        } else {
+            num_tokens
+        };
+        for m in self.managers.iter_mut() {
+            let tokens = if hybrid && m.use_eagle && aligned > 0 {
+                num_tokens.min(aligned + m.block_size as usize)
+            } else {
+                aligned
+            };
+            debug_assert_eq!(tokens, {
+                let (kind, sbs) = (self.kind, self.scheduler_block_size);
+                tokens_to_cache(kind, sbs, m, num_tokens)
+            });
+            m.cache_blocks(
                 &mut self.pool,
                 slot,
-                ScaledHashes::new(hashes, scale),
+                ScaledHashes::new(hashes, m.scale),
                 tokens,
             );
         }
@@ -331,6 +330,52 @@ impl Coordinator {
                 .map(|m| m.get_num_common_prefix_blocks(&self.pool, slot))
                 .collect(),
         }
+    }
+
+    /// Whether the request runs in every group (then a call without
+    /// computed blocks, external or encoder tokens is a plain decode).
+    pub fn runs_everywhere(&self, slot: ReqSlot) -> bool {
+        self.managers
+            .iter()
+            .all(|m| m.is_running(slot) && m.spec.kind != SpecKind::CrossAttention)
+    }
+
+    /// A plain decode of a request that `runs_everywhere`: the window
+    /// frees and the counts in one pass over the groups, then (if the pool
+    /// has room after `reserved` blocks) the new blocks, then caching up
+    /// to `c.to_cache` tokens. The same steps, in the same order, as the
+    /// general path; false: no room (the window frees stay done, as there).
+    /// `out` starts empty.
+    pub fn plain_decode(
+        &mut self,
+        slot: ReqSlot,
+        c: &DecodeCounts,
+        reserved: usize,
+        hashes: &HashList,
+        out: &mut NewBlocks,
+    ) -> bool {
+        debug_assert!(self.runs_everywhere(slot));
+        let mut need = 0;
+        for m in self.managers.iter_mut() {
+            need += m.plain_decode_need(&mut self.pool, slot, c);
+        }
+        if need > self.pool.num_free_blocks() as i64 - reserved as i64 {
+            return false;
+        }
+        for m in self.managers.iter_mut() {
+            m.allocate_new_blocks(
+                &mut self.pool,
+                slot,
+                c.need_slot,
+                c.main_model,
+                &mut out.ids,
+            );
+            out.ends.push(out.ids.len() as u32);
+        }
+        if let Some(t) = c.to_cache {
+            self.cache_blocks(slot, hashes, t);
+        }
+        true
     }
 
     pub fn remove_skipped_blocks(&mut self, slot: ReqSlot, total_computed_tokens: usize) {
@@ -450,6 +495,27 @@ impl Coordinator {
         for m in self.managers.iter_mut() {
             m.new_step_starts();
         }
+    }
+}
+
+/// Tokens `m` caches for `num_tokens` computed tokens.
+fn tokens_to_cache(
+    kind: CoordinatorKind,
+    scheduler_block_size: u32,
+    m: &SingleTypeManager,
+    num_tokens: usize,
+) -> usize {
+    if kind != CoordinatorKind::Hybrid {
+        return num_tokens;
+    }
+    // Hits are multiples of scheduler_block_size, so is what is cached;
+    // EAGLE groups match one block past the boundary, so cache it too.
+    let sbs = scheduler_block_size as usize;
+    let aligned = num_tokens / sbs * sbs;
+    if m.use_eagle && aligned > 0 {
+        num_tokens.min(aligned + m.block_size as usize)
+    } else {
+        aligned
     }
 }
 

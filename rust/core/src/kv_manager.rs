@@ -50,6 +50,18 @@ pub struct AllocateArgs<'a> {
     pub reserved_blocks: usize,
 }
 
+impl AllocateArgs<'_> {
+    /// No computed blocks, external or encoder tokens, and no
+    /// full-sequence check: the call a running request makes each step.
+    pub fn is_plain(&self) -> bool {
+        self.new_computed_blocks.is_none()
+            && self.num_new_computed_tokens == 0
+            && self.num_external_computed_tokens == 0
+            && self.num_encoder_tokens == 0
+            && !self.full_sequence_must_fit
+    }
+}
+
 /// New block hashes of a request: those from index `offset` on. Each
 /// hash crosses from Python once; this is how the rest arrive.
 #[derive(Debug, Clone, Default)]
@@ -511,6 +523,40 @@ impl KvCacheManager {
         }
     }
 
+    /// `allocate_checked` for a plain decode (see `AllocateArgs::is_plain`)
+    /// of a request running in every group: the coordinator's compact path.
+    fn allocate_plain_decode(
+        &mut self,
+        slot: ReqSlot,
+        args: &AllocateArgs,
+        update: Option<&HashUpdate>,
+        out: &mut NewBlocks,
+    ) -> bool {
+        if let Some(u) = update {
+            self.reqs.apply_hashes(slot, u);
+        }
+        let c = self.decode_counts(
+            args.num_new_tokens,
+            args.num_computed_tokens,
+            args.num_tokens,
+            args.num_lookahead_tokens,
+            !args.delay_cache_blocks,
+        );
+        let hashes = self.reqs.hashes(slot);
+        if !self
+            .coord
+            .plain_decode(slot, &c, args.reserved_blocks, hashes, out)
+        {
+            // A running request holds blocks: `release_if_idle` keeps it.
+            return false;
+        }
+        self.note_last_step(slot, c.total_computed, args.num_new_tokens);
+        if let Some(h) = self.coord.decode_horizon(slot) {
+            self.set_horizon(slot, Some(h));
+        }
+        true
+    }
+
     /// The argument checks of `allocate_slots_into` alone (changes nothing):
     /// `Ok` means that call, with the same state, cannot fail.
     pub fn check_allocate(
@@ -632,6 +678,42 @@ impl KvCacheManager {
     ) -> bool {
         out.clear();
         self.set_horizon(slot, None);
+        if args.is_plain() && self.coord.runs_everywhere(slot) {
+            // Debug builds check the compact path against the general one.
+            #[cfg(debug_assertions)]
+            let expected = {
+                let mut general = self.clone();
+                let mut general_out = NewBlocks::new();
+                let ok = general.allocate_general_checked(slot, args, update, &mut general_out);
+                (ok, general_out, format!("{general:?}"))
+            };
+            let ok = self.allocate_plain_decode(slot, args, update, out);
+            #[cfg(debug_assertions)]
+            {
+                assert_eq!(
+                    (ok, &*out),
+                    (expected.0, &expected.1),
+                    "plain decode of slot {slot}"
+                );
+                assert!(
+                    format!("{self:?}") == expected.2,
+                    "plain decode of slot {slot}: state"
+                );
+            }
+            return ok;
+        }
+        self.allocate_general_checked(slot, args, update, out)
+    }
+
+    /// `allocate_checked` by the general steps (any arguments); `out` is
+    /// empty and the horizon unknown on entry.
+    fn allocate_general_checked(
+        &mut self,
+        slot: ReqSlot,
+        args: &AllocateArgs,
+        update: Option<&HashUpdate>,
+        out: &mut NewBlocks,
+    ) -> bool {
         let new_computed = self.new_computed_or_empty(args);
         let new_computed: &[Vec<BlockId>] = &new_computed;
         let adds_computed =
@@ -1148,14 +1230,17 @@ impl KvCacheManager {
                     }
                 }
             }
-            for (slot, _) in m.num_cached_block.iter() {
-                if !live(slot) || m.req_to_blocks.get(slot).is_none() {
+            if let Err(e) = m.check_records() {
+                return fail(format!("group {g}: {e}"));
+            }
+            for (slot, has_table) in m.running_slots() {
+                if !live(slot) || !has_table {
                     return fail(format!(
                         "group {g} counts cached blocks of slot {slot} without a table"
                     ));
                 }
             }
-            for (slot, a) in m.align.iter() {
+            for (slot, a) in m.align_states() {
                 if !align || !live(slot) {
                     return fail(format!("group {g} keeps Mamba align state of slot {slot}"));
                 }

@@ -7,14 +7,14 @@
 //! copy of another.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use smallvec::SmallVec;
 
 use crate::fast_hash::FxBuild;
 
-use crate::block_pool::{BlockPool, NULL_BLOCK};
+use crate::block_pool::{reserve_table, BlockPool, NULL_BLOCK};
 use crate::hashes::ScaledHashes;
-use crate::slot_table::SlotTable;
 use crate::spec::{GroupSpec, MambaMode, SpecKind};
 use crate::{cdiv, BlockId, ReqSlot};
 
@@ -106,6 +106,66 @@ pub struct AlignState {
     pub allocated: bool,
 }
 
+/// One request's state in one group, kept in one record so a decode reads
+/// one place: vLLM's per-request dict entries of the group, each present
+/// exactly where vLLM's dict has the request.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct GroupReq {
+    /// `req_to_blocks` has an entry (a defaultdict: entries count for
+    /// common prefixes); `blocks` is empty without one.
+    has_blocks: bool,
+    blocks: Vec<BlockId>,
+    /// `num_cached_block`: present while the request runs.
+    num_cached: Option<usize>,
+    /// Mamba align: `last_state_block_idx` / `_allocated_block_reqs`.
+    align: Option<AlignState>,
+    /// Mamba align: the block ids as the worker holds them (append-only:
+    /// the table as first handed out, then every returned new block). The
+    /// worker copies states out of ids the manager has since nulled or moved.
+    worker_view: Option<Vec<BlockId>>,
+    /// Blocks before this index are all null. Ids are only ever nulled or
+    /// appended while the request holds its table, so the first real block
+    /// only moves right: each search for it starts where the last ended.
+    null_prefix: Hint,
+}
+
+/// A search hint kept up to date through `&self` (a relaxed atomic: plain
+/// loads and stores; the manager is used under Python's GIL anyway).
+#[derive(Debug, Default)]
+struct Hint(AtomicU32);
+
+impl Clone for Hint {
+    fn clone(&self) -> Self {
+        Hint(AtomicU32::new(self.get()))
+    }
+}
+
+impl Hint {
+    fn get(&self) -> u32 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, v: u32) {
+        self.0.store(v, Ordering::Relaxed)
+    }
+}
+
+impl GroupReq {
+    fn holds(&self) -> bool {
+        self.has_blocks || self.num_cached.is_some() || self.align.is_some()
+    }
+
+    /// Index of the table's first real (non-null) block.
+    fn first_real(&self) -> Option<usize> {
+        let from = (self.null_prefix.get() as usize).min(self.blocks.len());
+        let found = first_non_null(&self.blocks[from..]).map(|i| from + i);
+        self.null_prefix
+            .set(found.unwrap_or(self.blocks.len()) as u32);
+        debug_assert_eq!(found, first_non_null(&self.blocks));
+        found
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SingleTypeManager {
     pub spec: GroupSpec,
@@ -114,11 +174,15 @@ pub struct SingleTypeManager {
     pub scheduler_block_size: u32,
     /// Whether cache hits of this group drop the EAGLE lookahead block.
     pub use_eagle: bool,
-    // Entries exist exactly where vLLM's defaultdict has them: the count of
-    // entries decides common-prefix blocks.
-    pub(crate) req_to_blocks: SlotTable<Vec<BlockId>>,
-    // Running requests only: how many of their blocks are cached.
-    pub(crate) num_cached_block: SlotTable<usize>,
+    /// Hashes per block (block_size / hash_block_size), and the blocks a
+    /// sliding-window hit can use: fixed once the coordinator has set
+    /// `use_eagle` (see `settle`), so a decode computes neither.
+    pub(crate) scale: usize,
+    reachable: Option<ReachableBlocks>,
+    // Per request slot (see `GroupReq`); absent slots hold the default.
+    reqs: Vec<GroupReq>,
+    // Requests with a `req_to_blocks` entry (vLLM's `len(req_to_blocks)`).
+    num_block_entries: usize,
     new_block_ids: Vec<BlockId>,
     enable_caching: bool,
     // Mamba: blocks cached during this step cannot serve hits until the
@@ -126,12 +190,6 @@ pub struct SingleTypeManager {
     // its hash: an entry id reused within the step is held only by blocks
     // cached within the step, so `entry_key` marks are exact.
     cached_this_step: HashSet<u64, FxBuild>,
-    // Mamba align mode.
-    pub(crate) align: SlotTable<AlignState>,
-    // Mamba align: the block ids as the worker holds them (append-only: the
-    // table as first handed out, then every returned new block). The worker
-    // copies states out of ids the manager has since nulled or moved.
-    worker_view: SlotTable<Vec<BlockId>>,
 }
 
 impl SingleTypeManager {
@@ -147,32 +205,56 @@ impl SingleTypeManager {
             spec,
             group_id,
             use_eagle: false,
-            req_to_blocks: SlotTable::default(),
-            num_cached_block: SlotTable::default(),
+            scale: 1,
+            reachable: None,
+            reqs: Vec::new(),
+            num_block_entries: 0,
             new_block_ids: Vec::new(),
             enable_caching,
             cached_this_step: HashSet::default(),
-            align: SlotTable::default(),
-            worker_view: SlotTable::default(),
         }
+    }
+
+    fn req(&self, slot: ReqSlot) -> Option<&GroupReq> {
+        self.reqs.get(slot as usize)
+    }
+
+    fn req_mut(&mut self, slot: ReqSlot) -> &mut GroupReq {
+        let i = slot as usize;
+        if i >= self.reqs.len() {
+            self.reqs.resize_with(i + 1, GroupReq::default);
+        }
+        &mut self.reqs[i]
+    }
+
+    /// The request's record, its `req_to_blocks` entry created if absent
+    /// (vLLM's defaultdict access).
+    fn with_blocks(&mut self, slot: ReqSlot) -> &mut GroupReq {
+        with_table(&mut self.reqs, &mut self.num_block_entries, slot)
+    }
+
+    /// The request's table, its entry created if absent.
+    fn blocks_entry(&mut self, slot: ReqSlot) -> &mut Vec<BlockId> {
+        &mut self.with_blocks(slot).blocks
     }
 
     /// Records what the worker received from an allocation of a Mamba align
     /// group: the whole table on the request's first allocation, the new
     /// blocks afterwards.
     fn note_handed_out(&mut self, slot: ReqSlot, new_blocks: &[BlockId]) {
-        match self.worker_view.get_mut(slot) {
-            Some(view) => view.extend_from_slice(new_blocks),
-            None => {
-                let table = self.blocks(slot).to_vec();
-                self.worker_view.insert(slot, table);
+        let r = self.req_mut(slot);
+        match &mut r.worker_view {
+            Some(view) => {
+                reserve_table(view, new_blocks.len());
+                view.extend_from_slice(new_blocks);
             }
+            None => r.worker_view = Some(r.blocks.clone()),
         }
     }
 
     /// The worker's view of the request's block ids (Mamba align groups).
     pub fn worker_view(&self, slot: ReqSlot) -> Option<&[BlockId]> {
-        self.worker_view.get(slot).map(Vec::as_slice)
+        self.req(slot).and_then(|r| r.worker_view.as_deref())
     }
 
     pub fn is_mamba_align(&self) -> bool {
@@ -180,26 +262,24 @@ impl SingleTypeManager {
     }
 
     pub fn blocks(&self, slot: ReqSlot) -> &[BlockId] {
-        self.req_to_blocks.get(slot).map_or(&[], |v| v.as_slice())
+        self.req(slot).map_or(&[], |r| r.blocks.as_slice())
     }
 
     /// The request is running in this group (it has a cached-block count).
     pub fn is_running(&self, slot: ReqSlot) -> bool {
-        self.num_cached_block.contains(slot)
+        self.req(slot).is_some_and(|r| r.num_cached.is_some())
     }
 
     pub fn holds(&self, slot: ReqSlot) -> bool {
-        self.req_to_blocks.contains(slot)
-            || self.num_cached_block.contains(slot)
-            || self.align.contains(slot)
+        self.req(slot).is_some_and(GroupReq::holds)
     }
 
     pub fn num_cached_blocks(&self, slot: ReqSlot) -> usize {
-        self.num_cached_block.get(slot).copied().unwrap_or(0)
+        self.req(slot).and_then(|r| r.num_cached).unwrap_or(0)
     }
 
     pub fn align_state(&self, slot: ReqSlot) -> Option<AlignState> {
-        self.align.get(slot).copied()
+        self.req(slot).and_then(|r| r.align)
     }
 
     fn mamba(&self) -> Option<(MambaMode, usize)> {
@@ -333,7 +413,7 @@ impl SingleTypeManager {
         let mut num_new = num_required - have;
         if num_new > 0 {
             // Later rounds reuse the speculative blocks: one new state block.
-            let allocated = self.align.get(slot).is_some_and(|a| a.allocated);
+            let allocated = self.align_state(slot).is_some_and(|a| a.allocated);
             num_new = if allocated { 1 } else { 1 + num_spec as i64 };
         }
         num_new + evictable(pool, new_computed) as i64
@@ -367,14 +447,16 @@ impl SingleTypeManager {
         if self.enable_caching {
             pool.touch(computed);
         }
-        let blocks = self.req_to_blocks.entry(slot);
-        blocks.extend(std::iter::repeat_n(NULL_BLOCK, num_skipped_blocks));
-        blocks.extend_from_slice(computed);
-        self.num_cached_block.insert(slot, blocks.len());
+        let r = self.with_blocks(slot);
+        r.blocks
+            .extend(std::iter::repeat_n(NULL_BLOCK, num_skipped_blocks));
+        r.blocks.extend_from_slice(computed);
+        let len = r.blocks.len();
+        r.num_cached = Some(len);
         if external == 0 {
             return 0;
         }
-        cdiv(total, self.block_size as usize).saturating_sub(blocks.len())
+        cdiv(total, self.block_size as usize).saturating_sub(len)
     }
 
     /// Fresh blocks for external tokens (after `add_computed_blocks`).
@@ -382,7 +464,7 @@ impl SingleTypeManager {
         if n == 0 {
             return;
         }
-        let blocks = self.req_to_blocks.entry(slot);
+        let blocks = &mut with_table(&mut self.reqs, &mut self.num_block_entries, slot).blocks;
         let start = blocks.len();
         pool.get_new_blocks(n, blocks);
         if self.spec.reports_new_block_ids {
@@ -410,8 +492,8 @@ impl SingleTypeManager {
             }
             num_tokens += self.block_size as usize * num_spec;
         }
-        let blocks = self.req_to_blocks.entry(slot);
         let num_required = cdiv(num_tokens, self.block_size as usize);
+        let blocks = &mut with_table(&mut self.reqs, &mut self.num_block_entries, slot).blocks;
         if num_required <= blocks.len() {
             return;
         }
@@ -436,12 +518,13 @@ impl SingleTypeManager {
         out: &mut Vec<BlockId>,
     ) {
         let num_required = cdiv(num_tokens_main_model, self.block_size as usize) + num_spec;
-        let blocks = self.req_to_blocks.entry(slot);
-        if num_required <= blocks.len() {
+        let r = self.with_blocks(slot);
+        if num_required <= r.blocks.len() {
             return;
         }
+        let blocks = &mut r.blocks;
         let prev_len = blocks.len();
-        let state = self.align.entry(slot);
+        let state = r.align.get_or_insert_default();
         if state.allocated {
             // The running state sits at the last (1 + num_spec)-th block.
             state.last_state_block_idx = prev_len.checked_sub(1 + num_spec);
@@ -449,6 +532,7 @@ impl SingleTypeManager {
             // A new request that hit the cache: its last block holds the hit state.
             state.last_state_block_idx = Some(prev_len - 1);
         }
+        reserve_table(blocks, num_required - prev_len);
         let num_skipped = num_required - num_spec - 1;
         if prev_len < num_skipped {
             blocks.resize(num_skipped, NULL_BLOCK);
@@ -506,9 +590,16 @@ impl SingleTypeManager {
         skipped.max(num_new_computed)
     }
 
+    /// Fixes what follows from the spec, `use_eagle` and the pool's hash
+    /// block size (called once they are set).
+    pub(crate) fn settle(&mut self, hash_block_size: u32) {
+        self.scale = (self.block_size / hash_block_size) as usize;
+        self.reachable = self.compute_reachable_blocks();
+    }
+
     /// Which blocks a sliding-window hit can ever use at an aligned prefix
     /// length; None: all.
-    fn reachable_blocks(&self) -> Option<ReachableBlocks> {
+    fn compute_reachable_blocks(&self) -> Option<ReachableBlocks> {
         let SpecKind::SlidingWindow { window } = self.spec.kind else {
             return None;
         };
@@ -533,19 +624,20 @@ impl SingleTypeManager {
         if num_cached >= num_full {
             return;
         }
-        let reachable = self.reachable_blocks();
+        let (reachable, block_size, group_id) = (self.reachable, self.block_size, self.group_id);
         let is_mamba = self.mamba().is_some();
-        let blocks = self.req_to_blocks.entry(slot);
+        let r = with_table(&mut self.reqs, &mut self.num_block_entries, slot);
+        r.num_cached = Some(num_full);
+        let blocks = &r.blocks;
         pool.cache_full_blocks(
             blocks,
             num_cached,
             num_full,
-            self.block_size,
-            self.group_id,
+            block_size,
+            group_id,
             reachable,
             |i| hashes.get(i),
         );
-        self.num_cached_block.insert(slot, num_full);
         if is_mamba {
             let end = num_full.min(blocks.len());
             for &b in &blocks[num_cached.min(end)..end] {
@@ -558,23 +650,32 @@ impl SingleTypeManager {
 
     /// Frees the request's blocks, tail first so tails are evicted first.
     pub fn free(&mut self, pool: &mut BlockPool, slot: ReqSlot) {
-        self.align.remove(slot);
-        self.worker_view.remove(slot);
-        if let Some(blocks) = self.req_to_blocks.remove(slot) {
-            if matches!(self.spec.kind, SpecKind::SlidingWindow { .. }) {
+        let window = matches!(self.spec.kind, SpecKind::SlidingWindow { .. });
+        let Some(r) = self.reqs.get_mut(slot as usize) else {
+            return;
+        };
+        r.align = None;
+        r.worker_view = None;
+        r.num_cached = None;
+        if std::mem::take(&mut r.has_blocks) {
+            self.num_block_entries -= 1;
+            // The table's buffer stays with the slot for its next request.
+            let blocks = &mut r.blocks;
+            if window {
                 // Scratch blocks are reused first; cached ones stay behind.
                 let (cached, uncached): (Vec<BlockId>, Vec<BlockId>) = blocks
                     .iter()
                     .rev()
                     .copied()
                     .partition(|&b| pool.block_hash(b).is_some());
-                pool.free_blocks(cached, false);
-                pool.free_blocks(uncached, true);
+                pool.free_blocks(cached.iter().copied(), false);
+                pool.free_blocks(uncached.iter().copied(), true);
             } else {
                 pool.free_blocks(blocks.iter().rev().copied(), false);
             }
+            blocks.clear();
+            r.null_prefix.set(0);
         }
-        self.num_cached_block.remove(slot);
     }
 
     /// Leading blocks held by every request that has an entry in this group.
@@ -583,11 +684,9 @@ impl SingleTypeManager {
             // Null-padded tables (and per-request states) share nothing usable.
             return 0;
         }
-        self.req_to_blocks.entry(slot);
-        let holders = self.req_to_blocks.len() as i64;
-        self.req_to_blocks
-            .get(slot)
-            .expect("entry created above")
+        self.with_blocks(slot);
+        let holders = self.num_block_entries as i64;
+        self.blocks(slot)
             .iter()
             .take_while(|&&b| i64::from(pool.ref_cnt(b)) == holders)
             .count()
@@ -626,10 +725,10 @@ impl SingleTypeManager {
                     return false;
                 }
                 if mode == MambaMode::Align {
-                    if self.worker_view.get(slot).is_none() {
+                    if self.worker_view(slot).is_none() {
                         return false;
                     }
-                    let old_state = self.align.get(slot).and_then(|a| a.last_state_block_idx);
+                    let old_state = self.align_state(slot).and_then(|a| a.last_state_block_idx);
                     if let Some(idx) = old_state {
                         let live = blocks.get(idx).is_some_and(|&b| b != NULL_BLOCK);
                         if idx + 1 < cdiv(total, bs) && live {
@@ -650,6 +749,48 @@ impl SingleTypeManager {
             .is_none_or(|t| t / bs <= self.num_cached_blocks(slot))
     }
 
+    /// A plain decode's first phase in this group, for a request running
+    /// here: frees what left the window (`remove_skipped_blocks`) and
+    /// returns the blocks the group needs (`get_num_blocks_to_allocate`'s
+    /// running-request arm, without computed blocks). Only those arms run,
+    /// so the common decode that changes blocks keeps to little code.
+    pub fn plain_decode_need(
+        &mut self,
+        pool: &mut BlockPool,
+        slot: ReqSlot,
+        c: &DecodeCounts,
+    ) -> i64 {
+        let bs = self.block_size as usize;
+        let mut num_tokens = c.need_slot;
+        match self.spec.kind {
+            // Nothing leaves a full-attention window.
+            SpecKind::FullAttention => {}
+            SpecKind::Mamba {
+                mode: MambaMode::Align,
+                num_speculative_blocks,
+            } => {
+                self.remove_skipped_blocks(pool, slot, c.total_computed);
+                let num_spec = num_speculative_blocks as usize;
+                let have = self.blocks(slot).len() as i64;
+                let num_new = (cdiv(c.main_model, bs) + num_spec) as i64 - have;
+                if num_new <= 0 {
+                    return num_new;
+                }
+                let allocated = self.align_state(slot).is_some_and(|a| a.allocated);
+                return if allocated { 1 } else { 1 + num_spec as i64 };
+            }
+            SpecKind::Mamba {
+                num_speculative_blocks,
+                ..
+            } => {
+                self.remove_skipped_blocks(pool, slot, c.total_computed);
+                num_tokens += bs * num_speculative_blocks as usize;
+            }
+            _ => self.remove_skipped_blocks(pool, slot, c.total_computed),
+        }
+        cdiv(num_tokens, bs).saturating_sub(self.blocks(slot).len()) as i64
+    }
+
     /// Bounds within which a plain decode changes nothing in this group
     /// (a sound summary of `decode_is_noop`, cached per request so the
     /// common decode costs a few compares). Caching is bounded by the
@@ -659,11 +800,12 @@ impl SingleTypeManager {
             return None;
         }
         let bs = self.block_size as usize;
-        let blocks = self.blocks(slot);
+        let r = self.req(slot)?;
+        let blocks = r.blocks.as_slice();
         let len = blocks.len();
         // Blocks before the first real one are null: a window ending there
         // frees nothing (`remove_window_blocks` stops at a null block).
-        let first_real = || first_non_null(blocks);
+        let first_real = || r.first_real();
         let mut h = DecodeHorizon::UNBOUNDED;
         match self.spec.kind {
             SpecKind::FullAttention => h.max_need_slot = len * bs,
@@ -692,8 +834,8 @@ impl SingleTypeManager {
                     h.max_total = (j + 1) * bs + num_spec;
                 }
                 if mode == MambaMode::Align {
-                    self.worker_view.get(slot)?;
-                    let old_state = self.align.get(slot).and_then(|a| a.last_state_block_idx);
+                    self.worker_view(slot)?;
+                    let old_state = self.align_state(slot).and_then(|a| a.last_state_block_idx);
                     let live = |i: &usize| blocks.get(*i).is_some_and(|&b| b != NULL_BLOCK);
                     if let Some(idx) = old_state.filter(live) {
                         h.max_total = h.max_total.min((idx + 1) * bs + num_spec);
@@ -728,8 +870,9 @@ impl SingleTypeManager {
         if skipped == 0 {
             return;
         }
-        let blocks = self.req_to_blocks.entry(slot);
-        let n = (skipped / self.block_size as usize).min(blocks.len());
+        let n = skipped / self.block_size as usize;
+        let blocks = self.blocks_entry(slot);
+        let n = n.min(blocks.len());
         let mut removed_cached: SmallVec<[BlockId; 8]> = SmallVec::new();
         let mut removed_uncached: SmallVec<[BlockId; 8]> = SmallVec::new();
         for i in (0..n).rev() {
@@ -757,15 +900,15 @@ impl SingleTypeManager {
 
     /// The state block of two steps ago is no longer a copy source: free it.
     fn free_old_state_block(&mut self, pool: &mut BlockPool, slot: ReqSlot, total: usize) {
-        let Some(idx) = self.align.get(slot).and_then(|a| a.last_state_block_idx) else {
+        let Some(idx) = self.align_state(slot).and_then(|a| a.last_state_block_idx) else {
             return;
         };
         if idx + 1 >= cdiv(total, self.block_size as usize) {
             return;
         }
-        let blocks = self.req_to_blocks.entry(slot);
+        let blocks = self.blocks_entry(slot);
         if blocks[idx] != NULL_BLOCK {
-            pool.free_blocks(std::iter::once(blocks[idx]), false);
+            pool.free_blocks([blocks[idx]].iter().copied(), false);
             blocks[idx] = NULL_BLOCK;
         }
     }
@@ -808,10 +951,70 @@ impl SingleTypeManager {
         }
     }
 
+    /// Running slots and whether each has a table, for invariant checks.
+    pub(crate) fn running_slots(&self) -> impl Iterator<Item = (ReqSlot, bool)> + '_ {
+        self.reqs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.num_cached.is_some())
+            .map(|(s, r)| (s as ReqSlot, r.has_blocks))
+    }
+
+    /// Slots with Mamba align state, for invariant checks.
+    pub(crate) fn align_states(&self) -> impl Iterator<Item = (ReqSlot, AlignState)> + '_ {
+        self.reqs
+            .iter()
+            .enumerate()
+            .filter_map(|(s, r)| r.align.map(|a| (s as ReqSlot, a)))
+    }
+
+    /// The records agree with the entry count, and a slot without a table
+    /// keeps no ids.
+    pub(crate) fn check_records(&self) -> Result<(), String> {
+        let with_tables = self.reqs.iter().filter(|r| r.has_blocks).count();
+        if with_tables != self.num_block_entries {
+            return Err(format!(
+                "{with_tables} tables but {} counted",
+                self.num_block_entries
+            ));
+        }
+        match self
+            .reqs
+            .iter()
+            .position(|r| !r.has_blocks && !r.blocks.is_empty())
+        {
+            Some(s) => Err(format!("slot {s} keeps block ids without a table")),
+            None => Ok(()),
+        }
+    }
+
     /// Slots and tables, for invariant checks.
     pub fn tables(&self) -> impl Iterator<Item = (ReqSlot, &[BlockId])> + '_ {
-        self.req_to_blocks.iter().map(|(s, b)| (s, b.as_slice()))
+        self.reqs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.has_blocks)
+            .map(|(s, r)| (s as ReqSlot, r.blocks.as_slice()))
     }
+}
+
+/// `SingleTypeManager::with_blocks` over its fields, so the caller can
+/// use the others meanwhile.
+fn with_table<'a>(
+    reqs: &'a mut Vec<GroupReq>,
+    num_block_entries: &mut usize,
+    slot: ReqSlot,
+) -> &'a mut GroupReq {
+    let i = slot as usize;
+    if i >= reqs.len() {
+        reqs.resize_with(i + 1, GroupReq::default);
+    }
+    let r = &mut reqs[i];
+    if !r.has_blocks {
+        r.has_blocks = true;
+        *num_block_entries += 1;
+    }
+    r
 }
 
 /// A `cached_this_step` key: a cached block's (prefix-map entry, group).
@@ -989,6 +1192,24 @@ fn first_non_null(blocks: &[BlockId]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_real_resumes_where_the_last_search_ended() {
+        let mut r = GroupReq {
+            has_blocks: true,
+            blocks: vec![0, 0, 0, 5, 6],
+            ..Default::default()
+        };
+        assert_eq!(r.first_real(), Some(3));
+        assert_eq!(r.null_prefix.get(), 3);
+        r.blocks[3] = NULL_BLOCK; // left the window
+        assert_eq!(r.first_real(), Some(4));
+        r.blocks[4] = NULL_BLOCK;
+        assert_eq!(r.first_real(), None);
+        assert_eq!(r.null_prefix.get(), 5);
+        r.blocks.push(9);
+        assert_eq!(r.first_real(), Some(5));
+    }
 
     #[test]
     fn first_non_null_finds_the_first_live_block() {
