@@ -550,10 +550,7 @@ impl KvCacheManager {
             // A running request holds blocks: `release_if_idle` keeps it.
             return false;
         }
-        self.note_last_step(slot, c.total_computed, args.num_new_tokens);
-        if let Some(h) = self.coord.decode_horizon(slot) {
-            self.set_horizon(slot, Some(h));
-        }
+        self.allocated(slot, c.total_computed, args.num_new_tokens);
         true
     }
 
@@ -780,11 +777,17 @@ impl KvCacheManager {
             self.coord
                 .cache_blocks(slot, self.reqs.hashes(slot), num_tokens_to_cache);
         }
-        self.note_last_step(slot, total_computed, args.num_new_tokens);
+        self.allocated(slot, total_computed, args.num_new_tokens);
+        true
+    }
+
+    /// After an allocation that succeeded: the planner's note and the
+    /// request's new decode horizon.
+    fn allocated(&mut self, slot: ReqSlot, total_computed: usize, num_new_tokens: usize) {
+        self.note_last_step(slot, total_computed, num_new_tokens);
         if let Some(h) = self.coord.decode_horizon(slot) {
             self.set_horizon(slot, Some(h));
         }
-        true
     }
 
     /// `full_sequence_must_fit`: the whole sequence (up to max_model_len)
