@@ -274,6 +274,17 @@ impl SingleTypeManager {
         self.req(slot).is_some_and(GroupReq::holds)
     }
 
+    /// Whether a plain decode of the request can be judged from its table
+    /// here: it runs (vLLM's `num_cached_block` has it), or, with prefix
+    /// caching off (where nothing is cached, so no request ever runs in that
+    /// sense), it has a table. A decode that needs no block adds none either
+    /// way: vLLM's count for a request that does not run, max(required -
+    /// max(skipped, held), 0), is 0 whenever required <= held.
+    fn decodes_known(&self, slot: ReqSlot) -> bool {
+        self.req(slot)
+            .is_some_and(|r| r.num_cached.is_some() || (!self.enable_caching && r.has_blocks))
+    }
+
     pub fn num_cached_blocks(&self, slot: ReqSlot) -> usize {
         self.req(slot).and_then(|r| r.num_cached).unwrap_or(0)
     }
@@ -698,7 +709,7 @@ impl SingleTypeManager {
     /// `remove_skipped_blocks`, `allocate_new_blocks` and `cache_blocks`;
     /// false sends the call the general way.
     pub fn decode_is_noop(&self, slot: ReqSlot, c: &DecodeCounts) -> bool {
-        if !self.is_running(slot) {
+        if !self.decodes_known(slot) {
             return false;
         }
         let bs = self.block_size as usize;
@@ -796,7 +807,7 @@ impl SingleTypeManager {
     /// common decode costs a few compares). Caching is bounded by the
     /// coordinator, from `num_cached_blocks`. None: no such summary.
     pub fn decode_horizon(&self, slot: ReqSlot) -> Option<DecodeHorizon> {
-        if !self.is_running(slot) {
+        if !self.decodes_known(slot) {
             return None;
         }
         let bs = self.block_size as usize;
