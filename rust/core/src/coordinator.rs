@@ -288,24 +288,9 @@ impl Coordinator {
     }
 
     pub fn cache_blocks(&mut self, slot: ReqSlot, hashes: &HashList, num_tokens: usize) {
-        // tokens_to_cache, with the alignment computed once.
-        let hybrid = self.kind == CoordinatorKind::Hybrid;
-        let sbs = self.scheduler_block_size as usize;
-        let aligned = if hybrid {
-            num_tokens / sbs * sbs
-        } else {
-            num_tokens
-        };
+        let (kind, sbs) = (self.kind, self.scheduler_block_size);
         for m in self.managers.iter_mut() {
-            let tokens = if hybrid && m.use_eagle && aligned > 0 {
-                num_tokens.min(aligned + m.block_size as usize)
-            } else {
-                aligned
-            };
-            debug_assert_eq!(tokens, {
-                let (kind, sbs) = (self.kind, self.scheduler_block_size);
-                tokens_to_cache(kind, sbs, m, num_tokens)
-            });
+            let tokens = tokens_to_cache(kind, sbs, m, num_tokens);
             m.cache_blocks(
                 &mut self.pool,
                 slot,
