@@ -220,11 +220,7 @@ impl SingleTypeManager {
     }
 
     fn req_mut(&mut self, slot: ReqSlot) -> &mut GroupReq {
-        let i = slot as usize;
-        if i >= self.reqs.len() {
-            self.reqs.resize_with(i + 1, GroupReq::default);
-        }
-        &mut self.reqs[i]
+        record_mut(&mut self.reqs, slot)
     }
 
     /// The request's record, its `req_to_blocks` entry created if absent
@@ -274,15 +270,15 @@ impl SingleTypeManager {
         self.req(slot).is_some_and(GroupReq::holds)
     }
 
-    /// Whether a plain decode of the request can be judged from its table
-    /// here: it runs (vLLM's `num_cached_block` has it), or, with prefix
+    /// The request's record, if a plain decode of it can be judged from its
+    /// table here: it runs (vLLM's `num_cached_block` has it), or, with prefix
     /// caching off (where nothing is cached, so no request ever runs in that
     /// sense), it has a table. A decode that needs no block adds none either
     /// way: vLLM's count for a request that does not run, max(required -
     /// max(skipped, held), 0), is 0 whenever required <= held.
-    fn decodes_known(&self, slot: ReqSlot) -> bool {
+    fn decodes_known(&self, slot: ReqSlot) -> Option<&GroupReq> {
         self.req(slot)
-            .is_some_and(|r| r.num_cached.is_some() || (!self.enable_caching && r.has_blocks))
+            .filter(|r| r.num_cached.is_some() || (!self.enable_caching && r.has_blocks))
     }
 
     pub fn num_cached_blocks(&self, slot: ReqSlot) -> usize {
@@ -709,11 +705,11 @@ impl SingleTypeManager {
     /// `remove_skipped_blocks`, `allocate_new_blocks` and `cache_blocks`;
     /// false sends the call the general way.
     pub fn decode_is_noop(&self, slot: ReqSlot, c: &DecodeCounts) -> bool {
-        if !self.decodes_known(slot) {
+        let Some(r) = self.decodes_known(slot) else {
             return false;
-        }
+        };
         let bs = self.block_size as usize;
-        let blocks = self.blocks(slot);
+        let blocks = r.blocks.as_slice();
         let window_noop = |total: usize| {
             let n = (self.num_skipped_tokens(total) / bs).min(blocks.len());
             n == 0 || blocks[n - 1] == NULL_BLOCK
@@ -736,10 +732,10 @@ impl SingleTypeManager {
                     return false;
                 }
                 if mode == MambaMode::Align {
-                    if self.worker_view(slot).is_none() {
+                    if r.worker_view.is_none() {
                         return false;
                     }
-                    let old_state = self.align_state(slot).and_then(|a| a.last_state_block_idx);
+                    let old_state = r.align.and_then(|a| a.last_state_block_idx);
                     if let Some(idx) = old_state {
                         let live = blocks.get(idx).is_some_and(|&b| b != NULL_BLOCK);
                         if idx + 1 < cdiv(total, bs) && live {
@@ -757,7 +753,7 @@ impl SingleTypeManager {
             return false;
         }
         c.to_cache
-            .is_none_or(|t| t / bs <= self.num_cached_blocks(slot))
+            .is_none_or(|t| t / bs <= r.num_cached.unwrap_or(0))
     }
 
     /// A plain decode's first phase in this group, for a request running
@@ -782,13 +778,7 @@ impl SingleTypeManager {
             } => {
                 self.remove_skipped_blocks(pool, slot, c.total_computed);
                 let num_spec = num_speculative_blocks as usize;
-                let have = self.blocks(slot).len() as i64;
-                let num_new = (cdiv(c.main_model, bs) + num_spec) as i64 - have;
-                if num_new <= 0 {
-                    return num_new;
-                }
-                let allocated = self.align_state(slot).is_some_and(|a| a.allocated);
-                return if allocated { 1 } else { 1 + num_spec as i64 };
+                return self.align_blocks_to_allocate(pool, slot, &[], c.main_model, num_spec);
             }
             SpecKind::Mamba {
                 num_speculative_blocks,
@@ -807,11 +797,8 @@ impl SingleTypeManager {
     /// common decode costs a few compares). Caching is bounded by the
     /// coordinator, from `num_cached_blocks`. None: no such summary.
     pub fn decode_horizon(&self, slot: ReqSlot) -> Option<DecodeHorizon> {
-        if !self.decodes_known(slot) {
-            return None;
-        }
+        let r = self.decodes_known(slot)?;
         let bs = self.block_size as usize;
-        let r = self.req(slot)?;
         let blocks = r.blocks.as_slice();
         let len = blocks.len();
         // Blocks before the first real one are null: a window ending there
@@ -845,8 +832,8 @@ impl SingleTypeManager {
                     h.max_total = (j + 1) * bs + num_spec;
                 }
                 if mode == MambaMode::Align {
-                    self.worker_view(slot)?;
-                    let old_state = self.align_state(slot).and_then(|a| a.last_state_block_idx);
+                    r.worker_view.as_ref()?;
+                    let old_state = r.align.and_then(|a| a.last_state_block_idx);
                     let live = |i: &usize| blocks.get(*i).is_some_and(|&b| b != NULL_BLOCK);
                     if let Some(idx) = old_state.filter(live) {
                         h.max_total = h.max_total.min((idx + 1) * bs + num_spec);
@@ -1016,16 +1003,21 @@ fn with_table<'a>(
     num_block_entries: &mut usize,
     slot: ReqSlot,
 ) -> &'a mut GroupReq {
-    let i = slot as usize;
-    if i >= reqs.len() {
-        reqs.resize_with(i + 1, GroupReq::default);
-    }
-    let r = &mut reqs[i];
+    let r = record_mut(reqs, slot);
     if !r.has_blocks {
         r.has_blocks = true;
         *num_block_entries += 1;
     }
     r
+}
+
+/// The record of `slot`, the table grown to hold it.
+fn record_mut(reqs: &mut Vec<GroupReq>, slot: ReqSlot) -> &mut GroupReq {
+    let i = slot as usize;
+    if i >= reqs.len() {
+        reqs.resize_with(i + 1, GroupReq::default);
+    }
+    &mut reqs[i]
 }
 
 /// A `cached_this_step` key: a cached block's (prefix-map entry, group).
