@@ -67,53 +67,18 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 import hybridcache.vllm as hc_vllm  # noqa: E402
+from hybridcache.step_bench import stub_model_dir as shared_stub_model_dir  # noqa: E402
 
 EOS_TOKEN_ID = 50256
 STOP_TOKEN_ID = 999  # sampled now and then: requests stop early, mid-draft too
-STUB_ARCH = "HybridcacheStubForCausalLM"
 
 
 # --------------------------------------------------------------------------
 # Scheduler construction
 
 
-class HybridcacheStubForCausalLM(torch.nn.Module):
-    """Registered so ModelConfig can resolve an architecture offline without
-    importing any real model code. Never instantiated."""
-
-    def __init__(self, *, vllm_config: Any = None, prefix: str = "") -> None:
-        super().__init__()
-
-    def embed_input_ids(self, input_ids: Any) -> Any:
-        return input_ids
-
-    def forward(self, input_ids: Any, positions: Any, intermediate_tensors: Any = None,
-                inputs_embeds: Any = None) -> Any:
-        return input_ids
-
-    def compute_logits(self, hidden_states: Any) -> Any:
-        return hidden_states
-
-
-_stub_dir: str | None = None
-
-
 def stub_model_dir(root: Any) -> str:
-    global _stub_dir
-    if _stub_dir is None:
-        from vllm import ModelRegistry
-
-        if STUB_ARCH not in ModelRegistry.get_supported_archs():
-            ModelRegistry.register_model(STUB_ARCH, HybridcacheStubForCausalLM)
-        d = root / "stub-model"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "config.json").write_text(json.dumps({
-            "architectures": [STUB_ARCH], "model_type": "opt", "hidden_size": 64,
-            "num_attention_heads": 4, "num_hidden_layers": 2, "ffn_dim": 128, "vocab_size": 1024,
-            "max_position_embeddings": 4096, "word_embed_proj_dim": 64, "torch_dtype": "float16",
-        }))
-        _stub_dir = str(d)
-    return _stub_dir
+    return shared_stub_model_dir(str(root))
 
 
 @dataclass(frozen=True)
@@ -148,6 +113,9 @@ class Case:
     # answers None (the request waits). Expect that here: the lockstep stops
     # there and hybridcache must go on cleanly.
     vllm_pool_error: bool = False
+    # hybridcache's side gets the request block hasher `install()` gives vLLM's
+    # engine (hybridcache's native one); stock keeps vLLM's Python hasher.
+    native_hashing: bool = True
 
 
 def build_scheduler(case: Case, model_dir: str, hybrid: bool, kv_events_config: Any = None) -> Scheduler:
@@ -390,11 +358,14 @@ def make_workload(case: Case) -> dict[int, list[ReqSpec]]:
 _hash_ready = False
 
 
-def make_request(spec: ReqSpec, block_size: int) -> Request:
+def make_request(spec: ReqSpec, block_size: int, native_hashing: bool = False) -> Request:
     global _hash_ready
     if not _hash_ready:
         init_none_hash(sha256)
         _hash_ready = True
+    factory = get_request_block_hasher
+    if native_hashing:
+        factory = hc_vllm.native_request_block_hasher(get_request_block_hasher)
     params = SamplingParams(max_tokens=spec.max_tokens, stop_token_ids=[STOP_TOKEN_ID])
     params.update_from_generation_config({}, EOS_TOKEN_ID)
     return Request(
@@ -404,7 +375,7 @@ def make_request(spec: ReqSpec, block_size: int) -> Request:
         pooling_params=None,
         arrival_time=spec.arrival,
         cache_salt=spec.cache_salt,
-        block_hasher=get_request_block_hasher(block_size, sha256),
+        block_hasher=factory(block_size, sha256),
     )
 
 
@@ -459,6 +430,7 @@ def manager_views(s: Scheduler) -> dict[str, Any]:
     tables = {r.request_id: m.get_block_ids(r.request_id) for r in running}
     blocks = sorted({b for t in tables.values() for g in t for b in g})
     return {
+        "block_hashes": {r.request_id: list(r.block_hashes) for r in running},
         "free": pool.get_num_free_blocks(),
         "free_queue": pool.free_block_queue.num_free_blocks,
         "usage": pool.get_usage(),
@@ -603,7 +575,7 @@ def run_lockstep(case: Case, model_dir: str, schedulers: tuple[Scheduler, Schedu
         if workload:
             for spec in plan.get(step, []):
                 stock.add_request(make_request(spec, case.block_size))
-                hc.add_request(make_request(spec, case.block_size))
+                hc.add_request(make_request(spec, case.block_size, case.native_hashing))
             if rng.random() < case.abort_p and stock.requests:
                 victim = rng.choice(sorted(stock.requests))
                 stock.finish_requests(victim, RequestStatus.FINISHED_ABORTED)
@@ -678,6 +650,8 @@ CASES = [
     Case("full_attention_no_chunked_prefill", enable_chunked_prefill=False, max_num_batched_tokens=1024,
          num_blocks=3000, seed=1),
     Case("prefix_caching_events", prefix_caching=True, events=True, num_blocks=600, seed=2, reset_every=97),
+    Case("prefix_caching_events_vllm_hasher", prefix_caching=True, events=True, num_blocks=600, seed=2,
+         reset_every=97, native_hashing=False),
     Case("chunked_prefill_threshold", prefix_caching=True, events=True, max_num_batched_tokens=96,
          long_prefill_token_threshold=40, prompt_len=(40, 400), num_blocks=1500, seed=3),
     Case("spec_dynamic_drafts", prefix_caching=True, events=True, num_spec=5, num_blocks=1500, seed=4),

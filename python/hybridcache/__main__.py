@@ -59,6 +59,10 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.step:
+        from . import step_bench
+
+        return step_bench.main(args)
     from . import bench
 
     return bench.main(args)
@@ -80,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_replay)
     b = sub.add_parser("bench", help="scheduler-step latency vs vLLM 0.23.0 on a built-in trace")
     bench.add_arguments(b)
+    step = b.add_argument_group("whole scheduler step (--step)")
+    step.add_argument("--step", action="store_true",
+                      help="time vLLM's whole Scheduler step: stock, hybridcache, native hashing and the floor")
+    step.add_argument("--layout", action="append", dest="layouts", default=None,
+                      choices=("full", "full+3xmamba-align"), help="--step: layout (repeatable; default: both)")
+    step.add_argument("--no-profile", action="store_true", help="--step: skip the profiled pass")
     b.set_defaults(func=_bench)
     return parser
 

@@ -2,8 +2,12 @@
 
 `install()` rebinds the name `KVCacheManager` in
 `vllm.v1.core.sched.scheduler`, so every `Scheduler` (and `AsyncScheduler`)
-built afterwards constructs hybridcache's manager; `uninstall()` restores
-vLLM's. `register()` is the `vllm.general_plugins` entry point: it installs
+built afterwards constructs hybridcache's manager. It also rebinds
+`get_request_block_hasher` in `vllm.v1.engine.core`, so the engine hashes
+request blocks with hybridcache's native hasher (bit-identical for vLLM's four
+hash functions; any other function keeps vLLM's hasher). `install(native_hashing=False)`
+or HYBRIDCACHE_NATIVE_HASHING=0 keeps vLLM's hasher. `uninstall()` restores
+both. `register()` is the `vllm.general_plugins` entry point: it installs
 when the environment variable HYBRIDCACHE_ENABLE=1.
 
 This module is `hybridcache.vllm`; all imports of vLLM below are absolute, so
@@ -22,12 +26,15 @@ from hybridcache.manager import KVCacheManager
 
 SUPPORTED_VLLM_VERSION = "0.23.0"
 ENABLE_ENV = "HYBRIDCACHE_ENABLE"
+NATIVE_HASHING_ENV = "HYBRIDCACHE_NATIVE_HASHING"
 _SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+_ENGINE_MODULE = "vllm.v1.engine.core"
 
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _original: Any = None  # vLLM's class while installed, else None
+_original_hasher_factory: Any = None  # vLLM's get_request_block_hasher while rebound, else None
 
 
 class VllmKVCacheManager(KVCacheManager):
@@ -66,13 +73,78 @@ def _scheduler_module() -> Any:
     return importlib.import_module(_SCHEDULER_MODULE)
 
 
-def install() -> None:
-    """Makes vLLM 0.23.0's `Scheduler` build hybridcache's KV-cache manager.
-    Idempotent; affects schedulers constructed afterwards."""
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if value == "":
+        return default
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be 1 or 0, got {os.environ[name]!r}")
+
+
+def native_request_block_hasher(vllm_factory: Any) -> Any:
+    """A drop-in for vLLM's `get_request_block_hasher(block_size, hash_fn)`:
+    hybridcache's native hasher when `hash_fn` is one of vLLM's own hash
+    functions (it reads vLLM's `NONE_HASH`, which the engine initialises just
+    before), else `vllm_factory`'s Python hasher."""
+    from hybridcache.hashing import HASH_FUNCTION_NAMES, make_request_block_hasher
+
+    def get_request_block_hasher(block_size: int, caching_hash_fn: Any, *args: Any, **kwargs: Any) -> Any:
+        name = getattr(caching_hash_fn, "__name__", None)
+        native = (
+            not args and not kwargs
+            and getattr(caching_hash_fn, "__module__", None) == "vllm.utils.hashing"
+            and name in HASH_FUNCTION_NAMES
+        )
+        if not native:
+            return vllm_factory(block_size, caching_hash_fn, *args, **kwargs)
+        return make_request_block_hasher(block_size, caching_hash_fn)
+
+    get_request_block_hasher.hybridcache_native = True  # type: ignore[attr-defined]
+    return get_request_block_hasher
+
+
+def _install_hasher() -> None:
+    global _original_hasher_factory
+    import importlib
+
+    engine = importlib.import_module(_ENGINE_MODULE)
+    current = engine.get_request_block_hasher
+    if getattr(current, "hybridcache_native", False):
+        return
+    _original_hasher_factory = current
+    engine.get_request_block_hasher = native_request_block_hasher(current)
+
+
+def _uninstall_hasher() -> None:
+    global _original_hasher_factory
+    if _original_hasher_factory is None:
+        return
+    import sys
+
+    engine = sys.modules.get(_ENGINE_MODULE)
+    if engine is not None and getattr(engine.get_request_block_hasher, "hybridcache_native", False):
+        engine.get_request_block_hasher = _original_hasher_factory
+    _original_hasher_factory = None
+
+
+def install(native_hashing: bool | None = None) -> None:
+    """Makes vLLM 0.23.0's `Scheduler` build hybridcache's KV-cache manager
+    and, unless `native_hashing` is False (default: $HYBRIDCACHE_NATIVE_HASHING,
+    else True), vLLM's engine hash request blocks natively. Idempotent;
+    affects schedulers and engines constructed afterwards."""
     global _original
     check_vllm_version()
+    if native_hashing is None:
+        native_hashing = _env_flag(NATIVE_HASHING_ENV, True)
     module = _scheduler_module()
     with _lock:
+        if native_hashing:
+            _install_hasher()
+        else:
+            _uninstall_hasher()
         if _original is not None:
             return
         current = module.KVCacheManager
@@ -80,20 +152,31 @@ def install() -> None:
             return
         _original = current
         module.KVCacheManager = VllmKVCacheManager
-    logger.info("hybridcache: vLLM's Scheduler now uses hybridcache.KVCacheManager")
+    logger.info("hybridcache: vLLM's Scheduler now uses hybridcache.KVCacheManager"
+                + (" and native block hashing" if native_hashing else ""))
 
 
 def uninstall() -> None:
-    """Restores vLLM's own `KVCacheManager` in the scheduler module (no-op if
-    not installed). Schedulers already built keep their manager."""
+    """Restores vLLM's own `KVCacheManager` in the scheduler module and
+    vLLM's `get_request_block_hasher` in the engine (no-op if not installed).
+    Schedulers and requests already built keep what they have."""
     global _original
     with _lock:
+        _uninstall_hasher()
         if _original is None:
             return
         module = _scheduler_module()
         if module.KVCacheManager is VllmKVCacheManager:
             module.KVCacheManager = _original
         _original = None
+
+
+def native_hashing_installed() -> bool:
+    """True while vLLM's engine builds hybridcache's native request block hasher."""
+    import sys
+
+    engine = sys.modules.get(_ENGINE_MODULE)
+    return engine is not None and getattr(engine.get_request_block_hasher, "hybridcache_native", False)
 
 
 def is_installed() -> bool:
@@ -105,8 +188,5 @@ def is_installed() -> bool:
 
 def register() -> None:
     """`vllm.general_plugins` entry point: installs iff HYBRIDCACHE_ENABLE=1."""
-    value = os.environ.get(ENABLE_ENV, "").strip().lower()
-    if value in ("1", "true", "yes", "on"):
+    if _env_flag(ENABLE_ENV, False):
         install()
-    elif value not in ("", "0", "false", "no", "off"):
-        raise ValueError(f"{ENABLE_ENV} must be 1 or 0, got {os.environ[ENABLE_ENV]!r}")

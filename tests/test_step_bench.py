@@ -1,0 +1,68 @@
+"""`hybridcache bench --step`: the whole-scheduler-step bench runs, checks every
+variant's schedule against stock's, and its floor manager really is a
+recording (a wrong recording is caught). Timings are not asserted."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pytest
+
+vllm = pytest.importorskip("vllm")
+if vllm.__version__.split("+")[0] != "0.23.0":  # pragma: no cover
+    pytest.skip(f"needs vLLM 0.23.0, found {vllm.__version__}", allow_module_level=True)
+
+from hybridcache import step_bench  # noqa: E402
+from hybridcache.step_floor import FloorManager, RecordingManager  # noqa: E402
+
+
+def tiny(layout: str) -> step_bench.StepConfig:
+    return step_bench.StepConfig(layout, running=8, steps=12, warmup=6, prompt_len=(20, 90), max_tokens=(4, 30))
+
+
+@pytest.mark.parametrize("layout", step_bench.LAYOUTS)
+def test_step_bench_row(layout: str) -> None:
+    row = step_bench.run_config(tiny(layout))
+    assert row["verified"] and row["steps"] == 12
+    for v in step_bench.VARIANTS:
+        assert 0 < row[v]["p50_us"] <= row[v]["p90_us"]
+    for share in row["shares"].values():
+        assert abs(share["manager"] + share["hashing"] + share["scheduler"] - 1) < 1e-9
+        assert 0 < share["manager"] < 1 and 0 < share["hashing"] < 1
+    text = step_bench.format_rows([row], "0.23.0")
+    assert layout in text and "floor" in text
+
+
+def test_floor_answers_from_the_recording_only() -> None:
+    cfg = tiny("full+3xmamba-align")
+    recording = step_bench.record_stock(cfg)
+    assert isinstance(recording, RecordingManager)
+    assert len(recording.answers["allocate_slots"]) > cfg.running
+    floor = FloorManager(recording)
+    # O(1) answers: the floor holds no scheduler-visible allocator state.
+    assert not hasattr(floor, "req_to_blocks") and not hasattr(floor, "_inner")
+
+
+def test_a_wrong_recording_is_caught(monkeypatch: Any) -> None:
+    cfg = tiny("full")
+    real = step_bench.record_stock
+
+    def off_by_one(c: step_bench.StepConfig) -> Any:
+        rec = real(c)
+        rec.answers["allocate_slots"].pop(cfg.running)  # every later answer shifts by one
+        return rec
+
+    monkeypatch.setattr(step_bench, "record_stock", off_by_one)
+    with pytest.raises((step_bench.Diverged, StopIteration, AttributeError, TypeError)):
+        step_bench.timed_run(cfg)
+
+
+def test_cli_without_vllm_says_so_in_one_line(monkeypatch: Any, capsys: Any) -> None:
+    def missing() -> str:
+        raise step_bench.StepBenchUnavailable("the step bench needs vLLM 0.23.0 (No module named 'vllm')")
+
+    monkeypatch.setattr(step_bench, "load_vllm", missing)
+    assert step_bench.main(argparse.Namespace(quick=True)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs vLLM" in err[0]
