@@ -79,8 +79,14 @@ def _request(rid: str, tokens: list[int], lora: bool, salt: str | None) -> Reque
 
 @pytest.mark.parametrize("name", ["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"])
 @pytest.mark.parametrize("lora,salt", [(False, None), (True, None), (False, "salt-1"), (True, "salt-2")])
-@pytest.mark.parametrize("block_size", [4, 16])
-def test_block_hashes_identical_to_vllms(name: str, lora: bool, salt: str | None, block_size: int) -> None:
+@pytest.mark.parametrize("block_size,seed", [(4, None), (16, None), (16, "1234")])
+def test_block_hashes_identical_to_vllms(name: str, lora: bool, salt: str | None, block_size: int,
+                                         seed: str | None, monkeypatch: Any) -> None:
+    # NONE_HASH: random per process without PYTHONHASHSEED, hash_fn(seed) with it.
+    if seed is None:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONHASHSEED", seed)
     fn = get_hash_fn_by_name(name)
     kv_cache_utils.init_none_hash(fn)
     native = hc_vllm.native_request_block_hasher(VLLM_FACTORY)(block_size, fn)
