@@ -180,7 +180,9 @@ class Fanout:
             except Exception as exc:
                 if i == 0:
                     # An illegal trace (a generator bug): say where it went wrong.
-                    exc.add_note(f"reference {self.names[0]} raised at seed={self.seed} step={self.step} op={op}")
+                    note = f"reference {self.names[0]} raised at seed={self.seed} step={self.step} op={op}"
+                    if hasattr(exc, "add_note"):  # Python 3.11+
+                        exc.add_note(note)
                     raise
                 result, value = exc, ("raised", type(exc).__name__, str(exc))
             results.append(result)

@@ -69,11 +69,10 @@ def missing(tool: str, what: str, hint: str, why: str = "") -> str:
     return f"{tool}: needs {what} ({hint})" + (f"; {why}" if why else "")
 
 
-def require_vllm(tool: str) -> str:
-    """vLLM 0.23.0's version, or SystemExit(2) after one line on stderr
-    saying what is missing (no traceback)."""
+def vllm_missing(tool: str) -> str | None:
+    """None when vLLM 0.23.0 imports; else the one line `tool` prints (on
+    stderr, no traceback) before it exits with status 2."""
     version, note = load_vllm()
-    if version is None:
-        print(missing(tool, f"vLLM {SUPPORTED_VLLM_VERSION} and torch", VLLM_INSTALL_HINT, note), file=sys.stderr)
-        raise SystemExit(2)
-    return version
+    if version is not None:
+        return None
+    return missing(tool, f"vLLM {SUPPORTED_VLLM_VERSION} and torch", VLLM_INSTALL_HINT, note)

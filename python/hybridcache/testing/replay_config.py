@@ -228,7 +228,7 @@ class ReplayConfig:
 
     def with_changes(self, **changes: Any) -> ReplayConfig:
         """dataclasses.replace that re-resolves the fields that were None."""
-        reset = {name: None for name in self._auto if name not in changes}
+        reset: dict[str, Any] = {name: None for name in self._auto if name not in changes}
         return dataclasses.replace(self, **reset, **changes)
 
     def describe(self) -> str:
