@@ -22,16 +22,22 @@ NOISY_LOGGERS = ("vllm", "torch")
 
 @contextlib.contextmanager
 def quiet_logs(level: int = logging.ERROR) -> Iterator[None]:
-    """vLLM's and torch's loggers report only `level` and above inside the
-    block (e.g. vLLM's ``Failed to reset prefix cache`` warnings, which a
-    trace with prefix-cache resets provokes by design)."""
+    """Only log records of `level` and above get out inside the block: vLLM's
+    and torch's loggers are set to `level`, and because torch and vLLM reset
+    their loggers when first imported (hybridcache's manager imports vLLM's
+    stats class lazily), lower records are dropped process-wide for the
+    block's duration. Keeps out e.g. vLLM's ``Failed to reset prefix cache``
+    warnings, which a trace with prefix-cache resets provokes by design."""
     loggers = [logging.getLogger(name) for name in NOISY_LOGGERS]
     saved = [lg.level for lg in loggers]
+    previous = logging.root.manager.disable
     for lg in loggers:
         lg.setLevel(max(level, lg.getEffectiveLevel()))
+    logging.disable(max(previous, level - 1))
     try:
         yield
     finally:
+        logging.disable(previous)
         for lg, old in zip(loggers, saved):
             lg.setLevel(old)
 
