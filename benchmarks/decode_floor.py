@@ -21,17 +21,18 @@ import argparse
 import operator
 import statistics
 
-from hybridcache import bench as B
+from hybridcache.testing import bench_trace as B
+from hybridcache.testing import timed_replay as T
 
 
 def _replay(config: str, running: int, steps: int, floor: bool) -> list[int]:
     w = B.Workload(config=config, running=running, steps=steps, seed=0)
     rec = B.record(w)
-    impl = B._new_impl("hybridcache", B.make_hybridcache_manager, rec)
+    impl = T.new_impl("hybridcache", B.make_hybridcache_manager, rec)
     m = impl.manager
     empty = m.empty_kv_cache_blocks
-    clock = B.CLOCKS["perf_counter"]
-    overhead = B.timer_overhead_ns(clock)
+    clock = T.CLOCKS["perf_counter"]
+    overhead = T.timer_overhead_ns(clock)
     read_two = operator.attrgetter("request_id", "num_computed_tokens")
     shared: dict[int, int] = {}
     bs = w.block_size

@@ -15,12 +15,13 @@ from array import array
 from typing import Any, Callable
 
 from .request import Request
+from .testing.bench_trace import Workload, hybridcache_kv_cache_config
 
 BS = 16
 
 
 def _decode_step_vllm(m: Any, reqs: list[Request], counts: list[int]) -> list[Any]:
-    out = []
+    out: list[Any] = []
     for r, n in zip(reqs, counts):
         blocks = m.allocate_slots(r, n, num_lookahead_tokens=0)
         out.append(None if blocks is None else blocks.get_block_ids(allow_none=True))
@@ -31,7 +32,7 @@ def _unpack(batch: tuple[list[bool], list[int], list[int]], groups: int) -> list
     """Per-request results from the compact arrays (outside the timed call:
     a serving loop consumes the arrays as they are)."""
     ok, offsets, ids = batch
-    out = []
+    out: list[Any] = []
     for i, good in enumerate(ok):
         if not good:
             out.append(None)
@@ -77,7 +78,6 @@ def accept_drafts(reqs: list[Request], drafts: list[int], rng: random.Random) ->
 def decoding_manager(config: str, running: int, steps: int, seed: int) -> tuple[Any, list[Request], random.Random]:
     """A hybridcache manager of the bench's `config` with `running` requests
     decoding (for profiles and training runs, without vLLM)."""
-    from .bench import Workload, hybridcache_kv_cache_config
     from .manager import KVCacheManager
 
     w = Workload(config=config, running=1, steps=1, seed=seed)
@@ -126,7 +126,7 @@ def run_batched(
         computed = [r.num_computed_tokens for r in hc_reqs]
         totals = [r.num_tokens for r in hc_reqs]
         arrays = (array("I", counts), array("I", computed), array("I", totals))
-        results = {}
+        results: dict[str, Any] = {}
         for name in order:
             if name == "vllm":
                 t0 = time.perf_counter_ns()

@@ -5,7 +5,7 @@ configuration, shapes events and stats, and makes no allocation decision."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from hybridcache import _native
 from hybridcache.block_pool import BlockPoolView
@@ -58,7 +58,7 @@ class KVCacheManager(_native.NativeManager):
             max_num_batched_tokens = max_model_len
         groups = read_groups(kv_cache_config, max_num_batched_tokens, max_model_len)
         check_retention_interval(groups)
-        self = super().__new__(
+        self = cast("KVCacheManager", super().__new__(
             cls,
             read_num_blocks(kv_cache_config),
             [g.native for g in groups],
@@ -69,7 +69,7 @@ class KVCacheManager(_native.NativeManager):
             bool(enable_caching),
             bool(use_eagle),
             bool(enable_kv_cache_events),
-        )
+        ))
         self._init_python_side(
             kv_cache_config, groups, max_model_len, enable_caching, use_eagle, log_stats, enable_kv_cache_events
         )
@@ -99,15 +99,15 @@ class KVCacheManager(_native.NativeManager):
         self.num_kv_cache_groups = len(groups)
         self._events: list[Any] = []
         builder = EventBuilder([(g.event_kind, g.sliding_window) for g in groups]) if enable_kv_cache_events else None
-        self._event_builder = builder
-        self._stats_cls = prefix_cache_stats_class() if self.log_stats else None
+        self._event_builder: Any = builder
+        self._stats_cls: Any = prefix_cache_stats_class() if self.log_stats else None
         # Not bound to this manager: the native side holds it, and a
         # reference back would be a cycle the garbage collector cannot see.
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups))
         self._bind_python(self.empty_kv_cache_blocks, self._on_events if builder else None, self.log_stats)
         # The scheduler's hottest call, bound to this manager: it skips PyO3's
         # keyword matching (same arguments, same result as the class method).
-        self.allocate_slots = self._bound_allocate_slots()
+        self.allocate_slots = self._bound_allocate_slots()  # type: ignore[method-assign]
         self.block_pool = BlockPoolView(self)
         self.coordinator = CoordinatorView(self)
 

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hybridcache.kernels._common import byte_alignment, check_layout, check_plan
+from hybridcache.kernels._common import Layout, byte_alignment, check_layout, check_plan
 
 # Tuning (bytes). chunk is chosen per launch in [CHUNK_MIN, CHUNK_MAX] so that
 # the grid has at least TARGET_CTAS_PER_SM * num_SMs programs when possible.
@@ -135,7 +135,7 @@ def get_kernel(interpret: bool = False):
 
 @dataclass
 class _Prepared:
-    lay: object
+    lay: Layout
     conv_addrs: torch.Tensor
     temp_addrs: torch.Tensor
     word: int

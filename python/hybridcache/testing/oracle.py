@@ -1,0 +1,84 @@
+"""The vLLM side of the differential tools: importing vLLM 0.23.0 (the
+oracle) quietly, checking its version, keeping its and torch's log lines out
+of a run, and the one-line message a tool gives when vLLM, torch or another
+optional package is missing.
+
+Nothing here imports vLLM or torch at module import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+
+SUPPORTED_VLLM_VERSION = "0.23.0"
+VLLM_INSTALL_HINT = f"pip install vllm=={SUPPORTED_VLLM_VERSION}"
+# Loggers of the optional packages whose chatter the tools keep out of sight.
+NOISY_LOGGERS = ("vllm", "torch")
+
+
+@contextlib.contextmanager
+def quiet_logs(level: int = logging.ERROR) -> Iterator[None]:
+    """Only log records of `level` and above get out inside the block: vLLM's
+    and torch's loggers are set to `level`, and because torch and vLLM reset
+    their loggers when first imported (hybridcache's manager imports vLLM's
+    stats class lazily), lower records are dropped process-wide for the
+    block's duration. Keeps out e.g. vLLM's ``Failed to reset prefix cache``
+    warnings, which a trace with prefix-cache resets provokes by design."""
+    loggers = [logging.getLogger(name) for name in NOISY_LOGGERS]
+    saved = [lg.level for lg in loggers]
+    previous = logging.root.manager.disable
+    for lg in loggers:
+        lg.setLevel(max(level, lg.getEffectiveLevel()))
+    logging.disable(max(previous, level - 1))
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+        for lg, old in zip(loggers, saved):
+            lg.setLevel(old)
+
+
+def load_vllm() -> tuple[str | None, str]:
+    """(version, note): version is set when vLLM 0.23.0's manager imports.
+
+    The import is silent: torch's and vLLM's import-time log lines are
+    dropped, and vLLM's logger (which binds to stdout at import) is pointed
+    at stderr, so the output of ``--json`` stays machine-readable."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    already = "vllm.v1.core.kv_cache_manager" in sys.modules
+    previous = logging.root.manager.disable
+    try:
+        if not already:
+            # torch and vLLM configure their loggers while importing (levels
+            # set beforehand are reset), so silence logging as a whole until
+            # the import is done.
+            logging.disable(logging.WARNING)
+        with contextlib.redirect_stdout(sys.stderr):
+            import vllm
+            import vllm.v1.core.kv_cache_manager  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install
+        return None, f"vLLM not installed ({type(e).__name__}: {e})".splitlines()[0]
+    finally:
+        logging.disable(previous)
+    version = getattr(vllm, "__version__", "?")
+    if version != SUPPORTED_VLLM_VERSION:
+        return None, f"vLLM {version} is installed, not {SUPPORTED_VLLM_VERSION}"
+    return version, f"vLLM {version}"
+
+
+def missing(tool: str, what: str, hint: str, why: str = "") -> str:
+    """The one line a tool prints when an optional package is missing."""
+    return f"{tool}: needs {what} ({hint})" + (f"; {why}" if why else "")
+
+
+def vllm_missing(tool: str) -> str | None:
+    """None when vLLM 0.23.0 imports; else the one line `tool` prints (on
+    stderr, no traceback) before it exits with status 2."""
+    version, note = load_vllm()
+    if version is not None:
+        return None
+    return missing(tool, f"vLLM {SUPPORTED_VLLM_VERSION} and torch", VLLM_INSTALL_HINT, note)

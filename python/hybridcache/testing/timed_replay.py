@@ -1,0 +1,293 @@
+"""Timed replay of a bench recording (`bench_trace.Recording`) against fresh
+managers of each implementation, alternating implementations every few steps
+(ABBA order) so machine noise hits both. Only the manager calls are timed;
+every result must equal the recording (else `BenchDivergence`)."""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .bench_trace import (
+    ALLOC_NEW,
+    ALLOC_RUN,
+    COMMON_PREFIX,
+    FREE,
+    GET_BLOCKS,
+    GET_COMPUTED,
+    NEW_STEP,
+    NO_BLOCKS,
+    OP_NAMES,
+    TAKE_NEW_IDS,
+    Op,
+    Recording,
+    Workload,
+)
+from .compare import norm_stats, norm_usage, same_ids
+
+# Timing buckets.
+KINDS = (
+    "decode_allocate_slots",
+    "prefill_allocate_slots",
+    "admit_allocate_slots",
+    "get_computed_blocks",
+    "get_blocks",
+    "free",
+    "other",
+)
+
+
+class ReplayRequest:
+    """What a manager reads of a request; state is set from the recording
+    before each call. Tokens and block hashes only ever grow."""
+
+    __slots__ = ("request_id", "num_tokens", "num_computed_tokens", "num_preemptions", "num_prompt_tokens",
+                 "block_hashes", "_all_hashes", "all_token_ids", "prompt_token_ids", "lora_request",
+                 "cache_salt", "skip_reading_prefix_cache", "mm_features", "prompt_embeds", "spec_token_ids")
+
+    def __init__(self, rid: str, num_prompt_tokens: int, token_ids: list[int], hashes: list[bytes]):
+        self.request_id = rid
+        self.num_tokens = num_prompt_tokens
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        self.num_prompt_tokens = num_prompt_tokens
+        self.block_hashes: list[bytes] = []
+        self._all_hashes = hashes
+        self.all_token_ids = token_ids
+        self.prompt_token_ids = token_ids[:num_prompt_tokens]
+        self.lora_request = None
+        self.cache_salt = None
+        self.skip_reading_prefix_cache = False
+        self.mm_features: list[Any] = []
+        self.prompt_embeds = None
+        self.spec_token_ids: list[int] = []
+
+
+class BenchDivergence(AssertionError):
+    pass
+
+
+@dataclass
+class Impl:
+    name: str
+    manager: Any
+    reqs: list[ReplayRequest]
+    block_size: int
+    computed: dict[int, Any] = field(default_factory=dict)
+    step_ns: list[int] = field(default_factory=list)
+    kind_ns: dict[str, list[int]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    # Calls made before the first measured step, per kind.
+    kind_warmup: dict[str, int] = field(default_factory=dict)
+    timer_overhead_ns: int = 0
+
+
+def new_impl(name: str, factory: Callable[[Workload], Any], rec: Recording) -> Impl:
+    reqs = [
+        ReplayRequest(rid, p, t, h)
+        for rid, p, t, h in zip(rec.request_ids, rec.num_prompt_tokens, rec.token_ids, rec.block_hashes)
+    ]
+    return Impl(name, factory(rec.workload), reqs, rec.workload.block_size)
+
+
+def _diverged(impl: Impl, step: int, op: Op, got: Any) -> BenchDivergence:
+    rid = impl.reqs[op[1]].request_id if op[1] >= 0 else "-"
+    return BenchDivergence(
+        f"{impl.name} differs from the recording at step {step}, {OP_NAMES[op[0]]}({rid}, {op[2]!r}, {op[3]!r}):\n"
+        f"  expected {op[5]!r}\n  got      {got!r}"
+    )
+
+
+CLOCKS: dict[str, Callable[[], int]] = {"perf_counter": time.perf_counter_ns, "thread_time": time.thread_time_ns}
+
+
+def timer_overhead_ns(clock: Callable[[], int], samples: int = 20_000) -> int:
+    """Median of an empty timed interval: subtracted from every timed call."""
+    deltas = []
+    for _ in range(samples):
+        t0 = clock()
+        deltas.append(clock() - t0)
+    deltas.sort()
+    return deltas[len(deltas) // 2]
+
+
+def _replay_steps(
+    impl: Impl, rec: Recording, first: int, last: int, clock: Callable[[], int], overhead: int
+) -> None:
+    """Replays steps [first, last) on `impl`, timing each manager call."""
+    m = impl.manager
+    reqs = impl.reqs
+    bs = impl.block_size
+    computed = impl.computed
+    kind = impl.kind_ns
+    decode_ns, prefill_ns = kind["decode_allocate_slots"], kind["prefill_allocate_slots"]
+    admit_ns = kind["admit_allocate_slots"]
+    gcb_ns, blocks_ns, free_ns, other_ns = kind["get_computed_blocks"], kind["get_blocks"], kind["free"], kind["other"]
+    warmup = rec.workload.warmup_steps
+    for s in range(first, last):
+        if s == warmup:
+            impl.kind_warmup = {k: len(v) for k, v in kind.items()}
+        total = 0
+        for op in rec.steps[s]:
+            code, idx, a, b, state, expected = op
+            if state is not None:
+                req = reqs[idx]
+                num_tokens, req.num_computed_tokens, req.num_preemptions = state
+                req.num_tokens = num_tokens
+                hashes = req.block_hashes
+                need = num_tokens // bs
+                if len(hashes) < need:
+                    hashes.extend(req._all_hashes[len(hashes):need])
+            if code == ALLOC_RUN:
+                t0 = clock()
+                blocks = m.allocate_slots(req, a, num_lookahead_tokens=0)
+                got = NO_BLOCKS if blocks is None else blocks.get_block_ids(allow_none=True)
+                dt = clock() - t0
+                bucket = decode_ns if b else prefill_ns
+            elif code == FREE:
+                t0 = clock()
+                m.free(req)
+                dt = clock() - t0
+                bucket = free_ns
+                computed.pop(idx, None)
+                got = None
+            elif code == GET_COMPUTED:
+                t0 = clock()
+                blocks, hit = m.get_computed_blocks(req)
+                dt = clock() - t0
+                bucket = gcb_ns
+                computed[idx] = blocks
+                got = (blocks.get_block_ids(), hit)
+            elif code == ALLOC_NEW:
+                hit_blocks = computed.pop(idx)
+                t0 = clock()
+                blocks = m.allocate_slots(req, a, num_new_computed_tokens=b, new_computed_blocks=hit_blocks,
+                                          num_lookahead_tokens=0)
+                dt = clock() - t0
+                got = NO_BLOCKS if blocks is None else blocks.get_block_ids()
+                bucket = admit_ns
+            elif code == GET_BLOCKS:
+                rid = reqs[idx].request_id
+                t0 = clock()
+                got = m.get_blocks(rid).get_block_ids()
+                dt = clock() - t0
+                bucket = blocks_ns
+            elif code == NEW_STEP:
+                t0 = clock()
+                m.new_step_starts()
+                dt = clock() - t0
+                bucket = other_ns
+                got = None
+            elif code == COMMON_PREFIX:
+                rid = reqs[idx].request_id
+                t0 = clock()
+                got = m.get_num_common_prefix_blocks(rid)
+                dt = clock() - t0
+                bucket = other_ns
+                got = list(got)
+            elif code == TAKE_NEW_IDS:
+                t0 = clock()
+                got = m.take_new_block_ids()
+                dt = clock() - t0
+                bucket = other_ns
+                got = list(got)
+            else:  # STATS: what the scheduler's make_stats reads
+                t0 = clock()
+                stats = m.make_prefix_cache_stats()
+                usage = m.usage
+                dt = clock() - t0
+                bucket = other_ns
+                got = (norm_stats(stats), norm_usage(usage))
+            dt -= overhead
+            if dt < 0:
+                dt = 0
+            bucket.append(dt)
+            total += dt
+            if got != expected and not same_ids(got, expected):
+                raise _diverged(impl, s, op, got)
+        impl.step_ns.append(total)
+        free = m.block_pool.get_num_free_blocks()
+        if free != rec.free_after_step[s]:
+            raise BenchDivergence(
+                f"{impl.name}: {free} free blocks after step {s}, the recording has {rec.free_after_step[s]}"
+            )
+
+
+def replay_timed(
+    rec: Recording,
+    factories: Sequence[tuple[str, Callable[[Workload], Any]]],
+    chunk_steps: int = 8,
+    clock: str = "perf_counter",
+    on_chunk: Callable[[int], None] | None = None,
+) -> list[Impl]:
+    """Replays `rec` against every implementation, alternating chunks of
+    steps (ABBA order), each call timed; raises BenchDivergence."""
+    impls = [new_impl(name, factory, rec) for name, factory in factories]
+    timer = CLOCKS[clock]
+    overhead = timer_overhead_ns(timer)
+    for impl in impls:
+        impl.timer_overhead_ns = overhead
+    n = len(rec.steps)
+    gc.collect()
+    was_enabled = gc.isenabled()
+    try:
+        for k, first in enumerate(range(0, n, chunk_steps)):
+            last = min(n, first + chunk_steps)
+            order = impls if k % 2 == 0 else impls[::-1]
+            for impl in order:
+                gc.disable()
+                try:
+                    _replay_steps(impl, rec, first, last, timer, overhead)
+                finally:
+                    if was_enabled:
+                        gc.enable()
+                gc.collect(0)
+                if on_chunk:
+                    on_chunk(last - first)
+    finally:
+        if was_enabled:
+            gc.enable()
+    return impls
+
+
+# --------------------------------------------------------------------------
+# Statistics
+# --------------------------------------------------------------------------
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summary_us(values_ns: Sequence[int]) -> dict[str, float | int | None]:
+    v = sorted(values_ns)
+    if not v:
+        return {"count": 0, "mean_us": None, "p50_us": None, "p90_us": None}
+    return {
+        "count": len(v),
+        "mean_us": sum(v) / len(v) / 1e3,
+        "p50_us": _quantile(v, 0.5) / 1e3,
+        "p90_us": _quantile(v, 0.9) / 1e3,
+    }
+
+
+def impl_result(impl: Impl, warmup: int) -> dict[str, Any]:
+    steps = impl.step_ns[warmup:]
+    calls = {k: summary_us(v[impl.kind_warmup.get(k, len(v)):]) for k, v in impl.kind_ns.items()}
+    return {"step": summary_us(steps), "calls": calls, "step_us_all": [x / 1e3 for x in impl.step_ns]}
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
