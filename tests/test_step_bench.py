@@ -60,7 +60,7 @@ def test_a_wrong_recording_is_caught(monkeypatch: Any) -> None:
 
 def test_cli_without_vllm_says_so_in_one_line(monkeypatch: Any, capsys: Any) -> None:
     def missing() -> str:
-        raise step_bench.StepBenchUnavailable("the step bench needs vLLM 0.23.0 (No module named 'vllm')")
+        raise step_bench.StepBenchUnavailable("hybridcache bench --step: needs vLLM 0.23.0 and torch (pip install ...)")
 
     monkeypatch.setattr(step_bench, "load_vllm", missing)
     assert step_bench.main(argparse.Namespace(quick=True)) == 2

@@ -110,7 +110,7 @@ def _install_hasher() -> None:
     global _original_hasher_factory
     import importlib
 
-    engine = importlib.import_module(_ENGINE_MODULE)
+    engine: Any = importlib.import_module(_ENGINE_MODULE)
     current = engine.get_request_block_hasher
     if getattr(current, "hybridcache_native", False):
         return
@@ -124,7 +124,7 @@ def _uninstall_hasher() -> None:
         return
     import sys
 
-    engine = sys.modules.get(_ENGINE_MODULE)
+    engine: Any = sys.modules.get(_ENGINE_MODULE)
     if engine is not None and getattr(engine.get_request_block_hasher, "hybridcache_native", False):
         engine.get_request_block_hasher = _original_hasher_factory
     _original_hasher_factory = None
