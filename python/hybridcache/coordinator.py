@@ -90,6 +90,7 @@ class CoordinatorView(ReadOnlyView):
 
     @property
     def block_pool(self) -> Any:
+        """The manager's `block_pool` view."""
         return self._manager.block_pool
 
     def get_num_blocks_to_allocate(
@@ -102,6 +103,13 @@ class CoordinatorView(ReadOnlyView):
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
     ) -> int:
+        """vLLM's `coordinator.get_num_blocks_to_allocate` (reads only): how
+        many free blocks allocating up to `num_tokens` tokens for the request
+        would take, all groups together, given `new_computed_blocks` (vLLM's
+        tuple of block lists, a `KVCacheBlocks`, or lists of ids; None: none)
+        and `total_computed_tokens`. vLLM's scheduler uses it to reserve
+        blocks for in-flight prefills. ValueError for a wrong number of groups
+        or a bad count."""
         return self._native.get_num_blocks_to_allocate(
             request_id,
             num_tokens,
@@ -113,6 +121,7 @@ class CoordinatorView(ReadOnlyView):
         )
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Same as `manager.get_num_common_prefix_blocks`."""
         return self._native.get_num_common_prefix_blocks(running_request_id)
 
     def get_blocks(self, request_id: str) -> tuple[list[BlockView], ...]:
@@ -121,9 +130,11 @@ class CoordinatorView(ReadOnlyView):
         return tuple([BlockView(native, b) for b in g] for g in native.get_block_ids(request_id))
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        """Same as `manager.remove_skipped_blocks`."""
         self._manager.remove_skipped_blocks(request_id, total_computed_tokens)
 
     def new_step_starts(self) -> None:
+        """Same as `manager.new_step_starts`."""
         self._manager.new_step_starts()
 
     def _missing(self, name: str) -> str:
