@@ -301,7 +301,8 @@ class NativeManager:
         """Number of (block hash, group) keys in the prefix cache."""
     def request_ids(self) -> list[str]:
         """Ids of the requests the manager holds state for."""
-    def has_request(self, request_id: str) -> bool: ...
+    def has_request(self, request_id: str) -> bool:
+        """Whether the manager holds state for that request (allocated, not freed)."""
     def free_queue_ends(self) -> tuple[int, int] | None:
         """(front, back) of the free queue, or None when it is empty."""
     def free_queue_neighbors(self, block_id: int) -> tuple[int | None, int | None] | None:
@@ -339,11 +340,14 @@ class BlockHasher:
         extra_keys_fn: _ExtraKeysFn | None = None,
     ) -> BlockHasher: ...
     @property
-    def hash_name(self) -> str: ...
+    def hash_name(self) -> str:
+        """One of "sha256_cbor", "xxhash_cbor", "sha256", "xxhash"."""
     @property
-    def block_size(self) -> int: ...
+    def block_size(self) -> int:
+        """Tokens per hashed block (the manager's `hash_block_size`)."""
     @property
-    def none_hash(self) -> bytes: ...
+    def none_hash(self) -> bytes:
+        """The parent hash of a request's first block (vLLM's NONE_HASH)."""
     @property
     def digest_size(self) -> int:
         """Length of a block hash: 32 (sha256*) or 16 (xxhash*)."""
@@ -373,7 +377,8 @@ class BlockView:
 
     def __new__(cls, native: NativeManager, block_id: int) -> BlockView: ...
     @property
-    def block_id(self) -> int: ...
+    def block_id(self) -> int:
+        """The block's index in the pool (0: the null block)."""
     @property
     def ref_cnt(self) -> int:
         """How many requests hold the block now."""

@@ -62,9 +62,13 @@ class _ReqToBlocksView(Mapping):
 
 
 class SingleTypeManagerView(ReadOnlyView):
-    """Read-only stand-in for one of vLLM's `SingleTypeKVCacheManager`s."""
+    """Read-only stand-in for one of vLLM's `SingleTypeKVCacheManager`s:
+    `coordinator.single_type_managers[g]` offers `kv_cache_group_id` and
+    `req_to_blocks` (request id -> block views of group g); other vLLM
+    internals raise an AttributeError saying so."""
 
     def __init__(self, manager: KVCacheManager, group: int) -> None:
+        """The view of group `group` of `manager`."""
         self.kv_cache_group_id = group
         self.req_to_blocks = _ReqToBlocksView(manager, group)
 
@@ -76,9 +80,15 @@ class SingleTypeManagerView(ReadOnlyView):
 
 
 class CoordinatorView(ReadOnlyView):
-    """Read-mostly stand-in for vLLM's `KVCacheCoordinator` (vLLM 0.23.0)."""
+    """`manager.coordinator`: a read-mostly stand-in for vLLM 0.23.0's
+    `KVCacheCoordinator`, for code outside the manager that reads it
+    (vLLM's scheduler calls `get_num_blocks_to_allocate`): the config
+    fields, `single_type_managers`, `block_pool`, and the calls below. Its
+    per-group managers live in the native core; other vLLM internals raise
+    an AttributeError saying what is offered."""
 
     def __init__(self, manager: KVCacheManager) -> None:
+        """The coordinator view of `manager`."""
         self._manager = manager
         self._native = manager._native
         self._num_groups = manager.num_kv_cache_groups
