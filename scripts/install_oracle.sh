@@ -7,8 +7,8 @@
 #              e.g. .venv-vllm-0.23; git ignores .venv-vllm-*)
 #     PYTHON   the interpreter the venv is made from (default python3, >= 3.10)
 #
-# In the venv: the vLLM wheel without its dependency tree (--no-deps: no CUDA
-# kernels, no model code), the packages its KV-cache manager and scheduler
+# In the venv: the vLLM wheel without its dependency tree (--no-deps: none of
+# flashinfer, torchaudio, ...), the packages its KV-cache manager and scheduler
 # import (scripts/oracle/vllm-VERSION.txt, plus any an import loop finds
 # missing), and the test tools (scripts/oracle/test-tools.txt). Every package
 # vLLM names gets the version range vLLM's own wheel metadata asks for (a pip
