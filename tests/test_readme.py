@@ -120,3 +120,23 @@ def test_block_parser_reads_markers(tmp_path: Path) -> None:
         ("python", 5, "x = 1\n", "needs-vllm"),
         ("bash", 8, "ls\n", None),
     ]
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to dashes."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_links_to_sections_resolve() -> None:
+    text = README.read_text()
+    in_code = False
+    slugs = set()
+    for line in text.splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            slugs.add(_slug(line.lstrip("#")))
+    links = set(re.findall(r"\]\(#([^)]+)\)", text))
+    assert links, "no section links"
+    assert not links - slugs, f"links to missing sections: {sorted(links - slugs)}"
