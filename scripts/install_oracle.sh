@@ -17,8 +17,11 @@
 # the end and fails naming any package outside vLLM's range. The other
 # requirements of vLLM (flashinfer, torchaudio, ...) are left out on purpose.
 #
-# Idempotent: a venv that already passes the check is left as it is. One venv
-# per vLLM version, so oracles of several versions sit side by side.
+# Idempotent: a venv that already passes the check is left as it is
+# (ORACLE_FORCE=1 reinstalls into it). One venv per vLLM version, so oracles
+# of several versions sit side by side; a version is added with its package
+# list, scripts/oracle/vllm-VERSION.txt (e.g. from the pins in
+# ../shared/reference/vllm-0.33.0-requirements-*.txt for 0.33.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
