@@ -39,8 +39,11 @@ vpy=$VENV/bin/python
 # purpose as an ERROR; oracle_requirements.py check does the real check.
 pip_install() { "$vpy" -m pip install --quiet --no-warn-conflicts "$@"; }
 
+# The venv records what it was made from; a changed list makes it reinstall.
+stamp() { cat "$LIST" "$TOOLS" "$repo/scripts/oracle_requirements.py" | sha256sum | cut -d' ' -f1; }
 oracle_ok() {
-  [ -x "$vpy" ] && "$vpy" -c "import sys, vllm; sys.exit(vllm.__version__ != '$VERSION')" >/dev/null 2>&1 &&
+  [ -x "$vpy" ] && [ "$(cat "$VENV/.oracle-stamp" 2>/dev/null)" = "$(stamp)" ] &&
+    "$vpy" -c "import sys, vllm; sys.exit(vllm.__version__ != '$VERSION')" >/dev/null 2>&1 &&
     "$vpy" "$repo/scripts/oracle_requirements.py" check >/dev/null 2>&1
 }
 if oracle_ok && [ -z "${ORACLE_FORCE:-}" ]; then
@@ -94,4 +97,5 @@ PY
 done
 [ -n "$ok" ] || { echo "oracle: could not make vllm.v1.core importable" >&2; exit 1; }
 "$vpy" "$repo/scripts/oracle_requirements.py" check
+stamp >"$VENV/.oracle-stamp"
 echo "oracle: vLLM $VERSION importable in $VENV"

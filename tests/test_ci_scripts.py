@@ -69,3 +69,17 @@ def test_install_oracle_refuses_an_unknown_version(tmp_path: Path) -> None:
     assert r.returncode != 0
     assert "no package list for vLLM 0.0.1" in r.stderr
     assert not (tmp_path / "venv").exists()
+
+
+@pytest.mark.skipif(not _in_oracle_venv(), reason="not running in an oracle venv made by scripts/install_oracle.sh")
+def test_oracle_venv_runs_the_triton_interpreter() -> None:
+    """CI's Triton kernel tests run under Triton's CPU interpreter; in the
+    oracle venv they must run, not skip (torch 2.11.0's Triton 3.6 needs
+    numpy < 2.4, pinned in scripts/oracle/vllm-0.23.0.txt)."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        import test_kernels
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    assert test_kernels.triton_interpreter_skip_reason() is None
