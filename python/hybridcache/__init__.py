@@ -1,5 +1,17 @@
 """hybridcache: a drop-in, Rust-backed replacement for vLLM 0.23.0's v1
-`KVCacheManager`. Importing it loads neither torch nor vLLM."""
+`KVCacheManager`. Importing it loads neither torch nor vLLM.
+
+Without vLLM, build a `KVCacheConfig` of `KVCacheGroupSpec`s (specs:
+`FullAttentionSpec`, `SlidingWindowSpec`, `ChunkedLocalAttentionSpec`,
+`MambaSpec`, `CrossAttentionSpec`), a `KVCacheManager` over it, and drive it
+with `Request`s: `get_computed_blocks` and `allocate_slots` at admission,
+`allocate_slots` every step, `free` at the end. The README has a runnable
+example and the caller's contract between steps. Under vLLM 0.23.0:
+`hybridcache.vllm.install()` or HYBRIDCACHE_ENABLE=1.
+
+`SUPPORTED_VLLM_VERSION` is the vLLM version this release replaces the
+manager of; `__version__` is hybridcache's.
+"""
 
 from hybridcache._native import __version__
 from hybridcache.blocks import BlockView, KVCacheBlocks

@@ -3,6 +3,9 @@
   hybridcache replay   replay the embedded default serving trace (checked
                        call by call against vLLM 0.23.0 when it is importable)
   hybridcache bench    scheduler-step latency next to vLLM 0.23.0's manager
+  hybridcache --version
+                       hybridcache's version, the vLLM version it is a drop-in
+                       for, and the vLLM installed here (if any)
 """
 
 from __future__ import annotations
@@ -68,13 +71,42 @@ def _bench(args: argparse.Namespace) -> int:
     return bench.main(args)
 
 
+def version_text() -> str:
+    """What `hybridcache --version` prints: this package's version, the vLLM
+    version it replaces the manager of, and the vLLM found here (read from
+    the installed package metadata; vLLM is not imported)."""
+    from importlib import metadata
+
+    from . import SUPPORTED_VLLM_VERSION, __version__
+
+    try:
+        installed = f"vLLM {metadata.version('vllm')} installed"
+    except metadata.PackageNotFoundError:
+        installed = "vLLM not installed"
+    return f"hybridcache {__version__} (drop-in for vLLM {SUPPORTED_VLLM_VERSION}'s KVCacheManager; {installed})"
+
+
+class _VersionAction(argparse.Action):
+    """`--version`: prints `version_text()` unwrapped (argparse's own action
+    wraps it at the terminal's width) and exits 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        print(version_text())
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `hybridcache` command (subcommands replay, bench)."""
     from . import bench
 
     parser = argparse.ArgumentParser(
         prog="hybridcache",
         description="hybridcache: a Rust KV-cache block manager, drop-in for vLLM 0.23.0's KVCacheManager.",
     )
+    parser.add_argument("--version", action=_VersionAction, help="print the version (and vLLM's) and exit")
     sub = parser.add_subparsers(dest="command", metavar="{replay,bench}")
     p = sub.add_parser("replay", help="replay the embedded default serving trace (verified against vLLM if importable)")
     p.add_argument("--seed", type=int, default=0)
@@ -95,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the `hybridcache` command with `argv` (default: sys.argv[1:]);
+    returns the exit status (0 ok, 1 replay diverged from vLLM, 2 bad arguments)."""
     parser = build_parser()
     args: Any = parser.parse_args(argv)
     if getattr(args, "func", None) is None:

@@ -8,7 +8,7 @@ RuntimeError (broken invariant or a caught panic).
 """
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final, Literal, TypeAlias, final
+from typing import Any, Final, Literal, Protocol, TypeAlias, final, overload
 
 from typing_extensions import disjoint_base
 
@@ -32,9 +32,44 @@ _RawEvent: TypeAlias = _StoredEvent | _RemovedEvent | _ClearedEvent
 # mamba_cache_mode: "none", "all" or "align" (read for "mamba" only).
 _GroupArg: TypeAlias = tuple[str, int, bool, bool, int, int | None, int, str, int]
 
+class _Request(Protocol):
+    """What the manager reads of a request: vLLM 0.23.0's `Request` and
+    `hybridcache.Request` both have it. Also read when present (else taken
+    as None / empty): `lora_request`, `cache_salt`, `mm_features`,
+    `prompt_embeds` (extra keys of KV events)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens, draft tokens not included."""
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens whose KV is computed; the caller advances it (README)."""
+    @property
+    def block_hashes(self) -> Sequence[bytes]:
+        """One chain hash per full `hash_block_size` tokens of `all_token_ids`."""
+    @property
+    def all_token_ids(self) -> Sequence[int]: ...
+    @property
+    def skip_reading_prefix_cache(self) -> bool: ...
+    @property
+    def num_preemptions(self) -> int:
+        """Read with `log_stats`: a lookup of a request with preemptions
+        counts as a preempted one."""
+
+class _BlocksLike(Protocol):
+    """vLLM's `KVCacheBlocks` (block objects with a `block_id`, per group)."""
+
+    @property
+    def blocks(self) -> Sequence[Sequence[Any]]: ...
+
+_AllocateSlots: TypeAlias = Callable[..., KVCacheBlocks | None]
+
 @disjoint_base
 class NativeManager:
-    """The native manager; use `hybridcache.KVCacheManager`, which wraps it."""
+    """The native manager; use `hybridcache.KVCacheManager`, which wraps it
+    (and documents the constructor's arguments)."""
 
     def __new__(
         cls,
@@ -54,40 +89,108 @@ class NativeManager:
         """Called once by the facade: the shared empty KVCacheBlocks, the event
         sink (None when events are off) and whether lookups are counted."""
     @property
-    def num_blocks(self) -> int: ...
+    def num_blocks(self) -> int:
+        """Blocks in the pool, the null block (0) included."""
     @property
-    def num_free_blocks(self) -> int: ...
+    def num_free_blocks(self) -> int:
+        """Blocks in the free queue (cached ones included)."""
     @property
-    def usage(self) -> float: ...
+    def usage(self) -> float:
+        """vLLM's `usage`: fraction of the usable blocks (all but the null
+        block) that requests hold, in [0, 1]."""
     @property
-    def num_requests(self) -> int: ...
-    def num_known_hashes(self, request_id: str) -> int: ...
-    def get_computed_blocks(self, request: Any) -> tuple[KVCacheBlocks, int]:
+    def num_requests(self) -> int:
+        """Requests the manager holds state for (allocated, not yet freed)."""
+    def num_known_hashes(self, request_id: str) -> int:
+        """How many of the request's block hashes the manager has read."""
+    def get_computed_blocks(self, request: _Request) -> tuple[KVCacheBlocks, int]:
         """vLLM's `get_computed_blocks(request)`: the longest prefix-cache hit
-        as (KVCacheBlocks, hit tokens); the request's new hashes are stored
-        first, and the lookup is counted for prefix-cache stats."""
+        of a request about to be admitted (`num_computed_tokens == 0`).
+
+        Returns `(blocks, num_hit_tokens)`: the cached blocks per group and
+        the tokens they hold, a multiple of `scheduler_block_size` and at
+        most `request.num_tokens - 1` (the last token is always computed, to
+        sample from). `(empty_kv_cache_blocks, 0)` with caching off or
+        `request.skip_reading_prefix_cache`. Takes no reference: pass both to
+        `allocate_slots(request, n, num_new_computed_tokens=num_hit_tokens,
+        new_computed_blocks=blocks)` in the same step. The request's new
+        block hashes are read first; the lookup is counted for
+        `make_prefix_cache_stats`.
+
+        Raises ValueError for a request without tokens, TypeError /
+        AttributeError for a request without the attributes of `_Request`."""
     def _take_stats(self, take: bool = True) -> tuple[bool, int, int, int, int, int, int]:
         """Prefix-cache lookup counters since the last take (reset unless `take` is False):
         (reset, requests, queries, hits, preempted_requests, preempted_queries, preempted_hits)."""
     def allocate_slots(
         self,
-        request: Any,
+        request: _Request,
         num_new_tokens: int,
         num_new_computed_tokens: int | None = None,
-        new_computed_blocks: Any = None,
+        new_computed_blocks: KVCacheBlocks | _BlocksLike | None = None,
         num_lookahead_tokens: int | None = None,
         num_external_computed_tokens: int | None = None,
         delay_cache_blocks: bool = False,
         num_encoder_tokens: int | None = None,
         full_sequence_must_fit: bool = False,
         reserved_blocks: int | None = None,
-    ) -> Any:
-        """vLLM 0.23.0's `KVCacheManager.allocate_slots`."""
-    def _bound_allocate_slots(self) -> Any:
-        """`allocate_slots` as a builtin bound to this manager (no PyO3 argument matching)."""
+    ) -> KVCacheBlocks | None:
+        """vLLM 0.23.0's `KVCacheManager.allocate_slots`: blocks for this
+        step's tokens of one request, admission or running.
+
+        The request's table is made to cover
+        `min(num_computed_tokens + num_new_computed_tokens +
+        num_external_computed_tokens + num_new_tokens + num_lookahead_tokens,
+        max_model_len)` tokens, where `num_computed_tokens` is read from the
+        request; blocks outside a sliding window / attention chunk are freed
+        first; the full blocks of verified tokens (up to
+        `request.num_tokens`) are then prefix-cached.
+
+        Args:
+            request: the request (`_Request`); its `num_computed_tokens` is
+                the state before this step (0 at admission).
+            num_new_tokens: tokens to compute this step, > 0 unless
+                `num_external_computed_tokens` > 0: the prefill chunk, or
+                1 + the draft tokens of a decode
+                (`num_tokens + len(spec_token_ids) - num_computed_tokens`).
+            num_new_computed_tokens: at admission, the hit length from
+                `get_computed_blocks` (None / 0: none).
+            new_computed_blocks: at admission, the blocks from
+                `get_computed_blocks` (or vLLM's `KVCacheBlocks`); None: none.
+            num_lookahead_tokens: extra slots for a drafter with a KV cache
+                (EAGLE, draft model: vLLM passes `num_speculative_tokens`);
+                not computed, not cached. 0 for n-gram / suffix drafts.
+            num_external_computed_tokens: tokens a KV connector loads
+                (P/D, offloading), after the local hit.
+            delay_cache_blocks: allocate but cache nothing yet (an async KV
+                load finishing in a later step; then `cache_blocks`).
+            num_encoder_tokens: encoder tokens for cross-attention groups
+                (encoder-decoder models), at the first allocation.
+            full_sequence_must_fit: return None unless the pool can hold
+                the whole request (`request.num_tokens`), not just this step.
+            reserved_blocks: free blocks this call must leave free.
+
+        Returns:
+            The blocks added by this call, per group
+            (`result.get_block_ids(allow_none=True)` is None when no group
+            gained one, as in most decodes), or None when the pool cannot
+            hold them: nothing was allocated, and the caller preempts a
+            request (`free` it) and retries, or tries again next step.
+
+        Raises:
+            ValueError: `num_new_tokens` 0 without external tokens, a
+                negative count, `new_computed_blocks` of another manager or
+                out of range, new computed blocks for a running request; the
+                manager is unchanged.
+            TypeError: a count that is not an int (bool, float, None).
+        """
+    def _bound_allocate_slots(self) -> _AllocateSlots:
+        """`allocate_slots` as a builtin bound to this manager (no PyO3
+        argument matching); the facade sets it as the instance's
+        `allocate_slots`, so both spellings are the same call."""
     def allocate_decode_batch(
         self,
-        requests: list[Any],
+        requests: list[_Request],
         num_new_tokens: list[int],
         num_lookahead_tokens: int = 0,
         num_computed_tokens: list[int] | None = None,
@@ -114,7 +217,7 @@ class NativeManager:
         num_computed_tokens: list[int] | bytes | bytearray,
         num_tokens: list[int] | bytes | bytearray,
         num_lookahead_tokens: int = 0,
-        requests: list[Any] | None = None,
+        requests: list[_Request] | None = None,
     ) -> tuple[bytes, bytes, bytes]:
         """`allocate_decode_batch` over arrays (lists of ints, or bytes of
         little-endian uint64 handles / uint32 counts). `requests[i]` is read
@@ -124,18 +227,39 @@ class NativeManager:
         uint32 offsets and ids: request i's new blocks in group g are
         `ids[offsets[i*G+g] : offsets[i*G+g+1]]`."""
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        """vLLM's `get_blocks(request_id)` (the shared empty KVCacheBlocks
-        for a request without blocks)."""
-    def free(self, request: Any) -> None:
-        """vLLM's `free(request)`: frees the request's blocks, tail first."""
-    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
-        """vLLM's `cache_blocks(request, num_computed_tokens)`."""
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None: ...
+        """vLLM's `get_blocks(request_id)`: the request's whole block table
+        per group (null block 0 where a sliding window freed one); the
+        shared empty KVCacheBlocks for a request without blocks or unknown."""
+    def free(self, request: _Request) -> None:
+        """vLLM's `free(request)`: the request's blocks go back to the pool,
+        tail first (so a prefix's head is evicted last); cached blocks stay
+        findable by `get_computed_blocks` until reused. For a finished or
+        preempted request (a preempted one is re-admitted from
+        `num_computed_tokens = 0`). A request the manager does not hold is a
+        no-op."""
+    def cache_blocks(self, request: _Request, num_computed_tokens: int) -> None:
+        """vLLM's `cache_blocks(request, num_computed_tokens)`: prefix-caches
+        the request's full blocks up to `num_computed_tokens` (after an
+        allocation with `delay_cache_blocks=True` whose KV load finished).
+        ValueError when the request lacks the blocks or block hashes."""
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        """Frees the request's blocks that attention no longer reads at
+        `total_computed_tokens` (outside a sliding window or attention
+        chunk); `allocate_slots` does this itself. vLLM calls it before
+        handing a table to a KV connector."""
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
-        """Drops the given blocks (any iterable of ids) from the prefix cache."""
-    def reset_prefix_cache(self) -> bool: ...
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]: ...
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]: ...
+        """Drops the given blocks (any iterable of ids) from the prefix
+        cache (their hashes are forgotten; held blocks stay with their
+        requests). ValueError for an id out of range, before any change."""
+    def reset_prefix_cache(self) -> bool:
+        """Empties the prefix cache; True on success, False (nothing done)
+        while any request still holds blocks, as vLLM's."""
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Per group, how many leading blocks of that running request every
+        running request shares (vLLM's cascade-attention hint)."""
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block table per group, as ids (`get_blocks(..)
+        .get_block_ids()`); empty lists for a request the manager does not hold."""
     def get_num_blocks_to_allocate(
         self,
         request_id: str,
@@ -156,9 +280,15 @@ class NativeManager:
         `request_ids`, given the worker's accepted-token counts."""
     def mamba_post_select_plan(self, request_ids: list[str], num_draft: list[int]) -> tuple[bytearray, int]:
         """Post-verification selection plan: (int32 rows as bytes, columns)."""
-    def take_new_block_ids(self) -> list[int]: ...
-    def new_step_starts(self) -> None: ...
-    def ref_cnt(self, block_id: int) -> int: ...
+    def take_new_block_ids(self) -> list[int]:
+        """Blocks newly allocated to full-attention groups since the last
+        call (vLLM: the blocks the worker zeroes), then cleared."""
+    def new_step_starts(self) -> None:
+        """Call once at the start of every scheduler step (vLLM's
+        `Scheduler.schedule` does): per-step bookkeeping such as the Mamba
+        align groups' blocks cached this step."""
+    def ref_cnt(self, block_id: int) -> int:
+        """How many requests hold the block."""
     def block_hash(self, block_id: int) -> tuple[bytes, int] | None:
         """(hash bytes, group id) of a cached block, else None."""
     def unhashed(self, block_ids: Sequence[int]) -> list[bool]:
@@ -171,14 +301,22 @@ class NativeManager:
         """Number of (block hash, group) keys in the prefix cache."""
     def request_ids(self) -> list[str]:
         """Ids of the requests the manager holds state for."""
-    def has_request(self, request_id: str) -> bool: ...
+    def has_request(self, request_id: str) -> bool:
+        """Whether the manager holds state for that request (allocated, not freed)."""
     def free_queue_ends(self) -> tuple[int, int] | None:
         """(front, back) of the free queue, or None when it is empty."""
     def free_queue_neighbors(self, block_id: int) -> tuple[int | None, int | None] | None:
         """A free block's (previous, next) free-queue neighbours (None at the
         queue's ends), or None if the block is not free."""
-    def free_queue(self) -> list[int]: ...
-    def check_invariants(self) -> None: ...
+    def free_queue(self) -> list[int]:
+        """The free queue's block ids, front (evicted next) first."""
+    def check_invariants(self) -> None:
+        """Checks every invariant of the pool, prefix cache and request
+        tables (ref counts = holders, each free block in the free queue once,
+        the null block never handed out, hashes and the prefix map agree,
+        tables in range, no block in two groups, ...). A debugging aid:
+        costs a pass over all blocks. Raises RuntimeError naming the first
+        broken invariant; returns None otherwise."""
 
 # ---- block hashing (rust/python/src/hasher.rs) ----
 
@@ -202,11 +340,14 @@ class BlockHasher:
         extra_keys_fn: _ExtraKeysFn | None = None,
     ) -> BlockHasher: ...
     @property
-    def hash_name(self) -> str: ...
+    def hash_name(self) -> str:
+        """One of "sha256_cbor", "xxhash_cbor", "sha256", "xxhash"."""
     @property
-    def block_size(self) -> int: ...
+    def block_size(self) -> int:
+        """Tokens per hashed block (the manager's `hash_block_size`)."""
     @property
-    def none_hash(self) -> bytes: ...
+    def none_hash(self) -> bytes:
+        """The parent hash of a request's first block (vLLM's NONE_HASH)."""
     @property
     def digest_size(self) -> int:
         """Length of a block hash: 32 (sha256*) or 16 (xxhash*)."""
@@ -234,11 +375,13 @@ class BlockHasher:
 class BlockView:
     """vLLM's `KVCacheBlock` fields as a live, read-only view of one block."""
 
-    def __new__(cls, native: Any, block_id: int) -> BlockView: ...
+    def __new__(cls, native: NativeManager, block_id: int) -> BlockView: ...
     @property
-    def block_id(self) -> int: ...
+    def block_id(self) -> int:
+        """The block's index in the pool (0: the null block)."""
     @property
-    def ref_cnt(self) -> int: ...
+    def ref_cnt(self) -> int:
+        """How many requests hold the block now."""
     @property
     def block_hash(self) -> bytes | None:
         """vLLM's `BlockHashWithGroupId`: hash bytes + 4-byte big-endian group."""
@@ -248,9 +391,11 @@ class BlockView:
         (the queue's fake head / tail at its ends), or None if not free.
         Served by `block_pool.free_block_queue` of the owning manager."""
     @property
-    def prev_free_block(self) -> Any: ...
+    def prev_free_block(self) -> Any:
+        """See `next_free_block`."""
     @property
-    def is_null(self) -> bool: ...
+    def is_null(self) -> bool:
+        """True for block 0, the null block (padding in tables)."""
     @property
     def _native(self) -> Any: ...
     def __eq__(self, other: object, /) -> bool: ...
@@ -261,10 +406,18 @@ class KVCacheBlocks:
     """Block ids per KV-cache group (vLLM's `KVCacheBlocks`); `blocks` builds
     block views on demand."""
 
-    def __new__(cls, block_ids: Iterable[Iterable[int]], native: Any = None) -> KVCacheBlocks: ...
-    def get_block_ids(
-        self, allow_none: bool = False, group_ids: Sequence[int] | None = None
-    ) -> tuple[list[int], ...] | None: ...
+    def __new__(cls, block_ids: Iterable[Iterable[int]], native: NativeManager | None = None) -> KVCacheBlocks:
+        """Block ids per group; `native`: the manager they belong to (needed
+        for `blocks` and the unhashed queries)."""
+    @overload
+    def get_block_ids(self, allow_none: Literal[False] = False, group_ids: Sequence[int] | None = None) -> tuple[list[int], ...]: ...
+    @overload
+    def get_block_ids(self, allow_none: bool, group_ids: Sequence[int] | None = None) -> tuple[list[int], ...] | None:
+        """Block ids per group (group g of the config is entry g; only the
+        groups in `group_ids`, in that order, when given). With
+        `allow_none=True`, None when no group holds a block: what vLLM's
+        scheduler asks of each `allocate_slots` result, so a decode that
+        added no block costs no list."""
     @property
     def blocks(self) -> tuple[list[BlockView], ...]:
         """Block views per group (vLLM's `KVCacheBlocks.blocks`)."""
@@ -272,10 +425,13 @@ class KVCacheBlocks:
     def _ids(self) -> tuple[list[int], ...]: ...
     @property
     def _native(self) -> Any: ...
-    def get_unhashed_block_ids(self) -> list[int]: ...
+    def get_unhashed_block_ids(self) -> list[int]:
+        """Ids of group 0's blocks that carry no prefix-cache hash."""
     def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
         """Unhashed block ids per group, null (padding) blocks left out."""
-    def __add__(self, other: KVCacheBlocks, /) -> KVCacheBlocks: ...
+    def __add__(self, other: KVCacheBlocks, /) -> KVCacheBlocks:
+        """Group-wise concatenation (vLLM's `+`)."""
     def __radd__(self, other: KVCacheBlocks, /) -> KVCacheBlocks: ...
-    def new_empty(self) -> KVCacheBlocks: ...
+    def new_empty(self) -> KVCacheBlocks:
+        """An empty KVCacheBlocks with as many groups."""
     def __eq__(self, other: object, /) -> bool: ...

@@ -161,6 +161,18 @@ class _EventQueueView(ReadOnlyView, Sequence):
 
 
 class BlockPoolView(ReadOnlyView):
+    """`manager.block_pool`: the parts of vLLM 0.23.0's `BlockPool` that
+    schedulers, KV connectors and vLLM's tests read, as live read-only
+    views over the native pool: `num_gpu_blocks`, `blocks[i]` (block views),
+    `null_block` (block 0), `free_block_queue`, `cached_block_hash_to_block`,
+    `kv_event_queue`, `get_num_free_blocks()`, `get_usage()`,
+    `get_cached_block()`, `take_events()`. Other vLLM internals raise an
+    AttributeError saying what is offered; mutators raise NotImplementedError.
+
+    Args:
+        manager: the `KVCacheManager` whose pool this is.
+    """
+
     def __init__(self, manager: KVCacheManager) -> None:
         self._manager = manager
         native = manager._native
@@ -176,6 +188,7 @@ class BlockPoolView(ReadOnlyView):
 
     @property
     def enable_kv_cache_events(self) -> bool:
+        """Whether the manager records KV events."""
         m = self._manager
         flag = getattr(m, "enable_kv_cache_events", None)
         if flag is not None:
@@ -183,9 +196,13 @@ class BlockPoolView(ReadOnlyView):
         return getattr(m, "_event_builder", None) is not None
 
     def get_num_free_blocks(self) -> int:
+        """Blocks in the free queue, cached ones included (they are evicted
+        least recently freed first); the null block is never counted."""
         return self._native.num_free_blocks
 
     def get_usage(self) -> float:
+        """Fraction of the usable blocks (all but the null block) held by
+        requests, in [0, 1]; `manager.usage` is the same."""
         return self._native.usage
 
     def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]) -> list[BlockView] | None:
@@ -197,15 +214,20 @@ class BlockPoolView(ReadOnlyView):
         return [BlockView(self._native, b) for b in ids]
 
     def take_events(self) -> list[Any]:
+        """The manager's pending KV events, then cleared (`manager.take_events()`)."""
         return self._manager.take_events()
 
     def touch(self, blocks: Any) -> None:
+        """vLLM's `touch` (extra references on blocks): not supported;
+        raises NotImplementedError."""
         raise NotImplementedError(
             "block_pool.touch (taking extra references on GPU blocks, e.g. by the "
             "SimpleCPUOffloadConnector) is not supported by hybridcache yet"
         )
 
     def free_blocks(self, ordered_blocks: Any, prepend: bool = False) -> None:
+        """vLLM's `free_blocks` (dropping references taken with `touch`):
+        not supported; raises NotImplementedError."""
         raise NotImplementedError(
             "block_pool.free_blocks (dropping references taken with touch) is not supported by hybridcache yet"
         )

@@ -15,7 +15,21 @@ def _cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class FullAttentionSpec:
-    """A full-attention KV-cache layer group (the fields vLLM's spec has)."""
+    """The KV-cache spec of full-attention layers (vLLM's `FullAttentionSpec`,
+    the fields the manager reads): every token of a request keeps its KV
+    entries, so a request holds ``ceil(tokens / block_size)`` blocks.
+
+    Args:
+        block_size: tokens per KV block (> 0).
+        num_kv_heads, head_size, dtype: the tensor layout; the manager
+            ignores them (they size the GPU tensors, which the caller owns),
+            but specs that differ in them are different groups for lookups.
+        sliding_window: always None here (vLLM's field, for its subclasses).
+
+    Specs are compared by value: groups with equal specs share their prefix
+    cache lookups, as in vLLM. Bad values (a block size that is not a
+    positive int) raise ValueError when the `KVCacheManager` is built.
+    """
 
     block_size: int
     num_kv_heads: int = 1
@@ -26,6 +40,21 @@ class FullAttentionSpec:
 
 @dataclass(frozen=True)
 class SlidingWindowSpec:
+    """The KV-cache spec of sliding-window attention layers (vLLM's
+    `SlidingWindowSpec`): a token attends to the ``sliding_window`` tokens
+    before it, so blocks wholly outside the window are freed as the request
+    advances (they show as the null block 0 in its table) and a prefix-cache
+    hit needs only the last window's blocks.
+
+    Args:
+        block_size: tokens per KV block (> 0).
+        sliding_window: the window in tokens (> 0).
+        num_kv_heads, head_size, dtype: the tensor layout (not read by the
+            manager; see `FullAttentionSpec`).
+
+    Bad values raise ValueError when the `KVCacheManager` is built.
+    """
+
     block_size: int
     sliding_window: int
     num_kv_heads: int = 1
@@ -33,13 +62,30 @@ class SlidingWindowSpec:
     dtype: Any = None
 
     def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
-        # The window may start mid-block, hence one block more.
+        """The most blocks one request can hold in this group at admission
+        (vLLM's method of that name): the window plus one step's tokens,
+        capped at `max_model_len`, plus one block because the window may
+        start mid-block. Used for `allocate_slots(full_sequence_must_fit=True)`."""
         num_tokens = min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len)
         return _cdiv(num_tokens, self.block_size) + 1
 
 
 @dataclass(frozen=True)
 class ChunkedLocalAttentionSpec:
+    """The KV-cache spec of chunked local attention layers (vLLM's
+    `ChunkedLocalAttentionSpec`, e.g. Llama 4): the sequence is cut into
+    chunks of ``attention_chunk_size`` tokens and a token attends only within
+    its chunk, so blocks of earlier chunks are freed.
+
+    Args:
+        block_size: tokens per KV block (> 0).
+        attention_chunk_size: the chunk in tokens (> 0).
+        num_kv_heads, head_size, dtype: the tensor layout (not read by the
+            manager; see `FullAttentionSpec`).
+
+    Bad values raise ValueError when the `KVCacheManager` is built.
+    """
+
     block_size: int
     attention_chunk_size: int
     num_kv_heads: int = 1
@@ -47,14 +93,36 @@ class ChunkedLocalAttentionSpec:
     dtype: Any = None
 
     def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
+        """The most blocks one request can hold in this group at admission
+        (vLLM's method of that name): one chunk plus one step's tokens,
+        capped at `max_model_len`."""
         num_tokens = min(self.attention_chunk_size + max_num_batched_tokens, max_model_len)
         return _cdiv(num_tokens, self.block_size)
 
 
 @dataclass(frozen=True)
 class MambaSpec:
-    """A Mamba / linear-attention state group; `mamba_cache_mode` is
-    "none", "all" or "align"."""
+    """The state spec of Mamba / linear-attention layers (vLLM's `MambaSpec`):
+    a request's state is one block (plus one per speculative token), not one
+    per token.
+
+    Args:
+        block_size: tokens a state block stands for. With
+            ``mamba_cache_mode="none"`` vLLM sets it to `max_model_len` (one
+            block per request); with "align" it is the attention block size.
+        shapes, dtypes: the state tensors' layout (not read by the manager).
+        mamba_cache_mode: prefix caching of the state:
+            "none" (never cached: a request's state cannot be reused),
+            "all" (a state block per `block_size` tokens, every one cached) or
+            "align" (the state is cached only at block boundaries; the caller
+            must end prefill chunks there, as vLLM's scheduler does, see the
+            README's caller's contract).
+        num_speculative_blocks: extra state blocks for speculative decoding,
+            vLLM sets it to ``num_speculative_tokens`` (0 without drafts).
+
+    Bad values (another mode, a negative count) raise ValueError when the
+    `KVCacheManager` is built.
+    """
 
     block_size: int
     shapes: tuple[tuple[int, ...], ...] = ()
@@ -65,6 +133,17 @@ class MambaSpec:
 
 @dataclass(frozen=True)
 class CrossAttentionSpec:
+    """The KV-cache spec of cross-attention layers of encoder-decoder models
+    (vLLM's `CrossAttentionSpec`, e.g. Whisper): the blocks hold the encoder
+    output, sized by `allocate_slots(num_encoder_tokens=...)` at the first
+    allocation; never prefix-cached.
+
+    Args:
+        block_size: tokens per KV block (> 0).
+        num_kv_heads, head_size, dtype: the tensor layout (not read by the
+            manager; see `FullAttentionSpec`).
+    """
+
     block_size: int
     num_kv_heads: int = 1
     head_size: int = 1
@@ -73,6 +152,23 @@ class CrossAttentionSpec:
 
 @dataclass
 class KVCacheGroupSpec:
+    """One KV-cache group (vLLM's `KVCacheGroupSpec`): layers that share one
+    block table per request because they have the same spec.
+
+    Args:
+        layer_names: the model's layers in the group (names only; the
+            manager does not read them).
+        kv_cache_spec: the group's spec, one of this module's
+            (`FullAttentionSpec`, `SlidingWindowSpec`,
+            `ChunkedLocalAttentionSpec`, `MambaSpec`, `CrossAttentionSpec`)
+            or vLLM's of those names (or their subclasses: MLA, TQ
+            full attention, ...). Sink and encoder-only specs raise
+            NotImplementedError, as vLLM 0.23.0 has no working manager for
+            them; an unknown type raises NotImplementedError too.
+        is_eagle_group: the group of an EAGLE drafter's layers (vLLM drops
+            the last matched block of such groups on a prefix-cache hit).
+    """
+
     layer_names: list[str]
     kv_cache_spec: Any
     is_eagle_group: bool = False
@@ -80,6 +176,23 @@ class KVCacheGroupSpec:
 
 @dataclass
 class KVCacheConfig:
+    """The KV cache of a model (vLLM's `KVCacheConfig`): one block pool of
+    `num_blocks` blocks shared by all groups, and the groups.
+
+    Args:
+        num_blocks: blocks in the pool (> 0). Block 0 is the null block
+            (padding in tables, never handed out), so `num_blocks - 1` are
+            usable.
+        kv_cache_tensors: vLLM's tensor descriptions; not read by the
+            manager (the caller owns the GPU memory).
+        kv_cache_groups: the `KVCacheGroupSpec`s, in the order block ids are
+            returned (group g of every result is this list's entry g).
+
+    `KVCacheManager` raises ValueError for a non-positive `num_blocks` and
+    TypeError for groups without a `kv_cache_spec`. vLLM's own KVCacheConfig
+    is accepted as well (read by duck typing).
+    """
+
     num_blocks: int
     kv_cache_tensors: list[Any] = field(default_factory=list)
     kv_cache_groups: list[KVCacheGroupSpec] = field(default_factory=list)
@@ -110,7 +223,9 @@ _REPORTS_NEW_BLOCK_IDS = frozenset({"FullAttentionSpec", "TQFullAttentionSpec", 
 
 @dataclass(frozen=True)
 class GroupInfo:
-    """What the facade keeps per group: the native description plus event metadata."""
+    """What the facade keeps per group (internal): the tuple the native core
+    takes (see `_GroupArg` in _native.pyi), the KV-event spec kind and the
+    sliding window reported in events."""
 
     native: tuple[str, int, bool, bool, int, int | None, int, str, int]
     event_kind: str
@@ -166,7 +281,11 @@ def _native_group(spec: Any, kind: str, index: int, spec_class: int, is_eagle: b
 
 
 def read_groups(kv_cache_config: Any, max_num_batched_tokens: int, max_model_len: int) -> list[GroupInfo]:
-    """Reads `kv_cache_config.kv_cache_groups` (vLLM's or ours) by duck typing."""
+    """Reads `kv_cache_config.kv_cache_groups` (vLLM's or ours) by duck typing.
+
+    Returns one `GroupInfo` per group, in order. Raises TypeError when the
+    config has no groups list or a group no spec, NotImplementedError for an
+    unsupported spec type, ValueError for a bad spec field (named)."""
     try:
         groups = list(kv_cache_config.kv_cache_groups)
     except (AttributeError, TypeError) as e:
@@ -190,6 +309,7 @@ def read_groups(kv_cache_config: Any, max_num_batched_tokens: int, max_model_len
 
 
 def read_num_blocks(kv_cache_config: Any) -> int:
+    """`kv_cache_config.num_blocks`; ValueError unless a positive int."""
     n = getattr(kv_cache_config, "num_blocks", None)
     if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
         raise ValueError(f"kv_cache_config.num_blocks must be a positive int, got {n!r}")

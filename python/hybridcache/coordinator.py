@@ -62,9 +62,13 @@ class _ReqToBlocksView(Mapping):
 
 
 class SingleTypeManagerView(ReadOnlyView):
-    """Read-only stand-in for one of vLLM's `SingleTypeKVCacheManager`s."""
+    """Read-only stand-in for one of vLLM's `SingleTypeKVCacheManager`s:
+    `coordinator.single_type_managers[g]` offers `kv_cache_group_id` and
+    `req_to_blocks` (request id -> block views of group g); other vLLM
+    internals raise an AttributeError saying so."""
 
     def __init__(self, manager: KVCacheManager, group: int) -> None:
+        """The view of group `group` of `manager`."""
         self.kv_cache_group_id = group
         self.req_to_blocks = _ReqToBlocksView(manager, group)
 
@@ -76,9 +80,15 @@ class SingleTypeManagerView(ReadOnlyView):
 
 
 class CoordinatorView(ReadOnlyView):
-    """Read-mostly stand-in for vLLM's `KVCacheCoordinator` (vLLM 0.23.0)."""
+    """`manager.coordinator`: a read-mostly stand-in for vLLM 0.23.0's
+    `KVCacheCoordinator`, for code outside the manager that reads it
+    (vLLM's scheduler calls `get_num_blocks_to_allocate`): the config
+    fields, `single_type_managers`, `block_pool`, and the calls below. Its
+    per-group managers live in the native core; other vLLM internals raise
+    an AttributeError saying what is offered."""
 
     def __init__(self, manager: KVCacheManager) -> None:
+        """The coordinator view of `manager`."""
         self._manager = manager
         self._native = manager._native
         self._num_groups = manager.num_kv_cache_groups
@@ -90,6 +100,7 @@ class CoordinatorView(ReadOnlyView):
 
     @property
     def block_pool(self) -> Any:
+        """The manager's `block_pool` view."""
         return self._manager.block_pool
 
     def get_num_blocks_to_allocate(
@@ -102,6 +113,13 @@ class CoordinatorView(ReadOnlyView):
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
     ) -> int:
+        """vLLM's `coordinator.get_num_blocks_to_allocate` (reads only): how
+        many free blocks allocating up to `num_tokens` tokens for the request
+        would take, all groups together, given `new_computed_blocks` (vLLM's
+        tuple of block lists, a `KVCacheBlocks`, or lists of ids; None: none)
+        and `total_computed_tokens`. vLLM's scheduler uses it to reserve
+        blocks for in-flight prefills. ValueError for a wrong number of groups
+        or a bad count."""
         return self._native.get_num_blocks_to_allocate(
             request_id,
             num_tokens,
@@ -113,6 +131,7 @@ class CoordinatorView(ReadOnlyView):
         )
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Same as `manager.get_num_common_prefix_blocks`."""
         return self._native.get_num_common_prefix_blocks(running_request_id)
 
     def get_blocks(self, request_id: str) -> tuple[list[BlockView], ...]:
@@ -121,9 +140,11 @@ class CoordinatorView(ReadOnlyView):
         return tuple([BlockView(native, b) for b in g] for g in native.get_block_ids(request_id))
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        """Same as `manager.remove_skipped_blocks`."""
         self._manager.remove_skipped_blocks(request_id, total_computed_tokens)
 
     def new_step_starts(self) -> None:
+        """Same as `manager.new_step_starts`."""
         self._manager.new_step_starts()
 
     def _missing(self, name: str) -> str:

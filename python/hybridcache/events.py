@@ -16,6 +16,11 @@ MEDIUM_GPU = "GPU"
 
 @dataclass
 class BlockStored:
+    """KV event: blocks entered the prefix cache (vLLM's `BlockStored`, same
+    fields in the same order). `block_hashes` and `parent_block_hash` are
+    the low 64 bits as ints unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0
+    (then bytes); `token_ids` are the blocks' tokens; `medium` is "GPU"."""
+
     block_hashes: list[Any]
     parent_block_hash: Any
     token_ids: list[int]
@@ -31,6 +36,9 @@ class BlockStored:
 
 @dataclass
 class BlockRemoved:
+    """KV event: a cached block was evicted (reused or `evict_blocks`) from
+    group `group_idx` (vLLM's `BlockRemoved`)."""
+
     block_hashes: list[Any]
     medium: str | None
     group_idx: int | None = None
@@ -38,11 +46,17 @@ class BlockRemoved:
 
 @dataclass
 class AllBlocksCleared:
-    pass
+    """KV event: `reset_prefix_cache()` emptied the prefix cache (vLLM's
+    `AllBlocksCleared`)."""
 
 
 @dataclass
 class PrefixCacheStats:
+    """Prefix-cache lookup counts (vLLM's `PrefixCacheStats`): `requests`
+    looked up, `queries` (tokens looked up), `hits` (tokens found), the same
+    for requests resumed after preemption (`preempted_*`), and `reset`
+    (the cache was reset since the last report)."""
+
     reset: bool = False
     requests: int = 0
     queries: int = 0
@@ -52,6 +66,7 @@ class PrefixCacheStats:
     preempted_hits: int = 0
 
     def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        """Counts one lookup of `num_tokens` tokens that found `num_hits`."""
         if preempted:
             self.preempted_requests += 1
             self.preempted_queries += num_tokens
@@ -76,6 +91,7 @@ def event_classes() -> tuple[type, type, type]:
 
 
 def prefix_cache_stats_class() -> type:
+    """vLLM's `PrefixCacheStats` class when vLLM is importable, else ours."""
     if _vllm_available():
         from vllm.v1.metrics.stats import PrefixCacheStats as VllmStats
 
@@ -96,10 +112,14 @@ class EventBuilder:
     request of the call that produced them what only it knows."""
 
     def __init__(self, group_kinds: list[tuple[str, int | None]]) -> None:
+        """`group_kinds`: (spec kind, sliding window or None) per group, as
+        reported in `BlockStored` events."""
         self._stored, self._removed, self._cleared = event_classes()
         self._group_kinds = group_kinds
 
     def build(self, raw: list[tuple], request: Any) -> list[Any]:
+        """Event objects for the core's raw event tuples of one call on
+        `request` (its tokens, LoRA and extra keys fill `BlockStored`)."""
         out = []
         for ev in raw:
             tag = ev[0]

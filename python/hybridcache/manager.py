@@ -34,7 +34,70 @@ def _check_supported(dcp_world_size: int, pcp_world_size: int, metrics_collector
 
 
 class KVCacheManager(_native.NativeManager):
-    """Drop-in for `vllm.v1.core.kv_cache_manager.KVCacheManager` (vLLM 0.23.0)."""
+    """Drop-in for `vllm.v1.core.kv_cache_manager.KVCacheManager` (vLLM
+    0.23.0): the KV-cache blocks of every request of a serving loop, over one
+    block pool shared by all KV-cache groups, with prefix caching.
+
+    Args:
+        kv_cache_config: a `hybridcache.KVCacheConfig` or vLLM's: the pool
+            size and the groups (full attention, sliding window, chunked
+            local, Mamba, cross attention, in any mix).
+        max_model_len: the longest sequence in tokens; allocations are
+            capped there.
+        scheduler_block_size: the caller's scheduling granularity in tokens:
+            the LCM of the groups' block sizes (vLLM's
+            `resolve_kv_cache_block_sizes`). Prefix-cache hits are a multiple
+            of it.
+        hash_block_size: tokens per request block hash (`request.block_hashes`);
+            every group's block size is a multiple of it. With one group and
+            prefix caching it must equal that group's block size.
+        max_num_batched_tokens: the most tokens one step schedules (caps a
+            sliding-window / chunked-local request's admission); None:
+            `max_model_len`.
+        enable_caching: prefix caching (vLLM's `enable_prefix_caching`).
+        use_eagle: an EAGLE drafter shares the cache (a hit drops its last
+            block, as vLLM's).
+        log_stats: count prefix-cache lookups (`make_prefix_cache_stats`).
+        enable_kv_cache_events: record `BlockStored` / `BlockRemoved` /
+            `AllBlocksCleared` events (`take_events`).
+        dcp_world_size, pcp_world_size: context parallelism; only 1.
+        metrics_collector: only None.
+
+    Raises:
+        ValueError: a count that is not a positive int, block sizes that do
+            not divide as above, a bad spec field (each named).
+        TypeError: a config without `kv_cache_groups`, a group without a spec.
+        NotImplementedError: dcp/pcp > 1, a metrics collector, sink or
+            encoder-only specs, VLLM_PREFIX_CACHE_RETENTION_INTERVAL.
+
+    The calls of a scheduler step (native; their full documentation is in
+    `hybridcache/_native.pyi`, shown by IDEs and type checkers):
+
+    - ``new_step_starts()``: once at the start of every step.
+    - ``get_computed_blocks(request) -> (KVCacheBlocks, num_hit_tokens)``:
+      the longest prefix-cache hit of a request being admitted.
+    - ``allocate_slots(request, num_new_tokens, num_new_computed_tokens=0,
+      new_computed_blocks=None, num_lookahead_tokens=0, ...) ->
+      KVCacheBlocks | None``: blocks for this step's tokens; the blocks
+      added (``get_block_ids(allow_none=True)`` is None when none were), or
+      None when the pool cannot hold them (preempt a request and retry).
+    - ``free(request)``: a finished or preempted request's blocks back to
+      the pool (cached ones stay findable until reused).
+    - ``get_block_ids(request_id)``, ``get_blocks(request_id)``: a request's
+      whole block table per group.
+    - ``cache_blocks(request, num_computed_tokens)``,
+      ``remove_skipped_blocks(request_id, total_computed_tokens)``,
+      ``evict_blocks(block_ids)``, ``reset_prefix_cache()``,
+      ``get_num_common_prefix_blocks(request_id)``, ``take_new_block_ids()``,
+      ``usage``, ``check_invariants()``.
+    - Batched forms for serving loops: ``allocate_decode_batch`` and
+      ``allocate_decode_arrays``.
+
+    Errors: bad arguments raise ValueError / TypeError naming the argument
+    and leave the manager unchanged; running out of blocks is not an error.
+    The caller's contract between calls (what to update on the request) is
+    in the README.
+    """
 
     def __new__(
         cls,
@@ -51,6 +114,7 @@ class KVCacheManager(_native.NativeManager):
         pcp_world_size: int = 1,
         metrics_collector: Any = None,
     ) -> KVCacheManager:
+        """Builds the manager; the arguments and errors are in the class docstring."""
         _check_supported(dcp_world_size, pcp_world_size, metrics_collector)
         max_model_len = _positive_int("max_model_len", max_model_len)
         if max_num_batched_tokens is None:
@@ -77,7 +141,8 @@ class KVCacheManager(_native.NativeManager):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Everything is set up in `__new__` (the native base needs its
-        arguments there); this only accepts the same arguments."""
+        arguments there; see the class docstring for them); this only
+        accepts the same arguments."""
 
     def _init_python_side(
         self,
@@ -120,6 +185,9 @@ class KVCacheManager(_native.NativeManager):
         self._events.extend(self._event_builder.build(raw, request))
 
     def create_kv_cache_blocks(self, blocks: tuple[Any, ...]) -> KVCacheBlocks:
+        """vLLM's `create_kv_cache_blocks`: a `KVCacheBlocks` of this manager
+        from block lists per group (block views / objects with `block_id`,
+        or lists of ids). All groups empty: the shared `empty_kv_cache_blocks`."""
         ids = tuple(g if isinstance(g, list) else [getattr(b, "block_id", b) for b in g] for g in blocks)
         if not any(ids):
             return self.empty_kv_cache_blocks
@@ -128,8 +196,11 @@ class KVCacheManager(_native.NativeManager):
     # -- vLLM API beyond the native hot path ------------------------------
 
     def make_prefix_cache_stats(self) -> Any:
-        """The prefix-cache stats since the last call (vLLM's class when
-        importable), or None when `log_stats` is off."""
+        """The prefix-cache stats since the last call, then reset: a
+        `PrefixCacheStats` (vLLM's class when vLLM is importable, else
+        `hybridcache.events.PrefixCacheStats`, same fields: reset, requests,
+        queries, hits and their preempted_* counterparts), or None when
+        `log_stats` is off."""
         return self._stats(take=True)
 
     @property
@@ -148,6 +219,10 @@ class KVCacheManager(_native.NativeManager):
         return stats
 
     def take_events(self) -> list[Any]:
+        """The KV events recorded since the last call, oldest first, then
+        cleared: `BlockStored` / `BlockRemoved` / `AllBlocksCleared`
+        (vLLM's classes when importable, else `hybridcache.events`' with the
+        same fields). Always empty unless `enable_kv_cache_events`."""
         events, self._events = self._events, []
         return events
 

@@ -31,27 +31,63 @@ def sha256_block_hash(
 
 
 class LoRARequest:
-    """The two LoRA fields the manager reports in KV events."""
+    """A request's LoRA adapter, as far as the KV cache cares: its name goes
+    into the block hashes (blocks of different adapters never match) and,
+    with its id, into KV events (vLLM's `LoRARequest` fields).
+
+    Args:
+        lora_name: the adapter's name.
+        lora_int_id: the adapter's integer id.
+    """
 
     __slots__ = ("lora_name", "lora_int_id")
 
     def __init__(self, lora_name: str, lora_int_id: int) -> None:
+        """See the class docstring."""
         self.lora_name = lora_name
         self.lora_int_id = lora_int_id
 
     @property
     def name(self) -> str:
+        """The adapter's name (vLLM's alias of `lora_name`)."""
         return self.lora_name
 
     @property
     def adapter_id(self) -> int:
+        """The adapter's id (vLLM's alias of `lora_int_id`)."""
         return self.lora_int_id
 
 
 class Request:
-    """What a serving loop tracks per request, as far as the KV-cache manager cares.
+    """What a serving loop tracks per request, as far as the KV-cache manager
+    cares: for users without vLLM (vLLM's `Request` works as well).
 
-    ``hash_block_size`` of ``None`` disables hashing (prefix caching off).
+    Args:
+        request_id: unique among the requests the manager holds (str).
+        prompt_token_ids: the prompt.
+        hash_block_size: tokens per block hash; must equal the manager's
+            `hash_block_size` (block hashes of any other size never match).
+            None: no hashes (prefix caching off).
+        lora_request: the LoRA adapter, or None.
+        cache_salt: a salt mixed into the first block's hash, so only
+            requests with the same salt share cached blocks.
+        block_hasher: ``(parent hash or None, token ids, extra keys or None)
+            -> bytes``, the chain hash of one full block (default SHA-256).
+            For hashes bit-identical to vLLM's, build vLLM's Request with
+            `hybridcache.hashing.make_request_block_hasher` instead.
+        skip_reading_prefix_cache: never look this request up in the prefix
+            cache (its blocks are still cached for others).
+
+    Raises TypeError when `request_id` is not a str.
+
+    What the caller updates between manager calls (the README's "caller's
+    contract"): `num_computed_tokens` (tokens whose KV is computed, set
+    after admission and advanced after every step, lowered by rejected
+    drafts), output tokens through `append_output_token_ids` (which keeps
+    `block_hashes` current), `spec_token_ids` (this step's draft tokens,
+    read by the caller's scheduler to size `num_new_tokens`, never by the
+    manager) and, on preemption, `num_computed_tokens = 0` and
+    `num_preemptions += 1`.
     """
 
     def __init__(
@@ -65,6 +101,7 @@ class Request:
         block_hasher: BlockHasher = sha256_block_hash,
         skip_reading_prefix_cache: bool = False,
     ) -> None:
+        """See the class docstring for the arguments."""
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be str, got {type(request_id).__name__}")
         self.request_id = request_id
@@ -87,17 +124,29 @@ class Request:
 
     @property
     def all_token_ids(self) -> list[int]:
+        """Prompt and output tokens (draft tokens not included)."""
         return self._all_token_ids
 
     @property
     def num_tokens(self) -> int:
+        """``len(all_token_ids)``: prompt plus output tokens, without drafts."""
         return len(self._all_token_ids)
 
     @property
     def num_output_tokens(self) -> int:
+        """Tokens appended with `append_output_token_ids`."""
         return len(self._all_token_ids) - self.num_prompt_tokens
 
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """`num_tokens` plus this step's draft tokens (`spec_token_ids`):
+        what a step computes up to, as in vLLM's scheduler."""
+        return len(self._all_token_ids) + len(self.spec_token_ids)
+
     def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
+        """Appends sampled (accepted) tokens and hashes every block they
+        fill (`block_hashes` grows by one per `hash_block_size` tokens).
+        Takes one token id or an iterable of them."""
         if isinstance(token_ids, int):
             self._all_token_ids.append(token_ids)
         else:
@@ -125,6 +174,7 @@ class Request:
             start += size
 
     def __repr__(self) -> str:
+        """``Request(id, num_tokens=..., num_computed_tokens=...)``."""
         return (
             f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
             f"num_computed_tokens={self.num_computed_tokens})"

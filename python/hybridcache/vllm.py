@@ -38,16 +38,19 @@ _original_hasher_factory: Any = None  # vLLM's get_request_block_hasher while re
 
 
 class VllmKVCacheManager(KVCacheManager):
-    """hybridcache's manager as vLLM's scheduler constructs it: the facade plus
-    the `coordinator` view the scheduler reads."""
+    """hybridcache's manager as vLLM's scheduler constructs it (after
+    `install()`): `KVCacheManager` with vLLM's keyword arguments, plus the
+    `coordinator` view the scheduler reads."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """The arguments of `KVCacheManager`."""
         super().__init__(*args, **kwargs)
         if getattr(self, "coordinator", None) is None:
             self.coordinator = CoordinatorView(self)
 
 
 def vllm_version() -> str | None:
+    """The installed vLLM's version (imports vLLM), or None without vLLM."""
     try:
         import vllm
     except ImportError:
@@ -180,6 +183,7 @@ def native_hashing_installed() -> bool:
 
 
 def is_installed() -> bool:
+    """Whether vLLM's scheduler module currently builds hybridcache's manager."""
     import sys
 
     module = sys.modules.get(_SCHEDULER_MODULE)

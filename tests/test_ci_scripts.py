@@ -1,0 +1,85 @@
+"""The CI scripts: the oracle venv is consistent with vLLM's own pins, and
+`.ci/run` / `scripts/install_oracle.sh` fail clearly on a bad interpreter
+or version, before installing anything."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PINS = ROOT / "scripts" / "oracle_requirements.py"
+SCRIPTS = [ROOT / ".ci" / "run", *sorted((ROOT / "scripts").glob("*.sh"))]
+
+
+def _run(*args: str, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=300, **kw)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
+def test_shell_scripts_parse(script: Path) -> None:
+    r = _run("bash", "-n", str(script))
+    assert r.returncode == 0, r.stderr
+
+
+def _in_oracle_venv() -> bool:
+    # install_oracle.sh leaves vLLM's constraints file in the venv it made.
+    return sys.prefix != sys.base_prefix and any(Path(sys.prefix).glob("vllm-*-constraints.txt"))
+
+
+@pytest.mark.skipif(not _in_oracle_venv(), reason="not running in an oracle venv made by scripts/install_oracle.sh")
+def test_oracle_venv_is_within_vllms_pins() -> None:
+    r = _run(sys.executable, str(PINS), "check")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all within vLLM's pins" in r.stdout
+    requires = metadata.requires("vllm") or []
+    torch_pin = next(line for line in requires if line.replace(" ", "").startswith("torch=="))
+    assert metadata.version("torch").split("+")[0] == torch_pin.split("==")[1].split(";")[0].strip()
+
+
+def test_constraints_come_from_vllms_metadata(tmp_path: Path) -> None:
+    try:
+        metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        pytest.skip("vLLM is not installed")
+    out = tmp_path / "c.txt"
+    r = _run(sys.executable, str(PINS), "constraints", str(out))
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in out.read_text().splitlines() if ln and not ln.startswith("#")]
+    assert not any("[" in ln for ln in lines)  # pip refuses extras in constraints
+    if metadata.version("vllm") == "0.23.0":
+        assert "torch==2.11.0" in lines
+
+
+def test_ci_run_names_a_missing_interpreter() -> None:
+    env = {**os.environ, "PYTHON": "/nonexistent/python3"}
+    r = _run("bash", str(ROOT / ".ci" / "run"), env=env, cwd=ROOT)
+    assert r.returncode != 0
+    assert "base interpreter '/nonexistent/python3' not found" in r.stderr
+    assert "== tools" not in r.stdout  # nothing after the check ran
+
+
+def test_install_oracle_refuses_an_unknown_version(tmp_path: Path) -> None:
+    r = _run("bash", str(ROOT / "scripts" / "install_oracle.sh"), "0.0.1", str(tmp_path / "venv"))
+    assert r.returncode != 0
+    assert "no package list for vLLM 0.0.1" in r.stderr
+    assert not (tmp_path / "venv").exists()
+
+
+@pytest.mark.skipif(not _in_oracle_venv(), reason="not running in an oracle venv made by scripts/install_oracle.sh")
+def test_oracle_venv_runs_the_triton_interpreter() -> None:
+    """CI's Triton kernel tests run under Triton's CPU interpreter; in the
+    oracle venv they must run, not skip (torch 2.11.0's Triton 3.6 needs
+    numpy < 2.4, pinned in scripts/oracle/vllm-0.23.0.txt)."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        import test_kernels
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    assert test_kernels.triton_interpreter_skip_reason() is None

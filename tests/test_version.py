@@ -1,0 +1,44 @@
+"""`hybridcache --version`: the package version, the vLLM version it is a
+drop-in for, and the vLLM installed (read from metadata, never imported)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import metadata
+
+import hybridcache
+from hybridcache.__main__ import main, version_text
+
+
+def test_version_flag_prints_versions_and_exits_0(capsys) -> None:
+    try:
+        main(["--version"])
+    except SystemExit as e:
+        assert e.code == 0
+    else:
+        raise AssertionError("--version must exit")
+    out = capsys.readouterr().out
+    assert out == version_text() + "\n"
+    assert out.startswith(f"hybridcache {hybridcache.__version__} ")
+    assert f"vLLM {hybridcache.SUPPORTED_VLLM_VERSION}" in out
+    try:
+        installed = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        assert "vLLM not installed" in out
+    else:
+        assert f"vLLM {installed} installed" in out
+
+
+def test_version_flag_imports_neither_vllm_nor_torch() -> None:
+    code = (
+        "import sys\n"
+        "from hybridcache.__main__ import main\n"
+        "try:\n    main(['--version'])\nexcept SystemExit:\n    pass\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch'))\n"
+        "assert not bad, bad\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("hybridcache ")
+    assert "\n" not in r.stdout.rstrip("\n")  # one line, never wrapped
