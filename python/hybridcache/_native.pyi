@@ -190,7 +190,7 @@ class NativeManager:
         `allocate_slots`, so both spellings are the same call."""
     def allocate_decode_batch(
         self,
-        requests: list[_Request],
+        requests: Sequence[_Request],
         num_new_tokens: list[int],
         num_lookahead_tokens: int = 0,
         num_computed_tokens: list[int] | None = None,
@@ -217,7 +217,7 @@ class NativeManager:
         num_computed_tokens: list[int] | bytes | bytearray,
         num_tokens: list[int] | bytes | bytearray,
         num_lookahead_tokens: int = 0,
-        requests: list[_Request] | None = None,
+        requests: Sequence[_Request] | None = None,
     ) -> tuple[bytes, bytes, bytes]:
         """`allocate_decode_batch` over arrays (lists of ints, or bytes of
         little-endian uint64 handles / uint32 counts). `requests[i]` is read
