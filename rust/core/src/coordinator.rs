@@ -3,9 +3,10 @@
 //! no prefix cache, unitary (one group), or hybrid (several attention types).
 
 use crate::block_pool::BlockPool;
+use crate::decode_bounds::{DecodeCounts, DecodeHorizon};
 use crate::error::{CoreError, CoreResult};
+use crate::group_manager::SingleTypeManager;
 use crate::hashes::{HashList, ScaledHashes};
-use crate::manager::{DecodeCounts, DecodeHorizon, SingleTypeManager};
 use crate::new_blocks::NewBlocks;
 use crate::spec::{GroupSpec, SpecKind};
 use crate::{cdiv, BlockId, ReqSlot};
@@ -280,9 +281,7 @@ impl Coordinator {
     ) -> usize {
         self.managers
             .iter()
-            .map(|m| {
-                m.hashes_needed_to_cache(cached(m), self.tokens_to_cache(m, num_tokens), m.scale)
-            })
+            .map(|m| m.hashes_needed_to_cache(cached(m), self.tokens_to_cache(m, num_tokens)))
             .max()
             .unwrap_or(0)
     }

@@ -6,11 +6,11 @@ use std::borrow::Cow;
 
 use crate::block_pool::BlockPool;
 use crate::coordinator::Coordinator;
+use crate::decode_bounds::{DecodeCounts, DecodeHorizon};
 use crate::error::{invalid, CoreError, CoreResult};
 use crate::events::PoolEvent;
 use crate::hashes::HashList;
 use crate::mamba_plan::{post_rows, pre_rows, PlanRequest, PlannerState, PreRow};
-use crate::manager::{DecodeCounts, DecodeHorizon};
 use crate::new_blocks::NewBlocks;
 use crate::requests::RequestRegistry;
 use crate::spec::GroupSpec;
@@ -1004,7 +1004,7 @@ impl KvCacheManager {
         &self,
         request_id: &str,
         group: usize,
-    ) -> Option<crate::manager::AlignState> {
+    ) -> Option<crate::attention::mamba::AlignState> {
         let slot = self.slot(request_id)?;
         self.coord.managers.get(group)?.align_state(slot)
     }

@@ -3,17 +3,19 @@
 //! `python/hybridcache`, the binding in `rust/python`.
 #![forbid(unsafe_code)]
 
+pub mod attention;
 pub mod block_hasher;
 pub mod block_pool;
 pub mod coordinator;
+pub mod decode_bounds;
 pub mod error;
 pub mod events;
 pub mod fast_hash;
 pub mod free_queue;
+pub mod group_manager;
 pub mod hashes;
 pub mod kv_manager;
 pub mod mamba_plan;
-pub mod manager;
 pub mod new_blocks;
 pub mod prefix_map;
 pub mod requests;

@@ -7,10 +7,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::decode_bounds::DecodeHorizon;
 use crate::fast_hash::FxBuild;
 use crate::hashes::HashList;
 use crate::kv_manager::HashUpdate;
-use crate::manager::DecodeHorizon;
 use crate::ReqSlot;
 
 /// What a decode of one request reads and writes, in one cache line.
