@@ -43,10 +43,10 @@ class NativeManager:
         max_model_len: int,
         scheduler_block_size: int,
         hash_block_size: int,
-        max_num_batched_tokens: int | None,
         enable_caching: bool,
         use_eagle: bool,
         enable_events: bool,
+        profile: str = "0.23.0",
     ) -> NativeManager: ...
     def _bind_python(
         self, empty: KVCacheBlocks, event_sink: Callable[[list[_RawEvent], Any], None] | None, log_stats: bool = False

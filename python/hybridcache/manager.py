@@ -65,7 +65,6 @@ class KVCacheManager(_native.NativeManager):
             max_model_len,
             _positive_int("scheduler_block_size", scheduler_block_size),
             _positive_int("hash_block_size", hash_block_size),
-            max_num_batched_tokens,
             bool(enable_caching),
             bool(use_eagle),
             bool(enable_kv_cache_events),

@@ -8,6 +8,7 @@ use crate::error::{CoreError, CoreResult};
 use crate::group_manager::SingleTypeManager;
 use crate::hashes::{HashList, ScaledHashes};
 use crate::new_blocks::NewBlocks;
+use crate::profile::BehaviourProfile;
 use crate::spec::{GroupSpec, SpecKind};
 use crate::{cdiv, BlockId, ReqSlot};
 
@@ -69,6 +70,7 @@ impl Coordinator {
         groups: &[GroupSpec],
         use_eagle: bool,
         scheduler_block_size: u32,
+        profile: &BehaviourProfile,
     ) -> CoreResult<Self> {
         let enable_caching = pool.enable_caching();
         let hash_block_size = pool.hash_block_size();
@@ -109,7 +111,13 @@ impl Coordinator {
             .iter()
             .enumerate()
             .map(|(i, g)| {
-                SingleTypeManager::new(g.clone(), i as u32, enable_caching, scheduler_block_size)
+                SingleTypeManager::new(
+                    g.clone(),
+                    i as u32,
+                    enable_caching,
+                    scheduler_block_size,
+                    profile,
+                )
             })
             .collect();
         let mut spec_groups = Vec::new();

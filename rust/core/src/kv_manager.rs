@@ -12,6 +12,7 @@ use crate::events::PoolEvent;
 use crate::hashes::HashList;
 use crate::mamba_plan::{post_rows, pre_rows, PlanRequest, PlannerState, PreRow};
 use crate::new_blocks::NewBlocks;
+use crate::profile::BehaviourProfile;
 use crate::requests::RequestRegistry;
 use crate::spec::GroupSpec;
 use crate::{BlockId, ReqSlot};
@@ -23,10 +24,11 @@ pub struct ManagerConfig {
     pub max_model_len: usize,
     pub scheduler_block_size: u32,
     pub hash_block_size: u32,
-    pub max_num_batched_tokens: Option<usize>,
     pub enable_caching: bool,
     pub use_eagle: bool,
     pub enable_events: bool,
+    /// The vLLM release whose semantics the manager follows.
+    pub profile: BehaviourProfile,
 }
 
 /// "No new computed blocks" for up to 32 groups, without allocating.
@@ -109,6 +111,7 @@ pub struct KvCacheManager {
     planner: PlannerState,
     max_model_len: usize,
     enable_caching: bool,
+    profile: BehaviourProfile,
     // Some group is Mamba align (the copy planner tracks requests then).
     has_align_groups: bool,
     reqs: RequestRegistry,
@@ -134,7 +137,13 @@ impl KvCacheManager {
             cfg.hash_block_size,
             cfg.enable_events,
         )?;
-        let coord = Coordinator::new(pool, &cfg.groups, cfg.use_eagle, cfg.scheduler_block_size)?;
+        let coord = Coordinator::new(
+            pool,
+            &cfg.groups,
+            cfg.use_eagle,
+            cfg.scheduler_block_size,
+            &cfg.profile,
+        )?;
         let has_align_groups = coord.managers.iter().any(|m| m.is_mamba_align());
         Ok(KvCacheManager {
             coord,
@@ -142,6 +151,7 @@ impl KvCacheManager {
             planner: PlannerState::default(),
             max_model_len: cfg.max_model_len,
             enable_caching: cfg.enable_caching,
+            profile: cfg.profile,
             has_align_groups,
             reqs: RequestRegistry::default(),
         })
@@ -945,7 +955,9 @@ impl KvCacheManager {
     }
 
     pub fn get_num_common_prefix_blocks(&mut self, request_id: &str) -> Vec<usize> {
-        if self.coord.kind == crate::coordinator::CoordinatorKind::NoPrefixCache {
+        if self.coord.kind == crate::coordinator::CoordinatorKind::NoPrefixCache
+            || !self.profile.common_prefix
+        {
             return vec![0; self.num_groups()];
         }
         // vLLM's defaultdict gives an unknown id an (empty) entry.

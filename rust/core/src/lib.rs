@@ -18,6 +18,7 @@ pub mod kv_manager;
 pub mod mamba_plan;
 pub mod new_blocks;
 pub mod prefix_map;
+pub mod profile;
 pub mod requests;
 pub mod slot_table;
 pub mod spec;
@@ -28,6 +29,7 @@ pub use events::PoolEvent;
 pub use hashes::HashList;
 pub use kv_manager::{AllocateArgs, HashUpdate, KvCacheManager, LookupStats, ManagerConfig};
 pub use new_blocks::NewBlocks;
+pub use profile::BehaviourProfile;
 pub use spec::{GroupSpec, MambaMode, SpecKind};
 
 /// Block ids are u32; block 0 is the null block.

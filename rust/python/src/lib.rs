@@ -19,10 +19,11 @@ mod hasher;
 
 use convert::{
     block_ids, count, count_obj, fill_hash_update, guard, hash_update, ids_tuple, parse_group,
-    u32_arg, u32_bytes, uint_array, GroupTuple,
+    to_py_err, u32_arg, u32_bytes, uint_array, GroupTuple,
 };
 use hybridcache_core::{
-    AllocateArgs, CoreError, HashUpdate, KvCacheManager, ManagerConfig, NewBlocks, PoolEvent,
+    AllocateArgs, BehaviourProfile, CoreError, HashUpdate, KvCacheManager, ManagerConfig,
+    NewBlocks, PoolEvent,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
@@ -466,7 +467,7 @@ impl NativeManager {
 impl NativeManager {
     #[new]
     #[pyo3(signature = (num_blocks, groups, max_model_len, scheduler_block_size, hash_block_size,
-                        max_num_batched_tokens, enable_caching, use_eagle, enable_events))]
+                        enable_caching, use_eagle, enable_events, profile = "0.23.0"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: i64,
@@ -474,10 +475,10 @@ impl NativeManager {
         max_model_len: i64,
         scheduler_block_size: i64,
         hash_block_size: i64,
-        max_num_batched_tokens: Option<i64>,
         enable_caching: bool,
         use_eagle: bool,
         enable_events: bool,
+        profile: &str,
     ) -> PyResult<Self> {
         let groups = groups
             .into_iter()
@@ -490,12 +491,10 @@ impl NativeManager {
             max_model_len: count("max_model_len", max_model_len)?,
             scheduler_block_size: u32_arg("scheduler_block_size", scheduler_block_size)?,
             hash_block_size: u32_arg("hash_block_size", hash_block_size)?,
-            max_num_batched_tokens: max_num_batched_tokens
-                .map(|v| count("max_num_batched_tokens", v))
-                .transpose()?,
             enable_caching,
             use_eagle,
             enable_events,
+            profile: BehaviourProfile::for_release(profile).map_err(to_py_err)?,
         };
         Ok(NativeManager {
             inner: guard(|| KvCacheManager::new(cfg))?,

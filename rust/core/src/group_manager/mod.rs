@@ -15,6 +15,7 @@ use crate::attention::{Attention, HitSearch, ReachableBlocks};
 use crate::block_pool::{reserve_table, BlockPool, NULL_BLOCK};
 use crate::fast_hash::FxBuild;
 use crate::hashes::ScaledHashes;
+use crate::profile::{BehaviourProfile, FreePolicy};
 use crate::spec::GroupSpec;
 use crate::{cdiv, BlockId, ReqSlot};
 use record::{GroupReq, Records};
@@ -36,6 +37,9 @@ pub(crate) struct SingleTypeManager {
     reachable: Option<ReachableBlocks>,
     records: Records,
     new_block_ids: Vec<BlockId>,
+    /// New block ids are recorded (spec and profile agree).
+    records_new_block_ids: bool,
+    free_policy: FreePolicy,
     enable_caching: bool,
     // Mamba: blocks cached during this step cannot serve hits until the
     // next. vLLM keeps (hash, group) keys; a prefix-map entry stands for
@@ -50,8 +54,11 @@ impl SingleTypeManager {
         group_id: u32,
         enable_caching: bool,
         scheduler_block_size: u32,
+        profile: &BehaviourProfile,
     ) -> Self {
         SingleTypeManager {
+            records_new_block_ids: profile.records_new_block_ids(spec.reports_new_block_ids),
+            free_policy: profile.free_policy,
             block_size: spec.block_size,
             attn: Attention::from_spec(&spec.kind),
             scheduler_block_size,
@@ -248,7 +255,7 @@ impl SingleTypeManager {
         let blocks = &mut self.records.with_table(slot).blocks;
         let start = blocks.len();
         pool.get_new_blocks(n, blocks);
-        if self.spec.reports_new_block_ids {
+        if self.records_new_block_ids {
             self.new_block_ids.extend_from_slice(&blocks[start..]);
         }
     }
@@ -293,7 +300,7 @@ impl SingleTypeManager {
         }
         let start = blocks.len();
         pool.get_new_blocks(num_required - start, blocks);
-        if self.spec.reports_new_block_ids {
+        if self.records_new_block_ids {
             self.new_block_ids.extend_from_slice(&blocks[start..]);
         }
         out.extend_from_slice(&blocks[start..]);
@@ -379,7 +386,9 @@ impl SingleTypeManager {
 
     /// Frees the request's blocks, tail first so tails are evicted first.
     pub fn free(&mut self, pool: &mut BlockPool, slot: ReqSlot) {
-        let scratch_first = self.attn.frees_scratch_first();
+        let scratch_first = self
+            .free_policy
+            .request_scratch_first(self.attn.frees_scratch_first());
         let Some(r) = self.records.reqs.get_mut(slot as usize) else {
             return;
         };
@@ -438,6 +447,7 @@ impl SingleTypeManager {
             return;
         }
         let n = skipped / self.bs();
+        let scratch_first = self.free_policy.window_scratch_first();
         let blocks = &mut self.records.with_table(slot).blocks;
         let n = n.min(blocks.len());
         let mut removed_cached: SmallVec<[BlockId; 8]> = SmallVec::new();
@@ -448,7 +458,7 @@ impl SingleTypeManager {
                 // Earlier calls already nulled everything before it.
                 break;
             }
-            if pool.block_hash(b).is_none() {
+            if scratch_first && pool.block_hash(b).is_none() {
                 removed_uncached.push(b);
             } else {
                 removed_cached.push(b);
