@@ -27,7 +27,10 @@ pub use block_pool::{BlockPool, NULL_BLOCK};
 pub use error::{CoreError, CoreResult};
 pub use events::PoolEvent;
 pub use hashes::{HashList, HashUpdate};
-pub use kv_cache_manager::{AllocateArgs, KvCacheManager, LookupStats, ManagerConfig};
+pub use kv_cache_manager::{
+    AllocateArgs, BatchResult, BatchScratch, DecodeBatch, KvCacheManager, LookupStats,
+    ManagerConfig,
+};
 pub use mamba_plan::PreRow;
 pub use new_blocks::NewBlocks;
 pub use profile::BehaviourProfile;

@@ -22,8 +22,8 @@ use convert::{
     to_py_err, u32_arg, u32_bytes, uint_array, GroupTuple,
 };
 use hybridcache_core::{
-    AllocateArgs, BehaviourProfile, CoreError, HashUpdate, KvCacheManager, ManagerConfig,
-    NewBlocks, PoolEvent,
+    AllocateArgs, BatchResult, BatchScratch, BehaviourProfile, CoreError, HashUpdate,
+    KvCacheManager, ManagerConfig, NewBlocks, PoolEvent,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
@@ -54,16 +54,13 @@ struct Bound_ {
 #[pyclass(module = "hybridcache._native", name = "NativeManager", subclass)]
 struct NativeManager {
     inner: KvCacheManager,
-    enable_caching: bool,
-    /// Count lookups for prefix-cache stats (vLLM's `log_stats`).
-    log_stats: bool,
     py_side: Option<Bound_>,
     // The last allocation's new blocks (reused: a call allocates nothing).
     scratch: NewBlocks,
     // A decode's new block hashes on their way to the core (reused too).
     hash_buf: HashUpdate,
     // What `allocate_decode_arrays` reuses across steps.
-    batch: batch::BatchScratch,
+    batch: BatchScratch,
     ids: id_cache::IdCache,
 }
 
@@ -116,25 +113,6 @@ fn raw_events<'py>(py: Python<'py>, events: Vec<PoolEvent>) -> PyResult<Bound<'p
         })
         .collect::<PyResult<Vec<_>>>()?;
     PyList::new(py, items)
-}
-
-/// Appends one request's batch result: its new blocks per group (from
-/// `scratch` when `got`), or an empty run per group.
-fn push_result(
-    got: bool,
-    scratch: &NewBlocks,
-    num_groups: usize,
-    offsets: &mut Vec<u32>,
-    ids: &mut Vec<u32>,
-) {
-    if got {
-        for g in scratch.groups() {
-            ids.extend_from_slice(g);
-            offsets.push(ids.len() as u32);
-        }
-    } else {
-        offsets.extend(std::iter::repeat_n(ids.len() as u32, num_groups));
-    }
 }
 
 /// The optional arguments of `allocate_slots` as given (None: left out;
@@ -247,7 +225,7 @@ impl NativeManager {
         rid: &str,
     ) -> PyResult<Option<HashUpdate>> {
         // Used by lookups and cache_blocks; allocation uses `allocate_one`.
-        if !self.enable_caching {
+        if !self.inner.enable_caching() {
             return Ok(None);
         }
         let hashes = request.getattr(intern!(request.py(), "block_hashes"))?;
@@ -498,12 +476,10 @@ impl NativeManager {
         };
         Ok(NativeManager {
             inner: guard(|| KvCacheManager::new(cfg))?,
-            enable_caching,
-            log_stats: false,
             py_side: None,
             scratch: NewBlocks::new(),
             hash_buf: HashUpdate::default(),
-            batch: batch::BatchScratch::default(),
+            batch: BatchScratch::default(),
             ids: id_cache::IdCache::default(),
         })
     }
@@ -529,7 +505,7 @@ impl NativeManager {
     #[pyo3(signature = (empty, event_sink, log_stats=false))]
     fn _bind_python(&mut self, empty: PyObject, event_sink: Option<PyObject>, log_stats: bool) {
         self.py_side = Some(Bound_ { empty, event_sink });
-        self.log_stats = log_stats;
+        self.inner.set_log_stats(log_stats);
     }
 
     #[getter]
@@ -565,11 +541,12 @@ impl NativeManager {
     ) -> PyResult<(PyObject, usize)> {
         let py = slf.py();
         let empty = || -> PyResult<PyObject> { Ok(slf.borrow().py_side()?.empty.clone_ref(py)) };
-        if !slf.borrow().enable_caching
-            || request
+        let reads = slf.borrow().inner.reads_prefix_cache(|| {
+            request
                 .getattr(intern!(py, "skip_reading_prefix_cache"))?
-                .is_truthy()?
-        {
+                .is_truthy()
+        })?;
+        if !reads {
             return Ok((empty()?, 0));
         }
         let rid = request_id(request)?;
@@ -592,12 +569,12 @@ impl NativeManager {
                 }
                 this.inner.get_computed_blocks(rid, num_tokens)
             })?;
-            if this.log_stats {
+            if this.inner.counts_lookups() {
                 let preempted = count_obj(
                     "request.num_preemptions",
                     &request.getattr(intern!(py, "num_preemptions"))?,
                 )? > 0;
-                this.inner.stats.record(num_tokens, hit, preempted);
+                this.inner.record_lookup(num_tokens, hit, preempted);
             }
             (blocks, hit)
         };
@@ -611,7 +588,7 @@ impl NativeManager {
         let s = if take {
             self.inner.take_stats()
         } else {
-            self.inner.stats
+            self.inner.stats()
         };
         (
             s.reset,
@@ -712,10 +689,7 @@ impl NativeManager {
         let counts = counts_arg("num_new_tokens", Some(num_new_tokens))?.expect("given");
         let computed = counts_arg("num_computed_tokens", num_computed_tokens)?;
         let totals = counts_arg("num_tokens", num_tokens)?;
-        let mut ok = Vec::with_capacity(n);
-        let mut offsets = Vec::with_capacity(n * 4 + 1);
-        offsets.push(0u32);
-        let mut ids: Vec<u32> = Vec::new();
+        let mut result = BatchResult::with_capacity(n, 4);
         // Events are handed to the sink after the loop, request by request, in order.
         let mut pending_events = Vec::new();
         {
@@ -745,8 +719,7 @@ impl NativeManager {
                 if events_on && this.inner.has_events() {
                     pending_events.push((this.inner.take_events(), request.clone()));
                 }
-                ok.push(got);
-                push_result(got, &this.scratch, num_groups, &mut offsets, &mut ids);
+                result.push(got, &this.scratch, num_groups);
             }
         }
         if !pending_events.is_empty() {
@@ -762,10 +735,11 @@ impl NativeManager {
                 }
             }
         }
+        let ok = result.ok.iter().map(|&b| b != 0);
         Ok((
             PyList::new(py, ok)?,
-            PyList::new(py, offsets)?,
-            PyList::new(py, ids)?,
+            PyList::new(py, result.offsets)?,
+            PyList::new(py, result.ids)?,
         ))
     }
 
@@ -906,7 +880,7 @@ impl NativeManager {
         let rid = rid.to_str()?;
         {
             let mut this = slf.borrow_mut();
-            if !this.enable_caching {
+            if !this.inner.enable_caching() {
                 return Ok(());
             }
             let update = this.pending_hashes(request, rid)?;

@@ -3,9 +3,14 @@
 //! owns every decision. Arguments are checked before anything changes.
 
 mod allocate;
+mod batch;
 mod decode;
 mod invariants;
 mod mamba_copies;
+mod stats;
+
+pub use batch::{BatchResult, BatchScratch, DecodeBatch};
+pub use stats::LookupStats;
 
 use crate::block_pool::BlockPool;
 use crate::coordinator::Coordinator;
@@ -66,41 +71,13 @@ impl AllocateArgs<'_> {
     }
 }
 
-/// Prefix-cache lookup counters (vLLM's `PrefixCacheStats` fields).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LookupStats {
-    /// `reset_prefix_cache` succeeded since the last take.
-    pub reset: bool,
-    pub requests: u64,
-    pub queries: u64,
-    pub hits: u64,
-    pub preempted_requests: u64,
-    pub preempted_queries: u64,
-    pub preempted_hits: u64,
-}
-
-impl LookupStats {
-    pub fn record(&mut self, num_tokens: usize, num_hits: usize, preempted: bool) {
-        let (requests, queries, hits) = if preempted {
-            (
-                &mut self.preempted_requests,
-                &mut self.preempted_queries,
-                &mut self.preempted_hits,
-            )
-        } else {
-            (&mut self.requests, &mut self.queries, &mut self.hits)
-        };
-        *requests += 1;
-        *queries += num_tokens as u64;
-        *hits += num_hits as u64;
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct KvCacheManager {
     coord: Coordinator,
     /// Lookup counters since the last `take_stats`.
-    pub stats: LookupStats,
+    stats: LookupStats,
+    /// Lookups are counted (vLLM's `log_stats`).
+    log_stats: bool,
     // Mamba align worker-side state for copy plans.
     planner: PlannerState,
     max_model_len: usize,
@@ -142,6 +119,7 @@ impl KvCacheManager {
         Ok(KvCacheManager {
             coord,
             stats: LookupStats::default(),
+            log_stats: false,
             planner: PlannerState::default(),
             max_model_len: cfg.max_model_len,
             enable_caching: cfg.enable_caching,
@@ -149,6 +127,11 @@ impl KvCacheManager {
             has_align_groups,
             reqs: RequestRegistry::default(),
         })
+    }
+
+    /// Prefix caching is on (vLLM's `enable_caching`).
+    pub fn enable_caching(&self) -> bool {
+        self.enable_caching
     }
 
     pub fn pool(&self) -> &BlockPool {
@@ -371,17 +354,6 @@ impl KvCacheManager {
 
     pub fn evict_blocks(&mut self, ids: &[u32]) -> CoreResult<()> {
         self.coord.pool.evict_blocks(ids)
-    }
-
-    pub fn reset_prefix_cache(&mut self) -> bool {
-        let ok = self.coord.pool.reset_prefix_cache();
-        self.stats.reset |= ok;
-        ok
-    }
-
-    /// The lookup counters, reset to zero.
-    pub fn take_stats(&mut self) -> LookupStats {
-        std::mem::take(&mut self.stats)
     }
 
     pub fn get_num_common_prefix_blocks(&mut self, request_id: &str) -> Vec<usize> {
