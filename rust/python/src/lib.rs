@@ -4,15 +4,20 @@
 //! `NativeManager` is subclassed by the Python facade
 //! (`hybridcache.KVCacheManager`); the hot methods (`allocate_slots`,
 //! `free`, `cache_blocks`) are native so a scheduler step costs one call.
+//!
+//! All `unsafe` code is in `raw_ffi` (the default-on `raw-ffi` feature);
+//! without it the crate forbids `unsafe`.
+#![cfg_attr(not(feature = "raw-ffi"), deny(unsafe_code))]
 
 use std::borrow::Cow;
 
+mod allocate_params;
 mod batch;
-mod block_ids_call;
 mod blocks;
 mod convert;
-mod fast_call;
 mod id_cache;
+#[cfg(feature = "raw-ffi")]
+mod raw_ffi;
 
 use blocks::{BlockView, KVCacheBlocks};
 mod hasher;
@@ -601,48 +606,30 @@ impl NativeManager {
         )
     }
 
-    /// vLLM 0.23.0's `KVCacheManager.allocate_slots`. (The facade calls it
-    /// through `_bound_allocate_slots`, the same call without PyO3's
-    /// argument matching.)
-    #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens=None, new_computed_blocks=None,
-                        num_lookahead_tokens=None, num_external_computed_tokens=None,
-                        delay_cache_blocks=false, num_encoder_tokens=None, full_sequence_must_fit=false,
-                        reserved_blocks=None))]
-    #[allow(clippy::too_many_arguments)]
+    /// vLLM 0.23.0's `KVCacheManager.allocate_slots(request, num_new_tokens,
+    /// num_new_computed_tokens=0, new_computed_blocks=None,
+    /// num_lookahead_tokens=0, num_external_computed_tokens=0,
+    /// delay_cache_blocks=False, num_encoder_tokens=0,
+    /// full_sequence_must_fit=False, reserved_blocks=0)`; the parameters
+    /// are matched as Python does (`allocate_params`). The facade calls it
+    /// through `_bound_allocate_slots`.
+    #[pyo3(signature = (*args, **kwargs))]
     fn allocate_slots(
         slf: &Bound<'_, Self>,
-        request: &Bound<'_, PyAny>,
-        num_new_tokens: &Bound<'_, PyAny>,
-        num_new_computed_tokens: Option<&Bound<'_, PyAny>>,
-        new_computed_blocks: Option<&Bound<'_, PyAny>>,
-        num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
-        num_external_computed_tokens: Option<&Bound<'_, PyAny>>,
-        delay_cache_blocks: bool,
-        num_encoder_tokens: Option<&Bound<'_, PyAny>>,
-        full_sequence_must_fit: bool,
-        reserved_blocks: Option<&Bound<'_, PyAny>>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, pyo3::types::PyDict>>,
     ) -> PyResult<PyObject> {
-        Self::allocate_slots_impl(
-            slf,
-            request,
-            num_new_tokens,
-            AllocateSlotsArgs {
-                num_new_computed_tokens,
-                new_computed_blocks,
-                num_lookahead_tokens,
-                num_external_computed_tokens,
-                delay_cache_blocks,
-                num_encoder_tokens,
-                full_sequence_must_fit,
-                reserved_blocks,
-            },
-        )
+        allocate_params::call_matched(slf, args.iter(), kwargs.into_iter().flat_map(|k| k.iter()))
     }
 
-    /// `allocate_slots` as a builtin bound to this manager, called without
-    /// PyO3's argument matching (see `fast_call`).
+    /// `allocate_slots` bound to this manager: with the `raw-ffi` feature a
+    /// builtin called without PyO3's argument matching (see
+    /// `raw_ffi::allocate_call`), else the bound method.
     fn _bound_allocate_slots(slf: &Bound<'_, Self>) -> PyResult<PyObject> {
-        fast_call::bound_allocate_slots(slf)
+        #[cfg(feature = "raw-ffi")]
+        return raw_ffi::allocate_call::bound_allocate_slots(slf);
+        #[cfg(not(feature = "raw-ffi"))]
+        return Ok(slf.getattr(intern!(slf.py(), "allocate_slots"))?.unbind());
     }
 
     /// The decode `allocate_slots` of a whole step in one call: for each
@@ -1095,7 +1082,8 @@ impl NativeManager {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeManager>()?;
     m.add_class::<KVCacheBlocks>()?;
-    block_ids_call::install(&m.py().get_type::<KVCacheBlocks>())?;
+    #[cfg(feature = "raw-ffi")]
+    raw_ffi::block_ids_call::install(&m.py().get_type::<KVCacheBlocks>())?;
     m.add_class::<BlockView>()?;
     hasher::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
