@@ -1,18 +1,21 @@
-//! `allocate_decode_arrays` conversion: the core runs the batch
-//! (`KvCacheManager::allocate_decode_batch`); this reads the requests'
-//! `block_hashes` when the core asks for them.
+//! The batched calls' conversion. `allocate_decode_arrays`: the core runs
+//! the batch (`KvCacheManager::allocate_decode_batch`); this reads the
+//! requests' `block_hashes` when the core asks for them.
+//! `allocate_decode_batch`: one `allocate_slots` per request, in order,
+//! the results laid out by the core's `BatchResult`.
 
 use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use hybridcache_core::{BatchResult, DecodeBatch};
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use hybridcache_core::{AllocateArgs, BatchResult, DecodeBatch};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyBytes, PyList};
 
-use crate::convert::{fill_hash_update, to_py_err};
-use crate::NativeManager;
+use crate::calls::raw_events;
+use crate::convert::{count, count_obj, fill_hash_update, to_py_err, u32_bytes, uint_array};
+use crate::{request_id, NativeManager, NUM_TOKENS_UNREAD};
 
 /// The per-request inputs of one step, as typed slices.
 pub struct DecodeArrays<'a> {
@@ -69,4 +72,172 @@ pub fn run(
             "hybridcache core panicked (bug); state may be inconsistent",
         )),
     }
+}
+
+pub(crate) fn decode_batch<'py>(
+    slf: &Bound<'py, NativeManager>,
+    requests: &Bound<'py, PyAny>,
+    num_new_tokens: &Bound<'py, PyAny>,
+    num_lookahead_tokens: i64,
+    num_computed_tokens: Option<&Bound<'py, PyAny>>,
+    num_tokens: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>)> {
+    let py = slf.py();
+    let lookahead = count("num_lookahead_tokens", num_lookahead_tokens)?;
+    let requests = requests
+        .downcast::<PyList>()
+        .map_err(|_| PyTypeError::new_err("requests must be a list"))?;
+    let n = requests.len();
+    let counts_arg = |name: &str, v: Option<&Bound<'py, PyAny>>| -> PyResult<Option<Vec<usize>>> {
+        let Some(v) = v else { return Ok(None) };
+        let vals: Vec<i64> = v
+            .extract()
+            .map_err(|_| PyTypeError::new_err(format!("{name} must be a list of ints")))?;
+        if vals.len() != n {
+            return Err(PyValueError::new_err(format!(
+                "{name} has {} entries for {n} requests",
+                vals.len()
+            )));
+        }
+        vals.into_iter()
+            .map(|x| count(name, x))
+            .collect::<PyResult<Vec<_>>>()
+            .map(Some)
+    };
+    let counts = counts_arg("num_new_tokens", Some(num_new_tokens))?.expect("given");
+    let computed = counts_arg("num_computed_tokens", num_computed_tokens)?;
+    let totals = counts_arg("num_tokens", num_tokens)?;
+    let mut result = BatchResult::with_capacity(n, 4);
+    // Events are handed to the sink after the loop, request by request, in order.
+    let mut pending_events = Vec::new();
+    {
+        let mut this = slf.borrow_mut();
+        let num_groups = this.inner.num_groups();
+        let events_on = this
+            .py_side
+            .as_ref()
+            .is_some_and(|s| s.event_sink.is_some());
+        for (i, request) in requests.iter().enumerate() {
+            let rid = request_id(&request)?;
+            let num_computed = match &computed {
+                Some(c) => c[i],
+                None => count_obj(
+                    "request.num_computed_tokens",
+                    &request.getattr(intern!(py, "num_computed_tokens"))?,
+                )?,
+            };
+            let args = AllocateArgs {
+                num_new_tokens: counts[i],
+                num_computed_tokens: num_computed,
+                num_tokens: totals.as_ref().map_or(NUM_TOKENS_UNREAD, |t| t[i]),
+                num_lookahead_tokens: lookahead,
+                ..Default::default()
+            };
+            let got = this.allocate_one(&request, &rid, args)?;
+            if events_on && this.inner.has_events() {
+                pending_events.push((this.inner.take_events(), request.clone()));
+            }
+            result.push(got, &this.scratch, num_groups);
+        }
+    }
+    if !pending_events.is_empty() {
+        let sink = slf
+            .borrow()
+            .py_side()?
+            .event_sink
+            .as_ref()
+            .map(|s| s.clone_ref(py));
+        if let Some(sink) = sink {
+            for (events, request) in pending_events {
+                sink.call1(py, (raw_events(py, events)?, request))?;
+            }
+        }
+    }
+    let ok = result.ok.iter().map(|&b| b != 0);
+    Ok((
+        PyList::new(py, ok)?,
+        PyList::new(py, result.offsets)?,
+        PyList::new(py, result.ids)?,
+    ))
+}
+
+pub(crate) fn decode_arrays<'py>(
+    slf: &Bound<'py, NativeManager>,
+    handles: &Bound<'py, PyAny>,
+    num_new_tokens: &Bound<'py, PyAny>,
+    num_computed_tokens: &Bound<'py, PyAny>,
+    num_tokens: &Bound<'py, PyAny>,
+    num_lookahead_tokens: i64,
+    requests: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+)> {
+    let py = slf.py();
+    let lookahead = count("num_lookahead_tokens", num_lookahead_tokens)?;
+    let handles = uint_array::<u64>("handles", handles)?;
+    let n = handles.len();
+    fn counts<'a>(name: &str, v: &'a Bound<'_, PyAny>, n: usize) -> PyResult<Cow<'a, [u32]>> {
+        let vals = uint_array::<u32>(name, v)?;
+        if vals.len() != n {
+            return Err(PyValueError::new_err(format!(
+                "{name} has {} entries for {n} handles",
+                vals.len()
+            )));
+        }
+        Ok(vals)
+    }
+    let new_tokens = counts("num_new_tokens", num_new_tokens, n)?;
+    let computed = counts("num_computed_tokens", num_computed_tokens, n)?;
+    let totals = counts("num_tokens", num_tokens, n)?;
+    let requests = match requests {
+        None => None,
+        Some(r) if r.is_none() => None,
+        Some(r) => {
+            let list = r
+                .downcast::<PyList>()
+                .map_err(|_| PyTypeError::new_err("requests must be a list"))?;
+            if list.len() != n {
+                return Err(PyValueError::new_err(format!(
+                    "requests has {} entries for {n} handles",
+                    list.len()
+                )));
+            }
+            Some(list)
+        }
+    };
+    let arrays = DecodeArrays {
+        handles,
+        num_new_tokens: new_tokens,
+        num_computed_tokens: computed,
+        num_tokens: totals,
+        lookahead,
+    };
+    let mut this = slf.borrow_mut();
+    let events_on = this
+        .py_side
+        .as_ref()
+        .is_some_and(|s| s.event_sink.is_some());
+    let result = run(&mut this, py, &arrays, requests, events_on)?;
+    let sink = this
+        .py_side
+        .as_ref()
+        .and_then(|s| s.event_sink.as_ref())
+        .map(|s| s.clone_ref(py));
+    drop(this);
+    if let Some(sink) = sink {
+        for (events, i) in result.events {
+            let request = match requests {
+                Some(r) => r.get_item(i)?.unbind(),
+                None => py.None(),
+            };
+            sink.call1(py, (raw_events(py, events)?, request))?;
+        }
+    }
+    Ok((
+        PyBytes::new(py, &result.ok),
+        u32_bytes(py, &result.offsets),
+        u32_bytes(py, &result.ids),
+    ))
 }
