@@ -18,7 +18,7 @@ mod kv_cache_manager;
 mod mamba_plan;
 mod new_blocks;
 mod prefix_map;
-mod profile;
+pub mod profile;
 mod requests;
 mod spec;
 

@@ -181,7 +181,9 @@ impl NativeManager {
         #[cfg(feature = "raw-ffi")]
         return crate::raw_ffi::allocate_call::bound_allocate_slots(slf);
         #[cfg(not(feature = "raw-ffi"))]
-        return Ok(slf.getattr(pyo3::intern!(slf.py(), "allocate_slots"))?.unbind());
+        return Ok(slf
+            .getattr(pyo3::intern!(slf.py(), "allocate_slots"))?
+            .unbind());
     }
 
     /// The decode `allocate_slots` of a whole step in one call: for each
