@@ -200,6 +200,7 @@ class BlockHasher:
         block_size: int,
         none_hash: bytes,
         extra_keys_fn: _ExtraKeysFn | None = None,
+        profile: str = "0.23.0",
     ) -> BlockHasher: ...
     @property
     def hash_name(self) -> str: ...
@@ -279,3 +280,15 @@ class KVCacheBlocks:
     def __radd__(self, other: KVCacheBlocks, /) -> KVCacheBlocks: ...
     def new_empty(self) -> KVCacheBlocks: ...
     def __eq__(self, other: object, /) -> bool: ...
+
+def block_extra_keys(
+    start: int,
+    lora_request: Any = None,
+    mm_keys: Sequence[Any] = (),
+    cache_salt: Any = None,
+    prompt_embeds_keys: Sequence[Any] = (),
+    profile: str = "0.23.0",
+) -> tuple[Any, ...] | None:
+    """The extra keys of the block starting at token `start` (vLLM 0.23.0's
+    generate_block_hash_extra_keys order: LoRA name, mm keys, cache salt on
+    the first block, prompt-embeds digest); None when there are none."""

@@ -56,6 +56,10 @@ class KVCacheManager(_native.NativeManager):
         if max_num_batched_tokens is None:
             # As vLLM: no admission cap beyond max_model_len.
             max_num_batched_tokens = max_model_len
+        elif not isinstance(max_num_batched_tokens, int):
+            raise TypeError(f"max_num_batched_tokens must be an int, got {type(max_num_batched_tokens).__name__}")
+        elif max_num_batched_tokens < 0:
+            raise ValueError(f"max_num_batched_tokens must be >= 0, got {max_num_batched_tokens}")
         groups = read_groups(kv_cache_config, max_num_batched_tokens, max_model_len)
         check_retention_interval(groups)
         self = super().__new__(
