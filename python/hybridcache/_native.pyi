@@ -12,7 +12,7 @@ from typing import Any, Final, Literal, TypeAlias, final
 
 from typing_extensions import disjoint_base
 
-__all__ = ["BlockHasher", "BlockView", "KVCacheBlocks", "NativeManager", "__version__"]
+__all__ = ["BlockHasher", "BlockView", "KVCacheBlocks", "NativeManager", "__version__", "block_extra_keys"]
 
 __version__: Final[str]
 
@@ -46,7 +46,7 @@ class NativeManager:
         enable_caching: bool,
         use_eagle: bool,
         enable_events: bool,
-        profile: str = "0.23.0",
+        profile: str,
     ) -> NativeManager: ...
     def _bind_python(
         self, empty: KVCacheBlocks, event_sink: Callable[[list[_RawEvent], Any], None] | None, log_stats: bool = False
@@ -284,9 +284,9 @@ class KVCacheBlocks:
 def block_extra_keys(
     start: int,
     lora_request: Any = None,
-    mm_keys: Sequence[Any] = (),
+    mm_keys: Sequence[Any] | None = None,
     cache_salt: Any = None,
-    prompt_embeds_keys: Sequence[Any] = (),
+    prompt_embeds_keys: Sequence[Any] | None = None,
     profile: str = "0.23.0",
 ) -> tuple[Any, ...] | None:
     """The extra keys of the block starting at token `start` (vLLM 0.23.0's

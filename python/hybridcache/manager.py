@@ -15,6 +15,10 @@ from hybridcache.coordinator import CoordinatorView
 from hybridcache.events import EventBuilder, prefix_cache_stats_class
 
 
+# The vLLM release whose semantics the core follows (its behaviour profile).
+PROFILE = "0.23.0"
+
+
 def _positive_int(name: str, v: Any) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
         raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -72,6 +76,7 @@ class KVCacheManager(_native.NativeManager):
             bool(enable_caching),
             bool(use_eagle),
             bool(enable_kv_cache_events),
+            PROFILE,
         )
         self._init_python_side(
             kv_cache_config, groups, max_model_len, enable_caching, use_eagle, log_stats, enable_kv_cache_events

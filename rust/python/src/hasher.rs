@@ -45,14 +45,14 @@ fn request_keys<'py>(
 /// `cache_salt` and the block's multimodal keys and prompt-embeds digest.
 /// None when there are none, as vLLM.
 #[pyfunction]
-#[pyo3(signature = (start, lora_request=None, mm_keys=Vec::new(), cache_salt=None, prompt_embeds_keys=Vec::new(), profile="0.23.0"))]
+#[pyo3(signature = (start, lora_request=None, mm_keys=None, cache_salt=None, prompt_embeds_keys=None, profile="0.23.0"))]
 fn block_extra_keys<'py>(
     py: Python<'py>,
     start: usize,
     lora_request: Option<Bound<'py, PyAny>>,
-    mm_keys: Vec<Bound<'py, PyAny>>,
+    mm_keys: Option<Vec<Bound<'py, PyAny>>>,
     cache_salt: Option<Bound<'py, PyAny>>,
-    prompt_embeds_keys: Vec<Bound<'py, PyAny>>,
+    prompt_embeds_keys: Option<Vec<Bound<'py, PyAny>>>,
     profile: &str,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let profile = BehaviourProfile::for_release(profile).map_err(crate::convert::to_py_err)?;
@@ -66,9 +66,9 @@ fn block_extra_keys<'py>(
         profile.hashing.extra_keys,
         start,
         lora_name,
-        mm_keys,
+        mm_keys.into_iter().flatten(),
         cache_salt,
-        prompt_embeds_keys,
+        prompt_embeds_keys.into_iter().flatten(),
         &mut keys,
     );
     if keys.is_empty() {

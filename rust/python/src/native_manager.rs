@@ -41,7 +41,7 @@ pub(crate) struct NativeManager {
 impl NativeManager {
     #[new]
     #[pyo3(signature = (num_blocks, groups, max_model_len, scheduler_block_size, hash_block_size,
-                        enable_caching, use_eagle, enable_events, profile = "0.23.0"))]
+                        enable_caching, use_eagle, enable_events, profile))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: i64,
