@@ -25,12 +25,15 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(block_extra_keys, m)?)
 }
 
+/// (LoRA name, cache salt) of a request, each where it has one.
+type RequestKeys<'py> = (Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>);
+
 /// A request's `lora_request` and `cache_salt` as the keys they give: the
 /// LoRA name where a LoRA request is set, the salt where it is non-empty.
 fn request_keys<'py>(
     lora_request: &Bound<'py, PyAny>,
     cache_salt: Bound<'py, PyAny>,
-) -> PyResult<(Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>)> {
+) -> PyResult<RequestKeys<'py>> {
     let lora_name = if lora_request.is_truthy()? {
         Some(lora_request.getattr(intern!(lora_request.py(), "lora_name"))?)
     } else {
