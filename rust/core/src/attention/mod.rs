@@ -181,17 +181,11 @@ impl Attention {
         matches!(self, Attention::Mamba(_))
     }
 
-    /// Which blocks caching keeps (None: all).
-    pub fn reachable_blocks(
-        &self,
-        block_size: u32,
-        scheduler_block_size: u32,
-        use_eagle: bool,
-    ) -> Option<ReachableBlocks> {
+    /// Which blocks caching keeps (None: all), for blocks of `bs` tokens
+    /// and scheduler blocks of `sbs`.
+    pub fn reachable_blocks(&self, bs: u32, sbs: u32, eagle: bool) -> Option<ReachableBlocks> {
         match self {
-            Attention::SlidingWindow(t) => {
-                t.reachable_blocks(block_size, scheduler_block_size, use_eagle)
-            }
+            Attention::SlidingWindow(t) => t.reachable_blocks(bs, sbs, eagle),
             _ => None,
         }
     }
