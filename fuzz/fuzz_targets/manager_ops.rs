@@ -527,7 +527,7 @@ fuzz_target!(|data: &[u8]| {
         max_model_len: MAX_MODEL_LEN,
         scheduler_block_size: sbs,
         hash_block_size: hbs,
-        max_num_batched_tokens: None,
+        profile: Default::default(),
         enable_caching: caching,
         use_eagle: eagle,
         enable_events: b.bit(),

@@ -12,7 +12,7 @@ from typing import Any, Final, Literal, Protocol, TypeAlias, final, overload
 
 from typing_extensions import disjoint_base
 
-__all__ = ["BlockHasher", "BlockView", "KVCacheBlocks", "NativeManager", "__version__"]
+__all__ = ["BlockHasher", "BlockView", "KVCacheBlocks", "NativeManager", "__version__", "block_extra_keys"]
 
 __version__: Final[str]
 
@@ -78,10 +78,10 @@ class NativeManager:
         max_model_len: int,
         scheduler_block_size: int,
         hash_block_size: int,
-        max_num_batched_tokens: int | None,
         enable_caching: bool,
         use_eagle: bool,
         enable_events: bool,
+        profile: str,
     ) -> NativeManager: ...
     def _bind_python(
         self, empty: KVCacheBlocks, event_sink: Callable[[list[_RawEvent], Any], None] | None, log_stats: bool = False
@@ -338,6 +338,7 @@ class BlockHasher:
         block_size: int,
         none_hash: bytes,
         extra_keys_fn: _ExtraKeysFn | None = None,
+        profile: str = "0.23.0",
     ) -> BlockHasher: ...
     @property
     def hash_name(self) -> str:
@@ -435,3 +436,15 @@ class KVCacheBlocks:
     def new_empty(self) -> KVCacheBlocks:
         """An empty KVCacheBlocks with as many groups."""
     def __eq__(self, other: object, /) -> bool: ...
+
+def block_extra_keys(
+    start: int,
+    lora_request: Any = None,
+    mm_keys: Sequence[Any] | None = None,
+    cache_salt: Any = None,
+    prompt_embeds_keys: Sequence[Any] | None = None,
+    profile: str = "0.23.0",
+) -> tuple[Any, ...] | None:
+    """The extra keys of the block starting at token `start` (vLLM 0.23.0's
+    generate_block_hash_extra_keys order: LoRA name, mm keys, cache salt on
+    the first block, prompt-embeds digest); None when there are none."""

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from hybridcache._native import BlockHasher
+from hybridcache._native import BlockHasher, block_extra_keys
 
 __all__ = [
     "HASH_FUNCTION_NAMES",
@@ -165,9 +165,6 @@ def generate_block_hash_extra_keys(
     cache salt (first block only), prompt-embeds digest, in that order;
     ``(None, mm_idx)`` when there are none."""
     mm_keys, mm_idx = _mm_extra_keys(request, start, end, mm_idx)
-    keys: list[Any] = [request.lora_request.lora_name] if request.lora_request else []
-    keys += mm_keys
-    if start == 0 and request.cache_salt:
-        keys.append(request.cache_salt)
-    keys += _prompt_embeds_keys(request, start, end)
-    return (tuple(keys) if keys else None), mm_idx
+    lora, salt = request.lora_request, request.cache_salt
+    keys = block_extra_keys(start, lora, mm_keys, salt, _prompt_embeds_keys(request, start, end))
+    return keys, mm_idx

@@ -15,6 +15,10 @@ from hybridcache.coordinator import CoordinatorView
 from hybridcache.events import EventBuilder, prefix_cache_stats_class
 
 
+# The vLLM release whose semantics the core follows (its behaviour profile).
+PROFILE = "0.23.0"
+
+
 def _positive_int(name: str, v: Any) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
         raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -120,6 +124,10 @@ class KVCacheManager(_native.NativeManager):
         if max_num_batched_tokens is None:
             # As vLLM: no admission cap beyond max_model_len.
             max_num_batched_tokens = max_model_len
+        elif not isinstance(max_num_batched_tokens, int):
+            raise TypeError(f"max_num_batched_tokens must be an int, got {type(max_num_batched_tokens).__name__}")
+        elif max_num_batched_tokens < 0:
+            raise ValueError(f"max_num_batched_tokens must be >= 0, got {max_num_batched_tokens}")
         groups = read_groups(kv_cache_config, max_num_batched_tokens, max_model_len)
         check_retention_interval(groups)
         self = cast("KVCacheManager", super().__new__(
@@ -129,10 +137,10 @@ class KVCacheManager(_native.NativeManager):
             max_model_len,
             _positive_int("scheduler_block_size", scheduler_block_size),
             _positive_int("hash_block_size", hash_block_size),
-            max_num_batched_tokens,
             bool(enable_caching),
             bool(use_eagle),
             bool(enable_kv_cache_events),
+            PROFILE,
         ))
         self._init_python_side(
             kv_cache_config, groups, max_model_len, enable_caching, use_eagle, log_stats, enable_kv_cache_events

@@ -13,6 +13,8 @@ from array import array
 from collections.abc import Iterable
 from typing import Any, Callable
 
+from hybridcache._native import block_extra_keys
+
 BlockHasher = Callable[[bytes | None, "list[int]", "tuple[Any, ...] | None"], bytes]
 
 # Seed of every hash chain; fixed so hashes are reproducible across processes.
@@ -154,12 +156,7 @@ class Request:
         self._update_block_hashes()
 
     def _extra_keys(self, start: int) -> tuple[Any, ...] | None:
-        keys: list[Any] = []
-        if self.lora_request is not None:
-            keys.append(self.lora_request.lora_name)
-        if start == 0 and self.cache_salt:
-            keys.append(self.cache_salt)
-        return tuple(keys) if keys else None
+        return block_extra_keys(start, self.lora_request, cache_salt=self.cache_salt)
 
     def _update_block_hashes(self) -> None:
         size = self._hash_block_size

@@ -57,7 +57,7 @@ fn main() {
         max_model_len: 1 << 20,
         scheduler_block_size: bs,
         hash_block_size: bs,
-        max_num_batched_tokens: None,
+        profile: Default::default(),
         enable_caching: true,
         use_eagle: false,
         enable_events: false,

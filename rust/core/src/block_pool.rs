@@ -260,14 +260,14 @@ impl BlockPool {
         num_full: usize,
         block_size: u32,
         group: u32,
-        reachable: Option<crate::manager::ReachableBlocks>,
+        keeps: impl Fn(usize) -> bool,
         hash_of: impl Fn(usize) -> std::borrow::Cow<'h, [u8]>,
     ) {
         if num_cached >= num_full {
             return;
         }
         let end = num_full.min(blocks.len());
-        let cached = |i: usize| blocks[i] != NULL_BLOCK && reachable.is_none_or(|r| r.keeps(i));
+        let cached = |i: usize| blocks[i] != NULL_BLOCK && keeps(i);
         for i in num_cached..end {
             if !cached(i) {
                 continue;
@@ -459,7 +459,15 @@ mod tests {
     fn cache_hit_touch_and_eviction_event() {
         let mut p = pool(4, true);
         let a = new_blocks(&mut p, 2);
-        p.cache_full_blocks(&a, 0, 2, 4, 0, None, |i| Cow::Owned(vec![i as u8 + 1; 8]));
+        p.cache_full_blocks(
+            &a,
+            0,
+            2,
+            4,
+            0,
+            |_| true,
+            |i| Cow::Owned(vec![i as u8 + 1; 8]),
+        );
         assert_eq!(p.block_hash(a[0]).unwrap().0, &[1u8; 8][..]);
         p.free_blocks(a.iter().rev().copied(), false);
         let mut hit = Vec::new();
@@ -488,7 +496,7 @@ mod tests {
     fn evict_and_reset() {
         let mut p = pool(4, true);
         let a = new_blocks(&mut p, 1);
-        p.cache_full_blocks(&a, 0, 1, 4, 0, None, |_| Cow::Owned(vec![9; 8]));
+        p.cache_full_blocks(&a, 0, 1, 4, 0, |_| true, |_| Cow::Owned(vec![9; 8]));
         assert!(p.evict_blocks(&[7]).is_err());
         assert!(
             p.block_hash(a[0]).is_some(),

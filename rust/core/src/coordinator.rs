@@ -3,10 +3,12 @@
 //! no prefix cache, unitary (one group), or hybrid (several attention types).
 
 use crate::block_pool::BlockPool;
+use crate::decode_bounds::{DecodeCounts, DecodeHorizon};
 use crate::error::{CoreError, CoreResult};
+use crate::group_manager::SingleTypeManager;
 use crate::hashes::{HashList, ScaledHashes};
-use crate::manager::{DecodeCounts, DecodeHorizon, SingleTypeManager};
 use crate::new_blocks::NewBlocks;
+use crate::profile::BehaviourProfile;
 use crate::spec::{GroupSpec, SpecKind};
 use crate::{cdiv, BlockId, ReqSlot};
 
@@ -68,6 +70,7 @@ impl Coordinator {
         groups: &[GroupSpec],
         use_eagle: bool,
         scheduler_block_size: u32,
+        profile: &BehaviourProfile,
     ) -> CoreResult<Self> {
         let enable_caching = pool.enable_caching();
         let hash_block_size = pool.hash_block_size();
@@ -108,7 +111,13 @@ impl Coordinator {
             .iter()
             .enumerate()
             .map(|(i, g)| {
-                SingleTypeManager::new(g.clone(), i as u32, enable_caching, scheduler_block_size)
+                SingleTypeManager::new(
+                    g.clone(),
+                    i as u32,
+                    enable_caching,
+                    scheduler_block_size,
+                    profile,
+                )
             })
             .collect();
         let mut spec_groups = Vec::new();
@@ -280,9 +289,7 @@ impl Coordinator {
     ) -> usize {
         self.managers
             .iter()
-            .map(|m| {
-                m.hashes_needed_to_cache(cached(m), self.tokens_to_cache(m, num_tokens), m.scale)
-            })
+            .map(|m| m.hashes_needed_to_cache(cached(m), self.tokens_to_cache(m, num_tokens)))
             .max()
             .unwrap_or(0)
     }

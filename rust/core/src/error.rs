@@ -28,6 +28,19 @@ impl fmt::Display for CoreError {
 
 impl std::error::Error for CoreError {}
 
+impl CoreError {
+    /// The same error, its message prefixed with `context: `.
+    pub fn prefixed(self, context: &str) -> CoreError {
+        let p = |m: String| format!("{context}: {m}");
+        match self {
+            CoreError::InvalidArgument(m) => CoreError::InvalidArgument(p(m)),
+            CoreError::UnknownRequest(m) => CoreError::UnknownRequest(p(m)),
+            CoreError::Unsupported(m) => CoreError::Unsupported(p(m)),
+            CoreError::Invariant(m) => CoreError::Invariant(p(m)),
+        }
+    }
+}
+
 pub type CoreResult<T> = Result<T, CoreError>;
 
 pub(crate) fn invalid<T>(msg: impl Into<String>) -> CoreResult<T> {

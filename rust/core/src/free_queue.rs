@@ -49,10 +49,6 @@ impl FreeQueue {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     pub fn contains(&self, b: BlockId) -> bool {
         self.links[b as usize][PREV] != NIL
     }
@@ -199,7 +195,7 @@ mod tests {
         let mut q = FreeQueue::new(1);
         assert_eq!(q.popleft(), Some(0));
         assert_eq!(q.popleft(), None);
-        assert!(q.is_empty());
+        assert_eq!(q.len(), 0);
         q.append(0);
         assert_eq!(order(&q), vec![0]);
     }

@@ -113,10 +113,6 @@ impl<'a> ScaledHashes<'a> {
         self.hashes.len() / self.scale
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     pub fn get(&self, i: usize) -> Cow<'a, [u8]> {
         Cow::Borrowed(self.hashes.run(i * self.scale, (i + 1) * self.scale))
     }
@@ -148,4 +144,12 @@ mod tests {
         h.truncate(5);
         assert_eq!(h.len(), 2);
     }
+}
+
+/// New block hashes of a request: those from index `offset` on. Each
+/// hash crosses from Python once; this is how the rest arrive.
+#[derive(Debug, Clone, Default)]
+pub struct HashUpdate {
+    pub offset: usize,
+    pub hashes: HashList,
 }

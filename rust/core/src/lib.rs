@@ -3,29 +3,37 @@
 //! `python/hybridcache`, the binding in `rust/python`.
 #![forbid(unsafe_code)]
 
+mod attention;
 pub mod block_hasher;
-pub mod block_pool;
-pub mod coordinator;
-pub mod error;
-pub mod events;
+mod block_pool;
+mod coordinator;
+mod decode_bounds;
+mod error;
+mod events;
 pub mod fast_hash;
-pub mod free_queue;
-pub mod hashes;
-pub mod kv_manager;
-pub mod mamba_plan;
-pub mod manager;
-pub mod new_blocks;
-pub mod prefix_map;
-pub mod requests;
-pub mod slot_table;
-pub mod spec;
+mod free_queue;
+mod group_manager;
+mod hashes;
+mod kv_cache_manager;
+mod mamba_plan;
+mod new_blocks;
+mod prefix_map;
+pub mod profile;
+mod requests;
+mod spec;
 
+pub use attention::mamba::AlignState;
 pub use block_pool::{BlockPool, NULL_BLOCK};
 pub use error::{CoreError, CoreResult};
 pub use events::PoolEvent;
-pub use hashes::HashList;
-pub use kv_manager::{AllocateArgs, HashUpdate, KvCacheManager, LookupStats, ManagerConfig};
+pub use hashes::{HashList, HashUpdate};
+pub use kv_cache_manager::{
+    AllocateArgs, BatchResult, BatchScratch, DecodeBatch, KvCacheManager, LookupStats,
+    ManagerConfig,
+};
+pub use mamba_plan::PreRow;
 pub use new_blocks::NewBlocks;
+pub use profile::BehaviourProfile;
 pub use spec::{GroupSpec, MambaMode, SpecKind};
 
 /// Block ids are u32; block 0 is the null block.

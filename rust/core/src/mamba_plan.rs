@@ -5,7 +5,6 @@
 //! launch. Row formats are those of `hybridcache.kernels`.
 
 use crate::error::{invalid, CoreResult};
-use crate::slot_table::SlotTable;
 use crate::{cdiv, ReqSlot};
 
 /// Pre-forward row: group, dst, conv src, temporal src, bias.
@@ -15,12 +14,26 @@ pub type PreRow = [i32; 5];
 #[derive(Debug, Clone, Default)]
 pub struct PlannerState {
     /// `mamba_state_idx`: the running-state index after the last plan.
-    pub state_idx: SlotTable<i64>,
+    state_idx: Vec<Option<i64>>,
 }
 
 impl PlannerState {
+    pub fn state_idx(&self, slot: ReqSlot) -> Option<i64> {
+        self.state_idx.get(slot as usize).copied().flatten()
+    }
+
+    pub fn set_state_idx(&mut self, slot: ReqSlot, idx: i64) {
+        let i = slot as usize;
+        if i >= self.state_idx.len() {
+            self.state_idx.resize(i + 1, None);
+        }
+        self.state_idx[i] = Some(idx);
+    }
+
     pub fn forget(&mut self, slot: ReqSlot) {
-        self.state_idx.remove(slot);
+        if let Some(s) = self.state_idx.get_mut(slot as usize) {
+            *s = None;
+        }
     }
 }
 

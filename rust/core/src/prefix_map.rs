@@ -75,30 +75,6 @@ pub fn key_hash(bytes: &[u8]) -> u64 {
     (v ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-/// A `Hasher` for keys that already are `key_hash` values (sets of keys).
-#[derive(Default)]
-pub struct PrehashedHasher(u64);
-
-impl std::hash::Hasher for PrehashedHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        self.0 = (self.0.rotate_left(17) ^ key_hash(bytes)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-
-    fn write_u64(&mut self, i: u64) {
-        self.0 = (self.0.rotate_left(17) ^ i).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-
-    fn write_u32(&mut self, i: u32) {
-        self.write_u64(u64::from(i));
-    }
-}
-
-pub type PrehashedBuild = std::hash::BuildHasherDefault<PrehashedHasher>;
-
 /// Entry id stored for blocks that carry no hash.
 pub const NO_ENTRY: u32 = u32::MAX;
 
@@ -129,10 +105,6 @@ impl PrefixMap {
     /// Number of (hash, group) keys held.
     pub fn len(&self) -> usize {
         self.num_keys
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.num_keys == 0
     }
 
     pub fn clear(&mut self) {
@@ -260,7 +232,7 @@ mod tests {
         assert_eq!(m.get_one(b"hash-a", 0), None);
         assert_eq!(m.len(), 1);
         assert!(m.pop(e, 1, 9));
-        assert!(m.is_empty());
+        assert_eq!(m.len(), 0);
         // The slot is recycled for the next new hash.
         assert_eq!(m.insert(b"hash-b", 0, 1), e);
         assert_eq!(m.get_one(b"hash-a", 1), None);
@@ -275,7 +247,7 @@ mod tests {
         assert!(!m.pop(e, 1, 1));
         assert_eq!(m.get_one(b"k", 0), Some(1));
         m.clear();
-        assert!(m.is_empty());
+        assert_eq!(m.len(), 0);
         assert_eq!(m.get_one(b"k", 0), None);
     }
 

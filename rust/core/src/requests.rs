@@ -7,10 +7,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::decode_bounds::DecodeHorizon;
 use crate::fast_hash::FxBuild;
-use crate::hashes::HashList;
-use crate::kv_manager::HashUpdate;
-use crate::manager::DecodeHorizon;
+use crate::hashes::{HashList, HashUpdate};
 use crate::ReqSlot;
 
 /// What a decode of one request reads and writes, in one cache line.
@@ -211,10 +210,6 @@ impl RequestRegistry {
 
     pub fn len(&self) -> usize {
         self.slots.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
     }
 
     pub fn is_live(&self, slot: ReqSlot) -> bool {

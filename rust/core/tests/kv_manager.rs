@@ -12,7 +12,7 @@ fn config(num_blocks: u32, block_size: u32, caching: bool, events: bool) -> Mana
         max_model_len: 1024,
         scheduler_block_size: block_size,
         hash_block_size: block_size,
-        max_num_batched_tokens: None,
+        profile: Default::default(),
         enable_caching: caching,
         use_eagle: false,
         enable_events: events,

@@ -1,48 +1,21 @@
-//! The batched decode step over arrays (`allocate_decode_arrays`): every
-//! request is checked first (nothing changes, so an error leaves the
-//! manager as it was), then allocated in order. A decode that changes no
-//! block (most of them) is judged from its request's hot line alone and
-//! costs a few compares in each pass.
+//! The batched calls' conversion. `allocate_decode_arrays`: the core runs
+//! the batch (`KvCacheManager::allocate_decode_batch`); this reads the
+//! requests' `block_hashes` when the core asks for them.
+//! `allocate_decode_batch`: one `allocate_slots` per request, in order,
+//! the results laid out by the core's `BatchResult`.
 
 use std::borrow::Cow;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use hybridcache_core::{AllocateArgs, HashUpdate, PoolEvent, ReqSlot};
-use pyo3::exceptions::PyValueError;
+use hybridcache_core::{AllocateArgs, BatchResult, DecodeBatch};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyBytes, PyList};
 
-use crate::convert::{fill_hash_update, guard, to_py_err};
-use crate::NativeManager;
-
-/// Buffers a batch reuses across calls, so a step allocates nothing for them.
-#[derive(Default)]
-pub struct BatchScratch {
-    /// Hash updates, one per request that fills a block this step.
-    updates: Vec<HashUpdate>,
-    /// `seen[slot] == epoch`: the slot is in this batch already.
-    seen: Vec<u32>,
-    epoch: u32,
-}
-
-impl BatchScratch {
-    /// Starts a batch over slots below `capacity`: earlier marks lapse.
-    fn start(&mut self, capacity: usize) {
-        self.epoch = self.epoch.wrapping_add(1);
-        if self.epoch == 0 {
-            self.seen.fill(0);
-            self.epoch = 1;
-        }
-        if self.seen.len() < capacity {
-            self.seen.resize(capacity, 0);
-        }
-    }
-
-    /// Marks `slot`; false if this batch marked it already.
-    fn mark(&mut self, slot: ReqSlot) -> bool {
-        std::mem::replace(&mut self.seen[slot as usize], self.epoch) != self.epoch
-    }
-}
+use crate::calls::raw_events;
+use crate::convert::{count, count_obj, fill_hash_update, to_py_err, u32_bytes, uint_array};
+use crate::{request_id, NativeManager, NUM_TOKENS_UNREAD};
 
 /// The per-request inputs of one step, as typed slices.
 pub struct DecodeArrays<'a> {
@@ -53,34 +26,13 @@ pub struct DecodeArrays<'a> {
     pub lookahead: usize,
 }
 
-impl DecodeArrays<'_> {
-    fn args(&self, i: usize) -> AllocateArgs<'static> {
-        AllocateArgs {
-            num_new_tokens: self.num_new_tokens[i] as usize,
-            num_computed_tokens: self.num_computed_tokens[i] as usize,
-            num_tokens: self.num_tokens[i] as usize,
-            num_lookahead_tokens: self.lookahead,
-            ..Default::default()
-        }
+/// A core error or the Python error of a hash read.
+struct BatchErr(PyErr);
+
+impl From<hybridcache_core::CoreError> for BatchErr {
+    fn from(e: hybridcache_core::CoreError) -> Self {
+        BatchErr(to_py_err(e))
     }
-}
-
-/// What a step produced: `ok` one byte per request, the new blocks of
-/// request i in group g at `ids[offsets[i*G+g]..offsets[i*G+g+1]]`, and the
-/// events of each request that raised some.
-pub struct BatchResult {
-    pub ok: Vec<u8>,
-    pub offsets: Vec<u32>,
-    pub ids: Vec<u32>,
-    pub events: Vec<(Vec<PoolEvent>, usize)>,
-}
-
-/// How pass 1 found a request: a decode that changes no block, or the
-/// general path (with the index of its hash update, if it has one).
-#[derive(Clone, Copy)]
-enum Plan {
-    Noop,
-    General(Option<usize>),
 }
 
 /// Runs one step. `requests[i]` is read only for `block_hashes`, and only
@@ -92,107 +44,200 @@ pub fn run(
     requests: Option<&Bound<'_, PyList>>,
     events_on: bool,
 ) -> PyResult<BatchResult> {
-    let n = a.handles.len();
-    let mut plans = Vec::with_capacity(n);
-    let mut slots = Vec::with_capacity(n);
+    let batch = DecodeBatch {
+        handles: &a.handles,
+        num_new_tokens: &a.num_new_tokens,
+        num_computed_tokens: &a.num_computed_tokens,
+        num_tokens: &a.num_tokens,
+        lookahead: a.lookahead,
+    };
+    let (inner, scratch) = (&mut state.inner, &mut state.batch);
+    let fill = |i: usize, known: usize, id: &str, out: &mut _| -> Result<bool, BatchErr> {
+        let Some(reqs) = requests else {
+            return Err(BatchErr(PyValueError::new_err(format!(
+                "request {id:?} fills a block this step: pass requests= so its block_hashes can be read"
+            ))));
+        };
+        let hashes = reqs
+            .get_item(i)
+            .and_then(|r| r.getattr(intern!(py, "block_hashes")))
+            .map_err(BatchErr)?;
+        fill_hash_update(&hashes, known, out).map_err(BatchErr)
+    };
+    match catch_unwind(AssertUnwindSafe(|| {
+        inner.allocate_decode_batch(&batch, scratch, events_on, fill)
+    })) {
+        Ok(r) => r.map_err(|e| e.0),
+        Err(_) => Err(PyRuntimeError::new_err(
+            "hybridcache core panicked (bug); state may be inconsistent",
+        )),
+    }
+}
 
-    // Pass 1: resolve and check every request; nothing changes yet.
+pub(crate) fn decode_batch<'py>(
+    slf: &Bound<'py, NativeManager>,
+    requests: &Bound<'py, PyAny>,
+    num_new_tokens: &Bound<'py, PyAny>,
+    num_lookahead_tokens: i64,
+    num_computed_tokens: Option<&Bound<'py, PyAny>>,
+    num_tokens: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>)> {
+    let py = slf.py();
+    let lookahead = count("num_lookahead_tokens", num_lookahead_tokens)?;
+    let requests = requests
+        .downcast::<PyList>()
+        .map_err(|_| PyTypeError::new_err("requests must be a list"))?;
+    let n = requests.len();
+    let counts_arg = |name: &str, v: Option<&Bound<'py, PyAny>>| -> PyResult<Option<Vec<usize>>> {
+        let Some(v) = v else { return Ok(None) };
+        let vals: Vec<i64> = v
+            .extract()
+            .map_err(|_| PyTypeError::new_err(format!("{name} must be a list of ints")))?;
+        if vals.len() != n {
+            return Err(PyValueError::new_err(format!(
+                "{name} has {} entries for {n} requests",
+                vals.len()
+            )));
+        }
+        vals.into_iter()
+            .map(|x| count(name, x))
+            .collect::<PyResult<Vec<_>>>()
+            .map(Some)
+    };
+    let counts = counts_arg("num_new_tokens", Some(num_new_tokens))?.expect("given");
+    let computed = counts_arg("num_computed_tokens", num_computed_tokens)?;
+    let totals = counts_arg("num_tokens", num_tokens)?;
+    let mut result = BatchResult::with_capacity(n, 4);
+    // Events are handed to the sink after the loop, request by request, in order.
+    let mut pending_events = Vec::new();
     {
-        let (inner, scratch) = (&state.inner, &mut state.batch);
-        scratch.start(inner.slot_capacity());
-        let mut num_updates = 0;
-        for i in 0..n {
-            let handle = a.handles[i];
-            let found = inner.plain_decode_by_handle(
-                handle,
-                a.num_new_tokens[i] as usize,
-                a.num_computed_tokens[i] as usize,
-                a.num_tokens[i] as usize,
-                a.lookahead,
-            );
-            let Some((slot, noop)) = found else {
-                return Err(to_py_err(inner.resolve_handle(handle).unwrap_err()));
+        let mut this = slf.borrow_mut();
+        let num_groups = this.inner.num_groups();
+        let events_on = this
+            .py_side
+            .as_ref()
+            .is_some_and(|s| s.event_sink.is_some());
+        for (i, request) in requests.iter().enumerate() {
+            let rid = request_id(&request)?;
+            let num_computed = match &computed {
+                Some(c) => c[i],
+                None => count_obj(
+                    "request.num_computed_tokens",
+                    &request.getattr(intern!(py, "num_computed_tokens"))?,
+                )?,
             };
-            if !scratch.mark(slot) {
+            let args = AllocateArgs {
+                num_new_tokens: counts[i],
+                num_computed_tokens: num_computed,
+                num_tokens: totals.as_ref().map_or(NUM_TOKENS_UNREAD, |t| t[i]),
+                num_lookahead_tokens: lookahead,
+                ..Default::default()
+            };
+            let got = this.allocate_one(&request, &rid, args)?;
+            if events_on && this.inner.has_events() {
+                pending_events.push((this.inner.take_events(), request.clone()));
+            }
+            result.push(got, &this.scratch, num_groups);
+        }
+    }
+    if !pending_events.is_empty() {
+        let sink = slf
+            .borrow()
+            .py_side()?
+            .event_sink
+            .as_ref()
+            .map(|s| s.clone_ref(py));
+        if let Some(sink) = sink {
+            for (events, request) in pending_events {
+                sink.call1(py, (raw_events(py, events)?, request))?;
+            }
+        }
+    }
+    let ok = result.ok.iter().map(|&b| b != 0);
+    Ok((
+        PyList::new(py, ok)?,
+        PyList::new(py, result.offsets)?,
+        PyList::new(py, result.ids)?,
+    ))
+}
+
+pub(crate) fn decode_arrays<'py>(
+    slf: &Bound<'py, NativeManager>,
+    handles: &Bound<'py, PyAny>,
+    num_new_tokens: &Bound<'py, PyAny>,
+    num_computed_tokens: &Bound<'py, PyAny>,
+    num_tokens: &Bound<'py, PyAny>,
+    num_lookahead_tokens: i64,
+    requests: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+)> {
+    let py = slf.py();
+    let lookahead = count("num_lookahead_tokens", num_lookahead_tokens)?;
+    let handles = uint_array::<u64>("handles", handles)?;
+    let n = handles.len();
+    fn counts<'a>(name: &str, v: &'a Bound<'_, PyAny>, n: usize) -> PyResult<Cow<'a, [u32]>> {
+        let vals = uint_array::<u32>(name, v)?;
+        if vals.len() != n {
+            return Err(PyValueError::new_err(format!(
+                "{name} has {} entries for {n} handles",
+                vals.len()
+            )));
+        }
+        Ok(vals)
+    }
+    let new_tokens = counts("num_new_tokens", num_new_tokens, n)?;
+    let computed = counts("num_computed_tokens", num_computed_tokens, n)?;
+    let totals = counts("num_tokens", num_tokens, n)?;
+    let requests = match requests {
+        None => None,
+        Some(r) if r.is_none() => None,
+        Some(r) => {
+            let list = r
+                .downcast::<PyList>()
+                .map_err(|_| PyTypeError::new_err("requests must be a list"))?;
+            if list.len() != n {
                 return Err(PyValueError::new_err(format!(
-                    "handles[{i}]: request {:?} appears twice in one step",
-                    inner.request_id_at(slot)
+                    "requests has {} entries for {n} handles",
+                    list.len()
                 )));
             }
-            slots.push(slot);
-            if noop {
-                plans.push(Plan::Noop);
-                continue;
-            }
-            let args = a.args(i);
-            let known = inner.known_hashes_at(Some(slot));
-            let may_need_hashes = inner.may_need_hashes(known, &args);
-            let id = inner.request_id_at(slot);
-            let mut update = None;
-            if may_need_hashes {
-                let Some(reqs) = requests else {
-                    return Err(PyValueError::new_err(format!(
-                        "request {id:?} fills a block this step: pass requests= so its block_hashes can be read"
-                    )));
-                };
-                let hashes = reqs.get_item(i)?.getattr(intern!(py, "block_hashes"))?;
-                if scratch.updates.len() == num_updates {
-                    scratch.updates.push(HashUpdate::default());
-                }
-                if fill_hash_update(&hashes, known, &mut scratch.updates[num_updates])? {
-                    update = Some(num_updates);
-                    num_updates += 1;
-                }
-            }
-            let u = update.map(|k| &scratch.updates[k]);
-            guard(|| inner.check_allocate(Some(slot), id, &args, u)).map_err(|e| {
-                let msg = format!("handles[{i}]: {}", e.value(py));
-                PyErr::from_type(e.get_type(py), msg)
-            })?;
-            plans.push(Plan::General(update));
+            Some(list)
         }
-    }
-
-    // Pass 2: allocate, in order.
-    let num_groups = state.inner.num_groups();
-    let mut out = BatchResult {
-        ok: Vec::with_capacity(n),
-        offsets: Vec::with_capacity(n * num_groups + 1),
-        // Most steps hand out fewer new blocks than there are requests.
-        ids: Vec::with_capacity(n),
-        events: Vec::new(),
     };
-    out.offsets.push(0);
-    for (i, (&slot, &plan)) in slots.iter().zip(&plans).enumerate() {
-        match plan {
-            Plan::Noop => {
-                state.inner.record_plain_noop_decode(
-                    slot,
-                    a.num_computed_tokens[i] as usize,
-                    a.num_new_tokens[i] as usize,
-                );
-                out.ok.push(1);
-                let end = out.ids.len() as u32;
-                out.offsets.extend(std::iter::repeat_n(end, num_groups));
-            }
-            Plan::General(update) => {
-                let args = a.args(i);
-                let (inner, scratch) = (&mut state.inner, &mut state.scratch);
-                let update = update.map(|k| &state.batch.updates[k]);
-                let got = guard(|| Ok(inner.allocate_checked(slot, &args, update, scratch)))?;
-                if events_on && state.inner.has_events() {
-                    out.events.push((state.inner.take_events(), i));
-                }
-                out.ok.push(u8::from(got));
-                crate::push_result(
-                    got,
-                    &state.scratch,
-                    num_groups,
-                    &mut out.offsets,
-                    &mut out.ids,
-                );
-            }
+    let arrays = DecodeArrays {
+        handles,
+        num_new_tokens: new_tokens,
+        num_computed_tokens: computed,
+        num_tokens: totals,
+        lookahead,
+    };
+    let mut this = slf.borrow_mut();
+    let events_on = this
+        .py_side
+        .as_ref()
+        .is_some_and(|s| s.event_sink.is_some());
+    let result = run(&mut this, py, &arrays, requests, events_on)?;
+    let sink = this
+        .py_side
+        .as_ref()
+        .and_then(|s| s.event_sink.as_ref())
+        .map(|s| s.clone_ref(py));
+    drop(this);
+    if let Some(sink) = sink {
+        for (events, i) in result.events {
+            let request = match requests {
+                Some(r) => r.get_item(i)?.unbind(),
+                None => py.None(),
+            };
+            sink.call1(py, (raw_events(py, events)?, request))?;
         }
     }
-    Ok(out)
+    Ok((
+        PyBytes::new(py, &result.ok),
+        u32_bytes(py, &result.offsets),
+        u32_bytes(py, &result.ids),
+    ))
 }

@@ -9,8 +9,10 @@
 //! as vLLM does, and digested natively; the result is the same either way.
 
 use hybridcache_core::block_hasher::{
-    BlockHashError, BlockHasher as CoreHasher, Digest, Encoding, HashFn, Key,
+    extra_keys, BlockHashError, BlockHasher as CoreHasher, Digest, Encoding, HashFn, Key,
 };
+use hybridcache_core::profile::ExtraKeyMode;
+use hybridcache_core::BehaviourProfile;
 use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -19,7 +21,63 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PySlice, PyString, PyT
 use crate::convert::type_name;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<BlockHasher>()
+    m.add_class::<BlockHasher>()?;
+    m.add_function(wrap_pyfunction!(block_extra_keys, m)?)
+}
+
+/// (LoRA name, cache salt) of a request, each where it has one.
+type RequestKeys<'py> = (Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>);
+
+/// A request's `lora_request` and `cache_salt` as the keys they give: the
+/// LoRA name where a LoRA request is set, the salt where it is non-empty.
+fn request_keys<'py>(
+    lora_request: &Bound<'py, PyAny>,
+    cache_salt: Bound<'py, PyAny>,
+) -> PyResult<RequestKeys<'py>> {
+    let lora_name = if lora_request.is_truthy()? {
+        Some(lora_request.getattr(intern!(lora_request.py(), "lora_name"))?)
+    } else {
+        None
+    };
+    let salt = cache_salt.is_truthy()?.then_some(cache_salt);
+    Ok((lora_name, salt))
+}
+
+/// The extra keys of the block starting at token `start` (the core's
+/// rule: `block_hasher::extra_keys`), from a request's `lora_request` and
+/// `cache_salt` and the block's multimodal keys and prompt-embeds digest.
+/// None when there are none, as vLLM.
+#[pyfunction]
+#[pyo3(signature = (start, lora_request=None, mm_keys=None, cache_salt=None, prompt_embeds_keys=None, profile="0.23.0"))]
+fn block_extra_keys<'py>(
+    py: Python<'py>,
+    start: usize,
+    lora_request: Option<Bound<'py, PyAny>>,
+    mm_keys: Option<Vec<Bound<'py, PyAny>>>,
+    cache_salt: Option<Bound<'py, PyAny>>,
+    prompt_embeds_keys: Option<Vec<Bound<'py, PyAny>>>,
+    profile: &str,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let profile = BehaviourProfile::for_release(profile).map_err(crate::convert::to_py_err)?;
+    let none = py.None().into_bound(py);
+    let (lora_name, cache_salt) = request_keys(
+        lora_request.as_ref().unwrap_or(&none),
+        cache_salt.unwrap_or_else(|| none.clone()),
+    )?;
+    let mut keys = Vec::new();
+    extra_keys(
+        profile.hashing.extra_keys,
+        start,
+        lora_name,
+        mm_keys.into_iter().flatten(),
+        cache_salt,
+        prompt_embeds_keys.into_iter().flatten(),
+        &mut keys,
+    );
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    PyTuple::new(py, keys).map(Some)
 }
 
 fn value_err(e: BlockHashError) -> PyErr {
@@ -164,6 +222,8 @@ pub struct BlockHasher {
     core: CoreHasher,
     none_hash: Py<PyBytes>,
     extra_keys_fn: Option<PyObject>,
+    /// How LoRA / cache salt enter a block's key (the profile's).
+    extra_key_mode: ExtraKeyMode,
 }
 
 impl BlockHasher {
@@ -293,13 +353,15 @@ impl BlockHasher {
 #[pymethods]
 impl BlockHasher {
     #[new]
-    #[pyo3(signature = (hash_name, block_size, none_hash, extra_keys_fn=None))]
+    #[pyo3(signature = (hash_name, block_size, none_hash, extra_keys_fn=None, profile="0.23.0"))]
     fn new(
         hash_name: &str,
         block_size: i64,
         none_hash: Bound<'_, PyBytes>,
         extra_keys_fn: Option<PyObject>,
+        profile: &str,
     ) -> PyResult<Self> {
+        let profile = BehaviourProfile::for_release(profile).map_err(crate::convert::to_py_err)?;
         let hash_fn = HashFn::from_name(hash_name).map_err(value_err)?;
         let block_size = usize::try_from(block_size)
             .ok()
@@ -317,6 +379,7 @@ impl BlockHasher {
             core,
             none_hash: none_hash.unbind(),
             extra_keys_fn,
+            extra_key_mode: profile.hashing.extra_keys,
         })
     }
 
@@ -469,14 +532,14 @@ impl BlockHasher {
         let mm = attr_or_none(request, intern!(py, "mm_features"))?;
         let embeds = attr_or_none(request, intern!(py, "prompt_embeds"))?;
         let in_python = mm.is_truthy()? || !embeds.is_none();
-        let lora = attr_or_none(request, intern!(py, "lora_request"))?;
-        let lora_name = if !in_python && lora.is_truthy()? {
-            Some(lora.getattr(intern!(py, "lora_name"))?)
+        let (lora_name, salt) = if in_python {
+            (None, None)
         } else {
-            None
+            request_keys(
+                &attr_or_none(request, intern!(py, "lora_request"))?,
+                attr_or_none(request, intern!(py, "cache_salt"))?,
+            )?
         };
-        let salt = attr_or_none(request, intern!(py, "cache_salt"))?;
-        let salt = (!in_python && salt.is_truthy()?).then_some(salt);
         let extra_fn = match (&self.extra_keys_fn, in_python) {
             (Some(f), true) => Some(f.bind(py)),
             (None, true) => {
@@ -500,10 +563,15 @@ impl BlockHasher {
                 keys
             } else {
                 let mut keys: Vec<Bound<'py, PyAny>> = Vec::with_capacity(2);
-                keys.extend(lora_name.iter().cloned());
-                if start == 0 {
-                    keys.extend(salt.iter().cloned());
-                }
+                extra_keys(
+                    self.extra_key_mode,
+                    start,
+                    lora_name.clone(),
+                    [],
+                    salt.clone(),
+                    [],
+                    &mut keys,
+                );
                 if keys.is_empty() {
                     none.clone()
                 } else {

@@ -11,8 +11,8 @@ use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyList, PyString, PyTuple, PyType};
 
+use super::{call_with, raw_call, MethodDef};
 use crate::blocks::KVCacheBlocks;
-use crate::fast_call::{call_with, raw_call, MethodDef};
 
 static GET_BLOCK_IDS: MethodDef = MethodDef(ffi::PyMethodDef {
     ml_name: c"get_block_ids".as_ptr(),

@@ -8,35 +8,15 @@
 //! builtin on the manager instance, where attribute lookup finds it before
 //! the class's method; `NativeManager.allocate_slots` stays the same call.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
 use hybridcache_core::AllocateArgs;
-use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::sync::GILOnceCell;
-use pyo3::types::{PyString, PyTuple};
+use pyo3::types::PyString;
 
-use crate::{opt_flag, AllocateSlotsArgs, NativeManager};
-
-/// vLLM 0.23.0's parameters of `allocate_slots`, in order.
-const PARAMS: [&str; 10] = [
-    "request",
-    "num_new_tokens",
-    "num_new_computed_tokens",
-    "new_computed_blocks",
-    "num_lookahead_tokens",
-    "num_external_computed_tokens",
-    "delay_cache_blocks",
-    "num_encoder_tokens",
-    "full_sequence_must_fit",
-    "reserved_blocks",
-];
-
-pub(crate) struct MethodDef(pub(crate) ffi::PyMethodDef);
-// SAFETY: CPython only reads the definition, whose pointers are to statics.
-unsafe impl Sync for MethodDef {}
+use super::{bind, call_args, raw_call, CallArgs, MethodDef};
+use crate::allocate_params::{call_matched, param_name, Param};
+use crate::NativeManager;
 
 static ALLOCATE_SLOTS: MethodDef = MethodDef(ffi::PyMethodDef {
     ml_name: c"allocate_slots".as_ptr(),
@@ -46,92 +26,6 @@ static ALLOCATE_SLOTS: MethodDef = MethodDef(ffi::PyMethodDef {
     ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
     ml_doc: c"vLLM 0.23.0's KVCacheManager.allocate_slots, bound to this manager.".as_ptr(),
 });
-
-/// The interned parameter names (keyword names in call sites are interned
-/// too, so a match is usually one pointer compare).
-fn param_names(py: Python<'_>) -> &[Py<PyString>; 10] {
-    static NAMES: GILOnceCell<[Py<PyString>; 10]> = GILOnceCell::new();
-    NAMES.get_or_init(py, || PARAMS.map(|p| PyString::intern(py, p).unbind()))
-}
-
-fn param_index(py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<usize> {
-    let names = param_names(py);
-    if let Some(i) = names.iter().position(|n| n.as_ptr() == name.as_ptr()) {
-        return Ok(i);
-    }
-    let text = name.downcast::<PyString>()?.to_str()?;
-    PARAMS
-        .iter()
-        .position(|&p| p == text)
-        .ok_or_else(|| arg_error(ArgError::Unknown(text)))
-}
-
-/// Python's own wording for bad call arguments.
-enum ArgError<'a> {
-    TooMany(usize),
-    Twice(usize),
-    Missing(usize),
-    Unknown(&'a str),
-}
-
-#[cold]
-#[inline(never)]
-fn arg_error(e: ArgError<'_>) -> PyErr {
-    PyTypeError::new_err(match e {
-        ArgError::TooMany(n) => format!(
-            "allocate_slots() takes at most {} arguments ({n} given)",
-            PARAMS.len()
-        ),
-        ArgError::Twice(i) => format!(
-            "allocate_slots() got multiple values for argument '{}'",
-            PARAMS[i]
-        ),
-        ArgError::Missing(i) => format!(
-            "allocate_slots() missing required argument '{}' (pos {})",
-            PARAMS[i],
-            i + 1
-        ),
-        ArgError::Unknown(name) => {
-            format!("allocate_slots() got an unexpected keyword argument '{name}'")
-        }
-    })
-}
-
-/// A new builtin of `def` bound to `to` (its `self`).
-fn bind(def: &'static MethodDef, to: &Bound<'_, PyAny>) -> PyResult<PyObject> {
-    let def = std::ptr::addr_of!(def.0).cast_mut();
-    // SAFETY: `def` is a static definition CPython never writes to; the
-    // result is a new reference, or NULL with an exception set.
-    unsafe {
-        let f = ffi::PyCFunction_NewEx(def, to.as_ptr(), std::ptr::null_mut());
-        Bound::from_owned_ptr_or_err(to.py(), f).map(Bound::unbind)
-    }
-}
-
-/// The body of a raw (vectorcall) entry point: `f` runs with the GIL's
-/// token; CPython gets the object, or NULL with the error set (a panic
-/// becomes a RuntimeError).
-///
-/// # Safety
-/// Called by CPython, with the GIL held.
-pub(crate) unsafe fn raw_call(
-    f: impl FnOnce(Python<'_>) -> PyResult<PyObject>,
-) -> *mut ffi::PyObject {
-    // SAFETY: as this function's.
-    let py = unsafe { Python::assume_gil_acquired() };
-    match catch_unwind(AssertUnwindSafe(|| f(py))) {
-        Ok(Ok(obj)) => obj.into_ptr(),
-        Ok(Err(e)) => {
-            e.restore(py);
-            std::ptr::null_mut()
-        }
-        Err(_) => {
-            PyRuntimeError::new_err("hybridcache core panicked (bug); state may be inconsistent")
-                .restore(py);
-            std::ptr::null_mut()
-        }
-    }
-}
 
 /// A new builtin calling `allocate_slots` of `manager`.
 pub fn bound_allocate_slots(manager: &Bound<'_, NativeManager>) -> PyResult<PyObject> {
@@ -210,45 +104,7 @@ unsafe fn call_full(
         positional,
         keywords,
     } = unsafe { call_args(py, args, nargs, kwnames) }?;
-    if positional.len() > PARAMS.len() {
-        return Err(arg_error(ArgError::TooMany(positional.len())));
-    }
-    let mut given: [Option<Bound<'_, PyAny>>; 10] = Default::default();
-    for (slot, v) in given.iter_mut().zip(positional) {
-        *slot = Some(v);
-    }
-    for (name, v) in keywords {
-        let i = param_index(py, &name)?;
-        if given[i].is_some() {
-            return Err(arg_error(ArgError::Twice(i)));
-        }
-        given[i] = Some(v);
-    }
-    let [request, num_new_tokens, rest @ ..] = given;
-    let request = request.ok_or_else(|| arg_error(ArgError::Missing(0)))?;
-    let num_new_tokens = num_new_tokens.ok_or_else(|| arg_error(ArgError::Missing(1)))?;
-    // As PyO3 does for optional parameters: None is "left out".
-    let rest = rest.map(|v| v.filter(|v| !v.is_none()));
-    let [num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit, reserved_blocks] =
-        rest;
-    NativeManager::allocate_slots_impl(
-        &manager,
-        &request,
-        &num_new_tokens,
-        AllocateSlotsArgs {
-            num_new_computed_tokens: num_new_computed_tokens.as_ref(),
-            new_computed_blocks: new_computed_blocks.as_ref(),
-            num_lookahead_tokens: num_lookahead_tokens.as_ref(),
-            num_external_computed_tokens: num_external_computed_tokens.as_ref(),
-            delay_cache_blocks: opt_flag("delay_cache_blocks", delay_cache_blocks.as_ref())?,
-            num_encoder_tokens: num_encoder_tokens.as_ref(),
-            full_sequence_must_fit: opt_flag(
-                "full_sequence_must_fit",
-                full_sequence_must_fit.as_ref(),
-            )?,
-            reserved_blocks: reserved_blocks.as_ref(),
-        },
-    )
+    call_matched(&manager, positional.into_iter(), keywords.into_iter())
 }
 
 /// A non-negative int, or None where it is not one (no exception left set).
@@ -328,7 +184,8 @@ unsafe fn decode_fast<'py>(
         let mut lookahead = 0;
         if !kwnames.is_null() {
             let only_lookahead = ffi::PyTuple_Size(kwnames) == 1
-                && ffi::PyTuple_GetItem(kwnames, 0) == param_names(py)[4].as_ptr();
+                && ffi::PyTuple_GetItem(kwnames, 0)
+                    == param_name(py, Param::NumLookaheadTokens).as_ptr();
             if !only_lookahead {
                 return Fast::Other;
             }
@@ -397,70 +254,4 @@ unsafe fn decode_fast<'py>(
             Err(_) => Fast::Other,
         }
     }
-}
-
-/// A vectorcall's arguments as objects: the positional values, then the
-/// keyword (name, value) pairs.
-struct CallArgs<'py> {
-    positional: Vec<Bound<'py, PyAny>>,
-    keywords: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
-}
-
-/// # Safety
-/// `args`, `nargs` and `kwnames` follow the vectorcall contract and are
-/// live for the call; the GIL is held.
-unsafe fn call_args<'py>(
-    py: Python<'py>,
-    args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-) -> PyResult<CallArgs<'py>> {
-    let names = if kwnames.is_null() {
-        None
-    } else {
-        // SAFETY: a non-NULL kwnames is a live tuple of str.
-        Some(unsafe { Bound::from_borrowed_ptr(py, kwnames) }.downcast_into::<PyTuple>()?)
-    };
-    let nargs = usize::try_from(nargs).unwrap_or(0);
-    let num_kw = names.as_ref().map_or(0, |n| n.len());
-    // SAFETY: `args` holds `nargs + num_kw` live pointers for the call.
-    let values = unsafe { std::slice::from_raw_parts(args, nargs + num_kw) };
-    // SAFETY: as above.
-    let value = |i: usize| unsafe { Bound::from_borrowed_ptr(py, values[i]) };
-    let keywords = names.iter().flat_map(|n| n.iter()).enumerate();
-    Ok(CallArgs {
-        positional: (0..nargs).map(value).collect(),
-        keywords: keywords.map(|(k, name)| (name, value(nargs + k))).collect(),
-    })
-}
-
-/// `callable(*front, *args, **kwargs)` from a vectorcall's arguments (the
-/// general spelling of a raw method: Python's own argument matching).
-///
-/// # Safety
-/// As `call_args`.
-pub(crate) unsafe fn call_with(
-    callable: &Bound<'_, PyAny>,
-    front: Option<&Bound<'_, PyAny>>,
-    args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-) -> PyResult<PyObject> {
-    let py = callable.py();
-    // SAFETY: as this function's.
-    let CallArgs {
-        positional,
-        keywords,
-    } = unsafe { call_args(py, args, nargs, kwnames) }?;
-    let positional = front.into_iter().cloned().chain(positional);
-    let kwargs = pyo3::types::PyDict::new(py);
-    for (name, v) in keywords {
-        kwargs.set_item(name, v)?;
-    }
-    Ok(callable
-        .call(
-            PyTuple::new(py, positional.collect::<Vec<_>>())?,
-            Some(&kwargs),
-        )?
-        .unbind())
 }

@@ -1,0 +1,64 @@
+//! The token counts a plain decode is sized by, and the bounds within which
+//! such a decode changes no block (a request's decode horizon).
+
+/// Largest counts for which a plain decode of a request changes no block
+/// (see `SingleTypeManager::decode_horizon`); `usize::MAX`: no bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeHorizon {
+    /// Computed tokens (after the max_model_len cap).
+    pub max_total: usize,
+    /// Tokens that need a slot (with lookahead, capped).
+    pub max_need_slot: usize,
+    /// Computed + new tokens (Mamba align sizes by this).
+    pub max_main: usize,
+    /// Tokens to cache (only bounds calls that cache).
+    pub max_to_cache: usize,
+}
+
+impl DecodeHorizon {
+    /// Not known (to be recomputed). As bounds it admits no decode: every
+    /// decode needs a slot for at least one token.
+    pub const UNKNOWN: DecodeHorizon = DecodeHorizon {
+        max_total: 0,
+        max_need_slot: 0,
+        max_main: 0,
+        max_to_cache: 0,
+    };
+
+    pub const UNBOUNDED: DecodeHorizon = DecodeHorizon {
+        max_total: usize::MAX,
+        max_need_slot: usize::MAX,
+        max_main: usize::MAX,
+        max_to_cache: usize::MAX,
+    };
+
+    pub fn min(self, o: DecodeHorizon) -> DecodeHorizon {
+        DecodeHorizon {
+            max_total: self.max_total.min(o.max_total),
+            max_need_slot: self.max_need_slot.min(o.max_need_slot),
+            max_main: self.max_main.min(o.max_main),
+            max_to_cache: self.max_to_cache.min(o.max_to_cache),
+        }
+    }
+
+    pub fn allows(&self, c: &DecodeCounts) -> bool {
+        c.total_computed <= self.max_total
+            && c.need_slot <= self.max_need_slot
+            && c.main_model <= self.max_main
+            && c.to_cache.is_none_or(|t| t <= self.max_to_cache)
+    }
+}
+
+/// The token counts a plain decode step is sized by (as `allocate_slots`
+/// derives them from its arguments).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeCounts {
+    /// Computed tokens, capped at max_model_len.
+    pub total_computed: usize,
+    /// Tokens that need a slot: computed + new + lookahead, capped.
+    pub need_slot: usize,
+    /// Computed + new tokens (Mamba align sizes by this).
+    pub main_model: usize,
+    /// Tokens to cache; None when the call caches nothing.
+    pub to_cache: Option<usize>,
+}

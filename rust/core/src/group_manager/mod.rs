@@ -1,0 +1,583 @@
+//! One manager per KV-cache group (vLLM's single-type managers): the
+//! request -> blocks tables of that group and the steps of an allocation.
+//! One struct serves every attention type; what differs by type is asked of
+//! `attention::Attention`, which owns each type's rules.
+
+mod decode;
+mod record;
+
+use std::collections::HashSet;
+
+use smallvec::SmallVec;
+
+use crate::attention::mamba::AlignState;
+use crate::attention::{Attention, HitSearch, ReachableBlocks};
+use crate::block_pool::{reserve_table, BlockPool, NULL_BLOCK};
+use crate::fast_hash::FxBuild;
+use crate::hashes::ScaledHashes;
+use crate::profile::{BehaviourProfile, FreePolicy};
+use crate::spec::GroupSpec;
+use crate::{cdiv, BlockId, ReqSlot};
+use record::{GroupReq, Records};
+
+#[derive(Debug, Clone)]
+pub(crate) struct SingleTypeManager {
+    pub spec: GroupSpec,
+    /// The spec's attention type: every per-type rule.
+    pub attn: Attention,
+    pub group_id: u32,
+    pub block_size: u32,
+    pub scheduler_block_size: u32,
+    /// Whether cache hits of this group drop the EAGLE lookahead block.
+    pub use_eagle: bool,
+    /// Hashes per block (block_size / hash_block_size), and the blocks a
+    /// sliding-window hit can use: fixed once the coordinator has set
+    /// `use_eagle` (see `settle`), so a decode computes neither.
+    pub scale: usize,
+    reachable: Option<ReachableBlocks>,
+    records: Records,
+    new_block_ids: Vec<BlockId>,
+    /// New block ids are recorded (spec and profile agree).
+    records_new_block_ids: bool,
+    free_policy: FreePolicy,
+    enable_caching: bool,
+    // Mamba: blocks cached during this step cannot serve hits until the
+    // next. vLLM keeps (hash, group) keys; a prefix-map entry stands for
+    // its hash: an entry id reused within the step is held only by blocks
+    // cached within the step, so `entry_key` marks are exact.
+    cached_this_step: HashSet<u64, FxBuild>,
+}
+
+impl SingleTypeManager {
+    pub fn new(
+        spec: GroupSpec,
+        group_id: u32,
+        enable_caching: bool,
+        scheduler_block_size: u32,
+        profile: &BehaviourProfile,
+    ) -> Self {
+        SingleTypeManager {
+            records_new_block_ids: profile.records_new_block_ids(spec.reports_new_block_ids),
+            free_policy: profile.free_policy,
+            block_size: spec.block_size,
+            attn: Attention::from_spec(&spec.kind),
+            scheduler_block_size,
+            spec,
+            group_id,
+            use_eagle: false,
+            scale: 1,
+            reachable: None,
+            records: Records::default(),
+            new_block_ids: Vec::new(),
+            enable_caching,
+            cached_this_step: HashSet::default(),
+        }
+    }
+
+    fn req(&self, slot: ReqSlot) -> Option<&GroupReq> {
+        self.records.get(slot)
+    }
+
+    fn bs(&self) -> usize {
+        self.block_size as usize
+    }
+
+    /// The worker's view of the request's block ids (Mamba align groups).
+    pub fn worker_view(&self, slot: ReqSlot) -> Option<&[BlockId]> {
+        self.req(slot).and_then(|r| r.worker_view.as_deref())
+    }
+
+    pub fn is_mamba_align(&self) -> bool {
+        self.attn.align().is_some()
+    }
+
+    pub fn blocks(&self, slot: ReqSlot) -> &[BlockId] {
+        self.req(slot).map_or(&[], |r| r.blocks.as_slice())
+    }
+
+    /// The request is running in this group (it has a cached-block count).
+    pub fn is_running(&self, slot: ReqSlot) -> bool {
+        self.req(slot).is_some_and(|r| r.num_cached.is_some())
+    }
+
+    pub fn holds(&self, slot: ReqSlot) -> bool {
+        self.req(slot).is_some_and(GroupReq::holds)
+    }
+
+    pub fn num_cached_blocks(&self, slot: ReqSlot) -> usize {
+        self.req(slot).and_then(|r| r.num_cached).unwrap_or(0)
+    }
+
+    pub fn align_state(&self, slot: ReqSlot) -> Option<AlignState> {
+        self.req(slot).and_then(|r| r.align)
+    }
+
+    /// Blocks required for an allocation of `num_tokens` (tokens that need
+    /// a slot) and `num_tokens_main_model`.
+    fn required_blocks(&self, num_tokens: usize, num_tokens_main_model: usize) -> usize {
+        self.attn
+            .sizing()
+            .required_blocks(self.bs(), num_tokens, num_tokens_main_model)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn get_num_blocks_to_allocate(
+        &self,
+        pool: &BlockPool,
+        slot: ReqSlot,
+        num_tokens: usize,
+        new_computed: &[BlockId],
+        total_computed_tokens: usize,
+        num_external_computed_tokens: usize,
+        num_tokens_main_model: usize,
+        apply_admission_cap: bool,
+    ) -> i64 {
+        if self.attn.hits_wait_a_step() {
+            // A hit on a state cached this very step is not usable yet:
+            // report more than the pool so the request waits a step.
+            if let Some(&last) = new_computed.last() {
+                if let Some(key) = pool.block_entry(last).map(entry_key) {
+                    if self.cached_this_step.contains(&key) {
+                        return i64::from(pool.num_blocks()) + 1;
+                    }
+                }
+            }
+        }
+        if let (Some(m), Some(_)) = (self.attn.mamba(), self.attn.align()) {
+            // vLLM 0.23.0 leaves out the block it allocates for external
+            // (connector) tokens here and then fails to get it from the
+            // pool; counting it keeps the answer "None", not a crash.
+            let external = self.external_blocks(
+                slot,
+                new_computed,
+                total_computed_tokens,
+                num_external_computed_tokens,
+            );
+            let have = new_computed.len() + self.blocks(slot).len();
+            let allocated = self.align_state(slot).is_some_and(|a| a.allocated);
+            return m.align_blocks_to_allocate(self.bs(), num_tokens_main_model, have, allocated)
+                + evictable(pool, new_computed) as i64
+                + external as i64;
+        }
+        let mut num_required = self.required_blocks(num_tokens, num_tokens_main_model);
+        if apply_admission_cap {
+            if let Some(cap) = self.spec.admission_cap {
+                num_required = num_required.min(cap);
+            }
+        }
+        let num_req_blocks = self.blocks(slot).len();
+        if self.is_running(slot) {
+            // Draft tokens may have been rejected: the table can be longer
+            // than what is required now.
+            return num_required.saturating_sub(num_req_blocks) as i64;
+        }
+        let num_skipped_blocks = self.attn.skipped_tokens(total_computed_tokens) / self.bs();
+        let num_local_computed = new_computed.len() + num_req_blocks;
+        let num_new = num_required.saturating_sub(num_skipped_blocks.max(num_local_computed));
+        let skip_new = num_skipped_blocks
+            .saturating_sub(num_req_blocks)
+            .min(new_computed.len());
+        // Cache hits sitting in the free queue leave it when touched.
+        (num_new + evictable(pool, &new_computed[skip_new..])) as i64
+    }
+
+    /// Blocks `allocate_new_computed_blocks` takes for external tokens.
+    fn external_blocks(
+        &self,
+        slot: ReqSlot,
+        new_computed: &[BlockId],
+        total: usize,
+        external: usize,
+    ) -> usize {
+        if external == 0 || self.is_running(slot) || !self.attn.is_per_token() {
+            return 0;
+        }
+        let skipped_tokens = self.attn.skipped_tokens(total);
+        let skipped = skipped_tokens / self.bs();
+        let external = if skipped > 0 {
+            external.min(total - skipped_tokens)
+        } else {
+            external
+        };
+        if external == 0 {
+            return 0;
+        }
+        let held = self.blocks(slot).len() + skipped + new_computed.len().saturating_sub(skipped);
+        cdiv(total, self.bs()).saturating_sub(held)
+    }
+
+    /// Adds a new request's cache hits (touched, so they leave the free
+    /// queue) after null padding for skipped blocks. Returns how many blocks
+    /// its external (connector) tokens still need: the coordinator allocates
+    /// those only once every group has touched its hits (see `Coordinator::
+    /// allocate_new_computed_blocks`).
+    pub fn add_computed_blocks(
+        &mut self,
+        pool: &mut BlockPool,
+        slot: ReqSlot,
+        new_computed: &[BlockId],
+        num_local_computed_tokens: usize,
+        num_external_computed_tokens: usize,
+    ) -> usize {
+        if self.is_running(slot) || !self.attn.is_per_token() {
+            return 0;
+        }
+        let total = num_local_computed_tokens + num_external_computed_tokens;
+        let skipped_tokens = self.attn.skipped_tokens(total);
+        let num_skipped_blocks = skipped_tokens / self.bs();
+        let mut external = num_external_computed_tokens;
+        let mut computed = new_computed;
+        if num_skipped_blocks > 0 {
+            computed = &new_computed[num_skipped_blocks.min(new_computed.len())..];
+            external = external.min(total - skipped_tokens);
+        }
+        if self.enable_caching {
+            pool.touch(computed);
+        }
+        let bs = self.bs();
+        let r = self.records.with_table(slot);
+        r.blocks
+            .extend(std::iter::repeat_n(NULL_BLOCK, num_skipped_blocks));
+        r.blocks.extend_from_slice(computed);
+        let len = r.blocks.len();
+        r.num_cached = Some(len);
+        if external == 0 {
+            return 0;
+        }
+        cdiv(total, bs).saturating_sub(len)
+    }
+
+    /// Fresh blocks for external tokens (after `add_computed_blocks`).
+    pub fn allocate_external_blocks(&mut self, pool: &mut BlockPool, slot: ReqSlot, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let blocks = &mut self.records.with_table(slot).blocks;
+        let start = blocks.len();
+        pool.get_new_blocks(n, blocks);
+        if self.records_new_block_ids {
+            self.new_block_ids.extend_from_slice(&blocks[start..]);
+        }
+    }
+
+    /// Grows the table to cover `num_tokens`; appends the new blocks to `out`
+    /// (and records them as handed to the worker).
+    pub fn allocate_new_blocks(
+        &mut self,
+        pool: &mut BlockPool,
+        slot: ReqSlot,
+        num_tokens: usize,
+        num_tokens_main_model: usize,
+        out: &mut Vec<BlockId>,
+    ) {
+        let bs = self.bs();
+        if let (Some(m), Some(_)) = (self.attn.mamba(), self.attn.align()) {
+            let start = out.len();
+            let r = self.records.with_table(slot);
+            m.allocate_align_blocks(
+                pool,
+                bs,
+                &mut r.blocks,
+                &mut r.align,
+                num_tokens_main_model,
+                out,
+            );
+            // What the worker received: the whole table on the request's
+            // first allocation, the new blocks afterwards.
+            match &mut r.worker_view {
+                Some(view) => {
+                    reserve_table(view, out.len() - start);
+                    view.extend_from_slice(&out[start..]);
+                }
+                None => r.worker_view = Some(r.blocks.clone()),
+            }
+            return;
+        }
+        let num_required = self.required_blocks(num_tokens, num_tokens_main_model);
+        let blocks = &mut self.records.with_table(slot).blocks;
+        if num_required <= blocks.len() {
+            return;
+        }
+        let start = blocks.len();
+        pool.get_new_blocks(num_required - start, blocks);
+        if self.records_new_block_ids {
+            self.new_block_ids.extend_from_slice(&blocks[start..]);
+        }
+        out.extend_from_slice(&blocks[start..]);
+    }
+
+    pub fn take_new_block_ids(&mut self, out: &mut Vec<BlockId>) {
+        out.append(&mut self.new_block_ids);
+    }
+
+    /// Hashes (at hash_block_size) that caching up to `num_tokens` reads,
+    /// given `num_cached` blocks already cached.
+    pub fn hashes_needed_to_cache(&self, num_cached: usize, num_tokens: usize) -> usize {
+        let num_full = num_tokens / self.bs();
+        if num_cached >= num_full {
+            0
+        } else {
+            num_full * self.scale
+        }
+    }
+
+    /// Cached-block count once `allocate_new_computed_blocks` has run (for
+    /// checking arguments before anything changes).
+    pub fn num_cached_after_computed(
+        &self,
+        slot: ReqSlot,
+        num_new_computed: usize,
+        total_computed: usize,
+    ) -> usize {
+        if self.is_running(slot) {
+            return self.num_cached_blocks(slot);
+        }
+        if !self.attn.is_per_token() {
+            return 0;
+        }
+        let skipped = self.attn.skipped_tokens(total_computed) / self.bs();
+        skipped.max(num_new_computed)
+    }
+
+    /// Fixes what follows from the spec, `use_eagle` and the pool's hash
+    /// block size (called once they are set).
+    pub fn settle(&mut self, hash_block_size: u32) {
+        self.scale = (self.block_size / hash_block_size) as usize;
+        self.reachable =
+            self.attn
+                .reachable_blocks(self.block_size, self.scheduler_block_size, self.use_eagle);
+    }
+
+    pub fn cache_blocks(
+        &mut self,
+        pool: &mut BlockPool,
+        slot: ReqSlot,
+        hashes: ScaledHashes<'_>,
+        num_tokens: usize,
+    ) {
+        let num_cached = self.num_cached_blocks(slot);
+        let num_full = num_tokens / self.bs();
+        if num_cached >= num_full {
+            return;
+        }
+        let (reachable, block_size, group_id) = (self.reachable, self.block_size, self.group_id);
+        let marks = self.attn.hits_wait_a_step();
+        let r = self.records.with_table(slot);
+        r.num_cached = Some(num_full);
+        let blocks = &r.blocks;
+        pool.cache_full_blocks(
+            blocks,
+            num_cached,
+            num_full,
+            block_size,
+            group_id,
+            |i| reachable.is_none_or(|r| r.keeps(i)),
+            |i| hashes.get(i),
+        );
+        if marks {
+            let end = num_full.min(blocks.len());
+            for &b in &blocks[num_cached.min(end)..end] {
+                if let Some(key) = pool.block_entry(b).map(entry_key) {
+                    self.cached_this_step.insert(key);
+                }
+            }
+        }
+    }
+
+    /// Frees the request's blocks, tail first so tails are evicted first.
+    pub fn free(&mut self, pool: &mut BlockPool, slot: ReqSlot) {
+        let scratch_first = self
+            .free_policy
+            .request_scratch_first(self.attn.frees_scratch_first());
+        let Some(r) = self.records.reqs.get_mut(slot as usize) else {
+            return;
+        };
+        r.align = None;
+        r.worker_view = None;
+        r.num_cached = None;
+        if std::mem::take(&mut r.has_blocks) {
+            self.records.num_block_entries -= 1;
+            // The table's buffer stays with the slot for its next request.
+            let blocks = &mut r.blocks;
+            if scratch_first {
+                // Scratch blocks are reused first; cached ones stay behind.
+                let (cached, uncached): (Vec<BlockId>, Vec<BlockId>) = blocks
+                    .iter()
+                    .rev()
+                    .copied()
+                    .partition(|&b| pool.block_hash(b).is_some());
+                pool.free_blocks(cached.iter().copied(), false);
+                pool.free_blocks(uncached.iter().copied(), true);
+            } else {
+                pool.free_blocks(blocks.iter().rev().copied(), false);
+            }
+            blocks.clear();
+            r.null_prefix.set(0);
+        }
+    }
+
+    /// Leading blocks held by every request that has an entry in this group.
+    pub fn get_num_common_prefix_blocks(&mut self, pool: &BlockPool, slot: ReqSlot) -> usize {
+        if !self.attn.shares_prefix() {
+            return 0;
+        }
+        self.records.with_table(slot);
+        let holders = self.records.num_block_entries as i64;
+        self.blocks(slot)
+            .iter()
+            .take_while(|&&b| i64::from(pool.ref_cnt(b)) == holders)
+            .count()
+    }
+
+    /// Frees blocks that fall outside the attention window, replacing them
+    /// with the null block.
+    pub fn remove_skipped_blocks(&mut self, pool: &mut BlockPool, slot: ReqSlot, total: usize) {
+        // With async scheduling `total` may count drafts that get
+        // rejected; assume they all are (vLLM subtracts the block count).
+        let total = total.saturating_sub(self.attn.draft_tokens());
+        self.remove_window_blocks(pool, slot, total);
+        if self.attn.align().is_some() {
+            self.free_old_state_block(pool, slot, total);
+        }
+    }
+
+    fn remove_window_blocks(&mut self, pool: &mut BlockPool, slot: ReqSlot, total: usize) {
+        let skipped = self.attn.skipped_tokens(total);
+        if skipped == 0 {
+            return;
+        }
+        let n = skipped / self.bs();
+        let scratch_first = self.free_policy.window_scratch_first();
+        let blocks = &mut self.records.with_table(slot).blocks;
+        let n = n.min(blocks.len());
+        let mut removed_cached: SmallVec<[BlockId; 8]> = SmallVec::new();
+        let mut removed_uncached: SmallVec<[BlockId; 8]> = SmallVec::new();
+        for i in (0..n).rev() {
+            let b = blocks[i];
+            if b == NULL_BLOCK {
+                // Earlier calls already nulled everything before it.
+                break;
+            }
+            if scratch_first && pool.block_hash(b).is_none() {
+                removed_uncached.push(b);
+            } else {
+                removed_cached.push(b);
+            }
+            blocks[i] = NULL_BLOCK;
+        }
+        // Scratch blocks go to the front of the free queue (reused first);
+        // cached ones stay behind as best-effort prefix-cache entries.
+        if !removed_cached.is_empty() {
+            pool.free_blocks(removed_cached.iter().copied(), false);
+        }
+        if !removed_uncached.is_empty() {
+            pool.free_blocks(removed_uncached.iter().copied(), true);
+        }
+    }
+
+    /// The state block of two steps ago is no longer a copy source: free it.
+    fn free_old_state_block(&mut self, pool: &mut BlockPool, slot: ReqSlot, total: usize) {
+        let Some(idx) = self.align_state(slot).and_then(|a| a.last_state_block_idx) else {
+            return;
+        };
+        if total <= crate::attention::Mamba::old_state_kept_until(idx, self.bs()) {
+            return;
+        }
+        let blocks = &mut self.records.with_table(slot).blocks;
+        if blocks[idx] != NULL_BLOCK {
+            pool.free_blocks([blocks[idx]].iter().copied(), false);
+            blocks[idx] = NULL_BLOCK;
+        }
+    }
+
+    pub fn new_step_starts(&mut self) {
+        self.cached_this_step.clear();
+    }
+
+    /// Longest prefix of `hashes` cached in every group of `groups`, at most
+    /// `max_length` tokens, for a group of `spec`. Fills `out[k]` for `groups[k]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn find_longest_cache_hit(
+        spec: &GroupSpec,
+        pool: &BlockPool,
+        hashes: ScaledHashes<'_>,
+        max_length: usize,
+        groups: &[u32],
+        drop_eagle_block: bool,
+        alignment_tokens: usize,
+        out: &mut [Vec<BlockId>],
+    ) {
+        for o in out.iter_mut() {
+            o.clear();
+        }
+        let search = HitSearch {
+            pool,
+            hashes,
+            groups,
+            block_size: spec.block_size as usize,
+            alignment_tokens,
+        };
+        Attention::from_spec(&spec.kind).find_hit(&search, max_length, drop_eagle_block, out);
+    }
+
+    /// Running slots and whether each has a table, for invariant checks.
+    pub fn running_slots(&self) -> impl Iterator<Item = (ReqSlot, bool)> + '_ {
+        self.records
+            .reqs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.num_cached.is_some())
+            .map(|(s, r)| (s as ReqSlot, r.has_blocks))
+    }
+
+    /// Slots with Mamba align state, for invariant checks.
+    pub fn align_states(&self) -> impl Iterator<Item = (ReqSlot, AlignState)> + '_ {
+        self.records
+            .reqs
+            .iter()
+            .enumerate()
+            .filter_map(|(s, r)| r.align.map(|a| (s as ReqSlot, a)))
+    }
+
+    /// The records agree with the entry count, and a slot without a table
+    /// keeps no ids.
+    pub fn check_records(&self) -> Result<(), String> {
+        let reqs = &self.records.reqs;
+        let with_tables = reqs.iter().filter(|r| r.has_blocks).count();
+        if with_tables != self.records.num_block_entries {
+            return Err(format!(
+                "{with_tables} tables but {} counted",
+                self.records.num_block_entries
+            ));
+        }
+        match reqs
+            .iter()
+            .position(|r| !r.has_blocks && !r.blocks.is_empty())
+        {
+            Some(s) => Err(format!("slot {s} keeps block ids without a table")),
+            None => Ok(()),
+        }
+    }
+
+    /// Slots and tables, for invariant checks.
+    pub fn tables(&self) -> impl Iterator<Item = (ReqSlot, &[BlockId])> + '_ {
+        self.records
+            .reqs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.has_blocks)
+            .map(|(s, r)| (s as ReqSlot, r.blocks.as_slice()))
+    }
+}
+
+/// A `cached_this_step` key: a cached block's (prefix-map entry, group).
+fn entry_key((entry, group): (u32, u32)) -> u64 {
+    u64::from(entry) << 32 | u64::from(group)
+}
+
+fn evictable(pool: &BlockPool, blocks: &[BlockId]) -> usize {
+    blocks
+        .iter()
+        .filter(|&&b| pool.ref_cnt(b) == 0 && b != NULL_BLOCK)
+        .count()
+}

@@ -1,0 +1,421 @@
+//! `KvCacheManager`: vLLM 0.23.0's `KVCacheManager` over plain ids and counts.
+//! The facade reads the request object and passes its numbers; this type
+//! owns every decision. Arguments are checked before anything changes.
+
+mod allocate;
+mod batch;
+mod decode;
+mod invariants;
+mod mamba_copies;
+mod stats;
+
+pub use batch::{BatchResult, BatchScratch, DecodeBatch};
+pub use stats::LookupStats;
+
+use crate::block_pool::BlockPool;
+use crate::coordinator::Coordinator;
+use crate::decode_bounds::DecodeHorizon;
+use crate::error::{invalid, CoreError, CoreResult};
+use crate::events::PoolEvent;
+use crate::hashes::{HashList, HashUpdate};
+use crate::mamba_plan::PlannerState;
+use crate::profile::BehaviourProfile;
+use crate::requests::RequestRegistry;
+use crate::spec::GroupSpec;
+use crate::{BlockId, ReqSlot};
+
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    pub num_blocks: u32,
+    pub groups: Vec<GroupSpec>,
+    pub max_model_len: usize,
+    pub scheduler_block_size: u32,
+    pub hash_block_size: u32,
+    pub enable_caching: bool,
+    pub use_eagle: bool,
+    pub enable_events: bool,
+    /// The vLLM release whose semantics the manager follows.
+    pub profile: BehaviourProfile,
+}
+
+/// "No new computed blocks" for up to 32 groups, without allocating.
+static NO_BLOCKS: [Vec<BlockId>; 32] = [const { Vec::new() }; 32];
+
+/// `allocate_slots` arguments, vLLM's names; request fields are passed as
+/// `num_computed_tokens` / `num_tokens`.
+#[derive(Debug, Clone, Default)]
+pub struct AllocateArgs<'a> {
+    pub num_new_tokens: usize,
+    pub num_computed_tokens: usize,
+    pub num_tokens: usize,
+    pub num_new_computed_tokens: usize,
+    /// `None` stands for vLLM's `None` or its shared empty `KVCacheBlocks`.
+    pub new_computed_blocks: Option<&'a [Vec<BlockId>]>,
+    pub num_lookahead_tokens: usize,
+    pub num_external_computed_tokens: usize,
+    pub delay_cache_blocks: bool,
+    pub num_encoder_tokens: usize,
+    pub full_sequence_must_fit: bool,
+    pub reserved_blocks: usize,
+}
+
+impl AllocateArgs<'_> {
+    /// No computed blocks, external or encoder tokens, and no
+    /// full-sequence check: the call a running request makes each step.
+    pub fn is_plain(&self) -> bool {
+        self.new_computed_blocks.is_none()
+            && self.num_new_computed_tokens == 0
+            && self.num_external_computed_tokens == 0
+            && self.num_encoder_tokens == 0
+            && !self.full_sequence_must_fit
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct KvCacheManager {
+    coord: Coordinator,
+    /// Lookup counters since the last `take_stats`.
+    stats: LookupStats,
+    /// Lookups are counted (vLLM's `log_stats`).
+    log_stats: bool,
+    // Mamba align worker-side state for copy plans.
+    planner: PlannerState,
+    max_model_len: usize,
+    enable_caching: bool,
+    profile: BehaviourProfile,
+    // Some group is Mamba align (the copy planner tracks requests then).
+    has_align_groups: bool,
+    reqs: RequestRegistry,
+}
+
+impl KvCacheManager {
+    pub fn new(cfg: ManagerConfig) -> CoreResult<Self> {
+        if cfg.groups.is_empty() {
+            return Err(CoreError::Unsupported(
+                "a KV cache config without groups (attention-free model) is not implemented yet"
+                    .into(),
+            ));
+        }
+        for (i, g) in cfg.groups.iter().enumerate() {
+            g.validate(i)?;
+        }
+        if cfg.max_model_len == 0 {
+            return invalid("max_model_len must be > 0");
+        }
+        let pool = BlockPool::new(
+            cfg.num_blocks,
+            cfg.enable_caching,
+            cfg.hash_block_size,
+            cfg.enable_events,
+        )?;
+        let coord = Coordinator::new(
+            pool,
+            &cfg.groups,
+            cfg.use_eagle,
+            cfg.scheduler_block_size,
+            &cfg.profile,
+        )?;
+        let has_align_groups = coord.managers.iter().any(|m| m.is_mamba_align());
+        Ok(KvCacheManager {
+            coord,
+            stats: LookupStats::default(),
+            log_stats: false,
+            planner: PlannerState::default(),
+            max_model_len: cfg.max_model_len,
+            enable_caching: cfg.enable_caching,
+            profile: cfg.profile,
+            has_align_groups,
+            reqs: RequestRegistry::default(),
+        })
+    }
+
+    /// Prefix caching is on (vLLM's `enable_caching`).
+    pub fn enable_caching(&self) -> bool {
+        self.enable_caching
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.coord.pool
+    }
+
+    pub fn num_groups(&self) -> usize {
+        self.coord.managers.len()
+    }
+
+    pub fn usage(&self) -> f64 {
+        self.coord.pool.usage()
+    }
+
+    fn slot(&self, request_id: &str) -> Option<ReqSlot> {
+        self.reqs.slot(request_id)
+    }
+
+    fn slot_or_insert(&mut self, request_id: &str) -> ReqSlot {
+        self.reqs.slot_or_insert(request_id)
+    }
+
+    fn hashes(&self, slot: ReqSlot) -> &HashList {
+        self.reqs.hashes(slot)
+    }
+
+    /// How many of the request's block hashes the core holds.
+    pub fn num_known_hashes(&self, request_id: &str) -> usize {
+        self.known_hashes_at(self.slot(request_id))
+    }
+
+    /// Stores the request's hashes from index `offset` on (the facade sends
+    /// each hash once). Creates the request's entry if needed.
+    pub fn sync_hashes(
+        &mut self,
+        request_id: &str,
+        offset: usize,
+        new: Vec<Box<[u8]>>,
+    ) -> CoreResult<()> {
+        let update = HashUpdate {
+            offset,
+            hashes: new.iter().collect(),
+        };
+        self.hashes_after(request_id, Some(&update))?;
+        self.apply_hashes(request_id, update);
+        Ok(())
+    }
+
+    /// `sync_hashes` for an update already in the core's form.
+    pub fn sync_update(&mut self, request_id: &str, update: HashUpdate) -> CoreResult<()> {
+        self.hashes_after(request_id, Some(&update))?;
+        self.apply_hashes(request_id, update);
+        Ok(())
+    }
+
+    /// How many hashes the request will hold once `update` is applied;
+    /// refuses an update that leaves a gap.
+    fn hashes_after(&self, request_id: &str, update: Option<&HashUpdate>) -> CoreResult<usize> {
+        self.hashes_after_at(self.slot(request_id), request_id, update)
+    }
+
+    fn hashes_after_at(
+        &self,
+        slot: Option<ReqSlot>,
+        request_id: &str,
+        update: Option<&HashUpdate>,
+    ) -> CoreResult<usize> {
+        let known = self.known_hashes_at(slot);
+        match update {
+            None => Ok(known),
+            Some(u) if u.offset > known => invalid(format!(
+                "request {request_id:?}: hashes sent from index {}, but only {known} are known",
+                u.offset
+            )),
+            Some(u) => Ok(u.offset + u.hashes.len()),
+        }
+    }
+
+    fn apply_hashes_at(&mut self, slot: ReqSlot, update: HashUpdate) {
+        self.reqs.take_hashes(slot, update);
+    }
+
+    fn apply_hashes(&mut self, request_id: &str, update: HashUpdate) {
+        if update.hashes.is_empty() && update.offset == self.num_known_hashes(request_id) {
+            return;
+        }
+        let s = self.slot_or_insert(request_id);
+        self.apply_hashes_at(s, update);
+    }
+
+    /// Cache hit for a request of `num_tokens` tokens: blocks per group and
+    /// the number of hit tokens. Changes nothing.
+    pub fn get_computed_blocks(
+        &self,
+        request_id: &str,
+        num_tokens: usize,
+    ) -> CoreResult<(Vec<Vec<BlockId>>, usize)> {
+        if num_tokens == 0 {
+            return invalid(format!("request {request_id:?} has no tokens"));
+        }
+        let empty = HashList::new();
+        let hashes = self.slot(request_id).map_or(&empty, |s| self.hashes(s));
+        // A full hit must still recompute the last token to get logits.
+        Ok(self.coord.find_longest_cache_hit(hashes, num_tokens - 1))
+    }
+
+    /// The request's slot, if the manager knows it (saves lookups when
+    /// several calls concern one request).
+    pub fn lookup(&self, request_id: &str) -> Option<ReqSlot> {
+        self.slot(request_id)
+    }
+
+    /// A handle for a request the manager holds: stable until the request
+    /// is freed (or dropped after a failed first allocation), never reused.
+    pub fn handle(&self, request_id: &str) -> Option<u64> {
+        self.slot(request_id).map(|s| self.reqs.handle(s))
+    }
+
+    /// The handle of a live slot (from `lookup`).
+    pub fn handle_at(&self, slot: ReqSlot) -> u64 {
+        self.reqs.handle(slot)
+    }
+
+    /// The live slot a handle names, if any (`resolve_handle` without an
+    /// error to build).
+    pub fn slot_of_handle(&self, handle: u64) -> Option<ReqSlot> {
+        self.reqs.resolve_handle(handle)
+    }
+
+    /// The slot of the request a handle names.
+    pub fn resolve_handle(&self, handle: u64) -> CoreResult<ReqSlot> {
+        self.reqs.resolve_handle(handle).ok_or_else(|| {
+            CoreError::UnknownRequest(format!(
+                "request handle {handle} names no request the manager holds (freed, or never allocated)"
+            ))
+        })
+    }
+
+    /// Hashes held for the request of `slot` (from `lookup`).
+    pub fn known_hashes_at(&self, slot: Option<ReqSlot>) -> usize {
+        slot.map_or(0, |s| self.reqs.known_hashes(s))
+    }
+
+    /// Drops a request entry that holds nothing (a failed first allocation),
+    /// so unknown requests do not accumulate. Hashes are kept when present.
+    fn release_if_idle(&mut self, slot: ReqSlot) {
+        let holds = self.coord.managers.iter().any(|m| m.holds(slot));
+        let has_hashes = !self.hashes(slot).is_empty();
+        if !holds && !has_hashes {
+            self.drop_slot(slot);
+        }
+    }
+
+    fn set_horizon(&mut self, slot: ReqSlot, horizon: Option<DecodeHorizon>) {
+        self.reqs.set_horizon(slot, horizon);
+    }
+
+    fn drop_slot(&mut self, slot: ReqSlot) {
+        self.reqs.release(slot);
+    }
+
+    /// Frees every block of the request (tail first) and forgets it.
+    pub fn free(&mut self, request_id: &str) {
+        if let Some(slot) = self.slot(request_id) {
+            self.coord.free(slot);
+            self.planner.forget(slot);
+            self.drop_slot(slot);
+        }
+    }
+
+    pub fn remove_skipped_blocks(&mut self, request_id: &str, total_computed_tokens: usize) {
+        if let Some(slot) = self.slot(request_id) {
+            self.set_horizon(slot, None);
+            self.coord
+                .remove_skipped_blocks(slot, total_computed_tokens);
+        }
+    }
+
+    /// Caches the request's full blocks up to `num_computed_tokens`.
+    pub fn cache_blocks(
+        &mut self,
+        request_id: &str,
+        num_computed_tokens: usize,
+        update: Option<HashUpdate>,
+    ) -> CoreResult<()> {
+        if !self.enable_caching {
+            return Ok(());
+        }
+        let slot = self.slot(request_id);
+        let have = self.hashes_after(request_id, update.as_ref())?;
+        let need = slot.map_or(0, |s| {
+            self.coord
+                .hashes_needed_to_cache(num_computed_tokens, |m| m.num_cached_blocks(s))
+        });
+        let holds = slot.is_some_and(|s| {
+            self.coord
+                .managers
+                .iter()
+                .all(|m| m.blocks(s).len() >= num_computed_tokens / m.block_size as usize)
+        });
+        if slot.is_none() || !holds {
+            return invalid(format!(
+                "request {request_id:?} has no blocks for {num_computed_tokens} computed tokens"
+            ));
+        }
+        if have < need {
+            return invalid(format!(
+                "request {request_id:?} has {have} block hashes but caching needs {need}"
+            ));
+        }
+        let slot = slot.expect("checked");
+        if let Some(u) = update {
+            self.apply_hashes(request_id, u);
+        }
+        self.set_horizon(slot, None);
+        self.coord
+            .cache_blocks(slot, self.reqs.hashes(slot), num_computed_tokens);
+        Ok(())
+    }
+
+    pub fn evict_blocks(&mut self, ids: &[u32]) -> CoreResult<()> {
+        self.coord.pool.evict_blocks(ids)
+    }
+
+    pub fn get_num_common_prefix_blocks(&mut self, request_id: &str) -> Vec<usize> {
+        if self.coord.kind == crate::coordinator::CoordinatorKind::NoPrefixCache
+            || !self.profile.common_prefix
+        {
+            return vec![0; self.num_groups()];
+        }
+        // vLLM's defaultdict gives an unknown id an (empty) entry.
+        let slot = self.slot_or_insert(request_id);
+        self.coord.get_num_common_prefix_blocks(slot)
+    }
+
+    pub fn get_block_ids(&self, request_id: &str) -> Vec<Vec<BlockId>> {
+        let slot = self.slot(request_id);
+        self.coord
+            .managers
+            .iter()
+            .map(|m| slot.map_or_else(Vec::new, |s| m.blocks(s).to_vec()))
+            .collect()
+    }
+
+    pub fn take_events(&mut self) -> Vec<PoolEvent> {
+        self.coord.pool.take_events()
+    }
+
+    pub fn has_events(&self) -> bool {
+        self.coord.pool.has_events()
+    }
+
+    pub fn take_new_block_ids(&mut self) -> Vec<BlockId> {
+        let mut out = Vec::new();
+        for m in self.coord.managers.iter_mut() {
+            m.take_new_block_ids(&mut out);
+        }
+        out
+    }
+
+    pub fn new_step_starts(&mut self) {
+        self.coord.new_step_starts();
+    }
+
+    /// Ids of the requests the manager holds state for (any order; reads only).
+    pub fn request_ids(&self) -> impl Iterator<Item = &str> + '_ {
+        self.reqs.ids()
+    }
+
+    pub fn has_request(&self, request_id: &str) -> bool {
+        self.reqs.contains(request_id)
+    }
+
+    /// The id of the request in a live slot (from `lookup` / `resolve_handle`).
+    pub fn request_id_at(&self, slot: ReqSlot) -> &str {
+        self.reqs.id_at(slot)
+    }
+
+    /// One more than the highest request slot ever used (slots index dense tables).
+    pub fn slot_capacity(&self) -> usize {
+        self.reqs.capacity()
+    }
+
+    pub fn num_requests(&self) -> usize {
+        self.reqs.len()
+    }
+}

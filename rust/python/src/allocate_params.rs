@@ -1,0 +1,151 @@
+//! vLLM 0.23.0's parameter list of `allocate_slots`, written once, and
+//! Python's argument matching over it. Both entries (the PyO3 method and,
+//! with the `raw-ffi` feature, the vectorcall builtin) match through here.
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
+use pyo3::types::PyString;
+
+use crate::{opt_flag, AllocateSlotsArgs, NativeManager};
+
+/// The parameters, in vLLM's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub(crate) enum Param {
+    Request,
+    NumNewTokens,
+    NumNewComputedTokens,
+    NewComputedBlocks,
+    NumLookaheadTokens,
+    NumExternalComputedTokens,
+    DelayCacheBlocks,
+    NumEncoderTokens,
+    FullSequenceMustFit,
+    ReservedBlocks,
+}
+
+pub(crate) const NUM_PARAMS: usize = 10;
+
+/// Each parameter's name, indexed by `Param`.
+pub(crate) const PARAMS: [&str; NUM_PARAMS] = [
+    "request",
+    "num_new_tokens",
+    "num_new_computed_tokens",
+    "new_computed_blocks",
+    "num_lookahead_tokens",
+    "num_external_computed_tokens",
+    "delay_cache_blocks",
+    "num_encoder_tokens",
+    "full_sequence_must_fit",
+    "reserved_blocks",
+];
+
+/// The interned parameter names (keyword names in call sites are interned
+/// too, so a match is usually one pointer compare).
+pub(crate) fn param_names(py: Python<'_>) -> &[Py<PyString>; NUM_PARAMS] {
+    static NAMES: GILOnceCell<[Py<PyString>; NUM_PARAMS]> = GILOnceCell::new();
+    NAMES.get_or_init(py, || PARAMS.map(|p| PyString::intern(py, p).unbind()))
+}
+
+/// The interned name of `p`.
+#[cfg(feature = "raw-ffi")]
+pub(crate) fn param_name(py: Python<'_>, p: Param) -> &Py<PyString> {
+    &param_names(py)[p as usize]
+}
+
+fn param_index(py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let names = param_names(py);
+    if let Some(i) = names.iter().position(|n| n.as_ptr() == name.as_ptr()) {
+        return Ok(i);
+    }
+    let text = name.downcast::<PyString>()?.to_str()?;
+    PARAMS
+        .iter()
+        .position(|&p| p == text)
+        .ok_or_else(|| arg_error(ArgError::Unknown(text)))
+}
+
+/// Python's own wording for bad call arguments.
+enum ArgError<'a> {
+    TooMany(usize),
+    Twice(usize),
+    Missing(usize),
+    Unknown(&'a str),
+}
+
+#[cold]
+#[inline(never)]
+fn arg_error(e: ArgError<'_>) -> PyErr {
+    PyTypeError::new_err(match e {
+        ArgError::TooMany(n) => format!(
+            "allocate_slots() takes at most {} arguments ({n} given)",
+            PARAMS.len()
+        ),
+        ArgError::Twice(i) => format!(
+            "allocate_slots() got multiple values for argument '{}'",
+            PARAMS[i]
+        ),
+        ArgError::Missing(i) => format!(
+            "allocate_slots() missing required argument '{}' (pos {})",
+            PARAMS[i],
+            i + 1
+        ),
+        ArgError::Unknown(name) => {
+            format!("allocate_slots() got an unexpected keyword argument '{name}'")
+        }
+    })
+}
+
+/// Python's argument matching of a call, then the full `allocate_slots`.
+pub(crate) fn call_matched<'py>(
+    manager: &Bound<'py, NativeManager>,
+    positional: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
+    keywords: impl Iterator<Item = (Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+) -> PyResult<PyObject> {
+    let py = manager.py();
+    if positional.len() > PARAMS.len() {
+        return Err(arg_error(ArgError::TooMany(positional.len())));
+    }
+    let mut given: [Option<Bound<'_, PyAny>>; NUM_PARAMS] = Default::default();
+    for (slot, v) in given.iter_mut().zip(positional) {
+        *slot = Some(v);
+    }
+    for (name, v) in keywords {
+        let i = param_index(py, &name)?;
+        if given[i].is_some() {
+            return Err(arg_error(ArgError::Twice(i)));
+        }
+        given[i] = Some(v);
+    }
+    let take =
+        |given: &mut [Option<Bound<'py, PyAny>>; NUM_PARAMS], p: Param| given[p as usize].take();
+    let request = take(&mut given, Param::Request)
+        .ok_or_else(|| arg_error(ArgError::Missing(Param::Request as usize)))?;
+    let num_new_tokens = take(&mut given, Param::NumNewTokens)
+        .ok_or_else(|| arg_error(ArgError::Missing(Param::NumNewTokens as usize)))?;
+    // As PyO3 does for optional parameters: None is "left out".
+    let opt = given.map(|v| v.filter(|v| !v.is_none()));
+    let get = |p: Param| opt[p as usize].as_ref();
+    NativeManager::allocate_slots_impl(
+        manager,
+        &request,
+        &num_new_tokens,
+        AllocateSlotsArgs {
+            num_new_computed_tokens: get(Param::NumNewComputedTokens),
+            new_computed_blocks: get(Param::NewComputedBlocks),
+            num_lookahead_tokens: get(Param::NumLookaheadTokens),
+            num_external_computed_tokens: get(Param::NumExternalComputedTokens),
+            delay_cache_blocks: opt_flag(
+                PARAMS[Param::DelayCacheBlocks as usize],
+                get(Param::DelayCacheBlocks),
+            )?,
+            num_encoder_tokens: get(Param::NumEncoderTokens),
+            full_sequence_must_fit: opt_flag(
+                PARAMS[Param::FullSequenceMustFit as usize],
+                get(Param::FullSequenceMustFit),
+            )?,
+            reserved_blocks: get(Param::ReservedBlocks),
+        },
+    )
+}

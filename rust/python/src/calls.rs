@@ -1,0 +1,372 @@
+//! What the Python methods share: the allocation entry (both the PyO3
+//! method and the raw builtin land in `allocate_slots_impl`), lazy reads of
+//! request attributes, block-id conversion and the event hand-off.
+
+use hybridcache_core::{AllocateArgs, HashUpdate, PoolEvent};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString};
+
+use crate::blocks::KVCacheBlocks;
+use crate::convert::{self, block_ids, count_obj, fill_hash_update, guard, hash_update};
+use crate::native_manager::{Bound_, NativeManager};
+use crate::{opt_count, request_id, NUM_TOKENS_UNREAD};
+
+/// The optional arguments of `allocate_slots` as given (None: left out;
+/// the flags already converted, as PyO3 does first).
+pub(crate) struct AllocateSlotsArgs<'a, 'py> {
+    pub(crate) num_new_computed_tokens: Option<&'a Bound<'py, PyAny>>,
+    pub(crate) new_computed_blocks: Option<&'a Bound<'py, PyAny>>,
+    pub(crate) num_lookahead_tokens: Option<&'a Bound<'py, PyAny>>,
+    pub(crate) num_external_computed_tokens: Option<&'a Bound<'py, PyAny>>,
+    pub(crate) delay_cache_blocks: bool,
+    pub(crate) num_encoder_tokens: Option<&'a Bound<'py, PyAny>>,
+    pub(crate) full_sequence_must_fit: bool,
+    pub(crate) reserved_blocks: Option<&'a Bound<'py, PyAny>>,
+}
+
+pub(crate) fn raw_events<'py>(
+    py: Python<'py>,
+    events: Vec<PoolEvent>,
+) -> PyResult<Bound<'py, PyList>> {
+    let bytes = |b: &[u8]| PyBytes::new(py, b).into_any();
+    let items = events
+        .into_iter()
+        .map(|e| match e {
+            PoolEvent::Stored {
+                hashes,
+                parent,
+                start_token,
+                end_token,
+                block_size,
+                group,
+                positions,
+            } => {
+                let hs = PyList::new(py, hashes.iter().map(|h| bytes(h)))?;
+                let parent = match parent {
+                    Some(p) => bytes(&p),
+                    None => py.None().into_bound(py),
+                };
+                (
+                    "stored",
+                    hs,
+                    parent,
+                    start_token,
+                    end_token,
+                    block_size,
+                    group,
+                    PyList::new(py, positions)?,
+                )
+                    .into_pyobject(py)
+            }
+            PoolEvent::Removed { hash, group } => {
+                ("removed", bytes(&hash), group).into_pyobject(py)
+            }
+            PoolEvent::AllCleared => ("cleared",).into_pyobject(py),
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
+}
+
+impl NativeManager {
+    /// `allocate_slots` after argument matching (both entries land here).
+    pub(crate) fn allocate_slots_impl(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        num_new_tokens: &Bound<'_, PyAny>,
+        opt: AllocateSlotsArgs<'_, '_>,
+    ) -> PyResult<PyObject> {
+        let py = slf.py();
+        let rid = request_id(request)?;
+        let new_computed = Self::computed_ids(slf, opt.new_computed_blocks)?;
+        let args = AllocateArgs {
+            num_new_tokens: count_obj("num_new_tokens", num_new_tokens)?,
+            num_computed_tokens: count_obj(
+                "request.num_computed_tokens",
+                &request.getattr(intern!(py, "num_computed_tokens"))?,
+            )?,
+            num_tokens: NUM_TOKENS_UNREAD,
+            num_new_computed_tokens: opt_count(
+                "num_new_computed_tokens",
+                opt.num_new_computed_tokens,
+            )?,
+            new_computed_blocks: new_computed.as_deref(),
+            num_lookahead_tokens: opt_count("num_lookahead_tokens", opt.num_lookahead_tokens)?,
+            num_external_computed_tokens: opt_count(
+                "num_external_computed_tokens",
+                opt.num_external_computed_tokens,
+            )?,
+            delay_cache_blocks: opt.delay_cache_blocks,
+            num_encoder_tokens: opt_count("num_encoder_tokens", opt.num_encoder_tokens)?,
+            full_sequence_must_fit: opt.full_sequence_must_fit,
+            reserved_blocks: opt_count("reserved_blocks", opt.reserved_blocks)?,
+        };
+        Self::allocation_result(slf, request, |this| this.allocate_one(request, &rid, args))
+    }
+
+    /// Runs one allocation (`allocate` answers vLLM's None with false) and
+    /// returns its result, its events handed to the sink.
+    pub(crate) fn allocation_result(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        allocate: impl FnOnce(&mut Self) -> PyResult<bool>,
+    ) -> PyResult<PyObject> {
+        let (result, has_events) = {
+            let mut this = slf.borrow_mut();
+            let ok = allocate(&mut this)?;
+            let result = if ok {
+                this.scratch_blocks(slf)?
+            } else {
+                slf.py().None()
+            };
+            (result, this.inner.has_events())
+        };
+        if has_events {
+            Self::flush_events(slf, Some(request))?;
+        }
+        Ok(result)
+    }
+}
+
+impl NativeManager {
+    pub(crate) fn block_id(&self, b: i64) -> PyResult<u32> {
+        let n = self.inner.pool().num_blocks();
+        u32::try_from(b).ok().filter(|&b| b < n).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "block id {b} out of range: the pool has {n} blocks"
+            ))
+        })
+    }
+
+    pub(crate) fn py_side(&self) -> PyResult<&Bound_> {
+        self.py_side.as_ref().ok_or_else(|| {
+            pyo3::exceptions::PyRuntimeError::new_err("NativeManager used before _bind_python")
+        })
+    }
+
+    /// The hashes of `request` the core lacks (None when caching is off).
+    pub(crate) fn pending_hashes(
+        &self,
+        request: &Bound<'_, PyAny>,
+        rid: &str,
+    ) -> PyResult<Option<HashUpdate>> {
+        // Used by lookups and cache_blocks; allocation uses `allocate_one`.
+        if !self.inner.enable_caching() {
+            return Ok(None);
+        }
+        let hashes = request.getattr(intern!(request.py(), "block_hashes"))?;
+        hash_update(&hashes, self.inner.num_known_hashes(rid))
+    }
+
+    /// One allocation into `self.scratch`; false for vLLM's None.
+    /// `args.num_tokens` of `NUM_TOKENS_UNREAD` means not read yet: a
+    /// decode that changes no block is done without it (it only bounds
+    /// caching, so the no-op test with an upper bound is exact), otherwise
+    /// it is read from `request`. The request's new hashes are read only if
+    /// caching may need them (a block filled since they were last sent).
+    pub(crate) fn allocate_one(
+        &mut self,
+        request: &Bound<'_, PyAny>,
+        rid: &Bound<'_, PyString>,
+        args: AllocateArgs,
+    ) -> PyResult<bool> {
+        let slot = self.lookup_id(rid)?;
+        if let Some(s) = slot {
+            let (inner, out) = (&mut self.inner, &mut self.scratch);
+            if guard(|| Ok(inner.try_noop_decode(s, &args, out)))? {
+                return Ok(true);
+            }
+        }
+        self.allocate_general(slot, request, rid, args)
+    }
+
+    /// `allocate_one` past the no-op decode test (which failed, or does
+    /// not apply).
+    pub(crate) fn allocate_general(
+        &mut self,
+        slot: Option<u32>,
+        request: &Bound<'_, PyAny>,
+        rid: &Bound<'_, PyString>,
+        mut args: AllocateArgs,
+    ) -> PyResult<bool> {
+        if args.num_tokens == NUM_TOKENS_UNREAD {
+            args.num_tokens = count_obj(
+                "request.num_tokens",
+                &request.getattr(intern!(request.py(), "num_tokens"))?,
+            )?;
+        }
+        let has_update = self.update_if_needed(slot, request, &args)?;
+        let (inner, out) = (&mut self.inner, &mut self.scratch);
+        let update = has_update.then_some(&self.hash_buf);
+        match slot {
+            // A held request's id is the core's own: no UTF-8 view of the str.
+            Some(s) => guard(|| inner.allocate_held_into(s, &args, update, out)),
+            None => {
+                let rid = rid.to_str()?;
+                guard(|| inner.allocate_general_into(None, rid, &args, update, out))
+            }
+        }
+    }
+
+    /// The slot of the request whose id is `rid`: by the str object's
+    /// address when this object was seen before (see `id_cache`).
+    pub(crate) fn lookup_id(&mut self, rid: &Bound<'_, PyString>) -> PyResult<Option<u32>> {
+        if let Some(slot) = self.ids.get(rid).and_then(|h| self.inner.slot_of_handle(h)) {
+            return Ok(Some(slot));
+        }
+        let slot = self.inner.lookup(rid.to_str()?);
+        if let Some(s) = slot {
+            self.ids.remember(rid, self.inner.handle_at(s));
+        }
+        Ok(slot)
+    }
+
+    /// The request's hashes the core lacks, read only when this allocation
+    /// may cache a block they cover.
+    /// True when `hash_buf` now holds them.
+    pub(crate) fn update_if_needed(
+        &mut self,
+        slot: Option<u32>,
+        request: &Bound<'_, PyAny>,
+        args: &AllocateArgs,
+    ) -> PyResult<bool> {
+        let known = self.inner.known_hashes_at(slot);
+        if !self.inner.may_need_hashes(known, args) {
+            return Ok(false);
+        }
+        fill_hash_update(
+            &request.getattr(intern!(request.py(), "block_hashes"))?,
+            known,
+            &mut self.hash_buf,
+        )
+    }
+
+    /// The result of the allocation in `scratch`: the shared empty
+    /// `KVCacheBlocks` when no group got a block.
+    pub(crate) fn scratch_blocks(&self, slf: &Bound<'_, Self>) -> PyResult<PyObject> {
+        let py = slf.py();
+        if self.scratch.is_empty() {
+            return Ok(self.py_side()?.empty.clone_ref(py));
+        }
+        Ok(Bound::new(
+            py,
+            KVCacheBlocks::from_groups(self.scratch.groups(), slf.clone().into_any().unbind()),
+        )?
+        .into_any()
+        .unbind())
+    }
+
+    /// Block ids of `new_computed_blocks`; None for None or the shared empty.
+    pub(crate) fn computed_ids(
+        slf: &Bound<'_, Self>,
+        blocks: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Vec<Vec<u32>>>> {
+        let Some(blocks) = blocks else {
+            return Ok(None);
+        };
+        let this = slf.borrow();
+        let side = this.py_side()?;
+        if blocks.is(&side.empty) || blocks.is_none() {
+            return Ok(None);
+        }
+        let py = slf.py();
+        let num_blocks = this.inner.pool().num_blocks();
+        if let Ok(native) = blocks.downcast::<KVCacheBlocks>() {
+            let native = native.get();
+            if native.owner().is_some_and(|o| !o.is(slf)) {
+                return Err(PyValueError::new_err(
+                    "new_computed_blocks come from another KVCacheManager",
+                ));
+            }
+            let ids = native
+                .ids()
+                .iter()
+                .map(|g| {
+                    g.iter()
+                        .map(|&b| {
+                            u32::try_from(b).ok().filter(|&b| b < num_blocks).ok_or_else(|| {
+                                let shown = if b == i64::MIN { "that is not an int".to_string() } else { b.to_string() };
+                                PyValueError::new_err(format!(
+                                    "new_computed_blocks: block id {shown} out of range: the pool has {num_blocks} blocks"
+                                ))
+                            })
+                        })
+                        .collect::<PyResult<Vec<u32>>>()
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            return Ok(Some(ids));
+        }
+        // Any KVCacheBlocks-like object (vLLM's own): read block ids.
+        let groups = blocks.getattr(intern!(py, "blocks")).map_err(|_| {
+            PyTypeError::new_err(format!(
+                "new_computed_blocks must be KVCacheBlocks, got {}",
+                convert::type_name(blocks)
+            ))
+        })?;
+        let ids = groups
+            .try_iter()?
+            .map(|g| {
+                g?.try_iter()?
+                    .map(|b| b?.getattr(intern!(py, "block_id")))
+                    .collect::<PyResult<Vec<_>>>()
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let lists = PyList::new(
+            py,
+            ids.into_iter()
+                .map(|g| PyList::new(py, g))
+                .collect::<PyResult<Vec<_>>>()?,
+        )?;
+        block_ids(lists.as_any(), num_blocks, "new_computed_blocks").map(Some)
+    }
+
+    /// Hands pending events to the facade's sink, with the request they came from.
+    pub(crate) fn flush_events(
+        slf: &Bound<'_, Self>,
+        request: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let (sink, events) = {
+            let mut this = slf.borrow_mut();
+            if !this.inner.has_events() {
+                return Ok(());
+            }
+            let Some(sink) = this
+                .py_side
+                .as_ref()
+                .and_then(|s| s.event_sink.as_ref())
+                .map(|s| s.clone_ref(py))
+            else {
+                this.inner.take_events();
+                return Ok(());
+            };
+            (sink, this.inner.take_events())
+        };
+        let raw = raw_events(py, events)?;
+        sink.call1(
+            py,
+            (
+                raw,
+                request.map_or_else(|| py.None(), |r| r.clone().unbind()),
+            ),
+        )?;
+        Ok(())
+    }
+
+    /// A facade `KVCacheBlocks` for `ids`, or the shared empty one.
+    pub(crate) fn make_blocks(slf: &Bound<'_, Self>, ids: &[Vec<u32>]) -> PyResult<PyObject> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let side = this.py_side()?;
+        if ids.iter().all(Vec::is_empty) {
+            return Ok(side.empty.clone_ref(py));
+        }
+        Ok(Bound::new(
+            py,
+            KVCacheBlocks::from_ids(ids, slf.clone().into_any().unbind()),
+        )?
+        .into_any()
+        .unbind())
+    }
+}

@@ -1,0 +1,56 @@
+//! `get_computed_blocks`: the core decides whether to look up and what
+//! counts; this reads the request's attributes it asks for.
+
+use hybridcache_core::CoreError;
+use pyo3::intern;
+use pyo3::prelude::*;
+
+use crate::convert::{count_obj, guard};
+use crate::native_manager::NativeManager;
+use crate::request_id;
+
+pub(crate) fn computed_blocks<'py>(
+    slf: &Bound<'py, NativeManager>,
+    request: &Bound<'py, PyAny>,
+) -> PyResult<(PyObject, usize)> {
+    let py = slf.py();
+    let empty = || -> PyResult<PyObject> { Ok(slf.borrow().py_side()?.empty.clone_ref(py)) };
+    let reads = slf.borrow().inner.reads_prefix_cache(|| {
+        request
+            .getattr(intern!(py, "skip_reading_prefix_cache"))?
+            .is_truthy()
+    })?;
+    if !reads {
+        return Ok((empty()?, 0));
+    }
+    let rid = request_id(request)?;
+    let rid = rid.to_str()?;
+    let num_tokens = count_obj(
+        "request.num_tokens",
+        &request.getattr(intern!(py, "num_tokens"))?,
+    )?;
+    let (blocks, hit) = {
+        let mut this = slf.borrow_mut();
+        let update = this.pending_hashes(request, rid)?;
+        let (blocks, hit) = guard(|| {
+            if num_tokens == 0 {
+                return Err(CoreError::InvalidArgument(format!(
+                    "request {rid:?} has no tokens"
+                )));
+            }
+            if let Some(u) = update {
+                this.inner.sync_update(rid, u)?;
+            }
+            this.inner.get_computed_blocks(rid, num_tokens)
+        })?;
+        if this.inner.counts_lookups() {
+            let preempted = count_obj(
+                "request.num_preemptions",
+                &request.getattr(intern!(py, "num_preemptions"))?,
+            )? > 0;
+            this.inner.record_lookup(num_tokens, hit, preempted);
+        }
+        (blocks, hit)
+    };
+    Ok((NativeManager::make_blocks(slf, &blocks)?, hit))
+}

@@ -1,0 +1,506 @@
+//! `NativeManager`, the Python class the facade extends: its state and
+//! its Python methods, each a conversion around one core call.
+
+use hybridcache_core::{
+    BatchScratch, BehaviourProfile, HashUpdate, KvCacheManager, ManagerConfig, NewBlocks,
+};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
+use pyo3::{PyTraverseError, PyVisit};
+
+use crate::convert::{
+    self, block_ids, count, count_obj, guard, ids_tuple, parse_group, to_py_err, u32_arg,
+    GroupTuple,
+};
+use crate::{allocate_params, batch, lookup, request_id};
+
+/// Python-side collaborators the facade binds after construction.
+pub(crate) struct Bound_ {
+    /// The shared empty `KVCacheBlocks` (vLLM hands out one instance).
+    pub(crate) empty: PyObject,
+    /// `sink(raw_events, request)` turns raw events into event objects.
+    pub(crate) event_sink: Option<PyObject>,
+}
+
+/// The native manager; use `hybridcache.KVCacheManager`, which extends it.
+#[pyclass(module = "hybridcache._native", name = "NativeManager", subclass)]
+pub(crate) struct NativeManager {
+    pub(crate) inner: KvCacheManager,
+    pub(crate) py_side: Option<Bound_>,
+    // The last allocation's new blocks (reused: a call allocates nothing).
+    pub(crate) scratch: NewBlocks,
+    // A decode's new block hashes on their way to the core (reused too).
+    pub(crate) hash_buf: HashUpdate,
+    // What `allocate_decode_arrays` reuses across steps.
+    pub(crate) batch: BatchScratch,
+    pub(crate) ids: crate::id_cache::IdCache,
+}
+
+#[pymethods]
+impl NativeManager {
+    #[new]
+    #[pyo3(signature = (num_blocks, groups, max_model_len, scheduler_block_size, hash_block_size,
+                        enable_caching, use_eagle, enable_events, profile))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        num_blocks: i64,
+        groups: Vec<GroupTuple>,
+        max_model_len: i64,
+        scheduler_block_size: i64,
+        hash_block_size: i64,
+        enable_caching: bool,
+        use_eagle: bool,
+        enable_events: bool,
+        profile: &str,
+    ) -> PyResult<Self> {
+        let groups = groups
+            .into_iter()
+            .enumerate()
+            .map(|(i, g)| parse_group(i, g))
+            .collect::<PyResult<Vec<_>>>()?;
+        let cfg = ManagerConfig {
+            num_blocks: u32_arg("num_blocks", num_blocks)?,
+            groups,
+            max_model_len: count("max_model_len", max_model_len)?,
+            scheduler_block_size: u32_arg("scheduler_block_size", scheduler_block_size)?,
+            hash_block_size: u32_arg("hash_block_size", hash_block_size)?,
+            enable_caching,
+            use_eagle,
+            enable_events,
+            profile: BehaviourProfile::for_release(profile).map_err(to_py_err)?,
+        };
+        Ok(NativeManager {
+            inner: guard(|| KvCacheManager::new(cfg))?,
+            py_side: None,
+            scratch: NewBlocks::new(),
+            hash_buf: HashUpdate::default(),
+            batch: BatchScratch::default(),
+            ids: crate::id_cache::IdCache::default(),
+        })
+    }
+
+    /// The Python objects this manager holds, for the garbage collector
+    /// (the event sink is a bound method of the manager: a cycle).
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Some(side) = &self.py_side {
+            visit.call(&side.empty)?;
+            if let Some(sink) = &side.event_sink {
+                visit.call(sink)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.py_side = None;
+    }
+
+    /// Called once by the facade: the shared empty KVCacheBlocks, the event
+    /// sink (None when events are off) and whether lookups are counted.
+    #[pyo3(signature = (empty, event_sink, log_stats=false))]
+    fn _bind_python(&mut self, empty: PyObject, event_sink: Option<PyObject>, log_stats: bool) {
+        self.py_side = Some(Bound_ { empty, event_sink });
+        self.inner.set_log_stats(log_stats);
+    }
+
+    #[getter]
+    fn num_blocks(&self) -> u32 {
+        self.inner.pool().num_blocks()
+    }
+
+    #[getter]
+    fn num_free_blocks(&self) -> usize {
+        self.inner.pool().num_free_blocks()
+    }
+
+    #[getter]
+    fn usage(&self) -> f64 {
+        self.inner.usage()
+    }
+
+    #[getter]
+    fn num_requests(&self) -> usize {
+        self.inner.num_requests()
+    }
+
+    fn num_known_hashes(&self, request_id: &str) -> usize {
+        self.inner.num_known_hashes(request_id)
+    }
+
+    /// vLLM's `get_computed_blocks(request)`: the longest prefix-cache hit
+    /// as (KVCacheBlocks, hit tokens); the request's new hashes are stored
+    /// first, and the lookup is counted for prefix-cache stats.
+    fn get_computed_blocks<'py>(
+        slf: &Bound<'py, Self>,
+        request: &Bound<'py, PyAny>,
+    ) -> PyResult<(PyObject, usize)> {
+        lookup::computed_blocks(slf, request)
+    }
+
+    /// Prefix-cache lookup counters since the last call, reset:
+    /// (reset, requests, queries, hits, preempted_requests, preempted_queries, preempted_hits).
+    #[pyo3(signature = (take=true))]
+    fn _take_stats(&mut self, take: bool) -> (bool, u64, u64, u64, u64, u64, u64) {
+        let s = if take {
+            self.inner.take_stats()
+        } else {
+            self.inner.stats()
+        };
+        (
+            s.reset,
+            s.requests,
+            s.queries,
+            s.hits,
+            s.preempted_requests,
+            s.preempted_queries,
+            s.preempted_hits,
+        )
+    }
+
+    /// vLLM 0.23.0's `KVCacheManager.allocate_slots(request, num_new_tokens,
+    /// num_new_computed_tokens=0, new_computed_blocks=None,
+    /// num_lookahead_tokens=0, num_external_computed_tokens=0,
+    /// delay_cache_blocks=False, num_encoder_tokens=0,
+    /// full_sequence_must_fit=False, reserved_blocks=0)`; the parameters
+    /// are matched as Python does (`allocate_params`). The facade calls it
+    /// through `_bound_allocate_slots`.
+    #[pyo3(signature = (*args, **kwargs))]
+    fn allocate_slots(
+        slf: &Bound<'_, Self>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, pyo3::types::PyDict>>,
+    ) -> PyResult<PyObject> {
+        allocate_params::call_matched(slf, args.iter(), kwargs.into_iter().flat_map(|k| k.iter()))
+    }
+
+    /// `allocate_slots` bound to this manager: with the `raw-ffi` feature a
+    /// builtin called without PyO3's argument matching (see
+    /// `raw_ffi::allocate_call`), else the bound method.
+    fn _bound_allocate_slots(slf: &Bound<'_, Self>) -> PyResult<PyObject> {
+        #[cfg(feature = "raw-ffi")]
+        return crate::raw_ffi::allocate_call::bound_allocate_slots(slf);
+        #[cfg(not(feature = "raw-ffi"))]
+        return Ok(slf
+            .getattr(pyo3::intern!(slf.py(), "allocate_slots"))?
+            .unbind());
+    }
+
+    /// The decode `allocate_slots` of a whole step in one call: for each
+    /// request in order, exactly `allocate_slots(request, num_new_tokens[i],
+    /// num_lookahead_tokens=num_lookahead_tokens)`. Returns `(ok, offsets,
+    /// ids)`: `ok[i]` is False where that call would return None; the new
+    /// block ids of request i in group g are
+    /// `ids[offsets[i*G + g] : offsets[i*G + g + 1]]`. A serving loop that
+    /// tracks the counts itself passes `num_computed_tokens` / `num_tokens`
+    /// lists, and the requests' attributes are then not read (their block
+    /// hashes still are, when a block fills).
+    #[pyo3(signature = (requests, num_new_tokens, num_lookahead_tokens=0, num_computed_tokens=None, num_tokens=None))]
+    fn allocate_decode_batch<'py>(
+        slf: &Bound<'py, Self>,
+        requests: &Bound<'py, PyAny>,
+        num_new_tokens: &Bound<'py, PyAny>,
+        num_lookahead_tokens: i64,
+        num_computed_tokens: Option<&Bound<'py, PyAny>>,
+        num_tokens: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>)> {
+        batch::decode_batch(
+            slf,
+            requests,
+            num_new_tokens,
+            num_lookahead_tokens,
+            num_computed_tokens,
+            num_tokens,
+        )
+    }
+
+    /// A handle for a request the manager holds (after its first
+    /// allocation): an int `allocate_decode_arrays` takes in place of the
+    /// request. It names that request until it is freed and is never reused;
+    /// KeyError for a request the manager does not hold.
+    fn request_handle(&self, request_id: &str) -> PyResult<u64> {
+        self.inner.handle(request_id).ok_or_else(|| {
+            pyo3::exceptions::PyKeyError::new_err(format!(
+                "request {request_id:?} holds no state in this manager (allocate it first)"
+            ))
+        })
+    }
+
+    /// `allocate_decode_batch` over arrays, for serving loops that keep
+    /// their per-request counts in arrays: request `i` is `handles[i]`
+    /// (from `request_handle`), with `num_new_tokens[i]`,
+    /// `num_computed_tokens[i]` and `num_tokens[i]` as the request's
+    /// attributes would give them. Each array is a list of ints or bytes of
+    /// little-endian ints (uint64 handles, uint32 counts: `ndarray.tobytes()`).
+    /// `requests[i]` is read only for its `block_hashes`, and only when a
+    /// block fills; it is required when prefix caching is on.
+    ///
+    /// Everything is checked before any request is allocated, so an error
+    /// leaves the manager as it was. Returns `(ok, offsets, ids)` as bytes:
+    /// `ok` one byte per request (0 where `allocate_slots` would return
+    /// None), `offsets` and `ids` uint32 (little-endian): the new blocks of
+    /// request i in group g are `ids[offsets[i*G+g] : offsets[i*G+g+1]]`.
+    #[pyo3(signature = (handles, num_new_tokens, num_computed_tokens, num_tokens,
+                        num_lookahead_tokens=0, requests=None))]
+    fn allocate_decode_arrays<'py>(
+        slf: &Bound<'py, Self>,
+        handles: &Bound<'py, PyAny>,
+        num_new_tokens: &Bound<'py, PyAny>,
+        num_computed_tokens: &Bound<'py, PyAny>,
+        num_tokens: &Bound<'py, PyAny>,
+        num_lookahead_tokens: i64,
+        requests: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+    )> {
+        batch::decode_arrays(
+            slf,
+            handles,
+            num_new_tokens,
+            num_computed_tokens,
+            num_tokens,
+            num_lookahead_tokens,
+            requests,
+        )
+    }
+
+    /// vLLM's `get_blocks(request_id)`: the request's blocks per group (the
+    /// shared empty `KVCacheBlocks` for a request without blocks).
+    fn get_blocks(slf: &Bound<'_, Self>, request_id: &str) -> PyResult<PyObject> {
+        let ids = slf.borrow().inner.get_block_ids(request_id);
+        Self::make_blocks(slf, &ids)
+    }
+
+    /// vLLM's `free(request)`: frees the request's blocks, tail first.
+    fn free(&mut self, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        let rid = request_id(request)?;
+        let rid = rid.to_str()?;
+        guard(|| {
+            self.inner.free(rid);
+            Ok(())
+        })
+    }
+
+    /// vLLM's `cache_blocks(request, num_computed_tokens)`.
+    fn cache_blocks(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        num_computed_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let n = count_obj("num_computed_tokens", num_computed_tokens)?;
+        let rid = request_id(request)?;
+        let rid = rid.to_str()?;
+        {
+            let mut this = slf.borrow_mut();
+            if !this.inner.enable_caching() {
+                return Ok(());
+            }
+            let update = this.pending_hashes(request, rid)?;
+            guard(|| this.inner.cache_blocks(rid, n, update))?;
+        }
+        Self::flush_events(slf, Some(request))
+    }
+
+    fn remove_skipped_blocks(
+        &mut self,
+        request_id: &str,
+        total_computed_tokens: i64,
+    ) -> PyResult<()> {
+        let total = count("total_computed_tokens", total_computed_tokens)?;
+        guard(|| {
+            self.inner.remove_skipped_blocks(request_id, total);
+            Ok(())
+        })
+    }
+
+    /// Drops the given blocks (any iterable of ids) from the prefix cache.
+    fn evict_blocks(slf: &Bound<'_, Self>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        {
+            let mut this = slf.borrow_mut();
+            let mut ids = Vec::new();
+            for b in block_ids.try_iter()? {
+                let b = b?;
+                let v = b.extract::<i64>().map_err(|_| {
+                    PyTypeError::new_err(format!(
+                        "evict_blocks: block_ids must be ints, got {}",
+                        convert::type_name(&b)
+                    ))
+                })?;
+                ids.push(this.block_id(v)?);
+            }
+            guard(|| this.inner.evict_blocks(&ids))?;
+        }
+        Self::flush_events(slf, None)
+    }
+
+    fn reset_prefix_cache(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        let ok = guard(|| Ok(slf.borrow_mut().inner.reset_prefix_cache()))?;
+        Self::flush_events(slf, None)?;
+        Ok(ok)
+    }
+
+    fn get_num_common_prefix_blocks(&mut self, running_request_id: &str) -> PyResult<Vec<usize>> {
+        guard(|| Ok(self.inner.get_num_common_prefix_blocks(running_request_id)))
+    }
+
+    fn get_block_ids<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &str,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        ids_tuple(py, &self.inner.get_block_ids(request_id))
+    }
+
+    /// vLLM's `coordinator.get_num_blocks_to_allocate` (reads only).
+    #[pyo3(signature = (request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
+                        total_computed_tokens, num_tokens_main_model, apply_admission_cap=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn get_num_blocks_to_allocate(
+        &self,
+        request_id: &str,
+        num_tokens: i64,
+        new_computed_blocks: &Bound<'_, PyAny>,
+        num_encoder_tokens: i64,
+        total_computed_tokens: i64,
+        num_tokens_main_model: i64,
+        apply_admission_cap: bool,
+    ) -> PyResult<i64> {
+        let nc = block_ids(
+            new_computed_blocks,
+            self.inner.pool().num_blocks(),
+            "new_computed_blocks",
+        )?;
+        let (n, e, t, mm) = (
+            count("num_tokens", num_tokens)?,
+            count("num_encoder_tokens", num_encoder_tokens)?,
+            count("total_computed_tokens", total_computed_tokens)?,
+            count("num_tokens_main_model", num_tokens_main_model)?,
+        );
+        guard(|| {
+            self.inner
+                .get_num_blocks_to_allocate(request_id, n, &nc, e, t, mm, apply_admission_cap)
+        })
+    }
+
+    /// Mamba align state of a request in a group:
+    /// (last_state_block_idx or None, allocated), or None.
+    fn align_state(&self, request_id: &str, group: usize) -> Option<(Option<usize>, bool)> {
+        self.inner
+            .align_state(request_id, group)
+            .map(|a| (a.last_state_block_idx, a.allocated))
+    }
+
+    /// Pre-forward Mamba state-copy plan of this step (int32 rows of
+    /// `group, dst, conv_src, temp_src, bias`, little endian) for the batch
+    /// `request_ids`, given the worker's accepted-token counts.
+    fn mamba_pre_copy_plan<'py>(
+        &mut self,
+        py: Python<'py>,
+        request_ids: Vec<String>,
+        num_accepted: Vec<i64>,
+    ) -> PyResult<Bound<'py, PyByteArray>> {
+        let ids: Vec<&str> = request_ids.iter().map(String::as_str).collect();
+        let rows = guard(|| self.inner.mamba_pre_copy_plan(&ids, &num_accepted))?;
+        let bytes: Vec<u8> = rows
+            .iter()
+            .flatten()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        Ok(PyByteArray::new(py, &bytes))
+    }
+
+    /// Post-verification selection plan: (int32 rows as bytes, columns).
+    fn mamba_post_select_plan<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: Vec<String>,
+        num_draft: Vec<usize>,
+    ) -> PyResult<(Bound<'py, PyByteArray>, usize)> {
+        let ids: Vec<&str> = request_ids.iter().map(String::as_str).collect();
+        let (rows, cols) = guard(|| self.inner.mamba_post_select_plan(&ids, &num_draft))?;
+        let bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Ok((PyByteArray::new(py, &bytes), cols))
+    }
+
+    fn take_new_block_ids(&mut self) -> Vec<u32> {
+        self.inner.take_new_block_ids()
+    }
+
+    fn new_step_starts(&mut self) {
+        self.inner.new_step_starts();
+    }
+
+    fn ref_cnt(&self, block_id: i64) -> PyResult<i32> {
+        let b = self.block_id(block_id)?;
+        Ok(self.inner.pool().ref_cnt(b))
+    }
+
+    /// (hash bytes, group id) of a cached block, else None.
+    fn block_hash<'py>(
+        &self,
+        py: Python<'py>,
+        block_id: i64,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
+        let b = self.block_id(block_id)?;
+        Ok(self
+            .inner
+            .pool()
+            .block_hash(b)
+            .map(|(h, g)| (PyBytes::new(py, h), g)))
+    }
+
+    /// Which of the given blocks carry no cached hash.
+    fn unhashed(&self, block_ids: Vec<i64>) -> PyResult<Vec<bool>> {
+        block_ids
+            .into_iter()
+            .map(|b| Ok(self.inner.pool().block_hash(self.block_id(b)?).is_none()))
+            .collect()
+    }
+
+    /// vLLM's `block_pool.get_cached_block`, as ids: the earliest cached
+    /// block of `block_hash` in each group, or None on any miss (reads only).
+    fn cached_block_ids(&self, block_hash: &[u8], group_ids: Vec<u32>) -> Option<Vec<u32>> {
+        let mut out = Vec::with_capacity(group_ids.len());
+        self.inner
+            .pool()
+            .get_cached_block(block_hash, &group_ids, &mut out)
+            .then_some(out)
+    }
+
+    /// Number of (block hash, group) keys in the prefix cache.
+    #[getter]
+    fn num_cached_keys(&self) -> usize {
+        self.inner.pool().num_cached_keys()
+    }
+
+    /// Ids of the requests the manager holds state for.
+    fn request_ids(&self) -> Vec<String> {
+        self.inner.request_ids().map(str::to_owned).collect()
+    }
+
+    fn has_request(&self, request_id: &str) -> bool {
+        self.inner.has_request(request_id)
+    }
+
+    /// (front, back) of the free queue, or None when it is empty.
+    fn free_queue_ends(&self) -> Option<(u32, u32)> {
+        self.inner.pool().free_queue_ends()
+    }
+
+    /// A free block's (previous, next) free-queue neighbours (None at the
+    /// queue's ends), or None if the block is not free.
+    fn free_queue_neighbors(&self, block_id: i64) -> PyResult<Option<(Option<u32>, Option<u32>)>> {
+        let b = self.block_id(block_id)?;
+        Ok(self.inner.pool().free_queue_neighbors(b))
+    }
+
+    fn free_queue(&self) -> Vec<u32> {
+        self.inner.pool().free_queue().collect()
+    }
+
+    fn check_invariants(&self) -> PyResult<()> {
+        guard(|| self.inner.check_invariants())
+    }
+}

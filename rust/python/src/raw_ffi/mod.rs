@@ -1,0 +1,125 @@
+//! The raw CPython (vectorcall) entry points, in one place behind the
+//! default-on `raw-ffi` cargo feature. Without it the binding has no
+//! `unsafe` code and the PyO3 methods they shadow serve the same calls
+//! (same results, same errors; only slower to reach).
+//!
+//! - `allocate_call`: `allocate_slots` as a builtin bound to one manager,
+//!   with a straight-line path for the scheduler's decode call;
+//! - `block_ids_call`: `KVCacheBlocks.get_block_ids` as a raw method
+//!   descriptor for its two common spellings.
+
+pub(crate) mod allocate_call;
+pub(crate) mod block_ids_call;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+pub(crate) struct MethodDef(pub(crate) ffi::PyMethodDef);
+// SAFETY: CPython only reads the definition, whose pointers are to statics.
+unsafe impl Sync for MethodDef {}
+
+/// A new builtin of `def` bound to `to` (its `self`).
+pub(crate) fn bind(def: &'static MethodDef, to: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+    let def = std::ptr::addr_of!(def.0).cast_mut();
+    // SAFETY: `def` is a static definition CPython never writes to; the
+    // result is a new reference, or NULL with an exception set.
+    unsafe {
+        let f = ffi::PyCFunction_NewEx(def, to.as_ptr(), std::ptr::null_mut());
+        Bound::from_owned_ptr_or_err(to.py(), f).map(Bound::unbind)
+    }
+}
+
+/// The body of a raw (vectorcall) entry point: `f` runs with the GIL's
+/// token; CPython gets the object, or NULL with the error set (a panic
+/// becomes a RuntimeError).
+///
+/// # Safety
+/// Called by CPython, with the GIL held.
+pub(crate) unsafe fn raw_call(
+    f: impl FnOnce(Python<'_>) -> PyResult<PyObject>,
+) -> *mut ffi::PyObject {
+    // SAFETY: as this function's.
+    let py = unsafe { Python::assume_gil_acquired() };
+    match catch_unwind(AssertUnwindSafe(|| f(py))) {
+        Ok(Ok(obj)) => obj.into_ptr(),
+        Ok(Err(e)) => {
+            e.restore(py);
+            std::ptr::null_mut()
+        }
+        Err(_) => {
+            PyRuntimeError::new_err("hybridcache core panicked (bug); state may be inconsistent")
+                .restore(py);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// A vectorcall's arguments as objects: the positional values, then the
+/// keyword (name, value) pairs.
+pub(crate) struct CallArgs<'py> {
+    pub positional: Vec<Bound<'py, PyAny>>,
+    pub keywords: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+}
+
+/// # Safety
+/// `args`, `nargs` and `kwnames` follow the vectorcall contract and are
+/// live for the call; the GIL is held.
+pub(crate) unsafe fn call_args<'py>(
+    py: Python<'py>,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> PyResult<CallArgs<'py>> {
+    let names = if kwnames.is_null() {
+        None
+    } else {
+        // SAFETY: a non-NULL kwnames is a live tuple of str.
+        Some(unsafe { Bound::from_borrowed_ptr(py, kwnames) }.downcast_into::<PyTuple>()?)
+    };
+    let nargs = usize::try_from(nargs).unwrap_or(0);
+    let num_kw = names.as_ref().map_or(0, |n| n.len());
+    // SAFETY: `args` holds `nargs + num_kw` live pointers for the call.
+    let values = unsafe { std::slice::from_raw_parts(args, nargs + num_kw) };
+    // SAFETY: as above.
+    let value = |i: usize| unsafe { Bound::from_borrowed_ptr(py, values[i]) };
+    let keywords = names.iter().flat_map(|n| n.iter()).enumerate();
+    Ok(CallArgs {
+        positional: (0..nargs).map(value).collect(),
+        keywords: keywords.map(|(k, name)| (name, value(nargs + k))).collect(),
+    })
+}
+
+/// `callable(*front, *args, **kwargs)` from a vectorcall's arguments (the
+/// general spelling of a raw method: Python's own argument matching).
+///
+/// # Safety
+/// As `call_args`.
+pub(crate) unsafe fn call_with(
+    callable: &Bound<'_, PyAny>,
+    front: Option<&Bound<'_, PyAny>>,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> PyResult<PyObject> {
+    let py = callable.py();
+    // SAFETY: as this function's.
+    let CallArgs {
+        positional,
+        keywords,
+    } = unsafe { call_args(py, args, nargs, kwnames) }?;
+    let positional = front.into_iter().cloned().chain(positional);
+    let kwargs = pyo3::types::PyDict::new(py);
+    for (name, v) in keywords {
+        kwargs.set_item(name, v)?;
+    }
+    Ok(callable
+        .call(
+            PyTuple::new(py, positional.collect::<Vec<_>>())?,
+            Some(&kwargs),
+        )?
+        .unbind())
+}
