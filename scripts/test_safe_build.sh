@@ -5,18 +5,26 @@
 # venv that sees the system's torch / vLLM, and runs the pytest suite
 # against it. Usage: scripts/test_safe_build.sh [pytest args] (default: tests);
 # RELEASE=1 builds it optimized (the debug cross-checks off, much faster).
+# VENV=path installs it into that venv and tests there instead (CI: the
+# oracle venv, which has torch and vLLM; a venv made from a venv's python
+# would not see them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 PY=${PYTHON:-python3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+if [ -n "${VENV:-}" ]; then
+  venv=$VENV PY=$VENV/bin/python
+else
+  venv=$work/venv
+  "$PY" -m venv --system-site-packages "$venv"
+fi
 maturin build ${RELEASE:+--release} --no-default-features --features abi3 --interpreter "$PY" --out "$work/dist" >/dev/null
-"$PY" -m venv --system-site-packages "$work/venv"
-"$work/venv/bin/pip" install --quiet --force-reinstall --no-deps "$work"/dist/*.whl
+"$venv/bin/pip" install --quiet --force-reinstall --no-deps "$work"/dist/*.whl
 # The repository root does not make ./python importable: the safe wheel is tested.
-"$work/venv/bin/python" -c "
-import hybridcache, sys
-assert hybridcache.__file__.startswith('$work'), hybridcache.__file__
-print('safe build:', hybridcache.__file__)"
-"$work/venv/bin/python" -m pytest -q -p no:cacheprovider "${@:-tests}"
+"$venv/bin/python" -c "
+import hybridcache, hybridcache._native as n, sys
+assert hybridcache.__file__.startswith('$venv'), hybridcache.__file__
+print('safe build:', n.__file__)"
+PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest -q -p no:cacheprovider "${@:-tests}"
