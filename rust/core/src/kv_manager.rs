@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 
+use crate::admission_check;
 use crate::block_pool::BlockPool;
 use crate::coordinator::Coordinator;
 use crate::error::{invalid, CoreError, CoreResult};
@@ -102,16 +103,20 @@ impl LookupStats {
 
 #[derive(Debug, Clone)]
 pub struct KvCacheManager {
-    coord: Coordinator,
+    pub(crate) coord: Coordinator,
     /// Lookup counters since the last `take_stats`.
     pub stats: LookupStats,
     // Mamba align worker-side state for copy plans.
     planner: PlannerState,
-    max_model_len: usize,
+    pub(crate) max_model_len: usize,
     enable_caching: bool,
     // Some group is Mamba align (the copy planner tracks requests then).
     has_align_groups: bool,
-    reqs: RequestRegistry,
+    pub(crate) reqs: RequestRegistry,
+    /// Ids vLLM's `req_to_blocks` (a defaultdict) holds an empty entry for
+    /// after `get_num_common_prefix_blocks` asked about them, where this
+    /// manager keeps no record (see `admission_check::ghost_entry`).
+    pub(crate) ghost_entries: Vec<String>,
 }
 
 impl KvCacheManager {
@@ -128,6 +133,7 @@ impl KvCacheManager {
         if cfg.max_model_len == 0 {
             return invalid("max_model_len must be > 0");
         }
+        admission_check::check_config(&cfg)?;
         let pool = BlockPool::new(
             cfg.num_blocks,
             cfg.enable_caching,
@@ -144,6 +150,7 @@ impl KvCacheManager {
             enable_caching: cfg.enable_caching,
             has_align_groups,
             reqs: RequestRegistry::default(),
+            ghost_entries: Vec::new(),
         })
     }
 
@@ -164,7 +171,9 @@ impl KvCacheManager {
     }
 
     fn slot_or_insert(&mut self, request_id: &str) -> ReqSlot {
-        self.reqs.slot_or_insert(request_id)
+        let slot = self.reqs.slot_or_insert(request_id);
+        admission_check::adopt_ghost_entry(self, request_id, slot);
+        slot
     }
 
     fn hashes(&self, slot: ReqSlot) -> &HashList {
@@ -568,8 +577,10 @@ impl KvCacheManager {
                 "num_new_tokens must be greater than 0 when there are no external computed tokens",
             );
         }
+        admission_check::check_counts(self, request_id, args)?;
         let have = self.hashes_after_at(slot, request_id, update)?;
         self.check_new_computed(slot, args)?;
+        admission_check::check_computed_blocks(self, slot, request_id, args, update)?;
         let new_computed = self.new_computed_or_empty(args);
         let new_computed: &[Vec<BlockId>] = &new_computed;
         let adds_computed =
@@ -876,6 +887,8 @@ impl KvCacheManager {
             self.coord.free(slot);
             self.planner.forget(slot);
             self.drop_slot(slot);
+        } else {
+            self.ghost_entries.retain(|g| g != request_id);
         }
     }
 
@@ -948,9 +961,12 @@ impl KvCacheManager {
         if self.coord.kind == crate::coordinator::CoordinatorKind::NoPrefixCache {
             return vec![0; self.num_groups()];
         }
-        // vLLM's defaultdict gives an unknown id an (empty) entry.
-        let slot = self.slot_or_insert(request_id);
-        self.coord.get_num_common_prefix_blocks(slot)
+        match self.slot(request_id) {
+            Some(slot) => self
+                .coord
+                .get_num_common_prefix_blocks(slot, self.ghost_entries.len()),
+            None => admission_check::ghost_entry(self, request_id),
+        }
     }
 
     pub fn get_block_ids(&self, request_id: &str) -> Vec<Vec<BlockId>> {
@@ -1068,6 +1084,12 @@ impl KvCacheManager {
                 "num_accepted has {} entries for {} requests",
                 num_accepted.len(),
                 request_ids.len()
+            ));
+        }
+        if let Some(i) = num_accepted.iter().position(|&a| a < 0) {
+            return invalid(format!(
+                "num_accepted[{i}] must be >= 0, got {}",
+                num_accepted[i]
             ));
         }
         let mut rows = Vec::new();

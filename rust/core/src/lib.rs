@@ -3,6 +3,7 @@
 //! `python/hybridcache`, the binding in `rust/python`.
 #![forbid(unsafe_code)]
 
+pub mod admission_check;
 pub mod block_hasher;
 pub mod block_pool;
 pub mod coordinator;

@@ -685,14 +685,28 @@ impl SingleTypeManager {
         }
     }
 
-    /// Leading blocks held by every request that has an entry in this group.
-    pub fn get_num_common_prefix_blocks(&mut self, pool: &BlockPool, slot: ReqSlot) -> usize {
+    /// The `req_to_blocks` entry vLLM's full attention makes for a common
+    /// prefix question (false: other kinds make none).
+    pub(crate) fn note_common_prefix_entry(&mut self, slot: ReqSlot) -> bool {
         if self.spec.kind != SpecKind::FullAttention {
+            return false;
+        }
+        self.with_blocks(slot);
+        true
+    }
+
+    /// Leading blocks held by every request that has an entry in this group.
+    pub fn get_num_common_prefix_blocks(
+        &mut self,
+        pool: &BlockPool,
+        slot: ReqSlot,
+        ghosts: usize,
+    ) -> usize {
+        if !self.note_common_prefix_entry(slot) {
             // Null-padded tables (and per-request states) share nothing usable.
             return 0;
         }
-        self.with_blocks(slot);
-        let holders = self.num_block_entries as i64;
+        let holders = (self.num_block_entries + ghosts) as i64;
         self.blocks(slot)
             .iter()
             .take_while(|&&b| i64::from(pool.ref_cnt(b)) == holders)

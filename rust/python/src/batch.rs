@@ -10,9 +10,9 @@ use hybridcache_core::{AllocateArgs, HashUpdate, PoolEvent, ReqSlot};
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyList, PyString};
 
-use crate::convert::{fill_hash_update, guard, to_py_err};
+use crate::convert::{fill_hash_update, guard, req_attr, to_py_err};
 use crate::NativeManager;
 
 /// Buffers a batch reuses across calls, so a step allocates nothing for them.
@@ -135,7 +135,7 @@ pub fn run(
                         "request {id:?} fills a block this step: pass requests= so its block_hashes can be read"
                     )));
                 };
-                let hashes = reqs.get_item(i)?.getattr(intern!(py, "block_hashes"))?;
+                let hashes = req_attr(&reqs.get_item(i)?, intern!(py, "block_hashes"))?;
                 if scratch.updates.len() == num_updates {
                     scratch.updates.push(HashUpdate::default());
                 }
@@ -195,4 +195,133 @@ pub fn run(
         }
     }
     Ok(out)
+}
+
+/// One request of `allocate_decode_batch` as pass 1 read and checked it.
+struct Checked<'py> {
+    request: Bound<'py, PyAny>,
+    rid: Bound<'py, PyString>,
+    slot: Option<ReqSlot>,
+    args: AllocateArgs<'static>,
+    /// None: a decode that changes no block; else its hash update, if any.
+    general: Option<Option<HashUpdate>>,
+}
+
+/// The per-request counts of `allocate_decode_batch` (None: read from the
+/// request objects).
+pub struct DecodeLists {
+    pub num_new_tokens: Vec<usize>,
+    pub num_computed_tokens: Option<Vec<usize>>,
+    pub num_tokens: Option<Vec<usize>>,
+    pub lookahead: usize,
+}
+
+/// `allocate_decode_batch`: every request is read and checked first (as
+/// `run` does for arrays), so an error leaves the manager as it was; then
+/// each is allocated in order, from what pass 1 read. Returns (ok, offsets,
+/// ids) and each request's events, as `run`.
+pub fn run_requests<'py>(
+    state: &mut NativeManager,
+    requests: &Bound<'py, PyList>,
+    lists: &DecodeLists,
+    events_on: bool,
+) -> PyResult<(Vec<bool>, Vec<u32>, Vec<u32>, Vec<(Vec<PoolEvent>, Bound<'py, PyAny>)>)> {
+    let py = requests.py();
+    let n = requests.len();
+    let mut items = Vec::with_capacity(n);
+    // Pass 1: read and check; only the id cache changes.
+    state.batch.start(state.inner.slot_capacity());
+    let mut new_ids: Vec<String> = Vec::new();
+    for (i, request) in requests.iter().enumerate() {
+        let at = |e: PyErr| PyErr::from_type(e.get_type(py), format!("requests[{i}]: {}", e.value(py)));
+        let rid = crate::request_id(&request).map_err(at)?;
+        let num_computed = match &lists.num_computed_tokens {
+            Some(c) => c[i],
+            None => crate::count_obj(
+                "request.num_computed_tokens",
+                &req_attr(&request, intern!(py, "num_computed_tokens"))?,
+            )
+            .map_err(at)?,
+        };
+        let mut args = AllocateArgs {
+            num_new_tokens: lists.num_new_tokens[i],
+            num_computed_tokens: num_computed,
+            num_tokens: lists.num_tokens.as_ref().map_or(crate::NUM_TOKENS_UNREAD, |t| t[i]),
+            num_lookahead_tokens: lists.lookahead,
+            ..Default::default()
+        };
+        let slot = state.lookup_id(&rid)?;
+        let twice = match slot {
+            Some(s) => !state.batch.mark(s),
+            None => {
+                let id = rid.to_str()?;
+                let seen = new_ids.iter().any(|x| x == id);
+                new_ids.push(id.to_owned());
+                seen
+            }
+        };
+        if twice {
+            return Err(PyValueError::new_err(format!(
+                "requests[{i}]: request {rid} appears twice in one step"
+            )));
+        }
+        let inner = &state.inner;
+        let known = inner.known_hashes_at(slot);
+        let noop = slot.is_some_and(|s| {
+            !inner.may_need_hashes(known, &args) && inner.is_noop_decode(s, &args)
+        });
+        let general = if noop {
+            None
+        } else {
+            if args.num_tokens == crate::NUM_TOKENS_UNREAD {
+                args.num_tokens = crate::count_obj(
+                    "request.num_tokens",
+                    &req_attr(&request, intern!(py, "num_tokens"))?,
+                )
+                .map_err(at)?;
+            }
+            let update = if inner.may_need_hashes(known, &args) {
+                crate::convert::hash_update(&req_attr(&request, intern!(py, "block_hashes"))?, known)
+                    .map_err(at)?
+            } else {
+                None
+            };
+            let id = rid.to_str()?;
+            guard(|| inner.check_allocate(slot, id, &args, update.as_ref())).map_err(at)?;
+            Some(update)
+        };
+        items.push(Checked { request, rid, slot, args, general });
+    }
+
+    // Pass 2: allocate, in order, from what pass 1 read.
+    let num_groups = state.inner.num_groups();
+    let mut ok = Vec::with_capacity(n);
+    let mut offsets = Vec::with_capacity(n * num_groups + 1);
+    offsets.push(0u32);
+    let mut ids = Vec::new();
+    let mut events = Vec::new();
+    for item in items {
+        let got = match (&item.general, item.slot) {
+            (None, Some(s)) => {
+                state.inner.record_noop_decode(s, &item.args);
+                state.scratch.clear();
+                false
+            }
+            (Some(update), slot) => {
+                let (inner, out) = (&mut state.inner, &mut state.scratch);
+                let rid = item.rid.to_str()?;
+                guard(|| match slot {
+                    Some(s) => Ok(inner.allocate_checked(s, &item.args, update.as_ref(), out)),
+                    None => inner.allocate_general_into(None, rid, &item.args, update.as_ref(), out),
+                })?
+            }
+            (None, None) => unreachable!("a no-op decode has a slot"),
+        };
+        if events_on && state.inner.has_events() {
+            events.push((state.inner.take_events(), item.request.clone()));
+        }
+        ok.push(got || item.general.is_none());
+        crate::push_result(got, &state.scratch, num_groups, &mut offsets, &mut ids);
+    }
+    Ok((ok, offsets, ids, events))
 }

@@ -199,8 +199,7 @@ impl KVCacheBlocks {
             for b in g?.try_iter()? {
                 let b = b?;
                 // Out-of-range ids are kept: allocate_slots rejects them by name.
-                let id = b.extract::<i64>().unwrap_or(i64::MIN);
-                group.push(id);
+                group.push(crate::convert::block_id_arg(&b)?);
             }
             ids.push(group);
         }
@@ -297,6 +296,13 @@ impl KVCacheBlocks {
             return Ok(py.NotImplemented());
         };
         let other = other.get();
+        if self.ids.len() != other.ids.len() {
+            return Err(PyValueError::new_err(format!(
+                "cannot add KVCacheBlocks of {} groups to KVCacheBlocks of {} groups",
+                other.ids.len(),
+                self.ids.len()
+            )));
+        }
         let ids = self
             .ids
             .iter()

@@ -18,7 +18,7 @@ use blocks::{BlockView, KVCacheBlocks};
 mod hasher;
 
 use convert::{
-    block_ids, count, count_obj, fill_hash_update, guard, hash_update, ids_tuple, parse_group,
+    block_ids, count, count_obj, fill_hash_update, guard, hash_update, ids_tuple, int_list, parse_group, req_attr,
     u32_arg, u32_bytes, uint_array, GroupTuple,
 };
 use hybridcache_core::{
@@ -39,7 +39,7 @@ fn opt_count(name: &str, v: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
 /// `AllocateArgs::num_tokens` before `request.num_tokens` is read (see
 /// `NativeManager::allocate_one`): as an upper bound it keeps the no-op
 /// decode test exact.
-const NUM_TOKENS_UNREAD: usize = usize::MAX;
+pub(crate) const NUM_TOKENS_UNREAD: usize = usize::MAX;
 
 /// Python-side collaborators the facade binds after construction.
 struct Bound_ {
@@ -66,8 +66,8 @@ struct NativeManager {
     ids: id_cache::IdCache,
 }
 
-fn request_id<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> {
-    let rid = request.getattr(intern!(request.py(), "request_id"))?;
+pub(crate) fn request_id<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> {
+    let rid = req_attr(request, intern!(request.py(), "request_id"))?;
     if let Ok(s) = rid.downcast::<PyString>() {
         return Ok(s.clone());
     }
@@ -119,7 +119,7 @@ fn raw_events<'py>(py: Python<'py>, events: Vec<PoolEvent>) -> PyResult<Bound<'p
 
 /// Appends one request's batch result: its new blocks per group (from
 /// `scratch` when `got`), or an empty run per group.
-fn push_result(
+pub(crate) fn push_result(
     got: bool,
     scratch: &NewBlocks,
     num_groups: usize,
@@ -178,7 +178,7 @@ impl NativeManager {
             num_new_tokens: count_obj("num_new_tokens", num_new_tokens)?,
             num_computed_tokens: count_obj(
                 "request.num_computed_tokens",
-                &request.getattr(intern!(py, "num_computed_tokens"))?,
+                &req_attr(request, intern!(py, "num_computed_tokens"))?,
             )?,
             num_tokens: NUM_TOKENS_UNREAD,
             num_new_computed_tokens: opt_count(
@@ -249,7 +249,7 @@ impl NativeManager {
         if !self.enable_caching {
             return Ok(None);
         }
-        let hashes = request.getattr(intern!(request.py(), "block_hashes"))?;
+        let hashes = req_attr(request, intern!(request.py(), "block_hashes"))?;
         hash_update(&hashes, self.inner.num_known_hashes(rid))
     }
 
@@ -287,7 +287,7 @@ impl NativeManager {
         if args.num_tokens == NUM_TOKENS_UNREAD {
             args.num_tokens = count_obj(
                 "request.num_tokens",
-                &request.getattr(intern!(request.py(), "num_tokens"))?,
+                &req_attr(request, intern!(request.py(), "num_tokens"))?,
             )?;
         }
         let has_update = self.update_if_needed(slot, request, &args)?;
@@ -305,7 +305,7 @@ impl NativeManager {
 
     /// The slot of the request whose id is `rid`: by the str object's
     /// address when this object was seen before (see `id_cache`).
-    fn lookup_id(&mut self, rid: &Bound<'_, PyString>) -> PyResult<Option<u32>> {
+    pub(crate) fn lookup_id(&mut self, rid: &Bound<'_, PyString>) -> PyResult<Option<u32>> {
         if let Some(slot) = self.ids.get(rid).and_then(|h| self.inner.slot_of_handle(h)) {
             return Ok(Some(slot));
         }
@@ -330,7 +330,7 @@ impl NativeManager {
             return Ok(false);
         }
         fill_hash_update(
-            &request.getattr(intern!(request.py(), "block_hashes"))?,
+            &req_attr(request, intern!(request.py(), "block_hashes"))?,
             known,
             &mut self.hash_buf,
         )
@@ -567,8 +567,7 @@ impl NativeManager {
         let py = slf.py();
         let empty = || -> PyResult<PyObject> { Ok(slf.borrow().py_side()?.empty.clone_ref(py)) };
         if !slf.borrow().enable_caching
-            || request
-                .getattr(intern!(py, "skip_reading_prefix_cache"))?
+            || req_attr(request, intern!(py, "skip_reading_prefix_cache"))?
                 .is_truthy()?
         {
             return Ok((empty()?, 0));
@@ -577,7 +576,7 @@ impl NativeManager {
         let rid = rid.to_str()?;
         let num_tokens = count_obj(
             "request.num_tokens",
-            &request.getattr(intern!(py, "num_tokens"))?,
+            &req_attr(request, intern!(py, "num_tokens"))?,
         )?;
         let (blocks, hit) = {
             let mut this = slf.borrow_mut();
@@ -596,7 +595,7 @@ impl NativeManager {
             if this.log_stats {
                 let preempted = count_obj(
                     "request.num_preemptions",
-                    &request.getattr(intern!(py, "num_preemptions"))?,
+                    &req_attr(request, intern!(py, "num_preemptions"))?,
                 )? > 0;
                 this.inner.stats.record(num_tokens, hit, preempted);
             }
@@ -710,46 +709,20 @@ impl NativeManager {
                     .collect::<PyResult<Vec<_>>>()
                     .map(Some)
             };
-        let counts = counts_arg("num_new_tokens", Some(num_new_tokens))?.expect("given");
-        let computed = counts_arg("num_computed_tokens", num_computed_tokens)?;
-        let totals = counts_arg("num_tokens", num_tokens)?;
-        let mut ok = Vec::with_capacity(n);
-        let mut offsets = Vec::with_capacity(n * 4 + 1);
-        offsets.push(0u32);
-        let mut ids: Vec<u32> = Vec::new();
-        // Events are handed to the sink after the loop, request by request, in order.
-        let mut pending_events = Vec::new();
-        {
+        let lists = batch::DecodeLists {
+            num_new_tokens: counts_arg("num_new_tokens", Some(num_new_tokens))?.expect("given"),
+            num_computed_tokens: counts_arg("num_computed_tokens", num_computed_tokens)?,
+            num_tokens: counts_arg("num_tokens", num_tokens)?,
+            lookahead,
+        };
+        let (ok, offsets, ids, pending_events) = {
             let mut this = slf.borrow_mut();
-            let num_groups = this.inner.num_groups();
             let events_on = this
                 .py_side
                 .as_ref()
                 .is_some_and(|s| s.event_sink.is_some());
-            for (i, request) in requests.iter().enumerate() {
-                let rid = request_id(&request)?;
-                let num_computed = match &computed {
-                    Some(c) => c[i],
-                    None => count_obj(
-                        "request.num_computed_tokens",
-                        &request.getattr(intern!(py, "num_computed_tokens"))?,
-                    )?,
-                };
-                let args = AllocateArgs {
-                    num_new_tokens: counts[i],
-                    num_computed_tokens: num_computed,
-                    num_tokens: totals.as_ref().map_or(NUM_TOKENS_UNREAD, |t| t[i]),
-                    num_lookahead_tokens: lookahead,
-                    ..Default::default()
-                };
-                let got = this.allocate_one(&request, &rid, args)?;
-                if events_on && this.inner.has_events() {
-                    pending_events.push((this.inner.take_events(), request.clone()));
-                }
-                ok.push(got);
-                push_result(got, &this.scratch, num_groups, &mut offsets, &mut ids);
-            }
-        }
+            batch::run_requests(&mut this, requests, &lists, events_on)?
+        };
         if !pending_events.is_empty() {
             let sink = slf
                 .borrow()
@@ -828,6 +801,12 @@ impl NativeManager {
         let new_tokens = counts("num_new_tokens", num_new_tokens, n)?;
         let computed = counts("num_computed_tokens", num_computed_tokens, n)?;
         let totals = counts("num_tokens", num_tokens, n)?;
+        if let Some(i) = (0..n).find(|&i| totals[i] < computed[i]) {
+            return Err(PyValueError::new_err(format!(
+                "num_tokens[{i}] ({}) is less than num_computed_tokens[{i}] ({})",
+                totals[i], computed[i]
+            )));
+        }
         let requests = match requests {
             None => None,
             Some(r) if r.is_none() => None,
@@ -1012,8 +991,9 @@ impl NativeManager {
         &mut self,
         py: Python<'py>,
         request_ids: Vec<String>,
-        num_accepted: Vec<i64>,
+        num_accepted: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyByteArray>> {
+        let num_accepted = int_list("num_accepted", num_accepted, false)?;
         let ids: Vec<&str> = request_ids.iter().map(String::as_str).collect();
         let rows = guard(|| self.inner.mamba_pre_copy_plan(&ids, &num_accepted))?;
         let bytes: Vec<u8> = rows
@@ -1029,8 +1009,12 @@ impl NativeManager {
         &self,
         py: Python<'py>,
         request_ids: Vec<String>,
-        num_draft: Vec<usize>,
+        num_draft: &Bound<'py, PyAny>,
     ) -> PyResult<(Bound<'py, PyByteArray>, usize)> {
+        let num_draft: Vec<usize> = int_list("num_draft", num_draft, true)?
+            .into_iter()
+            .map(|d| d as usize)
+            .collect();
         let ids: Vec<&str> = request_ids.iter().map(String::as_str).collect();
         let (rows, cols) = guard(|| self.inner.mamba_post_select_plan(&ids, &num_draft))?;
         let bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();

@@ -1,0 +1,244 @@
+//! The checks of an admission (`allocate_slots` with computed blocks,
+//! external or encoder tokens, or any call off the no-op decode path) and
+//! of the configuration: every count is bounded before anything is sized
+//! from it, and computed blocks must be this request's own cache hits.
+//! They read only: an `Err` leaves the manager exactly as it was. The
+//! no-op decode (most decode steps) sizes nothing and never gets here.
+
+use crate::block_pool::NULL_BLOCK;
+use crate::error::{invalid, CoreResult};
+use crate::hashes::HashList;
+use crate::kv_manager::{AllocateArgs, HashUpdate, KvCacheManager, ManagerConfig};
+use crate::spec::SpecKind;
+use crate::{BlockId, ReqSlot};
+
+/// The configuration's counts that the constructor's other checks leave
+/// open.
+pub(crate) fn check_config(cfg: &ManagerConfig) -> CoreResult<()> {
+    if cfg.max_num_batched_tokens == Some(0) {
+        return invalid("max_num_batched_tokens must be > 0, got 0");
+    }
+    Ok(())
+}
+
+/// The counts of one `allocate_slots` call, before anything is sized from
+/// them. vLLM's scheduler never passes more than `max_model_len` tokens of
+/// any kind (it caps `num_new_tokens` at `max_model_len - 1 -
+/// num_computed_tokens` and stops a request at `max_model_len`), and vLLM
+/// itself clamps what it sizes from them to `max_model_len`, except where
+/// it fails: a request longer than `max_model_len` (IndexError while
+/// caching), or counts beyond it that Mamba align and sliding-window
+/// tables are sized from (vLLM runs out of memory).
+pub(crate) fn check_counts(
+    m: &KvCacheManager,
+    request_id: &str,
+    args: &AllocateArgs,
+) -> CoreResult<()> {
+    let max = m.max_model_len;
+    if args.num_tokens > max {
+        return invalid(format!(
+            "request {request_id:?}: request.num_tokens is {}, more than max_model_len ({max})",
+            args.num_tokens
+        ));
+    }
+    let bounded = [
+        ("request.num_computed_tokens", args.num_computed_tokens),
+        ("num_new_tokens", args.num_new_tokens),
+        ("num_new_computed_tokens", args.num_new_computed_tokens),
+        ("num_external_computed_tokens", args.num_external_computed_tokens),
+        ("num_lookahead_tokens", args.num_lookahead_tokens),
+        ("num_encoder_tokens", args.num_encoder_tokens),
+    ];
+    for (name, v) in bounded {
+        if v > max {
+            return bound_error(request_id, name, v, max);
+        }
+    }
+    let adds_computed =
+        args.new_computed_blocks.is_some() || args.num_external_computed_tokens > 0;
+    let computed =
+        args.num_computed_tokens + args.num_new_computed_tokens + args.num_external_computed_tokens;
+    if adds_computed && computed > args.num_tokens {
+        return invalid(format!(
+            "request {request_id:?}: num_computed_tokens ({}) + num_new_computed_tokens ({}) \
+             + num_external_computed_tokens ({}) is {computed}, past the request's {} tokens",
+            args.num_computed_tokens,
+            args.num_new_computed_tokens,
+            args.num_external_computed_tokens,
+            args.num_tokens
+        ));
+    }
+    Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn bound_error(request_id: &str, name: &str, v: usize, max: usize) -> CoreResult<()> {
+    invalid(format!(
+        "request {request_id:?}: {name} must be <= max_model_len ({max}), got {v}"
+    ))
+}
+
+/// `new_computed_blocks` (group count and ids checked already) against the
+/// request: each group holds `num_new_computed_tokens` tokens of blocks,
+/// and each block is in the prefix cache under this request's hash at its
+/// position and in its group (a null block only where the group skips
+/// blocks: sliding window, chunked local, Mamba). `update`: the request's
+/// hashes that arrive with this call.
+pub(crate) fn check_computed_blocks(
+    m: &KvCacheManager,
+    slot: Option<ReqSlot>,
+    request_id: &str,
+    args: &AllocateArgs,
+    update: Option<&HashUpdate>,
+) -> CoreResult<()> {
+    let Some(nc) = args.new_computed_blocks else {
+        if args.num_new_computed_tokens > 0 {
+            return invalid(format!(
+                "request {request_id:?}: num_new_computed_tokens is {} but new_computed_blocks holds no blocks",
+                args.num_new_computed_tokens
+            ));
+        }
+        return Ok(());
+    };
+    let empty = HashList::new();
+    let known = slot.map_or(&empty, |s| m.reqs.hashes(s));
+    let hashes = RequestHashes { known, update };
+    let pool = &m.coord.pool;
+    let hash_block_size = pool.hash_block_size() as usize;
+    for (g, (sm, blocks)) in m.coord.managers.iter().zip(nc).enumerate() {
+        let bs = sm.block_size as usize;
+        if blocks.len() * bs != args.num_new_computed_tokens {
+            return invalid(format!(
+                "request {request_id:?}: new_computed_blocks group {g} holds {} blocks of {bs} tokens, \
+                 but num_new_computed_tokens is {}",
+                blocks.len(),
+                args.num_new_computed_tokens
+            ));
+        }
+        let may_skip = matches!(
+            sm.spec.kind,
+            SpecKind::SlidingWindow { .. } | SpecKind::ChunkedLocal { .. } | SpecKind::Mamba { .. }
+        );
+        let scale = (bs / hash_block_size).max(1);
+        for (i, &b) in blocks.iter().enumerate() {
+            if b == NULL_BLOCK {
+                if may_skip {
+                    continue;
+                }
+                return invalid(format!(
+                    "new_computed_blocks: block 0 (group {g}, position {i}) is the null block, \
+                     not a cache hit of request {request_id:?}"
+                ));
+            }
+            check_hit(m, &hashes, request_id, g, i, b, scale)?;
+        }
+    }
+    Ok(())
+}
+
+/// Block `b` at position `i` of group `g` is cached under the request's
+/// hash of that position.
+fn check_hit(
+    m: &KvCacheManager,
+    hashes: &RequestHashes<'_>,
+    request_id: &str,
+    g: usize,
+    i: usize,
+    b: BlockId,
+    scale: usize,
+) -> CoreResult<()> {
+    let what = || format!("new_computed_blocks: block {b} (group {g}, position {i})");
+    let Some((key, group)) = m.coord.pool.block_hash(b) else {
+        return invalid(format!(
+            "{} is not in the prefix cache (freed and reused, or never cached): \
+             not a cache hit of request {request_id:?}",
+            what()
+        ));
+    };
+    let group_id = m.coord.managers[g].group_id;
+    if group != group_id {
+        return invalid(format!(
+            "{} is cached for group {group}, not group {group_id}",
+            what()
+        ));
+    }
+    match hashes.matches(key, i * scale, scale) {
+        Some(true) => Ok(()),
+        Some(false) => invalid(format!(
+            "{} is cached under another hash than request {request_id:?}'s at that position \
+             (another request's block, or a stale one)",
+            what()
+        )),
+        None => invalid(format!(
+            "{}: request {request_id:?} has {} block hashes, too few to check it",
+            what(),
+            hashes.len()
+        )),
+    }
+}
+
+/// The request's hashes as they will be once `update` is applied.
+struct RequestHashes<'a> {
+    known: &'a HashList,
+    update: Option<&'a HashUpdate>,
+}
+
+impl RequestHashes<'_> {
+    fn len(&self) -> usize {
+        match self.update {
+            Some(u) => u.offset + u.hashes.len(),
+            None => self.known.len(),
+        }
+    }
+
+    fn get(&self, j: usize) -> Option<&[u8]> {
+        match self.update {
+            Some(u) if j >= u.offset => {
+                (j - u.offset < u.hashes.len()).then(|| u.hashes.get(j - u.offset))
+            }
+            _ => (j < self.known.len()).then(|| self.known.get(j)),
+        }
+    }
+
+    /// Whether `key` is the concatenation of hashes `from..from + n`
+    /// (None: the request has fewer hashes).
+    fn matches(&self, key: &[u8], from: usize, n: usize) -> Option<bool> {
+        let mut rest = key;
+        for j in from..from + n {
+            let part = self.get(j)?;
+            match rest.strip_prefix(part) {
+                Some(r) => rest = r,
+                None => return Some(false),
+            }
+        }
+        Some(rest.is_empty())
+    }
+}
+
+/// `get_num_common_prefix_blocks` for an id the manager holds no record
+/// of: vLLM's answer (its defaultdict's new, empty entry shares no block)
+/// without a record here; the entry vLLM keeps is counted as a holder in
+/// later answers, until the id is freed or gets a record.
+pub(crate) fn ghost_entry(m: &mut KvCacheManager, request_id: &str) -> Vec<usize> {
+    let n = m.num_groups();
+    let full = m.coord.managers.iter().any(|g| g.spec.is_full_attention());
+    if full && !m.ghost_entries.iter().any(|g| g == request_id) {
+        m.ghost_entries.push(request_id.to_owned());
+    }
+    vec![0; n]
+}
+
+/// A new record for `request_id` takes over the entry vLLM made for it.
+pub(crate) fn adopt_ghost_entry(m: &mut KvCacheManager, request_id: &str, slot: ReqSlot) {
+    if m.ghost_entries.is_empty() {
+        return;
+    }
+    let Some(i) = m.ghost_entries.iter().position(|g| g == request_id) else {
+        return;
+    };
+    m.ghost_entries.swap_remove(i);
+    for g in m.coord.managers.iter_mut() {
+        g.note_common_prefix_entry(slot);
+    }
+}
