@@ -22,13 +22,14 @@ pub(crate) fn check_config(cfg: &ManagerConfig) -> CoreResult<()> {
 }
 
 /// The counts of one `allocate_slots` call, before anything is sized from
-/// them. vLLM's scheduler never passes more than `max_model_len` tokens of
-/// any kind (it caps `num_new_tokens` at `max_model_len - 1 -
-/// num_computed_tokens` and stops a request at `max_model_len`), and vLLM
-/// itself clamps what it sizes from them to `max_model_len`, except where
-/// it fails: a request longer than `max_model_len` (IndexError while
-/// caching), or counts beyond it that Mamba align and sliding-window
-/// tables are sized from (vLLM runs out of memory).
+/// them. vLLM clamps `num_lookahead_tokens` (with the rest) to
+/// `max_model_len` before it sizes anything, and so does the core: it is
+/// not bounded here. The others vLLM sizes tables from unclamped (Mamba
+/// align and sliding-window tables, where vLLM runs out of memory), or, for
+/// a request longer than `max_model_len`, fails with an IndexError while
+/// caching: each is at most `max_model_len`, which vLLM's scheduler never
+/// exceeds (it caps `num_new_tokens` at `max_model_len - 1 -
+/// num_computed_tokens` and stops a request at `max_model_len`).
 pub(crate) fn check_counts(
     m: &KvCacheManager,
     request_id: &str,
@@ -46,14 +47,40 @@ pub(crate) fn check_counts(
         ("num_new_tokens", args.num_new_tokens),
         ("num_new_computed_tokens", args.num_new_computed_tokens),
         ("num_external_computed_tokens", args.num_external_computed_tokens),
-        ("num_lookahead_tokens", args.num_lookahead_tokens),
-        ("num_encoder_tokens", args.num_encoder_tokens),
     ];
     for (name, v) in bounded {
         if v > max {
             return bound_error(request_id, name, v, max);
         }
     }
+    Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn bound_error(request_id: &str, name: &str, v: usize, max: usize) -> CoreResult<()> {
+    invalid(format!(
+        "request {request_id:?}: {name} must be <= max_model_len ({max}), got {v}"
+    ))
+}
+
+/// What an admission adds, against the request: the computed tokens stay
+/// within its tokens, and `new_computed_blocks` (group count and ids
+/// checked already) are its own cache hits: they cover
+/// `num_new_computed_tokens` tokens, and each block is in the
+/// prefix cache under this request's hash at its position and in its
+/// group (a null block only where the group skips blocks: sliding window,
+/// chunked local, Mamba). `update`: the request's hashes that arrive with
+/// this call. (Encoder tokens are not bounded by `max_model_len`: an
+/// encoder's input may be longer; they size nothing before the free-block
+/// test.)
+pub(crate) fn check_computed_blocks(
+    m: &KvCacheManager,
+    slot: Option<ReqSlot>,
+    request_id: &str,
+    args: &AllocateArgs,
+    update: Option<&HashUpdate>,
+) -> CoreResult<()> {
     let adds_computed =
         args.new_computed_blocks.is_some() || args.num_external_computed_tokens > 0;
     let computed =
@@ -68,30 +95,6 @@ pub(crate) fn check_counts(
             args.num_tokens
         ));
     }
-    Ok(())
-}
-
-#[cold]
-#[inline(never)]
-fn bound_error(request_id: &str, name: &str, v: usize, max: usize) -> CoreResult<()> {
-    invalid(format!(
-        "request {request_id:?}: {name} must be <= max_model_len ({max}), got {v}"
-    ))
-}
-
-/// `new_computed_blocks` (group count and ids checked already) against the
-/// request: each group holds `num_new_computed_tokens` tokens of blocks,
-/// and each block is in the prefix cache under this request's hash at its
-/// position and in its group (a null block only where the group skips
-/// blocks: sliding window, chunked local, Mamba). `update`: the request's
-/// hashes that arrive with this call.
-pub(crate) fn check_computed_blocks(
-    m: &KvCacheManager,
-    slot: Option<ReqSlot>,
-    request_id: &str,
-    args: &AllocateArgs,
-    update: Option<&HashUpdate>,
-) -> CoreResult<()> {
     let Some(nc) = args.new_computed_blocks else {
         if args.num_new_computed_tokens > 0 {
             return invalid(format!(
@@ -106,12 +109,18 @@ pub(crate) fn check_computed_blocks(
     let hashes = RequestHashes { known, update };
     let pool = &m.coord.pool;
     let hash_block_size = pool.hash_block_size() as usize;
+    // A group's hit may be shorter than the hit (vLLM's EAGLE drop of the
+    // last block), never longer nor off its block boundary, and some group
+    // covers the whole hit.
+    let mut covered = 0;
     for (g, (sm, blocks)) in m.coord.managers.iter().zip(nc).enumerate() {
         let bs = sm.block_size as usize;
-        if blocks.len() * bs != args.num_new_computed_tokens {
+        let tokens = blocks.len() * bs;
+        covered = covered.max(tokens);
+        if tokens > args.num_new_computed_tokens || args.num_new_computed_tokens % bs != 0 {
             return invalid(format!(
                 "request {request_id:?}: new_computed_blocks group {g} holds {} blocks of {bs} tokens, \
-                 but num_new_computed_tokens is {}",
+                 which does not fit num_new_computed_tokens ({})",
                 blocks.len(),
                 args.num_new_computed_tokens
             ));
@@ -133,6 +142,13 @@ pub(crate) fn check_computed_blocks(
             }
             check_hit(m, &hashes, request_id, g, i, b, scale)?;
         }
+    }
+    if covered != args.num_new_computed_tokens {
+        return invalid(format!(
+            "request {request_id:?}: new_computed_blocks cover {covered} tokens, \
+             but num_new_computed_tokens is {}",
+            args.num_new_computed_tokens
+        ));
     }
     Ok(())
 }
