@@ -146,13 +146,15 @@ impl KVCacheBlocks {
     fn groups<'py>(
         &self,
         py: Python<'py>,
-        group_ids: Option<Vec<usize>>,
+        group_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<&GroupIds>> {
         let _ = py;
         match group_ids {
             None => Ok(self.ids.iter().collect()),
-            Some(gs) => gs
+            Some(gs) if gs.is_none() => Ok(self.ids.iter().collect()),
+            Some(gs) => crate::convert::int_list("group_ids", gs, true)?
                 .into_iter()
+                .map(|g| g as usize)
                 .map(|g| {
                     self.ids
                         .get(g)
@@ -211,7 +213,7 @@ impl KVCacheBlocks {
         &self,
         py: Python<'py>,
         allow_none: bool,
-        group_ids: Option<Vec<usize>>,
+        group_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let groups = self.groups(py, group_ids)?;
         if allow_none && groups.iter().all(|g| g.is_empty()) {
