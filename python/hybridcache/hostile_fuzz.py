@@ -122,9 +122,10 @@ class World:
             self.finish()
         for _ in range(2):
             self.admit(self.new_request())
+        self.waiting_hits: list[Any] = []  # taken now: a lookup stores the request's hashes
         for _ in range(2):
             w = self.new_request(prefix_of=self.rng.choice(self.freed + self.running))
-            self.m.get_computed_blocks(w)
+            self.waiting_hits.append(self.m.get_computed_blocks(w)[0])
             self.waiting.append(w)
         ob = self.new_request()
         self.other.allocate_slots(ob, ob.num_tokens)
@@ -211,9 +212,8 @@ class World:
             return KVCacheBlocks(tuple([1] for _ in range(ng + r.choice((-1, 1)))), m)
         if pick < 0.8:
             return r.choice([None, (), ([1],), "blocks", 3, object(), m.empty_kv_cache_blocks])
-        if pick < 0.9 and self.waiting:
-            blocks, _ = m.get_computed_blocks(r.choice(self.waiting))
-            return blocks
+        if pick < 0.9:
+            return r.choice(self.waiting_hits)
         ids = [0, 1, NUM_BLOCKS - 1, NUM_BLOCKS, -1, 2**32, 2**40] + self.stale_ids[-3:]
         return KVCacheBlocks(tuple([r.choice(ids)] for _ in range(ng)), m)
 

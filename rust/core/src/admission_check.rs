@@ -56,6 +56,37 @@ pub(crate) fn check_counts(
     Ok(())
 }
 
+/// The request's computed tokens lie in its blocks: every group's table
+/// (null-padded where blocks were skipped) covers `num_computed_tokens`,
+/// as it does for any request vLLM's scheduler allocates. A request that
+/// claims computed tokens it has no blocks for is sized wrong by vLLM too
+/// (the count says the blocks fit, the allocation then runs out).
+/// Cross-attention tables hold encoder tokens and are left out.
+pub(crate) fn check_computed_held(
+    m: &KvCacheManager,
+    slot: Option<ReqSlot>,
+    request_id: &str,
+    args: &AllocateArgs,
+) -> CoreResult<()> {
+    if args.num_computed_tokens == 0 {
+        return Ok(());
+    }
+    for sm in &m.coord.managers {
+        if sm.spec.kind == SpecKind::CrossAttention {
+            continue;
+        }
+        let held = slot.map_or(0, |s| sm.blocks(s).len()) * sm.block_size as usize;
+        if args.num_computed_tokens > held {
+            return invalid(format!(
+                "request {request_id:?}: request.num_computed_tokens is {}, but its blocks in group {} \
+                 hold {held} tokens",
+                args.num_computed_tokens, sm.group_id
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cold]
 #[inline(never)]
 fn bound_error(request_id: &str, name: &str, v: usize, max: usize) -> CoreResult<()> {

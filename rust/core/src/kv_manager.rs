@@ -578,6 +578,7 @@ impl KvCacheManager {
             );
         }
         admission_check::check_counts(self, request_id, args)?;
+        admission_check::check_computed_held(self, slot, request_id, args)?;
         let have = self.hashes_after_at(slot, request_id, update)?;
         self.check_new_computed(slot, args)?;
         admission_check::check_computed_blocks(self, slot, request_id, args, update)?;
