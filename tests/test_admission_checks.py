@@ -13,16 +13,8 @@ from typing import Any
 import pytest
 from test_bad_input import BS, MAX_LEN, World, assert_rejected, assert_still_works, config, make, req
 
-from hybridcache import (
-    FullAttentionSpec,
-    KVCacheBlocks,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    KVCacheManager,
-    MambaSpec,
-    Request,
-    SlidingWindowSpec,
-)
+from hybridcache import KVCacheBlocks, KVCacheManager, Request
+from hybridcache.config import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec, SlidingWindowSpec
 
 
 @pytest.fixture
@@ -302,3 +294,11 @@ def test_zero_max_num_batched_tokens() -> None:
 def test_out_of_range_ints_name_the_argument(w: World, call: Any, name: str) -> None:
     """No bare OverflowError from the argument conversion."""
     assert_rejected(w.m, lambda: call(w.m), ValueError, name)
+
+
+@pytest.mark.parametrize("num_blocks", [2**27 + 1, 2**31, 2**32 - 1])
+def test_num_blocks_no_pool_can_hold(num_blocks: int) -> None:
+    """The pool's bookkeeping is sized from num_blocks: a count no GPU holds
+    used to abort the process (allocation failure) instead of raising."""
+    with pytest.raises(ValueError, match="num_blocks"):
+        KVCacheManager(config(num_blocks), MAX_LEN, BS, BS)

@@ -422,9 +422,14 @@ def run_batch(config: str, seed: int, calls: int, announce: Callable[[str], None
 
 
 def _worker(config: str, seed: int, calls: int) -> None:
+    # Test hook: abort in call k, to check that an abort is charged to it.
+    abort_at = os.environ.get("HYBRIDCACHE_HOSTILE_ABORT_AT")
+
     def announce(line: str) -> None:
         sys.stdout.write(f"CALL {line}\n")
         sys.stdout.flush()
+        if abort_at is not None and line.split(" ", 1)[0] == abort_at:
+            os.abort()
 
     try:
         t = run_batch(config, seed, calls, announce)

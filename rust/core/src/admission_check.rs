@@ -9,14 +9,27 @@ use crate::block_pool::NULL_BLOCK;
 use crate::error::{invalid, CoreResult};
 use crate::hashes::HashList;
 use crate::kv_manager::{AllocateArgs, HashUpdate, KvCacheManager, ManagerConfig};
-use crate::spec::SpecKind;
+use crate::coordinator::Coordinator;
+use crate::spec::{MambaMode, SpecKind};
 use crate::{BlockId, ReqSlot};
+
+/// The most blocks a pool may have: its bookkeeping (about 24 bytes a
+/// block) is sized from `num_blocks` up front, so a count no GPU holds
+/// (a 141 GB GPU holds a few million blocks of the smallest models) must
+/// be refused before it is allocated, not abort the process.
+pub const MAX_NUM_BLOCKS: u32 = 1 << 27;
 
 /// The configuration's counts that the constructor's other checks leave
 /// open.
 pub(crate) fn check_config(cfg: &ManagerConfig) -> CoreResult<()> {
     if cfg.max_num_batched_tokens == Some(0) {
         return invalid("max_num_batched_tokens must be > 0, got 0");
+    }
+    if cfg.num_blocks > MAX_NUM_BLOCKS {
+        return invalid(format!(
+            "num_blocks must be <= {MAX_NUM_BLOCKS}, got {}",
+            cfg.num_blocks
+        ));
     }
     Ok(())
 }
@@ -30,12 +43,39 @@ pub(crate) fn check_config(cfg: &ManagerConfig) -> CoreResult<()> {
 /// caching: each is at most `max_model_len`, which vLLM's scheduler never
 /// exceeds (it caps `num_new_tokens` at `max_model_len - 1 -
 /// num_computed_tokens` and stops a request at `max_model_len`).
+#[inline]
 pub(crate) fn check_counts(
     m: &KvCacheManager,
+    slot: Option<ReqSlot>,
     request_id: &str,
     args: &AllocateArgs,
 ) -> CoreResult<()> {
-    let max = m.max_model_len;
+    // One test on the decode path; the rest is worked out out of line.
+    let worst = args
+        .num_tokens
+        .max(args.num_computed_tokens)
+        .max(args.num_new_tokens)
+        .max(args.num_new_computed_tokens)
+        .max(args.num_external_computed_tokens);
+    let no_tokens = args.num_new_tokens == 0 && args.num_external_computed_tokens == 0;
+    if no_tokens || worst > m.max_model_len {
+        return count_error(m.max_model_len, request_id, args);
+    }
+    if m.sizes_from_computed {
+        return check_computed_held(m, slot, request_id, args);
+    }
+    Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn count_error(max: usize, request_id: &str, args: &AllocateArgs) -> CoreResult<()> {
+    if args.num_new_tokens == 0 && args.num_external_computed_tokens == 0 {
+        // vLLM's own check and message.
+        return invalid(
+            "num_new_tokens must be greater than 0 when there are no external computed tokens",
+        );
+    }
     if args.num_tokens > max {
         return invalid(format!(
             "request {request_id:?}: request.num_tokens is {}, more than max_model_len ({max})",
@@ -48,21 +88,37 @@ pub(crate) fn check_counts(
         ("num_new_computed_tokens", args.num_new_computed_tokens),
         ("num_external_computed_tokens", args.num_external_computed_tokens),
     ];
-    for (name, v) in bounded {
-        if v > max {
-            return bound_error(request_id, name, v, max);
-        }
-    }
-    Ok(())
+    let (name, v) = bounded.into_iter().find(|&(_, v)| v > max).expect("one is past the bound");
+    invalid(format!(
+        "request {request_id:?}: {name} must be <= max_model_len ({max}), got {v}"
+    ))
 }
 
-/// The request's computed tokens lie in its blocks: every group's table
-/// (null-padded where blocks were skipped) covers `num_computed_tokens`,
-/// as it does for any request vLLM's scheduler allocates. A request that
-/// claims computed tokens it has no blocks for is sized wrong by vLLM too
-/// (the count says the blocks fit, the allocation then runs out).
-/// Cross-attention tables hold encoder tokens and are left out.
-pub(crate) fn check_computed_held(
+/// Groups whose block count skips the blocks before the computed tokens'
+/// window (sliding window, chunked local, Mamba outside align mode):
+/// `get_num_blocks_to_allocate` counts those as held, so a request whose
+/// table does not reach its computed tokens is counted short (vLLM runs
+/// out of pool blocks in mid-allocation then). Full attention and Mamba
+/// align count what they allocate; cross-attention tables hold encoder
+/// tokens.
+fn skips_to_computed(kind: &SpecKind) -> bool {
+    match kind {
+        SpecKind::SlidingWindow { .. } | SpecKind::ChunkedLocal { .. } => true,
+        SpecKind::Mamba { mode, .. } => *mode != MambaMode::Align,
+        SpecKind::FullAttention | SpecKind::CrossAttention => false,
+    }
+}
+
+/// Whether any group of `coord` is one `skips_to_computed`.
+pub(crate) fn sizes_from_computed(coord: &Coordinator) -> bool {
+    coord.managers.iter().any(|m| skips_to_computed(&m.spec.kind))
+}
+
+/// The request's computed tokens lie in its blocks, in every group that
+/// `skips_to_computed` (null-padded tables cover skipped blocks), as for
+/// any request vLLM's scheduler allocates.
+#[inline(never)]
+fn check_computed_held(
     m: &KvCacheManager,
     slot: Option<ReqSlot>,
     request_id: &str,
@@ -72,16 +128,12 @@ pub(crate) fn check_computed_held(
         return Ok(());
     }
     for sm in &m.coord.managers {
-        if sm.spec.kind == SpecKind::CrossAttention {
+        if !skips_to_computed(&sm.spec.kind) {
             continue;
         }
         let held = slot.map_or(0, |s| sm.blocks(s).len()) * sm.block_size as usize;
         if args.num_computed_tokens > held {
-            return invalid(format!(
-                "request {request_id:?}: request.num_computed_tokens is {}, but its blocks in group {} \
-                 hold {held} tokens",
-                args.num_computed_tokens, sm.group_id
-            ));
+            return not_held(request_id, args.num_computed_tokens, sm.group_id, held);
         }
     }
     Ok(())
@@ -89,9 +141,10 @@ pub(crate) fn check_computed_held(
 
 #[cold]
 #[inline(never)]
-fn bound_error(request_id: &str, name: &str, v: usize, max: usize) -> CoreResult<()> {
+fn not_held(request_id: &str, computed: usize, group: u32, held: usize) -> CoreResult<()> {
     invalid(format!(
-        "request {request_id:?}: {name} must be <= max_model_len ({max}), got {v}"
+        "request {request_id:?}: request.num_computed_tokens is {computed}, but its blocks in group \
+         {group} hold {held} tokens"
     ))
 }
 
@@ -112,6 +165,12 @@ pub(crate) fn check_computed_blocks(
     args: &AllocateArgs,
     update: Option<&HashUpdate>,
 ) -> CoreResult<()> {
+    if args.new_computed_blocks.is_none()
+        && args.num_new_computed_tokens == 0
+        && args.num_external_computed_tokens == 0
+    {
+        return Ok(()); // a decode adds nothing
+    }
     let adds_computed =
         args.new_computed_blocks.is_some() || args.num_external_computed_tokens > 0;
     let computed =

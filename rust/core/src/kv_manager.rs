@@ -117,6 +117,9 @@ pub struct KvCacheManager {
     /// after `get_num_common_prefix_blocks` asked about them, where this
     /// manager keeps no record (see `admission_check::ghost_entry`).
     pub(crate) ghost_entries: Vec<String>,
+    /// Some group sizes a request's table from its computed tokens (see
+    /// `admission_check::check_computed_held`).
+    pub(crate) sizes_from_computed: bool,
 }
 
 impl KvCacheManager {
@@ -143,6 +146,7 @@ impl KvCacheManager {
         let coord = Coordinator::new(pool, &cfg.groups, cfg.use_eagle, cfg.scheduler_block_size)?;
         let has_align_groups = coord.managers.iter().any(|m| m.is_mamba_align());
         Ok(KvCacheManager {
+            sizes_from_computed: admission_check::sizes_from_computed(&coord),
             coord,
             stats: LookupStats::default(),
             planner: PlannerState::default(),
@@ -572,13 +576,7 @@ impl KvCacheManager {
         args: &AllocateArgs,
         update: Option<&HashUpdate>,
     ) -> CoreResult<()> {
-        if args.num_new_tokens == 0 && args.num_external_computed_tokens == 0 {
-            return invalid(
-                "num_new_tokens must be greater than 0 when there are no external computed tokens",
-            );
-        }
-        admission_check::check_counts(self, request_id, args)?;
-        admission_check::check_computed_held(self, slot, request_id, args)?;
+        admission_check::check_counts(self, slot, request_id, args)?;
         let have = self.hashes_after_at(slot, request_id, update)?;
         self.check_new_computed(slot, args)?;
         admission_check::check_computed_blocks(self, slot, request_id, args, update)?;
