@@ -692,7 +692,9 @@ impl NativeManager {
     /// `ids[offsets[i*G + g] : offsets[i*G + g + 1]]`. A serving loop that
     /// tracks the counts itself passes `num_computed_tokens` / `num_tokens`
     /// lists, and the requests' attributes are then not read (their block
-    /// hashes still are, when a block fills).
+    /// hashes still are, when a block fills). Every request is read and
+    /// checked before any is allocated (a request given twice is refused),
+    /// so an error leaves the manager as it was.
     #[pyo3(signature = (requests, num_new_tokens, num_lookahead_tokens=None, num_computed_tokens=None, num_tokens=None))]
     fn allocate_decode_batch<'py>(
         slf: &Bound<'py, Self>,
