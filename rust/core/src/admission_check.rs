@@ -6,10 +6,10 @@
 //! no-op decode (most decode steps) sizes nothing and never gets here.
 
 use crate::block_pool::NULL_BLOCK;
+use crate::coordinator::Coordinator;
 use crate::error::{invalid, CoreResult};
 use crate::hashes::HashList;
 use crate::kv_manager::{AllocateArgs, HashUpdate, KvCacheManager, ManagerConfig};
-use crate::coordinator::Coordinator;
 use crate::spec::{MambaMode, SpecKind};
 use crate::{BlockId, ReqSlot};
 
@@ -86,9 +86,15 @@ fn count_error(max: usize, request_id: &str, args: &AllocateArgs) -> CoreResult<
         ("request.num_computed_tokens", args.num_computed_tokens),
         ("num_new_tokens", args.num_new_tokens),
         ("num_new_computed_tokens", args.num_new_computed_tokens),
-        ("num_external_computed_tokens", args.num_external_computed_tokens),
+        (
+            "num_external_computed_tokens",
+            args.num_external_computed_tokens,
+        ),
     ];
-    let (name, v) = bounded.into_iter().find(|&(_, v)| v > max).expect("one is past the bound");
+    let (name, v) = bounded
+        .into_iter()
+        .find(|&(_, v)| v > max)
+        .expect("one is past the bound");
     invalid(format!(
         "request {request_id:?}: {name} must be <= max_model_len ({max}), got {v}"
     ))
@@ -111,7 +117,10 @@ fn skips_to_computed(kind: &SpecKind) -> bool {
 
 /// Whether any group of `coord` is one `skips_to_computed`.
 pub(crate) fn sizes_from_computed(coord: &Coordinator) -> bool {
-    coord.managers.iter().any(|m| skips_to_computed(&m.spec.kind))
+    coord
+        .managers
+        .iter()
+        .any(|m| skips_to_computed(&m.spec.kind))
 }
 
 /// The request's computed tokens lie in its blocks, in every group that
@@ -171,8 +180,7 @@ pub(crate) fn check_computed_blocks(
     {
         return Ok(()); // a decode adds nothing
     }
-    let adds_computed =
-        args.new_computed_blocks.is_some() || args.num_external_computed_tokens > 0;
+    let adds_computed = args.new_computed_blocks.is_some() || args.num_external_computed_tokens > 0;
     let computed =
         args.num_computed_tokens + args.num_new_computed_tokens + args.num_external_computed_tokens;
     if adds_computed && computed > args.num_tokens {

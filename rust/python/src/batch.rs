@@ -225,7 +225,12 @@ pub fn run_requests<'py>(
     requests: &Bound<'py, PyList>,
     lists: &DecodeLists,
     events_on: bool,
-) -> PyResult<(Vec<bool>, Vec<u32>, Vec<u32>, Vec<(Vec<PoolEvent>, Bound<'py, PyAny>)>)> {
+) -> PyResult<(
+    Vec<bool>,
+    Vec<u32>,
+    Vec<u32>,
+    Vec<(Vec<PoolEvent>, Bound<'py, PyAny>)>,
+)> {
     let py = requests.py();
     let n = requests.len();
     let mut items = Vec::with_capacity(n);
@@ -233,7 +238,8 @@ pub fn run_requests<'py>(
     state.batch.start(state.inner.slot_capacity());
     let mut new_ids: Vec<String> = Vec::new();
     for (i, request) in requests.iter().enumerate() {
-        let at = |e: PyErr| PyErr::from_type(e.get_type(py), format!("requests[{i}]: {}", e.value(py)));
+        let at =
+            |e: PyErr| PyErr::from_type(e.get_type(py), format!("requests[{i}]: {}", e.value(py)));
         let rid = crate::request_id(&request).map_err(at)?;
         let num_computed = match &lists.num_computed_tokens {
             Some(c) => c[i],
@@ -246,7 +252,10 @@ pub fn run_requests<'py>(
         let mut args = AllocateArgs {
             num_new_tokens: lists.num_new_tokens[i],
             num_computed_tokens: num_computed,
-            num_tokens: lists.num_tokens.as_ref().map_or(crate::NUM_TOKENS_UNREAD, |t| t[i]),
+            num_tokens: lists
+                .num_tokens
+                .as_ref()
+                .map_or(crate::NUM_TOKENS_UNREAD, |t| t[i]),
             num_lookahead_tokens: lists.lookahead,
             ..Default::default()
         };
@@ -281,8 +290,11 @@ pub fn run_requests<'py>(
                 .map_err(at)?;
             }
             let update = if inner.may_need_hashes(known, &args) {
-                crate::convert::hash_update(&req_attr(&request, intern!(py, "block_hashes"))?, known)
-                    .map_err(at)?
+                crate::convert::hash_update(
+                    &req_attr(&request, intern!(py, "block_hashes"))?,
+                    known,
+                )
+                .map_err(at)?
             } else {
                 None
             };
@@ -290,7 +302,13 @@ pub fn run_requests<'py>(
             guard(|| inner.check_allocate(slot, id, &args, update.as_ref())).map_err(at)?;
             Some(update)
         };
-        items.push(Checked { request, rid, slot, args, general });
+        items.push(Checked {
+            request,
+            rid,
+            slot,
+            args,
+            general,
+        });
     }
 
     // Pass 2: allocate, in order, from what pass 1 read.
@@ -312,7 +330,9 @@ pub fn run_requests<'py>(
                 let rid = item.rid.to_str()?;
                 guard(|| match slot {
                     Some(s) => Ok(inner.allocate_checked(s, &item.args, update.as_ref(), out)),
-                    None => inner.allocate_general_into(None, rid, &item.args, update.as_ref(), out),
+                    None => {
+                        inner.allocate_general_into(None, rid, &item.args, update.as_ref(), out)
+                    }
                 })?
             }
             (None, None) => unreachable!("a no-op decode has a slot"),

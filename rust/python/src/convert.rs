@@ -70,7 +70,9 @@ pub fn req_attr<'py>(
     request: &Bound<'py, PyAny>,
     name: &Bound<'py, pyo3::types::PyString>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    request.getattr(name).map_err(|e| not_a_request(request, name, e))
+    request
+        .getattr(name)
+        .map_err(|e| not_a_request(request, name, e))
 }
 
 #[cold]
@@ -89,13 +91,18 @@ fn not_a_request(request: &Bound<'_, PyAny>, name: &Bound<'_, PyAny>, e: PyErr) 
 /// `non_negative`.
 pub fn int_list(name: &str, v: &Bound<'_, PyAny>, non_negative: bool) -> PyResult<Vec<i64>> {
     let list = v.downcast::<PyList>().map_err(|_| {
-        PyTypeError::new_err(format!("{name} must be a list of ints, got {}", type_name(v)))
+        PyTypeError::new_err(format!(
+            "{name} must be a list of ints, got {}",
+            type_name(v)
+        ))
     })?;
     list.iter()
         .enumerate()
         .map(|(i, x)| match x.extract::<i64>() {
             Ok(n) if n >= 0 || !non_negative => Ok(n),
-            Ok(n) => Err(PyValueError::new_err(format!("{name}[{i}] must be >= 0, got {n}"))),
+            Ok(n) => Err(PyValueError::new_err(format!(
+                "{name}[{i}] must be >= 0, got {n}"
+            ))),
             Err(_) if x.is_instance_of::<pyo3::types::PyInt>() => Err(PyValueError::new_err(
                 format!("{name}[{i}] must fit 64 bits, got {x}"),
             )),

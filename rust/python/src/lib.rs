@@ -18,8 +18,8 @@ use blocks::{BlockView, KVCacheBlocks};
 mod hasher;
 
 use convert::{
-    block_ids, count, count_obj, fill_hash_update, guard, hash_update, ids_tuple, int_list, parse_group, req_attr,
-    u32_arg, u32_bytes, uint_array, GroupTuple,
+    block_ids, count, count_obj, fill_hash_update, guard, hash_update, ids_tuple, int_list,
+    parse_group, req_attr, u32_arg, u32_bytes, uint_array, GroupTuple,
 };
 use hybridcache_core::{
     AllocateArgs, CoreError, HashUpdate, KvCacheManager, ManagerConfig, NewBlocks, PoolEvent,
@@ -583,8 +583,7 @@ impl NativeManager {
         let py = slf.py();
         let empty = || -> PyResult<PyObject> { Ok(slf.borrow().py_side()?.empty.clone_ref(py)) };
         if !slf.borrow().enable_caching
-            || req_attr(request, intern!(py, "skip_reading_prefix_cache"))?
-                .is_truthy()?
+            || req_attr(request, intern!(py, "skip_reading_prefix_cache"))?.is_truthy()?
         {
             return Ok((empty()?, 0));
         }
@@ -1121,7 +1120,10 @@ impl NativeManager {
 
     /// A free block's (previous, next) free-queue neighbours (None at the
     /// queue's ends), or None if the block is not free.
-    fn free_queue_neighbors(&self, block_id: &Bound<'_, PyAny>) -> PyResult<Option<(Option<u32>, Option<u32>)>> {
+    fn free_queue_neighbors(
+        &self,
+        block_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<(Option<u32>, Option<u32>)>> {
         let b = self.block_id_obj(block_id)?;
         Ok(self.inner.pool().free_queue_neighbors(b))
     }
