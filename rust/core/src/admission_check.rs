@@ -215,7 +215,8 @@ pub(crate) fn check_computed_blocks(
         let bs = sm.block_size as usize;
         let tokens = blocks.len() * bs;
         covered = covered.max(tokens);
-        if tokens > args.num_new_computed_tokens || args.num_new_computed_tokens % bs != 0 {
+        if tokens > args.num_new_computed_tokens || !args.num_new_computed_tokens.is_multiple_of(bs)
+        {
             return invalid(format!(
                 "request {request_id:?}: new_computed_blocks group {g} holds {} blocks of {bs} tokens, \
                  which does not fit num_new_computed_tokens ({})",
