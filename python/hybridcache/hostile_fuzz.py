@@ -159,8 +159,9 @@ class World:
             if r.num_tokens + 3 >= MAX_LEN:
                 return
             r.append_output_token_ids(self.rng.randrange(1000))
-            if self.m.allocate_slots(r, 1) is not None:
-                r.num_computed_tokens = r.num_tokens - 1
+            n = r.num_tokens - r.num_computed_tokens  # as vLLM schedules it
+            if self.m.allocate_slots(r, n) is not None:
+                r.num_computed_tokens += n
 
     def legit_step(self) -> None:
         move = self.rng.random()
