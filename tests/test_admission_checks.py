@@ -302,3 +302,11 @@ def test_num_blocks_no_pool_can_hold(num_blocks: int) -> None:
     used to abort the process (allocation failure) instead of raising."""
     with pytest.raises(ValueError, match="num_blocks"):
         KVCacheManager(config(num_blocks), MAX_LEN, BS, BS)
+
+
+def test_other_hashes_under_a_live_requests_id(w: World) -> None:
+    """A different request under a's id (a shorter, other hash list) would
+    leave a's cached blocks cached under hashes a no longer has."""
+    impostor = req("a", range(300, 305))
+    assert_rejected(w.m, lambda: w.m.get_computed_blocks(impostor), ValueError, '"a"', "block_hashes[0]")
+    assert_still_works(w)

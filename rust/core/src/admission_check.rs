@@ -357,3 +357,40 @@ pub(crate) fn adopt_ghost_entry(m: &mut KvCacheManager, request_id: &str, slot: 
         g.note_common_prefix_entry(slot);
     }
 }
+
+/// A resend of a request's hashes (a shorter or rebuilt `block_hashes`:
+/// `update` starts before the known ones end) must keep the hashes its
+/// cached blocks are cached under: a different list under the same id
+/// (another request reusing a live id) would leave those blocks cached
+/// under hashes the request no longer has.
+#[cold]
+#[inline(never)]
+pub(crate) fn check_resend(
+    m: &KvCacheManager,
+    slot: Option<ReqSlot>,
+    request_id: &str,
+    update: &HashUpdate,
+) -> CoreResult<()> {
+    let Some(s) = slot else {
+        return Ok(());
+    };
+    let hash_block_size = m.coord.pool.hash_block_size() as usize;
+    let cached = m
+        .coord
+        .managers
+        .iter()
+        .map(|g| g.num_cached_blocks(s) * (g.block_size as usize / hash_block_size).max(1))
+        .max()
+        .unwrap_or(0);
+    let known = m.reqs.hashes(s);
+    for j in update.offset..cached {
+        let i = j - update.offset;
+        if i >= update.hashes.len() || update.hashes.get(i) != known.get(j) {
+            return invalid(format!(
+                "request {request_id:?}: request.block_hashes[{j}] is not the hash its cached block \
+                 {j} was cached under (another request under a live request's id?)"
+            ));
+        }
+    }
+    Ok(())
+}

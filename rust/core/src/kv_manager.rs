@@ -232,6 +232,10 @@ impl KvCacheManager {
                 "request {request_id:?}: hashes sent from index {}, but only {known} are known",
                 u.offset
             )),
+            Some(u) if u.offset < known => {
+                admission_check::check_resend(self, slot, request_id, u)?;
+                Ok(u.offset + u.hashes.len())
+            }
             Some(u) => Ok(u.offset + u.hashes.len()),
         }
     }
