@@ -192,7 +192,7 @@ class NativeManager:
         self,
         requests: Sequence[_Request],
         num_new_tokens: list[int],
-        num_lookahead_tokens: int = 0,
+        num_lookahead_tokens: int | None = None,
         num_computed_tokens: list[int] | None = None,
         num_tokens: list[int] | None = None,
     ) -> tuple[list[bool], list[int], list[int]]:
@@ -216,7 +216,7 @@ class NativeManager:
         num_new_tokens: list[int] | bytes | bytearray,
         num_computed_tokens: list[int] | bytes | bytearray,
         num_tokens: list[int] | bytes | bytearray,
-        num_lookahead_tokens: int = 0,
+        num_lookahead_tokens: int | None = None,
         requests: Sequence[_Request] | None = None,
     ) -> tuple[bytes, bytes, bytes]:
         """`allocate_decode_batch` over arrays (lists of ints, or bytes of

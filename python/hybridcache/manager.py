@@ -126,8 +126,9 @@ class KVCacheManager(_native.NativeManager):
             max_num_batched_tokens = max_model_len
         elif not isinstance(max_num_batched_tokens, int):
             raise TypeError(f"max_num_batched_tokens must be an int, got {type(max_num_batched_tokens).__name__}")
-        elif max_num_batched_tokens < 0:
-            raise ValueError(f"max_num_batched_tokens must be >= 0, got {max_num_batched_tokens}")
+        elif max_num_batched_tokens <= 0:
+            # A step that schedules no token admits nothing: never a real config.
+            raise ValueError(f"max_num_batched_tokens must be > 0, got {max_num_batched_tokens}")
         groups = read_groups(kv_cache_config, max_num_batched_tokens, max_model_len)
         check_retention_interval(groups)
         self = cast("KVCacheManager", super().__new__(

@@ -313,13 +313,14 @@ impl Coordinator {
         }
     }
 
-    pub fn get_num_common_prefix_blocks(&mut self, slot: ReqSlot) -> Vec<usize> {
+    /// `ghosts`: entries vLLM holds beyond this manager's requests.
+    pub fn get_num_common_prefix_blocks(&mut self, slot: ReqSlot, ghosts: usize) -> Vec<usize> {
         match self.kind {
             CoordinatorKind::NoPrefixCache => vec![0; self.managers.len()],
             _ => self
                 .managers
                 .iter_mut()
-                .map(|m| m.get_num_common_prefix_blocks(&self.pool, slot))
+                .map(|m| m.get_num_common_prefix_blocks(&self.pool, slot, ghosts))
                 .collect(),
         }
     }

@@ -7,15 +7,18 @@
 use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use hybridcache_core::{AllocateArgs, BatchResult, DecodeBatch};
+use hybridcache_core::{AllocateArgs, BatchResult, DecodeBatch, HashUpdate, PoolEvent, ReqSlot};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyBytes, PyList, PyString};
 
 use crate::calls::raw_events;
-use crate::convert::{count, count_obj, fill_hash_update, to_py_err, u32_bytes, uint_array};
-use crate::{request_id, NativeManager, NUM_TOKENS_UNREAD};
+use crate::convert::{
+    count, count_obj, fill_hash_update, guard, hash_update, req_attr, to_py_err, u32_bytes,
+    uint_array,
+};
+use crate::{opt_count, request_id, NativeManager, NUM_TOKENS_UNREAD};
 
 /// The per-request inputs of one step, as typed slices.
 pub struct DecodeArrays<'a> {
@@ -60,7 +63,7 @@ pub fn run(
         };
         let hashes = reqs
             .get_item(i)
-            .and_then(|r| r.getattr(intern!(py, "block_hashes")))
+            .and_then(|r| req_attr(&r, intern!(py, "block_hashes")))
             .map_err(BatchErr)?;
         fill_hash_update(&hashes, known, out).map_err(BatchErr)
     };
@@ -78,12 +81,12 @@ pub(crate) fn decode_batch<'py>(
     slf: &Bound<'py, NativeManager>,
     requests: &Bound<'py, PyAny>,
     num_new_tokens: &Bound<'py, PyAny>,
-    num_lookahead_tokens: i64,
+    num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
     num_computed_tokens: Option<&Bound<'py, PyAny>>,
     num_tokens: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>)> {
     let py = slf.py();
-    let lookahead = count("num_lookahead_tokens", num_lookahead_tokens)?;
+    let lookahead = opt_count("num_lookahead_tokens", num_lookahead_tokens)?;
     let requests = requests
         .downcast::<PyList>()
         .map_err(|_| PyTypeError::new_err("requests must be a list"))?;
@@ -104,42 +107,20 @@ pub(crate) fn decode_batch<'py>(
             .collect::<PyResult<Vec<_>>>()
             .map(Some)
     };
-    let counts = counts_arg("num_new_tokens", Some(num_new_tokens))?.expect("given");
-    let computed = counts_arg("num_computed_tokens", num_computed_tokens)?;
-    let totals = counts_arg("num_tokens", num_tokens)?;
-    let mut result = BatchResult::with_capacity(n, 4);
-    // Events are handed to the sink after the loop, request by request, in order.
-    let mut pending_events = Vec::new();
-    {
+    let lists = DecodeLists {
+        num_new_tokens: counts_arg("num_new_tokens", Some(num_new_tokens))?.expect("given"),
+        num_computed_tokens: counts_arg("num_computed_tokens", num_computed_tokens)?,
+        num_tokens: counts_arg("num_tokens", num_tokens)?,
+        lookahead,
+    };
+    let (result, pending_events) = {
         let mut this = slf.borrow_mut();
-        let num_groups = this.inner.num_groups();
         let events_on = this
             .py_side
             .as_ref()
             .is_some_and(|s| s.event_sink.is_some());
-        for (i, request) in requests.iter().enumerate() {
-            let rid = request_id(&request)?;
-            let num_computed = match &computed {
-                Some(c) => c[i],
-                None => count_obj(
-                    "request.num_computed_tokens",
-                    &request.getattr(intern!(py, "num_computed_tokens"))?,
-                )?,
-            };
-            let args = AllocateArgs {
-                num_new_tokens: counts[i],
-                num_computed_tokens: num_computed,
-                num_tokens: totals.as_ref().map_or(NUM_TOKENS_UNREAD, |t| t[i]),
-                num_lookahead_tokens: lookahead,
-                ..Default::default()
-            };
-            let got = this.allocate_one(&request, &rid, args)?;
-            if events_on && this.inner.has_events() {
-                pending_events.push((this.inner.take_events(), request.clone()));
-            }
-            result.push(got, &this.scratch, num_groups);
-        }
-    }
+        run_requests(&mut this, requests, &lists, events_on)?
+    };
     if !pending_events.is_empty() {
         let sink = slf
             .borrow()
@@ -167,7 +148,7 @@ pub(crate) fn decode_arrays<'py>(
     num_new_tokens: &Bound<'py, PyAny>,
     num_computed_tokens: &Bound<'py, PyAny>,
     num_tokens: &Bound<'py, PyAny>,
-    num_lookahead_tokens: i64,
+    num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
     requests: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(
     Bound<'py, PyBytes>,
@@ -175,7 +156,7 @@ pub(crate) fn decode_arrays<'py>(
     Bound<'py, PyBytes>,
 )> {
     let py = slf.py();
-    let lookahead = count("num_lookahead_tokens", num_lookahead_tokens)?;
+    let lookahead = opt_count("num_lookahead_tokens", num_lookahead_tokens)?;
     let handles = uint_array::<u64>("handles", handles)?;
     let n = handles.len();
     fn counts<'a>(name: &str, v: &'a Bound<'_, PyAny>, n: usize) -> PyResult<Cow<'a, [u32]>> {
@@ -191,6 +172,12 @@ pub(crate) fn decode_arrays<'py>(
     let new_tokens = counts("num_new_tokens", num_new_tokens, n)?;
     let computed = counts("num_computed_tokens", num_computed_tokens, n)?;
     let totals = counts("num_tokens", num_tokens, n)?;
+    if let Some(i) = (0..n).find(|&i| totals[i] < computed[i]) {
+        return Err(PyValueError::new_err(format!(
+            "num_tokens[{i}] ({}) is less than num_computed_tokens[{i}] ({})",
+            totals[i], computed[i]
+        )));
+    }
     let requests = match requests {
         None => None,
         Some(r) if r.is_none() => None,
@@ -240,4 +227,146 @@ pub(crate) fn decode_arrays<'py>(
         u32_bytes(py, &result.offsets),
         u32_bytes(py, &result.ids),
     ))
+}
+
+/// The per-request counts of `allocate_decode_batch` (None: read from the
+/// request objects).
+struct DecodeLists {
+    num_new_tokens: Vec<usize>,
+    num_computed_tokens: Option<Vec<usize>>,
+    num_tokens: Option<Vec<usize>>,
+    lookahead: usize,
+}
+
+/// One request of `allocate_decode_batch` as pass 1 read and checked it.
+struct Checked<'py> {
+    request: Bound<'py, PyAny>,
+    rid: Bound<'py, PyString>,
+    slot: Option<ReqSlot>,
+    args: AllocateArgs<'static>,
+    /// None: a decode that changes no block; else its hash update, if any.
+    general: Option<Option<HashUpdate>>,
+}
+
+type RequestEvents<'py> = Vec<(Vec<PoolEvent>, Bound<'py, PyAny>)>;
+
+/// `allocate_decode_batch`: every request is read and checked by the core
+/// first (as the array step is), so an error leaves the manager as it was;
+/// then each is allocated in order from what pass 1 read.
+fn run_requests<'py>(
+    state: &mut NativeManager,
+    requests: &Bound<'py, PyList>,
+    lists: &DecodeLists,
+    events_on: bool,
+) -> PyResult<(BatchResult, RequestEvents<'py>)> {
+    let py = requests.py();
+    let n = requests.len();
+    let mut items = Vec::with_capacity(n);
+    // Pass 1: read and check; only the id cache changes.
+    let mut seen_slots = std::collections::HashSet::new();
+    let mut new_ids: Vec<String> = Vec::new();
+    for (i, request) in requests.iter().enumerate() {
+        let at =
+            |e: PyErr| PyErr::from_type(e.get_type(py), format!("requests[{i}]: {}", e.value(py)));
+        let rid = request_id(&request).map_err(at)?;
+        let num_computed = match &lists.num_computed_tokens {
+            Some(c) => c[i],
+            None => count_obj(
+                "request.num_computed_tokens",
+                &req_attr(&request, intern!(py, "num_computed_tokens")).map_err(at)?,
+            )
+            .map_err(at)?,
+        };
+        let mut args = AllocateArgs {
+            num_new_tokens: lists.num_new_tokens[i],
+            num_computed_tokens: num_computed,
+            num_tokens: lists
+                .num_tokens
+                .as_ref()
+                .map_or(NUM_TOKENS_UNREAD, |t| t[i]),
+            num_lookahead_tokens: lists.lookahead,
+            ..Default::default()
+        };
+        let slot = state.lookup_id(&rid)?;
+        let twice = match slot {
+            Some(s) => !seen_slots.insert(s),
+            None => {
+                let id = rid.to_str()?;
+                let seen = new_ids.iter().any(|x| x == id);
+                new_ids.push(id.to_owned());
+                seen
+            }
+        };
+        if twice {
+            return Err(PyValueError::new_err(format!(
+                "requests[{i}]: request {rid} appears twice in one step"
+            )));
+        }
+        let inner = &state.inner;
+        let known = inner.known_hashes_at(slot);
+        let noop = slot.is_some_and(|s| {
+            !inner.may_need_hashes(known, &args) && inner.is_noop_decode(s, &args)
+        });
+        let general = if noop {
+            None
+        } else {
+            if args.num_tokens == NUM_TOKENS_UNREAD {
+                args.num_tokens = count_obj(
+                    "request.num_tokens",
+                    &req_attr(&request, intern!(py, "num_tokens")).map_err(at)?,
+                )
+                .map_err(at)?;
+            }
+            let update = if inner.may_need_hashes(known, &args) {
+                hash_update(
+                    &req_attr(&request, intern!(py, "block_hashes")).map_err(at)?,
+                    known,
+                )
+                .map_err(at)?
+            } else {
+                None
+            };
+            let id = rid.to_str()?;
+            guard(|| inner.check_allocate(slot, id, &args, update.as_ref())).map_err(at)?;
+            Some(update)
+        };
+        items.push(Checked {
+            request,
+            rid,
+            slot,
+            args,
+            general,
+        });
+    }
+
+    // Pass 2: allocate, in order, from what pass 1 read.
+    let num_groups = state.inner.num_groups();
+    let mut result = BatchResult::with_capacity(n, num_groups);
+    let mut events = Vec::new();
+    for item in items {
+        let got = match (&item.general, item.slot) {
+            (None, Some(s)) => {
+                state.inner.record_noop_decode(s, &item.args);
+                state.scratch.clear();
+                state.scratch.push_empty_groups(num_groups);
+                true
+            }
+            (Some(update), slot) => {
+                let (inner, out) = (&mut state.inner, &mut state.scratch);
+                let rid = item.rid.to_str()?;
+                guard(|| match slot {
+                    Some(s) => Ok(inner.allocate_checked(s, &item.args, update.as_ref(), out)),
+                    None => {
+                        inner.allocate_general_into(None, rid, &item.args, update.as_ref(), out)
+                    }
+                })?
+            }
+            (None, None) => unreachable!("a no-op decode has a slot"),
+        };
+        if events_on && state.inner.has_events() {
+            events.push((state.inner.take_events(), item.request.clone()));
+        }
+        result.push(got, &state.scratch, num_groups);
+    }
+    Ok((result, events))
 }

@@ -146,13 +146,15 @@ impl KVCacheBlocks {
     fn groups<'py>(
         &self,
         py: Python<'py>,
-        group_ids: Option<Vec<usize>>,
+        group_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<&GroupIds>> {
         let _ = py;
         match group_ids {
             None => Ok(self.ids.iter().collect()),
-            Some(gs) => gs
+            Some(gs) if gs.is_none() => Ok(self.ids.iter().collect()),
+            Some(gs) => crate::convert::int_list("group_ids", gs, true)?
                 .into_iter()
+                .map(|g| g as usize)
                 .map(|g| {
                     self.ids
                         .get(g)
@@ -199,8 +201,7 @@ impl KVCacheBlocks {
             for b in g?.try_iter()? {
                 let b = b?;
                 // Out-of-range ids are kept: allocate_slots rejects them by name.
-                let id = b.extract::<i64>().unwrap_or(i64::MIN);
-                group.push(id);
+                group.push(crate::convert::block_id_arg(&b)?);
             }
             ids.push(group);
         }
@@ -212,7 +213,7 @@ impl KVCacheBlocks {
         &self,
         py: Python<'py>,
         allow_none: bool,
-        group_ids: Option<Vec<usize>>,
+        group_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let groups = self.groups(py, group_ids)?;
         if allow_none && groups.iter().all(|g| g.is_empty()) {
@@ -297,6 +298,13 @@ impl KVCacheBlocks {
             return Ok(py.NotImplemented());
         };
         let other = other.get();
+        if self.ids.len() != other.ids.len() {
+            return Err(PyValueError::new_err(format!(
+                "cannot add KVCacheBlocks of {} groups to KVCacheBlocks of {} groups",
+                other.ids.len(),
+                self.ids.len()
+            )));
+        }
         let ids = self
             .ids
             .iter()

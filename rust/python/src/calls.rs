@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 
 use crate::blocks::KVCacheBlocks;
-use crate::convert::{self, block_ids, count_obj, fill_hash_update, guard, hash_update};
+use crate::convert::{self, block_ids, count_obj, fill_hash_update, guard, hash_update, req_attr};
 use crate::native_manager::{Bound_, NativeManager};
 use crate::{opt_count, request_id, NUM_TOKENS_UNREAD};
 
@@ -84,7 +84,7 @@ impl NativeManager {
             num_new_tokens: count_obj("num_new_tokens", num_new_tokens)?,
             num_computed_tokens: count_obj(
                 "request.num_computed_tokens",
-                &request.getattr(intern!(py, "num_computed_tokens"))?,
+                &req_attr(request, intern!(py, "num_computed_tokens"))?,
             )?,
             num_tokens: NUM_TOKENS_UNREAD,
             num_new_computed_tokens: opt_count(
@@ -155,7 +155,7 @@ impl NativeManager {
         if !self.inner.enable_caching() {
             return Ok(None);
         }
-        let hashes = request.getattr(intern!(request.py(), "block_hashes"))?;
+        let hashes = req_attr(request, intern!(request.py(), "block_hashes"))?;
         hash_update(&hashes, self.inner.num_known_hashes(rid))
     }
 
@@ -193,7 +193,7 @@ impl NativeManager {
         if args.num_tokens == NUM_TOKENS_UNREAD {
             args.num_tokens = count_obj(
                 "request.num_tokens",
-                &request.getattr(intern!(request.py(), "num_tokens"))?,
+                &req_attr(request, intern!(request.py(), "num_tokens"))?,
             )?;
         }
         let has_update = self.update_if_needed(slot, request, &args)?;
@@ -236,7 +236,7 @@ impl NativeManager {
             return Ok(false);
         }
         fill_hash_update(
-            &request.getattr(intern!(request.py(), "block_hashes"))?,
+            &req_attr(request, intern!(request.py(), "block_hashes"))?,
             known,
             &mut self.hash_buf,
         )

@@ -63,6 +63,69 @@ pub fn u32_arg(name: &str, v: i64) -> PyResult<u32> {
     u32::try_from(v).map_err(|_| PyValueError::new_err(format!("{name} out of range: {v}")))
 }
 
+/// `request.<name>`, where a missing attribute means the caller passed
+/// something that is not a request: a TypeError saying what was expected.
+#[inline]
+pub fn req_attr<'py>(
+    request: &Bound<'py, PyAny>,
+    name: &Bound<'py, pyo3::types::PyString>,
+) -> PyResult<Bound<'py, PyAny>> {
+    request
+        .getattr(name)
+        .map_err(|e| not_a_request(request, name, e))
+}
+
+#[cold]
+#[inline(never)]
+fn not_a_request(request: &Bound<'_, PyAny>, name: &Bound<'_, PyAny>, e: PyErr) -> PyErr {
+    if !e.is_instance_of::<pyo3::exceptions::PyAttributeError>(request.py()) {
+        return e;
+    }
+    PyTypeError::new_err(format!(
+        "request must be a vLLM Request (an object with .{name}), got {}",
+        type_name(request)
+    ))
+}
+
+/// A list of ints (`name` in the errors): the values, each >= 0 when
+/// `non_negative`.
+pub fn int_list(name: &str, v: &Bound<'_, PyAny>, non_negative: bool) -> PyResult<Vec<i64>> {
+    let list = v.downcast::<PyList>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{name} must be a list of ints, got {}",
+            type_name(v)
+        ))
+    })?;
+    list.iter()
+        .enumerate()
+        .map(|(i, x)| match x.extract::<i64>() {
+            Ok(n) if n >= 0 || !non_negative => Ok(n),
+            Ok(n) => Err(PyValueError::new_err(format!(
+                "{name}[{i}] must be >= 0, got {n}"
+            ))),
+            Err(_) if x.is_instance_of::<pyo3::types::PyInt>() => Err(PyValueError::new_err(
+                format!("{name}[{i}] must fit 64 bits, got {x}"),
+            )),
+            Err(_) => Err(PyTypeError::new_err(format!(
+                "{name}[{i}] must be an int, got {}",
+                type_name(&x)
+            ))),
+        })
+        .collect()
+}
+
+/// A block id as `KVCacheBlocks(...)` takes it: any int that fits 64
+/// bits (range-checked where it is used); anything else is refused here.
+pub fn block_id_arg(b: &Bound<'_, PyAny>) -> PyResult<i64> {
+    b.extract::<i64>().map_err(|_| {
+        if b.is_instance_of::<pyo3::types::PyInt>() {
+            PyValueError::new_err(format!("block id {b} out of range"))
+        } else {
+            PyTypeError::new_err(format!("block ids must be ints, got {}", type_name(b)))
+        }
+    })
+}
+
 pub fn type_name(v: &Bound<'_, PyAny>) -> String {
     v.get_type()
         .name()

@@ -44,7 +44,7 @@ pub(crate) fn opt_count(name: &str, v: Option<&Bound<'_, PyAny>>) -> PyResult<us
 pub(crate) const NUM_TOKENS_UNREAD: usize = usize::MAX;
 
 pub(crate) fn request_id<'py>(request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> {
-    let rid = request.getattr(intern!(request.py(), "request_id"))?;
+    let rid = convert::req_attr(request, intern!(request.py(), "request_id"))?;
     if let Ok(s) = rid.downcast::<PyString>() {
         return Ok(s.clone());
     }

@@ -5,7 +5,7 @@ use hybridcache_core::CoreError;
 use pyo3::intern;
 use pyo3::prelude::*;
 
-use crate::convert::{count_obj, guard};
+use crate::convert::{count_obj, guard, req_attr};
 use crate::native_manager::NativeManager;
 use crate::request_id;
 
@@ -16,9 +16,7 @@ pub(crate) fn computed_blocks<'py>(
     let py = slf.py();
     let empty = || -> PyResult<PyObject> { Ok(slf.borrow().py_side()?.empty.clone_ref(py)) };
     let reads = slf.borrow().inner.reads_prefix_cache(|| {
-        request
-            .getattr(intern!(py, "skip_reading_prefix_cache"))?
-            .is_truthy()
+        req_attr(request, intern!(py, "skip_reading_prefix_cache"))?.is_truthy()
     })?;
     if !reads {
         return Ok((empty()?, 0));
@@ -27,7 +25,7 @@ pub(crate) fn computed_blocks<'py>(
     let rid = rid.to_str()?;
     let num_tokens = count_obj(
         "request.num_tokens",
-        &request.getattr(intern!(py, "num_tokens"))?,
+        &req_attr(request, intern!(py, "num_tokens"))?,
     )?;
     let (blocks, hit) = {
         let mut this = slf.borrow_mut();
@@ -46,7 +44,7 @@ pub(crate) fn computed_blocks<'py>(
         if this.inner.counts_lookups() {
             let preempted = count_obj(
                 "request.num_preemptions",
-                &request.getattr(intern!(py, "num_preemptions"))?,
+                &req_attr(request, intern!(py, "num_preemptions"))?,
             )? > 0;
             this.inner.record_lookup(num_tokens, hit, preempted);
         }

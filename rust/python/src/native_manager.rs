@@ -4,14 +4,14 @@
 use hybridcache_core::{
     BatchScratch, BehaviourProfile, HashUpdate, KvCacheManager, ManagerConfig, NewBlocks,
 };
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::convert::{
-    self, block_ids, count, count_obj, guard, ids_tuple, parse_group, to_py_err, u32_arg,
-    GroupTuple,
+    self, block_id_arg, block_ids, count_obj, guard, ids_tuple, int_list, parse_group, to_py_err,
+    u32_arg, GroupTuple,
 };
 use crate::{allocate_params, batch, lookup, request_id};
 
@@ -44,27 +44,37 @@ impl NativeManager {
                         enable_caching, use_eagle, enable_events, profile))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        num_blocks: i64,
-        groups: Vec<GroupTuple>,
-        max_model_len: i64,
-        scheduler_block_size: i64,
-        hash_block_size: i64,
+        num_blocks: &Bound<'_, PyAny>,
+        groups: &Bound<'_, PyAny>,
+        max_model_len: &Bound<'_, PyAny>,
+        scheduler_block_size: &Bound<'_, PyAny>,
+        hash_block_size: &Bound<'_, PyAny>,
         enable_caching: bool,
         use_eagle: bool,
         enable_events: bool,
         profile: &str,
     ) -> PyResult<Self> {
+        let groups: Vec<GroupTuple> = groups.extract().map_err(|e| {
+            if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(groups.py()) {
+                PyValueError::new_err(format!("kv_cache_groups: a size is out of range ({e})"))
+            } else {
+                e
+            }
+        })?;
+        let u32_of = |name: &str, v: &Bound<'_, PyAny>| -> PyResult<u32> {
+            u32_arg(name, count_obj(name, v)? as i64)
+        };
         let groups = groups
             .into_iter()
             .enumerate()
             .map(|(i, g)| parse_group(i, g))
             .collect::<PyResult<Vec<_>>>()?;
         let cfg = ManagerConfig {
-            num_blocks: u32_arg("num_blocks", num_blocks)?,
+            num_blocks: u32_of("num_blocks", num_blocks)?,
             groups,
-            max_model_len: count("max_model_len", max_model_len)?,
-            scheduler_block_size: u32_arg("scheduler_block_size", scheduler_block_size)?,
-            hash_block_size: u32_arg("hash_block_size", hash_block_size)?,
+            max_model_len: count_obj("max_model_len", max_model_len)?,
+            scheduler_block_size: u32_of("scheduler_block_size", scheduler_block_size)?,
+            hash_block_size: u32_of("hash_block_size", hash_block_size)?,
             enable_caching,
             use_eagle,
             enable_events,
@@ -195,12 +205,12 @@ impl NativeManager {
     /// tracks the counts itself passes `num_computed_tokens` / `num_tokens`
     /// lists, and the requests' attributes are then not read (their block
     /// hashes still are, when a block fills).
-    #[pyo3(signature = (requests, num_new_tokens, num_lookahead_tokens=0, num_computed_tokens=None, num_tokens=None))]
+    #[pyo3(signature = (requests, num_new_tokens, num_lookahead_tokens=None, num_computed_tokens=None, num_tokens=None))]
     fn allocate_decode_batch<'py>(
         slf: &Bound<'py, Self>,
         requests: &Bound<'py, PyAny>,
         num_new_tokens: &Bound<'py, PyAny>,
-        num_lookahead_tokens: i64,
+        num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
         num_computed_tokens: Option<&Bound<'py, PyAny>>,
         num_tokens: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>)> {
@@ -241,14 +251,14 @@ impl NativeManager {
     /// None), `offsets` and `ids` uint32 (little-endian): the new blocks of
     /// request i in group g are `ids[offsets[i*G+g] : offsets[i*G+g+1]]`.
     #[pyo3(signature = (handles, num_new_tokens, num_computed_tokens, num_tokens,
-                        num_lookahead_tokens=0, requests=None))]
+                        num_lookahead_tokens=None, requests=None))]
     fn allocate_decode_arrays<'py>(
         slf: &Bound<'py, Self>,
         handles: &Bound<'py, PyAny>,
         num_new_tokens: &Bound<'py, PyAny>,
         num_computed_tokens: &Bound<'py, PyAny>,
         num_tokens: &Bound<'py, PyAny>,
-        num_lookahead_tokens: i64,
+        num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
         requests: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(
         Bound<'py, PyBytes>,
@@ -306,9 +316,9 @@ impl NativeManager {
     fn remove_skipped_blocks(
         &mut self,
         request_id: &str,
-        total_computed_tokens: i64,
+        total_computed_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let total = count("total_computed_tokens", total_computed_tokens)?;
+        let total = count_obj("total_computed_tokens", total_computed_tokens)?;
         guard(|| {
             self.inner.remove_skipped_blocks(request_id, total);
             Ok(())
@@ -360,11 +370,11 @@ impl NativeManager {
     fn get_num_blocks_to_allocate(
         &self,
         request_id: &str,
-        num_tokens: i64,
+        num_tokens: &Bound<'_, PyAny>,
         new_computed_blocks: &Bound<'_, PyAny>,
-        num_encoder_tokens: i64,
-        total_computed_tokens: i64,
-        num_tokens_main_model: i64,
+        num_encoder_tokens: &Bound<'_, PyAny>,
+        total_computed_tokens: &Bound<'_, PyAny>,
+        num_tokens_main_model: &Bound<'_, PyAny>,
         apply_admission_cap: bool,
     ) -> PyResult<i64> {
         let nc = block_ids(
@@ -373,10 +383,10 @@ impl NativeManager {
             "new_computed_blocks",
         )?;
         let (n, e, t, mm) = (
-            count("num_tokens", num_tokens)?,
-            count("num_encoder_tokens", num_encoder_tokens)?,
-            count("total_computed_tokens", total_computed_tokens)?,
-            count("num_tokens_main_model", num_tokens_main_model)?,
+            count_obj("num_tokens", num_tokens)?,
+            count_obj("num_encoder_tokens", num_encoder_tokens)?,
+            count_obj("total_computed_tokens", total_computed_tokens)?,
+            count_obj("num_tokens_main_model", num_tokens_main_model)?,
         );
         guard(|| {
             self.inner
@@ -386,10 +396,16 @@ impl NativeManager {
 
     /// Mamba align state of a request in a group:
     /// (last_state_block_idx or None, allocated), or None.
-    fn align_state(&self, request_id: &str, group: usize) -> Option<(Option<usize>, bool)> {
-        self.inner
+    fn align_state(
+        &self,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<(Option<usize>, bool)>> {
+        let group = count_obj("group", group)?;
+        Ok(self
+            .inner
             .align_state(request_id, group)
-            .map(|a| (a.last_state_block_idx, a.allocated))
+            .map(|a| (a.last_state_block_idx, a.allocated)))
     }
 
     /// Pre-forward Mamba state-copy plan of this step (int32 rows of
@@ -399,8 +415,9 @@ impl NativeManager {
         &mut self,
         py: Python<'py>,
         request_ids: Vec<String>,
-        num_accepted: Vec<i64>,
+        num_accepted: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyByteArray>> {
+        let num_accepted = int_list("num_accepted", num_accepted, false)?;
         let ids: Vec<&str> = request_ids.iter().map(String::as_str).collect();
         let rows = guard(|| self.inner.mamba_pre_copy_plan(&ids, &num_accepted))?;
         let bytes: Vec<u8> = rows
@@ -416,8 +433,12 @@ impl NativeManager {
         &self,
         py: Python<'py>,
         request_ids: Vec<String>,
-        num_draft: Vec<usize>,
+        num_draft: &Bound<'py, PyAny>,
     ) -> PyResult<(Bound<'py, PyByteArray>, usize)> {
+        let num_draft: Vec<usize> = int_list("num_draft", num_draft, true)?
+            .into_iter()
+            .map(|d| d as usize)
+            .collect();
         let ids: Vec<&str> = request_ids.iter().map(String::as_str).collect();
         let (rows, cols) = guard(|| self.inner.mamba_post_select_plan(&ids, &num_draft))?;
         let bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -432,8 +453,8 @@ impl NativeManager {
         self.inner.new_step_starts();
     }
 
-    fn ref_cnt(&self, block_id: i64) -> PyResult<i32> {
-        let b = self.block_id(block_id)?;
+    fn ref_cnt(&self, block_id: &Bound<'_, PyAny>) -> PyResult<i32> {
+        let b = self.block_id(block_id_arg(block_id)?)?;
         Ok(self.inner.pool().ref_cnt(b))
     }
 
@@ -441,9 +462,9 @@ impl NativeManager {
     fn block_hash<'py>(
         &self,
         py: Python<'py>,
-        block_id: i64,
+        block_id: &Bound<'py, PyAny>,
     ) -> PyResult<Option<(Bound<'py, PyBytes>, u32)>> {
-        let b = self.block_id(block_id)?;
+        let b = self.block_id(block_id_arg(block_id)?)?;
         Ok(self
             .inner
             .pool()
@@ -452,8 +473,8 @@ impl NativeManager {
     }
 
     /// Which of the given blocks carry no cached hash.
-    fn unhashed(&self, block_ids: Vec<i64>) -> PyResult<Vec<bool>> {
-        block_ids
+    fn unhashed(&self, block_ids: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
+        int_list("block_ids", block_ids, false)?
             .into_iter()
             .map(|b| Ok(self.inner.pool().block_hash(self.block_id(b)?).is_none()))
             .collect()
@@ -461,12 +482,21 @@ impl NativeManager {
 
     /// vLLM's `block_pool.get_cached_block`, as ids: the earliest cached
     /// block of `block_hash` in each group, or None on any miss (reads only).
-    fn cached_block_ids(&self, block_hash: &[u8], group_ids: Vec<u32>) -> Option<Vec<u32>> {
+    fn cached_block_ids(
+        &self,
+        block_hash: &[u8],
+        group_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<Vec<u32>>> {
+        let group_ids = int_list("kv_cache_group_ids", group_ids, true)?
+            .into_iter()
+            .map(|g| u32_arg("kv_cache_group_ids", g))
+            .collect::<PyResult<Vec<u32>>>()?;
         let mut out = Vec::with_capacity(group_ids.len());
-        self.inner
+        Ok(self
+            .inner
             .pool()
             .get_cached_block(block_hash, &group_ids, &mut out)
-            .then_some(out)
+            .then_some(out))
     }
 
     /// Number of (block hash, group) keys in the prefix cache.
@@ -491,8 +521,11 @@ impl NativeManager {
 
     /// A free block's (previous, next) free-queue neighbours (None at the
     /// queue's ends), or None if the block is not free.
-    fn free_queue_neighbors(&self, block_id: i64) -> PyResult<Option<(Option<u32>, Option<u32>)>> {
-        let b = self.block_id(block_id)?;
+    fn free_queue_neighbors(
+        &self,
+        block_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<(Option<u32>, Option<u32>)>> {
+        let b = self.block_id(block_id_arg(block_id)?)?;
         Ok(self.inner.pool().free_queue_neighbors(b))
     }
 

@@ -416,13 +416,28 @@ impl SingleTypeManager {
         }
     }
 
-    /// Leading blocks held by every request that has an entry in this group.
-    pub fn get_num_common_prefix_blocks(&mut self, pool: &BlockPool, slot: ReqSlot) -> usize {
+    /// The `req_to_blocks` entry vLLM makes for a common-prefix question
+    /// (false: types whose tables share no prefix make none).
+    pub(crate) fn note_common_prefix_entry(&mut self, slot: ReqSlot) -> bool {
         if !self.attn.shares_prefix() {
-            return 0;
+            return false;
         }
         self.records.with_table(slot);
-        let holders = self.records.num_block_entries as i64;
+        true
+    }
+
+    /// Leading blocks held by every request that has an entry in this group;
+    /// `ghosts`: entries vLLM holds beyond this manager's requests.
+    pub fn get_num_common_prefix_blocks(
+        &mut self,
+        pool: &BlockPool,
+        slot: ReqSlot,
+        ghosts: usize,
+    ) -> usize {
+        if !self.note_common_prefix_entry(slot) {
+            return 0;
+        }
+        let holders = (self.records.num_block_entries + ghosts) as i64;
         self.blocks(slot)
             .iter()
             .take_while(|&&b| i64::from(pool.ref_cnt(b)) == holders)

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use super::{AllocateArgs, KvCacheManager, NO_BLOCKS};
+use super::{admission_check, AllocateArgs, KvCacheManager, NO_BLOCKS};
 use crate::error::{invalid, CoreResult};
 use crate::hashes::HashUpdate;
 use crate::new_blocks::NewBlocks;
@@ -88,13 +88,10 @@ impl KvCacheManager {
         args: &AllocateArgs,
         update: Option<&HashUpdate>,
     ) -> CoreResult<()> {
-        if args.num_new_tokens == 0 && args.num_external_computed_tokens == 0 {
-            return invalid(
-                "num_new_tokens must be greater than 0 when there are no external computed tokens",
-            );
-        }
+        admission_check::check_counts(self, slot, request_id, args)?;
         let have = self.hashes_after_at(slot, request_id, update)?;
         self.check_new_computed(slot, args)?;
+        admission_check::check_computed_blocks(self, slot, request_id, args, update)?;
         let new_computed = self.new_computed_or_empty(args);
         let new_computed: &[Vec<BlockId>] = &new_computed;
         let adds_computed =

@@ -80,6 +80,12 @@ impl KvCacheManager {
         }
         let mut rows = Vec::new();
         let mut updates = Vec::with_capacity(request_ids.len());
+        if let Some(i) = num_accepted.iter().position(|&a| a < 0) {
+            return invalid(format!(
+                "num_accepted[{i}] must be >= 0, got {}",
+                num_accepted[i]
+            ));
+        }
         for (i, (rid, &a)) in request_ids.iter().zip(num_accepted).enumerate() {
             let (slot, r) = self.plan_request(rid)?;
             updates.push((slot, pre_rows(i, &r, a, block_size, &mut rows)?));

@@ -2,6 +2,7 @@
 //! The facade reads the request object and passes its numbers; this type
 //! owns every decision. Arguments are checked before anything changes.
 
+mod admission_check;
 mod allocate;
 mod batch;
 mod decode;
@@ -86,6 +87,13 @@ pub struct KvCacheManager {
     // Some group is Mamba align (the copy planner tracks requests then).
     has_align_groups: bool,
     reqs: RequestRegistry,
+    /// Ids vLLM's `req_to_blocks` (a defaultdict) holds an empty entry for
+    /// after `get_num_common_prefix_blocks` asked about them, where this
+    /// manager keeps no record (see `admission_check::ghost_entry`).
+    ghost_entries: Vec<String>,
+    /// Some group sizes a request's table from its computed tokens (see
+    /// `admission_check::check_computed_held`).
+    sizes_from_computed: bool,
 }
 
 impl KvCacheManager {
@@ -102,6 +110,7 @@ impl KvCacheManager {
         if cfg.max_model_len == 0 {
             return invalid("max_model_len must be > 0");
         }
+        admission_check::check_config(&cfg)?;
         let pool = BlockPool::new(
             cfg.num_blocks,
             cfg.enable_caching,
@@ -117,6 +126,7 @@ impl KvCacheManager {
         )?;
         let has_align_groups = coord.managers.iter().any(|m| m.is_mamba_align());
         Ok(KvCacheManager {
+            sizes_from_computed: admission_check::sizes_from_computed(&coord),
             coord,
             stats: LookupStats::default(),
             log_stats: false,
@@ -126,6 +136,7 @@ impl KvCacheManager {
             profile: cfg.profile,
             has_align_groups,
             reqs: RequestRegistry::default(),
+            ghost_entries: Vec::new(),
         })
     }
 
@@ -151,7 +162,9 @@ impl KvCacheManager {
     }
 
     fn slot_or_insert(&mut self, request_id: &str) -> ReqSlot {
-        self.reqs.slot_or_insert(request_id)
+        let slot = self.reqs.slot_or_insert(request_id);
+        admission_check::adopt_ghost_entry(self, request_id, slot);
+        slot
     }
 
     fn hashes(&self, slot: ReqSlot) -> &HashList {
@@ -206,6 +219,10 @@ impl KvCacheManager {
                 "request {request_id:?}: hashes sent from index {}, but only {known} are known",
                 u.offset
             )),
+            Some(u) if u.offset < known => {
+                admission_check::check_resend(self, slot, request_id, u)?;
+                Ok(u.offset + u.hashes.len())
+            }
             Some(u) => Ok(u.offset + u.hashes.len()),
         }
     }
@@ -299,6 +316,8 @@ impl KvCacheManager {
             self.coord.free(slot);
             self.planner.forget(slot);
             self.drop_slot(slot);
+        } else {
+            self.ghost_entries.retain(|g| g != request_id);
         }
     }
 
@@ -362,9 +381,12 @@ impl KvCacheManager {
         {
             return vec![0; self.num_groups()];
         }
-        // vLLM's defaultdict gives an unknown id an (empty) entry.
-        let slot = self.slot_or_insert(request_id);
-        self.coord.get_num_common_prefix_blocks(slot)
+        match self.slot(request_id) {
+            Some(slot) => self
+                .coord
+                .get_num_common_prefix_blocks(slot, self.ghost_entries.len()),
+            None => admission_check::ghost_entry(self, request_id),
+        }
     }
 
     pub fn get_block_ids(&self, request_id: &str) -> Vec<Vec<BlockId>> {
