@@ -263,7 +263,7 @@ fn run_requests<'py>(
     let n = requests.len();
     let mut items = Vec::with_capacity(n);
     // Pass 1: read and check; only the id cache changes.
-    let mut seen_slots = std::collections::HashSet::new();
+    state.batch.start(state.inner.slot_capacity());
     let mut new_ids: Vec<String> = Vec::new();
     for (i, request) in requests.iter().enumerate() {
         let at =
@@ -289,7 +289,7 @@ fn run_requests<'py>(
         };
         let slot = state.lookup_id(&rid)?;
         let twice = match slot {
-            Some(s) => !seen_slots.insert(s),
+            Some(s) => !state.batch.mark(s),
             None => {
                 let id = rid.to_str()?;
                 let seen = new_ids.iter().any(|x| x == id);

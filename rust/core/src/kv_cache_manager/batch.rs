@@ -25,8 +25,9 @@ pub struct BatchScratch {
 }
 
 impl BatchScratch {
-    /// Starts a batch over slots below `capacity`: earlier marks lapse.
-    fn start(&mut self, capacity: usize) {
+    /// Starts a batch over slots below `capacity`: earlier marks lapse
+    /// (the binding's request-object batch checks duplicates with it too).
+    pub fn start(&mut self, capacity: usize) {
         self.epoch = self.epoch.wrapping_add(1);
         if self.epoch == 0 {
             self.seen.fill(0);
@@ -38,7 +39,7 @@ impl BatchScratch {
     }
 
     /// Marks `slot`; false if this batch marked it already.
-    fn mark(&mut self, slot: ReqSlot) -> bool {
+    pub fn mark(&mut self, slot: ReqSlot) -> bool {
         std::mem::replace(&mut self.seen[slot as usize], self.epoch) != self.epoch
     }
 }
