@@ -233,7 +233,8 @@ class World:
     def doctored(self, base: Any) -> Any:
         """A copy of a request with one hostile attribute."""
         r = self.rng
-        x = self.Request(base.request_id, list(base.all_token_ids), BS)
+        # Deliberately ill-typed attributes: Any, so mypy lets them through.
+        x: Any = self.Request(base.request_id, list(base.all_token_ids), BS)
         x.num_computed_tokens = base.num_computed_tokens
         what = r.choice(["num_computed_tokens", "request_id", "block_hashes", "block_hashes_short"])
         if what == "num_computed_tokens":
@@ -371,7 +372,7 @@ class World:
 
         r, c = self.rng, self.count
         num_blocks = r.choice([NUM_BLOCKS, c()])
-        groups = r.choice([_groups(self.config), [], [object()], None, "g"])
+        groups: Any = r.choice([_groups(self.config), [], [object()], None, "g"])
         args = [r.choice([MAX_LEN, c()]), r.choice([BS, c()]), r.choice([BS, c()])]
         kw = {k: c() for k in r.sample(["max_num_batched_tokens", "enable_caching", "use_eagle", "log_stats"],
                                        r.randint(0, 2))}
@@ -449,7 +450,8 @@ def run_in_subprocess(config: str, seed: int, calls: int, timeout: float = 300) 
     env = dict(os.environ, PYTHONFAULTHANDLER="0")
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-        out, rc = p.stdout, p.returncode
+        out = p.stdout
+        rc: int | str = p.returncode  # or "timeout" below
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         rc = "timeout"
