@@ -12,6 +12,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "python" / "hybridcache"
 # The command-line tools' modules are documented by their --help.
 TOOLS = {"replay.py", "bench.py", "bench_batched.py", "bench_report.py", "fuzz.py", "step_bench.py", "step_floor.py",
+         "step_profile.py",
          "hostile_fuzz.py"}
 MODULES = sorted(p for p in PKG.glob("*.py") if p.name not in TOOLS)
 MIN_LEN = 20

@@ -419,115 +419,6 @@ def timed_run(cfg: StepConfig, variants: Sequence[str] = VARIANTS) -> dict[str, 
 
 
 # --------------------------------------------------------------------------
-# Where the step goes (a profiled pass, not timed)
-
-
-class _Stopwatch:
-    def __init__(self) -> None:
-        self.ns = 0
-        self.calls = 0
-        self.on = False
-
-
-def _timed_callable(fn: Callable[..., Any], watch: _Stopwatch) -> Callable[..., Any]:
-    clock = time.perf_counter_ns
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        t0 = clock()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            if watch.on:
-                watch.ns += clock() - t0
-                watch.calls += 1
-
-    return timed
-
-
-def _stopwatch_overhead_ns() -> tuple[float, float]:
-    """What one stopwatch adds to a call: inside what it measures, and in all
-    (the wrapper, the clock reads), so the shares can leave it out."""
-    watch = _Stopwatch()
-    watch.on = True
-    timed = _timed_callable(_noop, watch)
-    clock = time.perf_counter_ns
-    inner = full = float("inf")
-    for _ in range(5):
-        t0 = clock()
-        for _ in range(2000):
-            _noop()
-        bare = clock() - t0
-        watch.ns = 0
-        t0 = clock()
-        for _ in range(2000):
-            timed()
-        wrapped = clock() - t0
-        inner = min(inner, (watch.ns - bare) / 2000)
-        full = min(full, (wrapped - bare) / 2000)
-    return max(inner, 0.0), max(full, 0.0)
-
-
-def _noop(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
-class _TimedManager:
-    """Forwards to the manager; the time inside its calls goes to a stopwatch."""
-
-    def __init__(self, inner: Any, watch: _Stopwatch) -> None:
-        object.__setattr__(self, "_inner", inner)
-        object.__setattr__(self, "_watch", watch)
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._inner, name)
-        if callable(attr) and not name.startswith("__"):
-            attr = _timed_callable(attr, self._watch)
-            object.__setattr__(self, name, attr)  # wrap once
-        return attr
-
-    @property
-    def usage(self) -> Any:
-        return self._inner.usage
-
-
-def profile_shares(cfg: StepConfig, variants: Sequence[str] = ("hybridcache", "hc+native")) -> dict[str, dict[str, float]]:
-    """Share of each variant's step in the manager, in request block hashing
-    and in the rest (vLLM's scheduler), from stopwatches around the manager's
-    calls and the request block hasher."""
-    watches = {v: (_Stopwatch(), _Stopwatch()) for v in variants}
-
-    def wrap(v: str, s: Any) -> None:
-        s.kv_cache_manager = _TimedManager(s.kv_cache_manager, watches[v][0])
-
-    run = Lockstep(cfg, variants, wrap=wrap)
-    for v in variants:
-        run.hashers[v] = _timed_callable(run.hashers[v], watches[v][1])
-    steps = max(20, cfg.steps // 3)
-    total = {v: 0 for v in variants}
-    for i in range(cfg.warmup + steps):
-        measuring = i >= cfg.warmup
-        for m, h in watches.values():
-            m.on = h.on = measuring
-        ns = run.step(i)
-        if measuring:
-            for v in variants:
-                total[v] += ns[v]
-    inner, full = _stopwatch_overhead_ns()
-    shares = {}
-    for v in variants:
-        m, h = watches[v]
-        # The hasher runs inside update_from_output, never inside a manager
-        # call. Each stopwatch's own cost is taken out of what it measured
-        # and out of the step (the wrapper around it is not the scheduler's).
-        manager = max(m.ns - m.calls * inner, 0.0)
-        hashing = max(h.ns - h.calls * inner, 0.0)
-        step = total[v] - (m.calls + h.calls) * full
-        shares[v] = {"manager": manager / step, "hashing": hashing / step,
-                     "scheduler": 1 - (manager + hashing) / step}
-    return shares
-
-
-# --------------------------------------------------------------------------
 # The command
 
 
@@ -550,6 +441,8 @@ def run_config(cfg: StepConfig, profile: bool = True) -> dict[str, Any]:
         "hc+native/floor": p50["hc+native"] / p50["floor"],
     }
     if profile:
+        from hybridcache.step_profile import profile_shares
+
         row["shares"] = profile_shares(cfg)
     return row
 
