@@ -61,18 +61,18 @@ def test_constructor_parameters_match() -> None:
     assert not new.args.defaults and not new.args.kwonlyargs  # all required, as in lib.rs
 
 
-def test_group_tuple_arity_matches_the_facade() -> None:
-    """The stub's `_GroupArg` has as many fields as the facade sends per group."""
+def test_group_record_fields_match_the_facade() -> None:
+    """The stub's `_GroupArg` protocol names exactly the fields of the record
+    the facade sends per group (`NativeGroup`), and the core accepts it."""
+    import dataclasses
+
     from hybridcache import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from hybridcache.config import read_groups
+    from hybridcache.config import NativeGroup, read_groups
 
     tree = ast.parse(STUB.read_text())
-    alias = next(
-        n for n in tree.body
-        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id == "_GroupArg"
-    )
-    assert isinstance(alias.value, ast.Subscript) and isinstance(alias.value.slice, ast.Tuple)
-    arity = len(alias.value.slice.elts)
+    proto = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_GroupArg")
+    stub_fields = [f.name for f in proto.body if isinstance(f, ast.FunctionDef)]
+    assert stub_fields == [f.name for f in dataclasses.fields(NativeGroup)]
     cfg = KVCacheConfig(4, [], [KVCacheGroupSpec(["l"], FullAttentionSpec(block_size=4))])
     (group,) = read_groups(cfg, 64, 64)
-    assert len(group.native) == arity
+    assert isinstance(group.native, NativeGroup) and group.native.kind == "full_attention"

@@ -24,13 +24,28 @@ _RemovedEvent: TypeAlias = tuple[Literal["removed"], bytes, int]
 _ClearedEvent: TypeAlias = tuple[Literal["cleared"]]
 _RawEvent: TypeAlias = _StoredEvent | _RemovedEvent | _ClearedEvent
 
-# (kind, block_size, is_eagle_group, reports_new_block_ids, spec_class,
-#  admission_cap, window_or_chunk, mamba_cache_mode, num_speculative_blocks).
-# kind: "full_attention", "sliding_window", "chunked_local", "cross_attention"
-# or "mamba" (any other raises NotImplementedError); window_or_chunk is the
-# sliding window / attention chunk size (ignored by other kinds);
-# mamba_cache_mode: "none", "all" or "align" (read for "mamba" only).
-_GroupArg: TypeAlias = tuple[str, int, bool, bool, int, int | None, int, str, int]
+class _GroupArg(Protocol):
+    """One KV-cache group (`hybridcache.config.NativeGroup`), read by
+    attribute name; the fields are documented there."""
+
+    @property
+    def kind(self) -> Literal["full_attention", "sliding_window", "chunked_local", "cross_attention", "mamba"]: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def is_eagle_group(self) -> bool: ...
+    @property
+    def reports_new_block_ids(self) -> bool: ...
+    @property
+    def spec_class(self) -> int: ...
+    @property
+    def admission_cap(self) -> int | None: ...
+    @property
+    def window_or_chunk(self) -> int: ...
+    @property
+    def mamba_cache_mode(self) -> Literal["none", "all", "align"]: ...
+    @property
+    def num_speculative_blocks(self) -> int: ...
 
 class _Request(Protocol):
     """What the manager reads of a request: vLLM 0.23.0's `Request` and

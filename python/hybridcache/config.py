@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, cast
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -221,13 +221,40 @@ _SPEC_KINDS: dict[str, tuple[str | None, str]] = {
 _REPORTS_NEW_BLOCK_IDS = frozenset({"FullAttentionSpec", "TQFullAttentionSpec", "MLAAttentionSpec"})
 
 
+NativeKind = Literal["full_attention", "sliding_window", "chunked_local", "cross_attention", "mamba"]
+MambaCacheMode = Literal["none", "all", "align"]
+
+
+@dataclass(frozen=True)
+class NativeGroup:
+    """One KV-cache group as the native core takes it (`_GroupArg` in
+    _native.pyi; the binding reads these attributes by name).
+
+    kind: "full_attention", "sliding_window", "chunked_local",
+    "cross_attention" or "mamba" (any other raises NotImplementedError);
+    spec_class: index of the first group with an equal spec (looked up
+    together, as vLLM does); admission_cap: the spec's per-request block cap
+    (sliding window, chunked local), else None; window_or_chunk: the sliding
+    window or attention chunk size (ignored by other kinds);
+    mamba_cache_mode: "none", "all" or "align" (read for "mamba" only)."""
+
+    kind: NativeKind
+    block_size: int
+    is_eagle_group: bool
+    reports_new_block_ids: bool
+    spec_class: int
+    admission_cap: int | None
+    window_or_chunk: int
+    mamba_cache_mode: MambaCacheMode
+    num_speculative_blocks: int
+
+
 @dataclass(frozen=True)
 class GroupInfo:
-    """What the facade keeps per group (internal): the tuple the native core
-    takes (see `_GroupArg` in _native.pyi), the KV-event spec kind and the
-    sliding window reported in events."""
+    """What the facade keeps per group (internal): the record the native core
+    takes, the KV-event spec kind and the sliding window reported in events."""
 
-    native: tuple[str, int, bool, bool, int, int | None, int, str, int]
+    native: NativeGroup
     event_kind: str
     sliding_window: int | None
 
@@ -264,7 +291,7 @@ def _admission_cap(spec: Any, kind: str, max_num_batched_tokens: int, max_model_
     return _cdiv(min(int(spec.attention_chunk_size) + max_num_batched_tokens, max_model_len), int(spec.block_size))
 
 
-def _native_group(spec: Any, kind: str, index: int, spec_class: int, is_eagle: bool, cap: int | None) -> tuple:
+def _native_group(spec: Any, kind: str, index: int, spec_class: int, is_eagle: bool, cap: int | None) -> NativeGroup:
     block_size = _int_field(spec, "block_size", index)
     param, mode, num_spec = 0, "none", 0
     if kind == "sliding_window":
@@ -277,7 +304,10 @@ def _native_group(spec: Any, kind: str, index: int, spec_class: int, is_eagle: b
             raise ValueError(f"kv_cache_groups[{index}].kv_cache_spec.mamba_cache_mode must be none/all/align, got {mode!r}")
         num_spec = _int_field(spec, "num_speculative_blocks", index, minimum=0)
     reports_new = type(spec).__name__ in _REPORTS_NEW_BLOCK_IDS
-    return (kind, block_size, is_eagle, reports_new, spec_class, cap, param, mode, num_spec)
+    return NativeGroup(kind=cast(NativeKind, kind), block_size=block_size, is_eagle_group=is_eagle,
+                       reports_new_block_ids=reports_new, spec_class=spec_class, admission_cap=cap,
+                       window_or_chunk=param, mamba_cache_mode=cast(MambaCacheMode, mode),
+                       num_speculative_blocks=num_spec)
 
 
 def read_groups(kv_cache_config: Any, max_num_batched_tokens: int, max_model_len: int) -> list[GroupInfo]:
@@ -321,7 +351,7 @@ def check_retention_interval(groups: list[GroupInfo]) -> None:
     sliding-window group; with one it is not implemented here yet."""
     if os.environ.get("VLLM_PREFIX_CACHE_RETENTION_INTERVAL") is None:
         return
-    if not any(g.native[0] == "sliding_window" for g in groups):
+    if not any(g.native.kind == "sliding_window" for g in groups):
         raise ValueError(
             "VLLM_PREFIX_CACHE_RETENTION_INTERVAL is set but this model has no "
             "sliding-window KV cache group, so retention has no effect. Unset it "

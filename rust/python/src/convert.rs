@@ -136,20 +136,33 @@ pub fn type_name(v: &Bound<'_, PyAny>) -> String {
 /// One group as the facade describes it: (kind, block_size, is_eagle_group,
 /// reports_new_block_ids, spec_class, admission_cap, window_or_chunk,
 /// mamba_cache_mode, num_speculative_blocks).
-pub type GroupTuple = (String, i64, bool, bool, i64, Option<i64>, i64, String, i64);
+/// One KV-cache group as the facade sends it: `hybridcache.config.NativeGroup`
+/// (a frozen dataclass), read attribute by attribute.
+#[derive(FromPyObject)]
+pub struct GroupRecord {
+    kind: String,
+    block_size: i64,
+    is_eagle_group: bool,
+    reports_new_block_ids: bool,
+    spec_class: i64,
+    admission_cap: Option<i64>,
+    window_or_chunk: i64,
+    mamba_cache_mode: String,
+    num_speculative_blocks: i64,
+}
 
-pub fn parse_group(i: usize, g: GroupTuple) -> PyResult<GroupSpec> {
-    let (
+pub fn parse_group(i: usize, g: GroupRecord) -> PyResult<GroupSpec> {
+    let GroupRecord {
         kind,
         block_size,
         is_eagle_group,
         reports_new_block_ids,
         spec_class,
-        cap,
-        param,
-        mode,
-        num_spec,
-    ) = g;
+        admission_cap: cap,
+        window_or_chunk: param,
+        mamba_cache_mode: mode,
+        num_speculative_blocks: num_spec,
+    } = g;
     let field = |f: &str| format!("kv_cache_groups[{i}].{f}");
     let kind = match kind.as_str() {
         "full_attention" => SpecKind::FullAttention,

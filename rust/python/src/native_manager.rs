@@ -11,7 +11,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use crate::convert::{
     self, block_id_arg, block_ids, count_obj, guard, ids_tuple, int_list, parse_group, to_py_err,
-    u32_arg, GroupTuple,
+    u32_arg, GroupRecord,
 };
 use crate::{allocate_params, batch, lookup, request_id};
 
@@ -54,7 +54,7 @@ impl NativeManager {
         enable_events: bool,
         profile: &str,
     ) -> PyResult<Self> {
-        let groups: Vec<GroupTuple> = groups.extract().map_err(|e| {
+        let groups: Vec<GroupRecord> = groups.extract().map_err(|e| {
             if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(groups.py()) {
                 PyValueError::new_err(format!("kv_cache_groups: a size is out of range ({e})"))
             } else {
