@@ -375,10 +375,11 @@ class Lockstep:
                 if norm_engine(engine[v]) != want_e:
                     raise Diverged(f"step {i}: {v}'s engine outputs differ from {ref_v}'s")
         if drafts is not None:
-            live = [rid for rid in drafts.req_ids if rid in ref.requests]
+            # Drafts of requests that finished in this update are dropped.
+            live = [(rid, d) for rid, d in zip(drafts.req_ids, drafts.draft_token_ids) if rid in ref.requests]
             for v in order:
-                d = DraftTokenIds(list(live), [list(drafts.draft_token_ids[drafts.req_ids.index(r)]) for r in live])
-                self.scheds[v].update_draft_token_ids(d)
+                self.scheds[v].update_draft_token_ids(
+                    DraftTokenIds([rid for rid, _ in live], [list(d) for _, d in live]))
         return ns
 
 
@@ -454,8 +455,9 @@ def configs(quick: bool, running: Sequence[int] | None = None, layouts: Sequence
     out = []
     for layout in layouts or LAYOUTS:
         for r in running:
-            avg_prompt = (StepConfig(layout, r).prompt_len[0] + StepConfig(layout, r).prompt_len[1]) // 2
             probe = StepConfig(layout, r)
+            # Enough steps to prefill the whole running set, then some.
+            avg_prompt = sum(probe.prompt_len) // 2
             warmup = -(-r * avg_prompt // probe.max_num_batched_tokens) + 20
             out.append(StepConfig(layout, r, steps=n, warmup=warmup))
     return out

@@ -6,11 +6,11 @@
 //! no-op decode (most decode steps) sizes nothing and never gets here.
 
 use super::{AllocateArgs, KvCacheManager, ManagerConfig};
+use crate::attention::Attention;
 use crate::block_pool::NULL_BLOCK;
 use crate::coordinator::Coordinator;
 use crate::error::{invalid, CoreResult};
 use crate::hashes::{HashList, HashUpdate};
-use crate::spec::{MambaMode, SpecKind};
 use crate::{BlockId, ReqSlot};
 
 /// The most blocks a pool may have: its bookkeeping (about 24 bytes a
@@ -104,20 +104,13 @@ fn count_error(max: usize, request_id: &str, args: &AllocateArgs) -> CoreResult<
 /// out of pool blocks in mid-allocation then). Full attention and Mamba
 /// align count what they allocate; cross-attention tables hold encoder
 /// tokens.
-fn skips_to_computed(kind: &SpecKind) -> bool {
-    match kind {
-        SpecKind::SlidingWindow { .. } | SpecKind::ChunkedLocal { .. } => true,
-        SpecKind::Mamba { mode, .. } => *mode != MambaMode::Align,
-        SpecKind::FullAttention | SpecKind::CrossAttention => false,
-    }
+fn skips_to_computed(attn: &Attention) -> bool {
+    attn.has_window() && attn.align().is_none()
 }
 
 /// Whether any group of `coord` is one `skips_to_computed`.
 pub(crate) fn sizes_from_computed(coord: &Coordinator) -> bool {
-    coord
-        .managers
-        .iter()
-        .any(|m| skips_to_computed(&m.spec.kind))
+    coord.managers.iter().any(|m| skips_to_computed(&m.attn))
 }
 
 /// The request's computed tokens lie in its blocks, in every group that
@@ -134,7 +127,7 @@ fn check_computed_held(
         return Ok(());
     }
     for sm in &m.coord.managers {
-        if !skips_to_computed(&sm.spec.kind) {
+        if !skips_to_computed(&sm.attn) {
             continue;
         }
         let held = slot.map_or(0, |s| sm.blocks(s).len()) * sm.block_size as usize;
@@ -221,10 +214,8 @@ pub(crate) fn check_computed_blocks(
                 args.num_new_computed_tokens
             ));
         }
-        let may_skip = matches!(
-            sm.spec.kind,
-            SpecKind::SlidingWindow { .. } | SpecKind::ChunkedLocal { .. } | SpecKind::Mamba { .. }
-        );
+        // Null blocks stand for blocks outside a window.
+        let may_skip = sm.attn.has_window();
         let scale = (bs / hash_block_size).max(1);
         for (i, &b) in blocks.iter().enumerate() {
             if b == NULL_BLOCK {
@@ -334,7 +325,8 @@ impl RequestHashes<'_> {
 /// later answers, until the id is freed or gets a record.
 pub(crate) fn ghost_entry(m: &mut KvCacheManager, request_id: &str) -> Vec<usize> {
     let n = m.num_groups();
-    let full = m.coord.managers.iter().any(|g| g.spec.is_full_attention());
+    // Only groups whose tables share a prefix note such an entry.
+    let full = m.coord.managers.iter().any(|g| g.attn.shares_prefix());
     if full && !m.ghost_entries.iter().any(|g| g == request_id) {
         m.ghost_entries.push(request_id.to_owned());
     }
