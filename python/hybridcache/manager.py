@@ -131,7 +131,26 @@ class KVCacheManager(_native.NativeManager):
             raise ValueError(f"max_num_batched_tokens must be > 0, got {max_num_batched_tokens}")
         groups = read_groups(kv_cache_config, max_num_batched_tokens, max_model_len)
         check_retention_interval(groups)
-        self = cast("KVCacheManager", super().__new__(
+        return cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
+                          enable_caching, use_eagle, log_stats, enable_kv_cache_events, PROFILE)
+
+    @classmethod
+    def _build(
+        cls,
+        kv_cache_config: Any,
+        groups: list[Any],
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        enable_caching: bool,
+        use_eagle: bool,
+        log_stats: bool,
+        enable_kv_cache_events: bool,
+        release: str,
+    ) -> Any:
+        """The native manager of `release`'s semantics over `groups`, with
+        the Python side every release's facade shares."""
+        self = cast("KVCacheManager", _native.NativeManager.__new__(
             cls,
             read_num_blocks(kv_cache_config),
             [g.native for g in groups],
@@ -141,7 +160,7 @@ class KVCacheManager(_native.NativeManager):
             bool(enable_caching),
             bool(use_eagle),
             bool(enable_kv_cache_events),
-            PROFILE,
+            release,
         ))
         self._init_python_side(
             kv_cache_config, groups, max_model_len, enable_caching, use_eagle, log_stats, enable_kv_cache_events
@@ -172,7 +191,7 @@ class KVCacheManager(_native.NativeManager):
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = len(groups)
         self._events: list[Any] = []
-        builder = EventBuilder([(g.event_kind, g.sliding_window) for g in groups]) if enable_kv_cache_events else None
+        builder = self._event_builder_for(groups) if enable_kv_cache_events else None
         self._event_builder: Any = builder
         self._stats_cls: Any = prefix_cache_stats_class() if self.log_stats else None
         # Not bound to this manager: the native side holds it, and a
@@ -184,6 +203,10 @@ class KVCacheManager(_native.NativeManager):
         self.allocate_slots = self._bound_allocate_slots()  # type: ignore[method-assign]
         self.block_pool = BlockPoolView(self)
         self.coordinator = CoordinatorView(self)
+
+    def _event_builder_for(self, groups: list[Any]) -> Any:
+        """The builder of this release's KV event objects."""
+        return EventBuilder([(g.event_kind, g.sliding_window) for g in groups])
 
     @property
     def _native(self) -> KVCacheManager:

@@ -44,6 +44,9 @@ pub struct BlockPool {
     enable_events: bool,
     hash_block_size: u32,
     events: Vec<PoolEvent>,
+    /// The null block's count moves with touches and frees (0.23.0); later
+    /// releases skip the null block in both.
+    null_ref_counted: bool,
 }
 
 /// Room for `n` more ids in a block table (or a list of ids handed out).
@@ -62,6 +65,7 @@ impl BlockPool {
         enable_caching: bool,
         hash_block_size: u32,
         enable_events: bool,
+        null_ref_counted: bool,
     ) -> CoreResult<Self> {
         if num_blocks == 0 {
             return invalid("num_blocks must be > 0");
@@ -82,6 +86,7 @@ impl BlockPool {
             enable_events,
             hash_block_size,
             events: Vec::new(),
+            null_ref_counted,
         })
     }
 
@@ -217,7 +222,11 @@ impl BlockPool {
     /// count the new holder.
     pub fn touch(&mut self, blocks: &[BlockId]) {
         for &b in blocks {
-            if self.meta[b as usize].ref_cnt == 0 && b != NULL_BLOCK {
+            if b == NULL_BLOCK {
+                self.meta[0].ref_cnt += i32::from(self.null_ref_counted);
+                continue;
+            }
+            if self.meta[b as usize].ref_cnt == 0 {
                 self.queue.remove(b);
             }
             self.meta[b as usize].ref_cnt += 1;
@@ -234,7 +243,9 @@ impl BlockPool {
         // All counts drop before any block joins the queue (a block listed
         // twice joins it twice, as in vLLM).
         for b in blocks.clone() {
-            self.meta[b as usize].ref_cnt -= 1;
+            if b != NULL_BLOCK || self.null_ref_counted {
+                self.meta[b as usize].ref_cnt -= 1;
+            }
         }
         let freed = blocks
             .into_iter()
@@ -247,6 +258,36 @@ impl BlockPool {
             for b in freed {
                 self.queue.append(b);
             }
+        }
+    }
+
+    /// vLLM 0.28+'s `free_blocks`: drops one reference from each block in
+    /// eviction order; of those reaching zero, blocks without a hash (every
+    /// block when caching is off) join the front in that order, to be
+    /// reused first, and cached ones the back (LRU). Null entries are
+    /// skipped.
+    pub fn free_blocks_split(&mut self, blocks: impl IntoIterator<Item = BlockId>) {
+        let mut first: SmallVec<[BlockId; 16]> = SmallVec::new();
+        let mut last: SmallVec<[BlockId; 16]> = SmallVec::new();
+        for b in blocks {
+            if b == NULL_BLOCK {
+                continue;
+            }
+            let m = &mut self.meta[b as usize];
+            m.ref_cnt -= 1;
+            if m.ref_cnt == 0 {
+                if m.entry == NO_ENTRY || !self.enable_caching {
+                    first.push(b);
+                } else {
+                    last.push(b);
+                }
+            }
+        }
+        if !first.is_empty() {
+            self.queue.prepend_n(&first);
+        }
+        for b in last {
+            self.queue.append(b);
         }
     }
 
@@ -422,7 +463,7 @@ mod tests {
     use std::borrow::Cow;
 
     fn pool(n: u32, events: bool) -> BlockPool {
-        BlockPool::new(n, true, 4, events).unwrap()
+        BlockPool::new(n, true, 4, events, true).unwrap()
     }
 
     fn new_blocks(p: &mut BlockPool, n: usize) -> Vec<u32> {
@@ -437,7 +478,7 @@ mod tests {
         assert_eq!(p.num_free_blocks(), 3);
         assert!(!p.is_free(NULL_BLOCK));
         assert_eq!(p.usage(), 0.0);
-        assert!(BlockPool::new(0, true, 4, false).is_err());
+        assert!(BlockPool::new(0, true, 4, false, true).is_err());
         p.check_invariants().unwrap();
     }
 

@@ -313,6 +313,15 @@ impl Coordinator {
         }
     }
 
+    /// Every group's popped table, group by group (`pop_blocks_for_free`).
+    pub fn pop_blocks(&mut self, slot: ReqSlot) -> Vec<BlockId> {
+        let mut out = Vec::new();
+        for m in self.managers.iter_mut() {
+            out.extend(m.pop_blocks(slot));
+        }
+        out
+    }
+
     /// `ghosts`: entries vLLM holds beyond this manager's requests.
     pub fn get_num_common_prefix_blocks(&mut self, slot: ReqSlot, ghosts: usize) -> Vec<usize> {
         match self.kind {

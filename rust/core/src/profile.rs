@@ -1,7 +1,7 @@
 //! Behaviour profiles: which vLLM release's semantics a manager follows,
 //! fixed at construction (`ManagerConfig::profile`). A profile is data and
 //! small strategy choices read where the rule is decided, never a second
-//! copy of the managers. Only vLLM 0.23.0 exists today; each later release
+//! copy of the managers. vLLM 0.23.0 and 0.33.0 exist; each further release
 //! adds a constant and, where its rule is new, a variant of the flag's enum
 //! (the enums are `#[non_exhaustive]`), not a new seam.
 //!
@@ -30,6 +30,10 @@ pub enum FreePolicy {
     /// blocks leaving a window, and a sliding-window request's blocks when
     /// it is freed, go to the front (reused first) when not cached.
     AppendWindowScratchFirst,
+    /// 0.28.0 and later (0.33.0): every free goes through one rule: a block
+    /// reaching zero references joins the front (reused first, LIFO) when it
+    /// has no hash or caching is off, the back (LRU) when it is cached.
+    UnhashedOrCachingOffFirst,
 }
 
 impl FreePolicy {
@@ -38,6 +42,17 @@ impl FreePolicy {
     pub(crate) fn window_scratch_first(self) -> bool {
         match self {
             FreePolicy::AppendWindowScratchFirst => true,
+            FreePolicy::UnhashedOrCachingOffFirst => true,
+        }
+    }
+
+    /// Whether the pool itself splits every freed list by hash (0.28+), so
+    /// callers hand their blocks over in eviction order and nothing else.
+    #[inline]
+    pub(crate) fn pool_splits(self) -> bool {
+        match self {
+            FreePolicy::AppendWindowScratchFirst => false,
+            FreePolicy::UnhashedOrCachingOffFirst => true,
         }
     }
 
@@ -47,6 +62,7 @@ impl FreePolicy {
     pub(crate) fn request_scratch_first(self, type_scratch_first: bool) -> bool {
         match self {
             FreePolicy::AppendWindowScratchFirst => type_scratch_first,
+            FreePolicy::UnhashedOrCachingOffFirst => true,
         }
     }
 }
@@ -99,6 +115,9 @@ pub enum StatsPolicy {
     /// 0.23.0: `get_computed_blocks` counts each lookup it makes (not the
     /// ones `skip_reading_prefix_cache` skips), preempted ones apart.
     CountedInLookup,
+    /// 0.27.0 and later: lookups count nothing; the scheduler records each
+    /// admission (`record_prefix_cache_stats`).
+    RecordedByScheduler,
 }
 
 /// One vLLM release's behaviour, as the core's flags.
@@ -120,6 +139,9 @@ pub struct BehaviourProfile {
     /// answer zeros).
     pub common_prefix: bool,
     pub stats: StatsPolicy,
+    /// `allocate_slots` may adopt prefix-cache hits with no new token
+    /// (0.33.0); 0.23.0 needs new or external tokens.
+    pub adopt_only_steps: bool,
 }
 
 impl BehaviourProfile {
@@ -138,10 +160,34 @@ impl BehaviourProfile {
         new_block_ids: NewBlockIds::BySpec,
         common_prefix: true,
         stats: StatsPolicy::CountedInLookup,
+        adopt_only_steps: false,
+    };
+
+    /// vLLM 0.33.0 (reference §4.1's feature table, last row). Hashing's
+    /// 0.33 rules are chosen by `hashing`; partial hits (sub-block hits
+    /// with copy-on-write) are not ported yet, so the facade refuses the
+    /// configurations where 0.33.0 would use them.
+    pub const V0_33: BehaviourProfile = BehaviourProfile {
+        release: "0.33.0",
+        free_policy: FreePolicy::UnhashedOrCachingOffFirst,
+        hashing: Hashing {
+            none_hash: NoneHashMode::SeededOrRandom,
+            extra_keys: ExtraKeyMode::Plain,
+            lookahead_hash_tokens: true,
+        },
+        retention: Retention::Unbounded,
+        partial_hits: false,
+        null_block_ref_counted: false,
+        cache_cap_at_hashes: true,
+        new_block_ids: NewBlockIds::BySpec,
+        common_prefix: false,
+        stats: StatsPolicy::RecordedByScheduler,
+        adopt_only_steps: true,
     };
 
     /// Every profile, oldest release first.
-    pub const ALL: &'static [BehaviourProfile] = &[BehaviourProfile::V0_23];
+    pub const ALL: &'static [BehaviourProfile] =
+        &[BehaviourProfile::V0_23, BehaviourProfile::V0_33];
 
     /// The profile of a vLLM release ("0.23.0"; "0.23" names it too).
     pub fn for_release(release: &str) -> CoreResult<BehaviourProfile> {
@@ -187,6 +233,10 @@ mod tests {
             BehaviourProfile::for_release("0.23").unwrap(),
             BehaviourProfile::V0_23
         );
-        assert!(BehaviourProfile::for_release("0.33.0").is_err());
+        assert_eq!(
+            BehaviourProfile::for_release("0.33.0").unwrap(),
+            BehaviourProfile::V0_33
+        );
+        assert!(BehaviourProfile::for_release("0.32.0").is_err());
     }
 }

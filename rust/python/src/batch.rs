@@ -285,6 +285,8 @@ fn run_requests<'py>(
                 .as_ref()
                 .map_or(NUM_TOKENS_UNREAD, |t| t[i]),
             num_lookahead_tokens: lists.lookahead,
+            // As allocate_slots(request, n, num_lookahead_tokens=k) does.
+            watermark_blocks: state.watermark_for(&request).map_err(at)?,
             ..Default::default()
         };
         let slot = state.lookup_id(&rid)?;

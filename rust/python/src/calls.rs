@@ -24,6 +24,11 @@ pub(crate) struct AllocateSlotsArgs<'a, 'py> {
     pub(crate) num_encoder_tokens: Option<&'a Bound<'py, PyAny>>,
     pub(crate) full_sequence_must_fit: bool,
     pub(crate) reserved_blocks: Option<&'a Bound<'py, PyAny>>,
+    /// 0.33.0: some request is already scheduled this step (the watermark
+    /// applies only then); True when left out.
+    pub(crate) has_scheduled_reqs: bool,
+    /// 0.33.0: groups whose external-token blocks an async load writes.
+    pub(crate) skip_zeroing_group_ids: Option<&'a Bound<'py, PyAny>>,
 }
 
 pub(crate) fn raw_events<'py>(
@@ -80,6 +85,14 @@ impl NativeManager {
         let py = slf.py();
         let rid = request_id(request)?;
         let new_computed = Self::computed_ids(slf, opt.new_computed_blocks)?;
+        if let Some(groups) = opt.skip_zeroing_group_ids {
+            slf.borrow().check_group_ids("skip_zeroing_group_ids", groups)?;
+        }
+        let watermark_blocks = if opt.has_scheduled_reqs {
+            slf.borrow().watermark_for(request)?
+        } else {
+            0
+        };
         let args = AllocateArgs {
             num_new_tokens: count_obj("num_new_tokens", num_new_tokens)?,
             num_computed_tokens: count_obj(
@@ -101,6 +114,7 @@ impl NativeManager {
             num_encoder_tokens: opt_count("num_encoder_tokens", opt.num_encoder_tokens)?,
             full_sequence_must_fit: opt.full_sequence_must_fit,
             reserved_blocks: opt_count("reserved_blocks", opt.reserved_blocks)?,
+            watermark_blocks,
         };
         Self::allocation_result(slf, request, |this| this.allocate_one(request, &rid, args))
     }

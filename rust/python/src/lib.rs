@@ -21,6 +21,7 @@ mod calls;
 mod hasher;
 mod lookup;
 mod native_manager;
+mod release_api;
 
 use blocks::{BlockView, KVCacheBlocks};
 pub(crate) use calls::AllocateSlotsArgs;

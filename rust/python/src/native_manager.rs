@@ -35,6 +35,7 @@ pub(crate) struct NativeManager {
     // What `allocate_decode_arrays` reuses across steps.
     pub(crate) batch: BatchScratch,
     pub(crate) ids: crate::id_cache::IdCache,
+    pub(crate) watermark: crate::release_api::Watermark,
 }
 
 #[pymethods]
@@ -87,6 +88,7 @@ impl NativeManager {
             hash_buf: HashUpdate::default(),
             batch: BatchScratch::default(),
             ids: crate::id_cache::IdCache::default(),
+            watermark: Default::default(),
         })
     }
 
@@ -141,11 +143,54 @@ impl NativeManager {
     /// vLLM's `get_computed_blocks(request)`: the longest prefix-cache hit
     /// as (KVCacheBlocks, hit tokens); the request's new hashes are stored
     /// first, and the lookup is counted for prefix-cache stats.
+    /// `max_cache_hit_length` (0.33.0): the most hit tokens; default
+    /// `request.num_tokens - 1`.
+    #[pyo3(signature = (request, max_cache_hit_length=None))]
     fn get_computed_blocks<'py>(
         slf: &Bound<'py, Self>,
         request: &Bound<'py, PyAny>,
+        max_cache_hit_length: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(PyObject, usize)> {
-        lookup::computed_blocks(slf, request)
+        lookup::computed_blocks(slf, request, max_cache_hit_length)
+    }
+
+    /// The release whose semantics this manager follows ("0.23.0", ...).
+    #[getter]
+    fn release(&self) -> &'static str {
+        self.inner.profile().release
+    }
+
+    /// 0.33.0's watermark: `blocks` stay free when a request whose status
+    /// equals one of `statuses` is admitted while others are scheduled.
+    fn _set_watermark(&mut self, blocks: &Bound<'_, PyAny>, statuses: Vec<PyObject>) -> PyResult<()> {
+        self.watermark = crate::release_api::Watermark {
+            blocks: count_obj("watermark_blocks", blocks)?,
+            statuses,
+        };
+        Ok(())
+    }
+
+    /// 0.24+'s `pop_blocks_for_free(request)`, as block ids: the request is
+    /// forgotten, its blocks (table order, leading nulls left out) stay
+    /// referenced until `_free_handed_out`.
+    fn _pop_blocks_for_free(&mut self, request_id: &str) -> Vec<u32> {
+        self.pop_handed_out(request_id)
+    }
+
+    /// 0.28+'s `block_pool.free_blocks(blocks)` for blocks
+    /// `_pop_blocks_for_free` handed out (objects with `block_id`, or ids),
+    /// in eviction order; ValueError (nothing freed) for any other block.
+    fn _free_handed_out(&mut self, blocks: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.free_handed_out(blocks)
+    }
+
+    /// 0.27+'s `record_prefix_cache_stats`: one admission's lookup, counted
+    /// with `log_stats` (the caller checked the request reads the cache).
+    fn _record_admission(&mut self, num_tokens: &Bound<'_, PyAny>, num_hits: &Bound<'_, PyAny>, preempted: bool) -> PyResult<()> {
+        let t = count_obj("request.num_tokens", num_tokens)?;
+        let h = count_obj("num_hits", num_hits)?;
+        self.inner.record_admission(t, h, preempted);
+        Ok(())
     }
 
     /// Prefix-cache lookup counters since the last call, reset:

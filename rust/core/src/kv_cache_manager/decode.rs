@@ -33,6 +33,7 @@ impl KvCacheManager {
             && args.num_external_computed_tokens == 0
             && args.num_encoder_tokens == 0
             && args.reserved_blocks == 0
+            && args.watermark_blocks == 0
             && !args.full_sequence_must_fit
             && args.num_new_tokens > 0;
         if !plain {
@@ -210,7 +211,7 @@ impl KvCacheManager {
         let hashes = self.reqs.hashes(slot);
         if !self
             .coord
-            .plain_decode(slot, &c, args.reserved_blocks, hashes, out)
+            .plain_decode(slot, &c, args.reserved_blocks + args.watermark_blocks, hashes, out)
         {
             // A running request holds blocks: `release_if_idle` keeps it.
             return false;

@@ -6,6 +6,7 @@ mod admission_check;
 mod allocate;
 mod batch;
 mod decode;
+mod deferred_free;
 mod invariants;
 mod mamba_copies;
 mod stats;
@@ -58,6 +59,9 @@ pub struct AllocateArgs<'a> {
     pub num_encoder_tokens: usize,
     pub full_sequence_must_fit: bool,
     pub reserved_blocks: usize,
+    /// Free blocks to keep beyond the allocation when admitting a waiting
+    /// request (0.24+'s watermark; the caller decides when it applies).
+    pub watermark_blocks: usize,
 }
 
 impl AllocateArgs<'_> {
@@ -94,6 +98,8 @@ pub struct KvCacheManager {
     /// Some group sizes a request's table from its computed tokens (see
     /// `admission_check::check_computed_held`).
     sizes_from_computed: bool,
+    /// Blocks `pop_blocks_for_free` handed out, still referenced.
+    handed_out: deferred_free::HandedOut,
 }
 
 impl KvCacheManager {
@@ -116,6 +122,7 @@ impl KvCacheManager {
             cfg.enable_caching,
             cfg.hash_block_size,
             cfg.enable_events,
+            cfg.profile.null_block_ref_counted,
         )?;
         let coord = Coordinator::new(
             pool,
@@ -137,6 +144,7 @@ impl KvCacheManager {
             has_align_groups,
             reqs: RequestRegistry::default(),
             ghost_entries: Vec::new(),
+            handed_out: deferred_free::HandedOut::default(),
         })
     }
 
@@ -241,18 +249,28 @@ impl KvCacheManager {
 
     /// Cache hit for a request of `num_tokens` tokens: blocks per group and
     /// the number of hit tokens. Changes nothing.
+    /// `max_hit`: the most hit tokens (0.33.0's `max_cache_hit_length`);
+    /// None: all but the last token, whose logits must be recomputed.
     pub fn get_computed_blocks(
         &self,
         request_id: &str,
         num_tokens: usize,
+        max_hit: Option<usize>,
     ) -> CoreResult<(Vec<Vec<BlockId>>, usize)> {
         if num_tokens == 0 {
             return invalid(format!("request {request_id:?} has no tokens"));
         }
         let empty = HashList::new();
         let hashes = self.slot(request_id).map_or(&empty, |s| self.hashes(s));
-        // A full hit must still recompute the last token to get logits.
-        Ok(self.coord.find_longest_cache_hit(hashes, num_tokens - 1))
+        // No hit exceeds the tokens (their hashes bound it): capping there
+        // changes no answer and keeps the search's tables sized by them.
+        let max_hit = max_hit.map_or(num_tokens - 1, |m| m.min(num_tokens));
+        Ok(self.coord.find_longest_cache_hit(hashes, max_hit))
+    }
+
+    /// The behaviour profile fixed at construction.
+    pub fn profile(&self) -> &BehaviourProfile {
+        &self.profile
     }
 
     /// The request's slot, if the manager knows it (saves lookups when
@@ -356,7 +374,7 @@ impl KvCacheManager {
                 "request {request_id:?} has no blocks for {num_computed_tokens} computed tokens"
             ));
         }
-        if have < need {
+        if have < need && !self.profile.cache_cap_at_hashes {
             return invalid(format!(
                 "request {request_id:?} has {have} block hashes but caching needs {need}"
             ));
