@@ -118,7 +118,9 @@ class NativeManager:
         """Requests the manager holds state for (allocated, not yet freed)."""
     def num_known_hashes(self, request_id: str) -> int:
         """How many of the request's block hashes the manager has read."""
-    def get_computed_blocks(self, request: _Request) -> tuple[KVCacheBlocks, int]:
+    def get_computed_blocks(
+        self, request: _Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int]:
         """vLLM's `get_computed_blocks(request)`: the longest prefix-cache hit
         of a request about to be admitted (`num_computed_tokens == 0`).
 
@@ -132,8 +134,33 @@ class NativeManager:
         block hashes are read first; the lookup is counted for
         `make_prefix_cache_stats`.
 
+        `max_cache_hit_length` (managers of vLLM 0.33.0 and later; a
+        TypeError on 0.23.0's): the most hit tokens instead of
+        `num_tokens - 1`. Managers of 0.27.0 and later count nothing here
+        (see `_record_admission`).
+
         Raises ValueError for a request without tokens, TypeError /
         AttributeError for a request without the attributes of `_Request`."""
+    @property
+    def release(self) -> str:
+        """The vLLM release whose semantics this manager follows ("0.23.0", "0.33.0")."""
+    def _set_watermark(self, blocks: int, statuses: list[Any]) -> None:
+        """vLLM 0.24+'s watermark: `blocks` stay free when a request whose
+        `status` equals one of `statuses` is admitted while others are
+        scheduled (`allocate_slots(..., has_scheduled_reqs=True)`)."""
+    def _pop_blocks_for_free(self, request_id: str) -> list[int]:
+        """vLLM 0.24+'s `pop_blocks_for_free`, as block ids: the request is
+        forgotten; its blocks (table order, leading null blocks left out)
+        stay referenced until `_free_handed_out`."""
+    def _free_handed_out(self, blocks: Iterable[Any]) -> None:
+        """vLLM 0.28+'s `block_pool.free_blocks(blocks)` for blocks
+        `_pop_blocks_for_free` handed out (objects with `block_id`, or ids),
+        in eviction order: unhashed ones (all with caching off) are reused
+        first, cached ones last. ValueError, nothing freed, for a block not
+        handed out (as often)."""
+    def _record_admission(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        """vLLM 0.27+'s `record_prefix_cache_stats`: counts one admission's
+        lookup (with `log_stats`); the caller checked the request reads the cache."""
     def _take_stats(self, take: bool = True) -> tuple[bool, int, int, int, int, int, int]:
         """Prefix-cache lookup counters since the last take (reset unless `take` is False):
         (reset, requests, queries, hits, preempted_requests, preempted_queries, preempted_hits)."""
@@ -149,6 +176,8 @@ class NativeManager:
         num_encoder_tokens: int | None = None,
         full_sequence_must_fit: bool = False,
         reserved_blocks: int | None = None,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: Iterable[int] | None = None,
     ) -> KVCacheBlocks | None:
         """vLLM 0.23.0's `KVCacheManager.allocate_slots`: blocks for this
         step's tokens of one request, admission or running.
@@ -184,6 +213,12 @@ class NativeManager:
             full_sequence_must_fit: return None unless the pool can hold
                 the whole request (`request.num_tokens`), not just this step.
             reserved_blocks: free blocks this call must leave free.
+            has_scheduled_reqs: (0.33.0 managers only; a TypeError on
+                0.23.0's) another request runs this step: a waiting or
+                preempted request must then leave the watermark free too.
+            skip_zeroing_group_ids: (0.33.0 managers only) groups whose
+                external-token blocks an async load writes, kept out of
+                zeroing; checked to be group indices.
 
         Returns:
             The blocks added by this call, per group

@@ -49,7 +49,7 @@ fn prefill_decode_and_prefix_hit() {
     assert_eq!(m.pool().num_free_blocks(), 6);
     // A request sharing both full blocks hits them; the last token is recomputed.
     m.sync_hashes("b", 0, hashes(1, 2)).unwrap();
-    let (hit, n) = m.get_computed_blocks("b", 9).unwrap();
+    let (hit, n) = m.get_computed_blocks("b", 9, None).unwrap();
     assert_eq!((hit.clone(), n), (vec![vec![1, 2]], 8));
     let args = AllocateArgs {
         num_new_tokens: 1,
@@ -203,7 +203,7 @@ fn eagle_drops_last_hit_block() {
     m.sync_hashes("a", 0, hashes(1, 3)).unwrap();
     alloc(&mut m, "a", 13, 0, 13).unwrap();
     m.sync_hashes("b", 0, hashes(1, 3)).unwrap();
-    let (hit, n) = m.get_computed_blocks("b", 13).unwrap();
+    let (hit, n) = m.get_computed_blocks("b", 13, None).unwrap();
     assert_eq!((hit[0].len(), n), (2, 8));
 }
 

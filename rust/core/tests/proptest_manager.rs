@@ -534,7 +534,7 @@ impl Machine {
                             .map_err(|e| TestCaseError::fail(format!("sync_hashes: {e}")))?;
                     }
                     self.m
-                        .get_computed_blocks(&id, num_tokens)
+                        .get_computed_blocks(&id, num_tokens, None)
                         .map_err(|e| TestCaseError::fail(format!("get_computed_blocks: {e}")))?
                 } else {
                     (vec![Vec::new(); self.m.num_groups()], 0)
@@ -578,6 +578,7 @@ impl Machine {
                     num_encoder_tokens: 0,
                     full_sequence_must_fit: must_fit,
                     reserved_blocks: reserved as usize,
+                    watermark_blocks: 0,
                 };
                 if ext > 0 {
                     self.stats.ext += 1;
@@ -932,7 +933,7 @@ fn vllm_bug_external_tokens_take_a_later_groups_free_hit() {
     let mut b: Vec<u32> = (0..12).collect();
     b.extend([99; 5]);
     m.sync_hashes("b", 0, block_hashes(&b, 4)).unwrap();
-    let (hit, n) = m.get_computed_blocks("b", b.len()).unwrap();
+    let (hit, n) = m.get_computed_blocks("b", b.len(), None).unwrap();
     assert_eq!((hit.clone(), n), (vec![vec![1, 2, 3], vec![0, 0, 7]], 12));
     let args = AllocateArgs {
         num_new_tokens: 1,
