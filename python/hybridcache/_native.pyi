@@ -137,7 +137,7 @@ class NativeManager:
         `max_cache_hit_length` (managers of vLLM 0.33.0 and later; a
         TypeError on 0.23.0's): the most hit tokens instead of
         `num_tokens - 1`. Managers of 0.27.0 and later count nothing here
-        (see `_record_admission`).
+        (their facade records admissions).
 
         Raises ValueError for a request without tokens, TypeError /
         AttributeError for a request without the attributes of `_Request`."""
@@ -158,9 +158,6 @@ class NativeManager:
         in eviction order: unhashed ones (all with caching off) are reused
         first, cached ones last. ValueError, nothing freed, for a block not
         handed out (as often)."""
-    def _record_admission(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
-        """vLLM 0.27+'s `record_prefix_cache_stats`: counts one admission's
-        lookup (with `log_stats`); the caller checked the request reads the cache."""
     def _take_stats(self, take: bool = True) -> tuple[bool, int, int, int, int, int, int]:
         """Prefix-cache lookup counters since the last take (reset unless `take` is False):
         (reset, requests, queries, hits, preempted_requests, preempted_queries, preempted_hits)."""

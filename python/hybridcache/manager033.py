@@ -17,6 +17,7 @@ layouts raise NotImplementedError naming them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hybridcache.block_pool import BlockPoolView
@@ -148,12 +149,14 @@ class KVCacheManager033(KVCacheManager):
                           sliding_window=g.sliding_window) for g in groups]
         self = cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
                           enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE)
-        self._init_033(kv_cache_config, groups, watermark, num_hash_lookahead_tokens, log_stats)
+        self._init_033(groups, hash_block_size, watermark, num_hash_lookahead_tokens, log_stats)
         return self
 
-    def _init_033(self, kv_cache_config: Any, groups: list[Any], watermark: float,
+    def _init_033(self, groups: list[Any], hash_block_size: int, watermark: float,
                   num_hash_lookahead_tokens: int, log_stats: bool) -> None:
         self._group_infos = groups
+        self._hash_block_size = hash_block_size
+        self._live_stats: Any = _prefix_cache_stats() if log_stats else None
         self.watermark_blocks = int(watermark * self.num_blocks)
         self._set_watermark(self.watermark_blocks, _waiting_statuses())
         self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
@@ -192,7 +195,24 @@ class KVCacheManager033(KVCacheManager):
         stats are off or the request skipped the cache."""
         if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
             return
-        self._record_admission(request.num_tokens, num_hits, request.num_preemptions > 0)
+        self._live_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
+                                preempted=request.num_preemptions > 0)
+
+    # 0.33.0's stats object is live (callers keep it and read it later):
+    # the facade holds it; lookups count nothing in the core.
+    @property
+    def prefix_cache_stats(self) -> Any:
+        """The stats gathered since the last `make_prefix_cache_stats`
+        (the object itself), or None without `log_stats`."""
+        return self._live_stats
+
+    def make_prefix_cache_stats(self) -> Any:
+        """The stats since the last call, replaced by a fresh object;
+        None without `log_stats`."""
+        if not self.log_stats:
+            return None
+        stats, self._live_stats = self._live_stats, _prefix_cache_stats()
+        return stats
 
     # -- frees --------------------------------------------------------------
 
@@ -266,7 +286,11 @@ class KVCacheManager033(KVCacheManager):
 
     def reset_prefix_cache(self) -> bool:
         """Drops every cached hash if no block is in use; False otherwise."""
-        return bool(super().reset_prefix_cache())
+        ok = bool(super().reset_prefix_cache())
+        if ok and self._live_stats is not None:
+            self._live_stats.reset = True
+        return ok
+
 
     @property
     def _groups(self) -> list[Any]:
@@ -287,6 +311,7 @@ class BlockPoolView033(BlockPoolView):
     def __init__(self, manager: KVCacheManager033) -> None:
         super().__init__(manager)
         self.num_hash_lookahead_tokens = manager.num_hash_lookahead_tokens
+        self.hash_block_size = manager._hash_block_size
 
     def free_blocks(self, ordered_blocks: Any) -> None:  # type: ignore[override]
         """0.33.0's `free_blocks(blocks)`: drops the references of blocks
@@ -344,12 +369,38 @@ class CoordinatorView033(CoordinatorView):
         return [BlockView(native, b) for b in native._pop_blocks_for_free(request_id)]
 
 
+class _NumCachedBlockView(Mapping):
+    """`single_type_managers[g].num_cached_block`, read-only: running
+    request id -> blocks of group g cached so far."""
+
+    def __init__(self, manager: KVCacheManager033, group: int) -> None:
+        self._native = manager
+        self._group = group
+
+    def __getitem__(self, request_id: str) -> int:
+        n = self._native._num_cached_blocks(request_id, self._group) if isinstance(request_id, str) else None
+        if n is None:
+            raise KeyError(request_id)
+        return int(n)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([r for r in self._native.request_ids() if self._native._num_cached_blocks(r, self._group) is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 class _SingleTypeManagerView033(SingleTypeManagerView):
+    """One group's manager as 0.33.0's scheduler, engine and connectors
+    read it: `block_size`, `kv_cache_spec`, `block_pool`, and the read-only
+    `req_to_blocks` / `num_cached_block` views."""
+
     def __init__(self, manager: KVCacheManager033, group: int, spec: Any) -> None:
         super().__init__(manager, group)
         self.kv_cache_spec = spec
         self.block_size = int(spec.block_size)
         self.block_pool = manager.block_pool
+        self.num_cached_block = _NumCachedBlockView(manager, group)
 
 
 __all__ = ["KVCacheManager033", "RELEASE", "KVCacheBlocks"]

@@ -173,6 +173,52 @@ impl NativeManager {
         hash_update(&hashes, self.inner.num_known_hashes(rid))
     }
 
+    /// Whether `block_hashes` (the request's list) extends the `known`
+    /// hashes the core holds for `slot`. Each hash chains all before it,
+    /// so comparing the last known one compares them all.
+    pub(crate) fn same_request_hashes(
+        &self,
+        slot: u32,
+        block_hashes: &Bound<'_, PyAny>,
+        known: usize,
+    ) -> PyResult<bool> {
+        let Ok(list) = block_hashes.downcast::<PyList>() else {
+            return Ok(true); // the read that follows names the type error
+        };
+        if list.len() < known {
+            return Ok(true); // a resend: the usual checks apply
+        }
+        let theirs = list.get_item(known - 1)?;
+        let ours = self.inner.known_hash_at(slot, known - 1);
+        Ok(theirs
+            .downcast::<PyBytes>()
+            .map_or(true, |b| Some(b.as_bytes()) == ours))
+    }
+
+    /// The hashes of `request` the core lacks, for a lookup: those past the
+    /// known ones, or all of them (replacing the old) when the request
+    /// holds no blocks and its hashes do not extend what the core has (a
+    /// new request reusing an id).
+    pub(crate) fn lookup_hashes(
+        &self,
+        request: &Bound<'_, PyAny>,
+        rid: &str,
+    ) -> PyResult<Option<HashUpdate>> {
+        if !self.inner.enable_caching() {
+            return Ok(None);
+        }
+        let hashes = req_attr(request, intern!(request.py(), "block_hashes"))?;
+        let known = self.inner.num_known_hashes(rid);
+        match self.inner.lookup(rid) {
+            Some(s) if known > 0 && !self.inner.holds_blocks_at(s)
+                && !self.same_request_hashes(s, &hashes, known)? =>
+            {
+                Ok(Some(hash_update(&hashes, 0)?.unwrap_or_default()))
+            }
+            _ => hash_update(&hashes, known),
+        }
+    }
+
     /// One allocation into `self.scratch`; false for vLLM's None.
     /// `args.num_tokens` of `NUM_TOKENS_UNREAD` means not read yet: a
     /// decode that changes no block is done without it (it only bounds
@@ -246,6 +292,16 @@ impl NativeManager {
         args: &AllocateArgs,
     ) -> PyResult<bool> {
         let known = self.inner.known_hashes_at(slot);
+        if let Some(s) = slot.filter(|&s| known > 0 && !self.inner.holds_blocks_at(s)) {
+            let hashes = req_attr(request, intern!(request.py(), "block_hashes"))?;
+            if !self.same_request_hashes(s, &hashes, known)? {
+                // A new request reusing the id: its hashes replace the old.
+                self.hash_buf.hashes.clear();
+                fill_hash_update(&hashes, 0, &mut self.hash_buf)?;
+                self.hash_buf.offset = 0;
+                return Ok(true);
+            }
+        }
         if !self.inner.may_need_hashes(known, args) {
             return Ok(false);
         }

@@ -184,15 +184,6 @@ impl NativeManager {
         self.free_handed_out(blocks)
     }
 
-    /// 0.27+'s `record_prefix_cache_stats`: one admission's lookup, counted
-    /// with `log_stats` (the caller checked the request reads the cache).
-    fn _record_admission(&mut self, num_tokens: &Bound<'_, PyAny>, num_hits: &Bound<'_, PyAny>, preempted: bool) -> PyResult<()> {
-        let t = count_obj("request.num_tokens", num_tokens)?;
-        let h = count_obj("num_hits", num_hits)?;
-        self.inner.record_admission(t, h, preempted);
-        Ok(())
-    }
-
     /// Prefix-cache lookup counters since the last call, reset:
     /// (reset, requests, queries, hits, preempted_requests, preempted_queries, preempted_hits).
     #[pyo3(signature = (take=true))]
@@ -553,6 +544,11 @@ impl NativeManager {
     /// Ids of the requests the manager holds state for.
     fn request_ids(&self) -> Vec<String> {
         self.inner.request_ids().map(str::to_owned).collect()
+    }
+
+    /// vLLM's `single_type_managers[group].num_cached_block.get(request_id)`.
+    fn _num_cached_blocks(&self, request_id: &str, group: usize) -> Option<usize> {
+        self.inner.num_cached_blocks_of(request_id, group)
     }
 
     fn has_request(&self, request_id: &str) -> bool {

@@ -441,6 +441,31 @@ impl KvCacheManager {
         self.reqs.ids()
     }
 
+    /// Whether some group holds blocks for the request (a lookup of one
+    /// that holds none may be of a new request reusing its id).
+    pub fn holds_blocks(&self, request_id: &str) -> bool {
+        self.slot(request_id).is_some_and(|s| self.holds_blocks_at(s))
+    }
+
+    /// Hash `i` the core holds for the request in `slot`.
+    pub fn known_hash_at(&self, slot: ReqSlot, i: usize) -> Option<&[u8]> {
+        let h = self.reqs.hashes(slot);
+        (i < h.len()).then(|| h.get(i))
+    }
+
+    /// `holds_blocks` by slot.
+    pub fn holds_blocks_at(&self, slot: ReqSlot) -> bool {
+        self.coord.managers.iter().any(|m| m.holds(slot))
+    }
+
+    /// Blocks of group `group` cached for the request, None unless it is
+    /// running there (vLLM's `num_cached_block`).
+    pub fn num_cached_blocks_of(&self, request_id: &str, group: usize) -> Option<usize> {
+        let s = self.slot(request_id)?;
+        let m = self.coord.managers.get(group)?;
+        m.is_running(s).then(|| m.num_cached_blocks(s))
+    }
+
     pub fn has_request(&self, request_id: &str) -> bool {
         self.reqs.contains(request_id)
     }

@@ -50,15 +50,6 @@ impl KvCacheManager {
             }
     }
 
-    /// The scheduler's record of one admission (`record_prefix_cache_stats`,
-    /// 0.27.0 and later); the caller has checked that the request looked the
-    /// cache up. A no-op without `log_stats`.
-    pub fn record_admission(&mut self, num_tokens: usize, num_hits: usize, preempted: bool) {
-        if self.log_stats && self.profile.stats == StatsPolicy::RecordedByScheduler {
-            self.stats.record(num_tokens, num_hits, preempted);
-        }
-    }
-
     /// Whether `get_computed_blocks` looks the request up at all: prefix
     /// caching is on and the request does not skip reading the cache
     /// (`skip_reading_prefix_cache` is asked only with caching on, as vLLM
