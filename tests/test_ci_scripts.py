@@ -32,6 +32,7 @@ def _in_oracle_venv() -> bool:
     return sys.prefix != sys.base_prefix and any(Path(sys.prefix).glob("vllm-*-constraints.txt"))
 
 
+@pytest.mark.vllm()  # every oracle venv
 @pytest.mark.skipif(not _in_oracle_venv(), reason="not running in an oracle venv made by scripts/install_oracle.sh")
 def test_oracle_venv_is_within_vllms_pins() -> None:
     r = _run(sys.executable, str(PINS), "check")
@@ -42,6 +43,7 @@ def test_oracle_venv_is_within_vllms_pins() -> None:
     assert metadata.version("torch").split("+")[0] == torch_pin.split("==")[1].split(";")[0].strip()
 
 
+@pytest.mark.vllm()  # every oracle venv
 def test_constraints_come_from_vllms_metadata(tmp_path: Path) -> None:
     try:
         metadata.version("vllm")
@@ -52,8 +54,9 @@ def test_constraints_come_from_vllms_metadata(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in out.read_text().splitlines() if ln and not ln.startswith("#")]
     assert not any("[" in ln for ln in lines)  # pip refuses extras in constraints
-    if metadata.version("vllm") == "0.23.0":
-        assert "torch==2.11.0" in lines
+    torch_pin = {"0.23.0": "torch==2.11.0", "0.33.0": "torch==2.14.0"}.get(metadata.version("vllm").split("+")[0])
+    if torch_pin is not None:
+        assert torch_pin in lines
 
 
 def test_ci_run_names_a_missing_interpreter() -> None:
@@ -71,11 +74,13 @@ def test_install_oracle_refuses_an_unknown_version(tmp_path: Path) -> None:
     assert not (tmp_path / "venv").exists()
 
 
+@pytest.mark.vllm()  # every oracle venv
 @pytest.mark.skipif(not _in_oracle_venv(), reason="not running in an oracle venv made by scripts/install_oracle.sh")
 def test_oracle_venv_runs_the_triton_interpreter() -> None:
     """CI's Triton kernel tests run under Triton's CPU interpreter; in the
     oracle venv they must run, not skip (torch 2.11.0's Triton 3.6 needs
-    numpy < 2.4, pinned in scripts/oracle/vllm-0.23.0.txt)."""
+    numpy < 2.4, pinned in scripts/oracle/vllm-0.23.0.txt; torch 2.14.0's
+    Triton 3.8 runs under vLLM 0.33.0's numpy 2.4.6)."""
     pytest.importorskip("torch")
     sys.path.insert(0, str(ROOT / "tests"))
     try:
