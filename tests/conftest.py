@@ -8,8 +8,8 @@ release is installed, tests marked for other releases are deselected, not
 skipped: a marked module is not even imported (its marker is read from its
 source, so a 0.23.0 module never meets 0.33.0's vLLM), and the summary says
 how many were left to the other releases' venvs. Without vLLM nothing is
-deselected (the tests skip as before). Unmarked tests do not touch vLLM; CI
-runs them in the first oracle venv only and `-m vllm` in the others (.ci/run).
+deselected (the tests skip as before). Unmarked tests do not touch vLLM and
+run in every oracle venv (.ci/run); `-m vllm` selects only the marked ones.
 A test that asks for the `vllm_available` fixture must carry the marker.
 """
 

@@ -35,7 +35,7 @@ class Release:
 
     @property
     def minor(self) -> str:
-        """"MAJOR.MINOR", e.g. "0.23"."""
+        """The release's MAJOR.MINOR, e.g. "0.23"."""
         return ".".join(self.version.split(".")[:2])
 
     @property
@@ -78,7 +78,7 @@ def find(version: str | None) -> Release | None:
 
 
 def supported_text() -> str:
-    """"0.23.0" or "0.23.0 and 0.33.0": the supported releases in words."""
+    """The supported releases in words: "0.23.0", or "0.23.0 and 0.33.0"."""
     v = SUPPORTED_VLLM_VERSIONS
     return v[0] if len(v) == 1 else ", ".join(v[:-1]) + " and " + v[-1]
 
