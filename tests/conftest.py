@@ -40,8 +40,10 @@ MARKER = "vllm"
 def installed_vllm_release() -> str | None:
     """The installed vLLM's release ("0.33.0+cpu" -> "0.33.0"), from its
     metadata (vLLM is not imported); None without vLLM."""
+    from hybridcache.releases import release_version
+
     try:
-        return metadata.version("vllm").split("+", 1)[0]
+        return release_version(metadata.version("vllm"))
     except metadata.PackageNotFoundError:
         return None
 
@@ -138,6 +140,8 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: pytest.Config) -> None:
+    from hybridcache.releases import oracle_venv_of
+
     left: Counter = config.stash[_LEFT]
     if not left:
         return
@@ -147,7 +151,7 @@ def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: p
         what = [f"{modules} test modules (not imported)"] if modules else []
         if tests:
             what.append(f"{tests} deselected tests")
-        venv = ".venv-vllm-" + ".".join(release.split(" ")[0].split(".")[:2])
+        venv = oracle_venv_of(release.split(" ")[0])
         parts.append(f"{' and '.join(what)} of vLLM {release} left to its venv ({venv})")
     terminalreporter.write_line(  # type: ignore[attr-defined]
         f"vLLM {installed_vllm_release()} installed: " + "; ".join(parts)

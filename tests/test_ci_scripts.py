@@ -88,3 +88,52 @@ def test_oracle_venv_runs_the_triton_interpreter() -> None:
     finally:
         sys.path.remove(str(ROOT / "tests"))
     assert test_kernels.triton_interpreter_skip_reason() is None
+
+
+def _ci_oracles() -> list[str]:
+    line = next(ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.startswith("ORACLES=("))
+    return line.split("(", 1)[1].split(")", 1)[0].split()
+
+
+def test_every_ci_oracle_has_its_lists_manifest_and_tables() -> None:
+    """Each release in .ci/run's ORACLES: its package list, its tests'
+    manifest (an sdist hash, the files with their hashes, test files among
+    them), its peer-suite tables and the model configs those name."""
+    import importlib.util
+    import json
+
+    oracles = _ci_oracles()
+    assert oracles[:2] == ["0.23.0", "0.33.0"]
+    spec = importlib.util.spec_from_file_location("run_vllm_peer_tests", ROOT / "scripts" / "run_vllm_peer_tests.py")
+    assert spec is not None and spec.loader is not None
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    for v in oracles:
+        assert (ROOT / "scripts" / "oracle" / f"vllm-{v}.txt").is_file(), v
+        manifest = (ROOT / "scripts" / "vllm_tests" / f"vllm-{v}.sha256").read_text().splitlines()
+        assert any(ln.startswith(f"# sdist vllm-{v}.tar.gz sha256 ") for ln in manifest), v
+        entries = [ln.split() for ln in manifest if ln and not ln.startswith("#")]
+        assert entries and all(len(e) == 2 and len(e[0]) == 64 for e in entries), v
+        files = runner.release_test_files(v)
+        assert any(f.name == "test_prefix_caching.py" for f in files), v
+        tables = runner.release_tables(v)
+        for name in ("ENV", "HF_MODELS", "SWAP_SCHEDULER", "INTERNALS", "VIEWS", "UNSUPPORTED", "NOT_IMPLEMENTED"):
+            assert hasattr(tables, name), (v, name)
+        for model in tables.HF_MODELS:
+            config = json.loads((ROOT / "scripts" / "vllm_tests" / "hf" / model / "config.json").read_text())
+            assert config["architectures"] and config["model_type"], model
+
+
+def test_install_hf_models_lays_out_the_hub_cache(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_vllm_peer_tests", ROOT / "scripts" / "run_vllm_peer_tests.py")
+    assert spec is not None and spec.loader is not None
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    runner.install_hf_models(("facebook/opt-125m",), tmp_path)
+    repo = tmp_path / "hub" / "models--facebook--opt-125m"
+    revision = (repo / "refs" / "main").read_text()
+    assert len(revision) == 40
+    assert (repo / "snapshots" / revision / "config.json").read_bytes() == (
+        ROOT / "scripts" / "vllm_tests" / "hf" / "facebook" / "opt-125m" / "config.json").read_bytes()

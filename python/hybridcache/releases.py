@@ -41,7 +41,7 @@ class Release:
     @property
     def oracle_venv(self) -> str:
         """The test-only venv CI makes for this release, relative to the repository root."""
-        return f".venv-vllm-{self.minor}"
+        return oracle_venv_of(self.version)
 
     @property
     def install_hint(self) -> str:
@@ -62,6 +62,12 @@ RELEASES: tuple[Release, ...] = (
     # Release("0.33.0", "hybridcache.vllm033:VllmKVCacheManager033"),
 )
 SUPPORTED_VLLM_VERSIONS: tuple[str, ...] = tuple(r.version for r in RELEASES)
+
+
+def oracle_venv_of(version: str) -> str:
+    """The test-only venv CI makes for vLLM `version` (supported or not yet),
+    relative to the repository root: .venv-vllm-MAJOR.MINOR."""
+    return ".venv-vllm-" + ".".join(release_version(version).split(".")[:2])
 
 
 def release_version(version: str) -> str:
