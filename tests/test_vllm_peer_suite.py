@@ -59,3 +59,23 @@ def test_vllm_prefix_caching_suite_public_api_passes(tmp_path: Path) -> None:
     text = report.read_text() if report.exists() else proc.stdout
     assert proc.returncode == 0, f"public-API cases diverge from vLLM {release}:\n{text}\n{proc.stderr[-3000:]}"
     assert "public-API-only cases:" in text
+
+
+@pytest.mark.vllm("0.33.0")
+def test_vllm_033_tests_run_offline_against_vllm_itself() -> None:
+    """The harness for 0.33.0 (its fetched files, VLLM_TARGET_DEVICE=cpu, the
+    offline opt-125m config, the scheduler-built manager) runs two of its
+    scheduler files against vLLM's own manager, every case passing: the
+    baseline the swap mode is read against (the whole baseline,
+    `--against-vllm` without --file, takes a few minutes)."""
+    tests_dir = ROOT / ".cache" / "vllm-tests" / "0.33.0"
+    if not (tests_dir / "tests" / "v1" / "core" / "test_scheduler.py").is_file():
+        pytest.skip(f"vLLM 0.33.0's tests not fetched ({tests_dir} missing): "
+                    "run `bash scripts/fetch_vllm_tests.sh 0.33.0`")
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--against-vllm", "--tests-dir", str(tests_dir),
+         "--file", "test_swa_inflight_window_free.py", "--file", "test_deferred_block_free.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "25 passed, 0 cannot run offline on CPU (OFFLINE), 0 not passed otherwise" in proc.stdout
