@@ -115,3 +115,26 @@ def test_tools_oracle_refuses_a_release_it_does_not_replicate(monkeypatch: pytes
     assert version is None and "vLLM 0.99.0 is installed, not " in note
     line = oracle.vllm_missing("hybridcache replay")
     assert line is not None and all(f"pip install vllm=={r.version}" in line for r in oracle.ORACLE_RELEASES)
+
+
+def test_native_hasher_is_installed_only_for_a_release_it_matches(
+    scheduler_module: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release row without `native_hasher` keeps vLLM's own request block
+    hasher even when native hashing is asked for (hashing changed after
+    0.23.0); the facade is bound all the same."""
+    import vllm
+
+    engine = importlib.import_module("vllm.v1.engine.core")
+    stock_hasher = engine.get_request_block_hasher
+    row = releases.Release(releases.release_version(vllm.__version__), "hybridcache.vllm:VllmKVCacheManager")
+    monkeypatch.setattr(releases, "RELEASES", (row,))
+    hc_vllm.install(native_hashing=True)
+    assert scheduler_module.KVCacheManager is hc_vllm.VllmKVCacheManager
+    assert not hc_vllm.native_hashing_installed() and engine.get_request_block_hasher is stock_hasher
+    hc_vllm.uninstall()
+    monkeypatch.setattr(releases, "RELEASES", (row.__class__(row.version, row.facade, native_hasher=True),))
+    hc_vllm.install(native_hashing=True)
+    assert hc_vllm.native_hashing_installed()
+    hc_vllm.uninstall()
+    assert engine.get_request_block_hasher is stock_hasher

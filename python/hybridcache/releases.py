@@ -27,11 +27,16 @@ class Release:
         tools_oracle: whether `hybridcache replay` / `bench` / `fuzz`, which
             build the default `hybridcache.KVCacheManager`, compare against
             this release's manager.
+        native_hasher: whether `install()` may rebind the engine's request
+            block hasher to hybridcache's native one, i.e. whether that
+            hasher is bit-identical to this release's hashing (NONE_HASH and
+            extra keys changed after 0.23.0).
     """
 
     version: str
     facade: str
     tools_oracle: bool = False
+    native_hasher: bool = False
 
     @property
     def minor(self) -> str:
@@ -57,7 +62,7 @@ class Release:
 
 
 RELEASES: tuple[Release, ...] = (
-    Release("0.23.0", "hybridcache.vllm:VllmKVCacheManager", tools_oracle=True),
+    Release("0.23.0", "hybridcache.vllm:VllmKVCacheManager", tools_oracle=True, native_hasher=True),
     # vLLM 0.33.0 is added here, in one line, when its facade lands:
     # Release("0.33.0", "hybridcache.vllm033:VllmKVCacheManager033"),
 )

@@ -140,13 +140,17 @@ def _uninstall_hasher() -> None:
 def install(native_hashing: bool | None = None) -> None:
     """Makes the installed vLLM's `Scheduler` build hybridcache's KV-cache
     manager (the facade class of its release; RuntimeError listing the
-    supported releases for any other vLLM) and, unless `native_hashing` is False (default: $HYBRIDCACHE_NATIVE_HASHING,
-    else True), vLLM's engine hash request blocks natively. Idempotent;
-    affects schedulers and engines constructed afterwards."""
+    supported releases for any other vLLM) and, unless `native_hashing` is
+    False (default: $HYBRIDCACHE_NATIVE_HASHING, else True) or the release's
+    hashing is not the native hasher's (`Release.native_hasher`), vLLM's
+    engine hash request blocks natively. Idempotent; affects schedulers and
+    engines constructed afterwards."""
     global _original, _installed
-    facade = facade_class()
+    release = check_vllm_version()
+    facade = release.facade_class()
     if native_hashing is None:
         native_hashing = _env_flag(NATIVE_HASHING_ENV, True)
+    native_hashing = native_hashing and release.native_hasher
     module = _scheduler_module()
     with _lock:
         if native_hashing:
