@@ -22,6 +22,9 @@ from typing import Any
 
 import pytest
 
+# Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
+pytestmark = pytest.mark.vllm("0.23.0")
+
 import hybridcache
 from hybridcache import (
     FullAttentionSpec,
@@ -836,7 +839,7 @@ def test_check_invariants_scenario_matches_vllm(vllm: bool) -> None:
 
 
 def test_version_and_public_api() -> None:
-    assert hybridcache.SUPPORTED_VLLM_VERSION == "0.23.0"
+    assert hybridcache.SUPPORTED_VLLM_VERSIONS[0] == "0.23.0"
     assert isinstance(hybridcache.__version__, str) and hybridcache.__version__
     m = make_hc(num_blocks=7)
     assert m.block_pool.num_gpu_blocks == 7 and len(m.block_pool.blocks) == 7

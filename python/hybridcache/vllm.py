@@ -1,8 +1,11 @@
-"""Plugging hybridcache into vLLM 0.23.0's scheduler.
+"""Plugging hybridcache into vLLM's scheduler, for each supported release
+(`hybridcache.releases`: 0.23.0 today).
 
 `install()` rebinds the name `KVCacheManager` in
-`vllm.v1.core.sched.scheduler`, so every `Scheduler` (and `AsyncScheduler`)
-built afterwards constructs hybridcache's manager. It also rebinds
+`vllm.v1.core.sched.scheduler` to the facade class of the installed vLLM's
+release, so every `Scheduler` (and `AsyncScheduler`) built afterwards
+constructs hybridcache's manager; any other vLLM version raises a
+RuntimeError listing the supported ones. It also rebinds
 `get_request_block_hasher` in `vllm.v1.engine.core`, so the engine hashes
 request blocks with hybridcache's native hasher (bit-identical for vLLM's four
 hash functions; any other function keeps vLLM's hasher). `install(native_hashing=False)`
@@ -21,10 +24,10 @@ import os
 import threading
 from typing import Any
 
+from hybridcache import releases
 from hybridcache.coordinator import CoordinatorView
 from hybridcache.manager import KVCacheManager
 
-SUPPORTED_VLLM_VERSION = "0.23.0"
 ENABLE_ENV = "HYBRIDCACHE_ENABLE"
 NATIVE_HASHING_ENV = "HYBRIDCACHE_NATIVE_HASHING"
 _SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
@@ -34,13 +37,14 @@ logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _original: Any = None  # vLLM's class while installed, else None
+_installed: Any = None  # the facade class bound in the scheduler module while installed
 _original_hasher_factory: Any = None  # vLLM's get_request_block_hasher while rebound, else None
 
 
 class VllmKVCacheManager(KVCacheManager):
-    """hybridcache's manager as vLLM's scheduler constructs it (after
-    `install()`): `KVCacheManager` with vLLM's keyword arguments, plus the
-    `coordinator` view the scheduler reads."""
+    """vLLM 0.23.0's facade: hybridcache's manager as that release's
+    scheduler constructs it (after `install()`): `KVCacheManager` with vLLM's
+    keyword arguments, plus the `coordinator` view the scheduler reads."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """The arguments of `KVCacheManager`."""
@@ -58,16 +62,16 @@ def vllm_version() -> str | None:
     return getattr(vllm, "__version__", None)
 
 
-def check_vllm_version() -> None:
-    """Raises RuntimeError unless the installed vLLM is 0.23.0."""
-    version = vllm_version()
-    if version is None:
-        raise RuntimeError(f"hybridcache.vllm.install() needs vLLM {SUPPORTED_VLLM_VERSION}, but vLLM is not installed")
-    if version.split("+", 1)[0] != SUPPORTED_VLLM_VERSION:
-        raise RuntimeError(
-            f"hybridcache supports vLLM {SUPPORTED_VLLM_VERSION} only (it replaces that version's "
-            f"KVCacheManager); the installed vLLM is {version}"
-        )
+def check_vllm_version() -> releases.Release:
+    """The supported release the installed vLLM is; raises RuntimeError
+    (listing the supported releases) for any other version or no vLLM."""
+    return releases.require(vllm_version())
+
+
+def facade_class() -> type:
+    """The facade class `install()` binds for the installed vLLM (RuntimeError
+    as `check_vllm_version`)."""
+    return check_vllm_version().facade_class()
 
 
 def _scheduler_module() -> Any:
@@ -134,14 +138,19 @@ def _uninstall_hasher() -> None:
 
 
 def install(native_hashing: bool | None = None) -> None:
-    """Makes vLLM 0.23.0's `Scheduler` build hybridcache's KV-cache manager
-    and, unless `native_hashing` is False (default: $HYBRIDCACHE_NATIVE_HASHING,
-    else True), vLLM's engine hash request blocks natively. Idempotent;
-    affects schedulers and engines constructed afterwards."""
-    global _original
-    check_vllm_version()
+    """Makes the installed vLLM's `Scheduler` build hybridcache's KV-cache
+    manager (the facade class of its release; RuntimeError listing the
+    supported releases for any other vLLM) and, unless `native_hashing` is
+    False (default: $HYBRIDCACHE_NATIVE_HASHING, else True) or the release's
+    hashing is not the native hasher's (`Release.native_hasher`), vLLM's
+    engine hash request blocks natively. Idempotent; affects schedulers and
+    engines constructed afterwards."""
+    global _original, _installed
+    release = check_vllm_version()
+    facade = release.facade_class()
     if native_hashing is None:
         native_hashing = _env_flag(NATIVE_HASHING_ENV, True)
+    native_hashing = native_hashing and release.native_hasher
     module = _scheduler_module()
     with _lock:
         if native_hashing:
@@ -151,10 +160,10 @@ def install(native_hashing: bool | None = None) -> None:
         if _original is not None:
             return
         current = module.KVCacheManager
-        if current is VllmKVCacheManager:  # installed by an earlier copy of this module
+        if current is facade:  # installed by an earlier copy of this module
             return
         _original = current
-        module.KVCacheManager = VllmKVCacheManager
+        _installed = module.KVCacheManager = facade
     logger.info("hybridcache: vLLM's Scheduler now uses hybridcache.KVCacheManager"
                 + (" and native block hashing" if native_hashing else ""))
 
@@ -163,15 +172,15 @@ def uninstall() -> None:
     """Restores vLLM's own `KVCacheManager` in the scheduler module and
     vLLM's `get_request_block_hasher` in the engine (no-op if not installed).
     Schedulers and requests already built keep what they have."""
-    global _original
+    global _original, _installed
     with _lock:
         _uninstall_hasher()
         if _original is None:
             return
         module = _scheduler_module()
-        if module.KVCacheManager is VllmKVCacheManager:
+        if module.KVCacheManager is _installed:
             module.KVCacheManager = _original
-        _original = None
+        _original = _installed = None
 
 
 def native_hashing_installed() -> bool:
@@ -187,7 +196,19 @@ def is_installed() -> bool:
     import sys
 
     module = sys.modules.get(_SCHEDULER_MODULE)
-    return module is not None and getattr(module, "KVCacheManager", None) is VllmKVCacheManager
+    if module is None:
+        return False
+    bound = getattr(module, "KVCacheManager", None)
+    # By this module (`_installed`), or by an earlier copy of it: then the
+    # bound class is still the installed release's facade.
+    return bound is not None and (bound is _installed or bound is _facade_or_none())
+
+
+def _facade_or_none() -> Any:
+    try:
+        return facade_class()
+    except RuntimeError:
+        return None
 
 
 def register() -> None:

@@ -1,5 +1,6 @@
-"""The vLLM side of the differential tools: importing vLLM 0.23.0 (the
-oracle) quietly, checking its version, keeping its and torch's log lines out
+"""The vLLM side of the differential tools: importing vLLM (the oracle)
+quietly, checking that it is a release the tools compare against
+(`hybridcache.releases`, `tools_oracle`: 0.23.0), keeping its and torch's log lines out
 of a run, and the one-line message a tool gives when vLLM, torch or another
 optional package is missing.
 
@@ -14,8 +15,10 @@ import os
 import sys
 from collections.abc import Iterator
 
-SUPPORTED_VLLM_VERSION = "0.23.0"
-VLLM_INSTALL_HINT = f"pip install vllm=={SUPPORTED_VLLM_VERSION}"
+from hybridcache import releases
+
+# The releases the tools' call-by-call comparison runs against.
+ORACLE_RELEASES: tuple[releases.Release, ...] = tuple(r for r in releases.RELEASES if r.tools_oracle)
 # Loggers of the optional packages whose chatter the tools keep out of sight.
 NOISY_LOGGERS = ("vllm", "torch")
 
@@ -43,7 +46,8 @@ def quiet_logs(level: int = logging.ERROR) -> Iterator[None]:
 
 
 def load_vllm() -> tuple[str | None, str]:
-    """(version, note): version is set when vLLM 0.23.0's manager imports.
+    """(version, note): version is set when the manager of a vLLM release
+    the tools compare against (`ORACLE_RELEASES`) imports.
 
     The import is silent: torch's and vLLM's import-time log lines are
     dropped, and vLLM's logger (which binds to stdout at import) is pointed
@@ -65,9 +69,14 @@ def load_vllm() -> tuple[str | None, str]:
     finally:
         logging.disable(previous)
     version = getattr(vllm, "__version__", "?")
-    if version != SUPPORTED_VLLM_VERSION:
-        return None, f"vLLM {version} is installed, not {SUPPORTED_VLLM_VERSION}"
+    release = releases.find(version)
+    if release is None or release not in ORACLE_RELEASES:
+        return None, f"vLLM {version} is installed, not {_oracle_text()}"
     return version, f"vLLM {version}"
+
+
+def _oracle_text() -> str:
+    return " or ".join(r.version for r in ORACLE_RELEASES)
 
 
 def missing(tool: str, what: str, hint: str, why: str = "") -> str:
@@ -76,9 +85,10 @@ def missing(tool: str, what: str, hint: str, why: str = "") -> str:
 
 
 def vllm_missing(tool: str) -> str | None:
-    """None when vLLM 0.23.0 imports; else the one line `tool` prints (on
-    stderr, no traceback) before it exits with status 2."""
+    """None when a vLLM the tools compare against imports; else the one line
+    `tool` prints (on stderr, no traceback) before it exits with status 2."""
     version, note = load_vllm()
     if version is not None:
         return None
-    return missing(tool, f"vLLM {SUPPORTED_VLLM_VERSION} and torch", VLLM_INSTALL_HINT, note)
+    hint = " or ".join(r.install_hint for r in ORACLE_RELEASES)
+    return missing(tool, f"vLLM {_oracle_text()} and torch", hint, note)
