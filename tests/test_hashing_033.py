@@ -116,6 +116,35 @@ def test_request_hashes_identical_to_vllm_033(name: str, kind: str, lookahead: i
             assert len(a.block_hashes) == max(0, a.num_tokens - lookahead) // block_size
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_objects_pickle_sees_twice_hash_as_in_vllm(name: str) -> None:
+    """Pickle writes an object seen twice as a memo reference: a LoRA whose
+    name is its path, a salt that is the name, an identifier that is the
+    interned "mm" tag itself, one image twice in a block."""
+    same = "adapter-x"
+    cases: list[dict[str, Any]] = [
+        dict(lora=LoRARequest(same, 1, same)),
+        dict(lora=LoRARequest(same, 1, "/p"), salt=same),
+        dict(lora=LoRARequest("lora", 1, "lora"), salt="cache_salt"),
+        dict(mm=[MultiModalFeatureSpec(data=None, modality="image", identifier="mm",
+                                       mm_position=PlaceholderRange(offset=1, length=2)),
+                 MultiModalFeatureSpec(data=None, modality="image", identifier="mm",
+                                       mm_position=PlaceholderRange(offset=3, length=2))]),
+    ]
+    for lookahead in (0, 2):
+        python, native = _pair(name, 8, lookahead)
+        for case in cases:
+            tokens = list(range(40))
+            reqs = []
+            for hasher in (python, native):
+                r = _request("r", tokens, hasher, salt=case.get("salt"), mm=case.get("mm"))
+                r.lora_request = case.get("lora")
+                r.block_hashes.clear()
+                r.update_block_hashes()
+                reqs.append(r)
+            assert reqs[1].block_hashes == reqs[0].block_hashes and reqs[0].block_hashes, case
+
+
 def test_resumed_hasher_on_a_multimodal_request_starts_in_the_window() -> None:
     """A hasher meeting a request that already has hashes (the engine's
     resumed requests) starts its multimodal scan at the first input ending
