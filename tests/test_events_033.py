@@ -181,6 +181,26 @@ def test_pool_events_with_lookahead_identical_to_vllm_033(lookahead: int, seed: 
     _round_trip(ours, theirs)
 
 
+@pytest.mark.parametrize("lookahead", [0, 2])
+def test_reused_hit_event_as_vllm_033_reports_it(lookahead: int) -> None:
+    """kv_cache_report_mode="full": a hit's blocks reported again
+    (`emit_cached_block_events`): the raw tuple of blocks 0..n, no parent."""
+    rng = random.Random(5)
+    kv_cache_utils.init_none_hash(sha256)
+    hasher = kv_cache_utils.get_request_block_hasher(BS, sha256, lookahead)
+    req = _request("h", [rng.randrange(1000) for _ in range(BS * 5 + lookahead)], rng, hasher, lora=True,
+                   salt="s", mm=True)
+    pool = BlockPool(8, True, BS, enable_kv_cache_events=True, num_hash_lookahead_tokens=lookahead)
+    pool.emit_cached_block_events(req, 4, BS, 0)
+    theirs = pool.take_events()
+    for e in theirs:
+        e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window = KIND
+    raw = [("stored", list(req.block_hashes[:4]), None, 0, 4 * BS, BS, 0, [0, 1, 2, 3])]
+    ours = EventBuilder([KIND], release="0.33.0", num_hash_lookahead_tokens=lookahead).build(raw, req)
+    _assert_same(ours, theirs)
+    _round_trip(ours, theirs)
+
+
 def test_partial_block_event_reports_its_span() -> None:
     """0.33.0's cache_partial_block: one hash-block of a larger block, its
     `block_size` the partial span, its parent the hash before it."""
