@@ -12,7 +12,15 @@ from typing import Any, Final, Literal, Protocol, TypeAlias, final, overload
 
 from typing_extensions import disjoint_base
 
-__all__ = ["BlockHasher", "BlockView", "KVCacheBlocks", "NativeManager", "__version__", "block_extra_keys"]
+__all__ = [
+    "BlockHasher",
+    "BlockView",
+    "KVCacheBlocks",
+    "NativeManager",
+    "__version__",
+    "block_extra_keys",
+    "none_hash_seed",
+]
 
 __version__: Final[str]
 
@@ -369,14 +377,17 @@ class NativeManager:
 
 
 # extra_keys_fn(request, start, end, mm_idx) -> (extra keys or None, mm_idx):
-# vLLM's generate_block_hash_extra_keys.
+# the release's generate_block_hash_extra_keys (end: the block's window end,
+# the block plus its lookahead tokens).
 _ExtraKeysFn: TypeAlias = Callable[[Any, int, int, int], tuple[tuple[Any, ...] | None, int]]
 
 @final
 class BlockHasher:
-    """vLLM 0.23.0's request block hasher, natively and bit-identically, for
-    hash_name "sha256_cbor", "xxhash_cbor", "sha256" or "xxhash" (others raise
-    ValueError); none_hash is vLLM's NONE_HASH. Use
+    """vLLM's request block hasher under release `profile`'s rules ("0.23.0",
+    "0.33.0"), natively and bit-identically, for hash_name "sha256_cbor",
+    "xxhash_cbor", "sha256" or "xxhash" (others raise ValueError); none_hash
+    is vLLM's NONE_HASH; num_hash_lookahead_tokens (0.33.0 on) the tokens
+    after each block its hash covers. Use
     `hybridcache.hashing.make_request_block_hasher`."""
 
     def __new__(
@@ -386,7 +397,11 @@ class BlockHasher:
         none_hash: bytes,
         extra_keys_fn: _ExtraKeysFn | None = None,
         profile: str = "0.23.0",
+        num_hash_lookahead_tokens: int = 0,
     ) -> BlockHasher: ...
+    @property
+    def num_hash_lookahead_tokens(self) -> int:
+        """Tokens after each block that its hash covers (0: none)."""
     @property
     def hash_name(self) -> str:
         """One of "sha256_cbor", "xxhash_cbor", "sha256", "xxhash"."""
@@ -491,7 +506,16 @@ def block_extra_keys(
     cache_salt: Any = None,
     prompt_embeds_keys: Sequence[Any] | None = None,
     profile: str = "0.23.0",
+    for_event: bool = False,
 ) -> tuple[Any, ...] | None:
-    """The extra keys of the block starting at token `start` (vLLM 0.23.0's
-    generate_block_hash_extra_keys order: LoRA name, mm keys, cache salt on
-    the first block, prompt-embeds digest); None when there are none."""
+    """The extra keys of the block starting at token `start` (vLLM's
+    generate_block_hash_extra_keys order: LoRA, mm (identifier, offset)
+    pairs, cache salt on the first block, prompt-embeds digest), in release
+    `profile`'s form (0.33.0: each tagged, the LoRA with its path), or with
+    `for_event` in the form KV events publish (untagged); None when there
+    are none."""
+
+def none_hash_seed(hash_name: str, pythonhashseed: str | None = None, profile: str = "0.23.0") -> str | None:
+    """What release `profile`'s init_none_hash hashes into NONE_HASH, given
+    $PYTHONHASHSEED: the seed, or None for 32 random bytes (0.23.0 unseeded);
+    0.33.0 unseeded: "vllm-none-hash" for sha256*, a random hex seed for xxhash*."""

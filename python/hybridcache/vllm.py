@@ -91,23 +91,51 @@ def _env_flag(name: str, default: bool) -> bool:
     raise ValueError(f"{name} must be 1 or 0, got {os.environ[name]!r}")
 
 
+def _hashing_release() -> str | None:
+    """The installed vLLM's release where the native hasher follows its
+    rules exactly (`hybridcache.hashing.SUPPORTED_HASHING_RELEASES`), else None."""
+    from hybridcache.hashing import SUPPORTED_HASHING_RELEASES
+
+    version = (vllm_version() or "").split("+", 1)[0]
+    return version if version in SUPPORTED_HASHING_RELEASES else None
+
+
+def _lookahead_tokens(release: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """`num_hash_lookahead_tokens` of a factory call past `(block_size,
+    hash_fn)`: 0.33.0's third parameter; None where the call is not one the
+    release's `get_request_block_hasher` takes (0.23.0 takes no more)."""
+    if release == "0.23.0":
+        return 0 if not args and not kwargs else None
+    if len(args) > 1 or any(k != "num_hash_lookahead_tokens" for k in kwargs) or (args and kwargs):
+        return None
+    value = args[0] if args else kwargs.get("num_hash_lookahead_tokens", 0)
+    return value if type(value) is int and value >= 0 else None
+
+
 def native_request_block_hasher(vllm_factory: Any) -> Any:
-    """A drop-in for vLLM's `get_request_block_hasher(block_size, hash_fn)`:
-    hybridcache's native hasher when `hash_fn` is one of vLLM's own hash
-    functions (it reads vLLM's `NONE_HASH`, which the engine initialises just
-    before), else `vllm_factory`'s Python hasher."""
+    """A drop-in for vLLM's `get_request_block_hasher` (0.23.0: `(block_size,
+    hash_fn)`; 0.33.0: `(hash_block_size, hash_fn, num_hash_lookahead_tokens=0)`):
+    hybridcache's native hasher, under the installed release's rules, when
+    `hash_fn` is one of vLLM's own hash functions (it reads vLLM's
+    `NONE_HASH`, which the engine initialises just before), else
+    `vllm_factory`'s Python hasher (also for a release it has no rules for)."""
     from hybridcache.hashing import HASH_FUNCTION_NAMES, make_request_block_hasher
 
     def get_request_block_hasher(block_size: int, caching_hash_fn: Any, *args: Any, **kwargs: Any) -> Any:
         name = getattr(caching_hash_fn, "__name__", None)
+        release = _hashing_release()
+        lookahead = None if release is None else _lookahead_tokens(release, args, kwargs)
         native = (
-            not args and not kwargs
+            lookahead is not None
             and getattr(caching_hash_fn, "__module__", None) == "vllm.utils.hashing"
             and name in HASH_FUNCTION_NAMES
         )
         if not native:
             return vllm_factory(block_size, caching_hash_fn, *args, **kwargs)
-        return make_request_block_hasher(block_size, caching_hash_fn)
+        assert release is not None and lookahead is not None
+        return make_request_block_hasher(
+            block_size, caching_hash_fn, profile=release, num_hash_lookahead_tokens=lookahead
+        )
 
     get_request_block_hasher.hybridcache_native = True  # type: ignore[attr-defined]
     return get_request_block_hasher

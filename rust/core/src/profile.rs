@@ -12,8 +12,11 @@
 //! - `new_block_ids`: `group_manager` (which groups record new block ids);
 //! - `common_prefix`: `kv_cache_manager` (`get_num_common_prefix_blocks`);
 //! - `stats`: `kv_cache_manager::stats` (which lookups are counted);
-//! - `hashing`: `block_hasher::extra_keys` (how LoRA / cache salt enter a
-//!   block's key) and the facade's NONE_HASH seed;
+//! - `hashing`: `block_hasher` (`extra_keys`: how LoRA / mm / cache salt
+//!   / prompt embeds enter a block's key; `none_hash_seed`; `mm_window`:
+//!   where a resumed multimodal scan starts; `lookahead`) through the
+//!   binding's `BlockHasher` and `block_extra_keys`, which take the rules
+//!   by release (`Hashing::for_release`, the same value as the profile's);
 //! - `retention`, `partial_hits`, `null_block_ref_counted`,
 //!   `cache_cap_at_hashes`: one value each today (0.23.0 has no such
 //!   feature or does it one way); the 0.33.0 port reads them where its rule
@@ -67,13 +70,17 @@ impl FreePolicy {
     }
 }
 
-/// The NONE_HASH seed of the first block's parent.
+/// The NONE_HASH seed of the first block's parent (the rule:
+/// `block_hasher::none_hash_seed`; the facade computes the bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NoneHashMode {
-    /// 0.23.0: from PYTHONHASHSEED, else random per process (the facade
-    /// computes it and passes the bytes).
+    /// 0.23.0: `hash_fn(PYTHONHASHSEED)`, else 32 random bytes per process.
     SeededOrRandom,
+    /// 0.29+: `hash_fn(seed)` always; the seed is PYTHONHASHSEED, else
+    /// "vllm-none-hash" for sha256 / sha256_cbor (shareable across
+    /// processes), else random hex for xxhash* (not collision resistant).
+    SeededOrDefault,
 }
 
 /// How a block's extra keys (LoRA, cache salt, multimodal) are encoded.
@@ -82,14 +89,82 @@ pub enum NoneHashMode {
 pub enum ExtraKeyMode {
     /// 0.23.0: plain values (LoRA name, then the salt on the first block).
     Plain,
+    /// 0.31+: each value tagged with its source: `("lora", name, path)`,
+    /// `("mm", id, offset)`, `("cache_salt", salt)`, `("prompt_embeds", d)`.
+    Tagged,
+}
+
+impl ExtraKeyMode {
+    /// The form KV events publish: untagged in every release so far
+    /// (0.33.0's `to_event_extra_keys` strips the tags).
+    pub fn event_form(self) -> ExtraKeyMode {
+        ExtraKeyMode::Plain
+    }
+
+    /// Whether a LoRA key names the adapter's path too (callers read
+    /// `lora_path` only then).
+    pub fn reads_lora_path(self) -> bool {
+        matches!(self, ExtraKeyMode::Tagged)
+    }
+}
+
+/// Where a request's multimodal scan starts when its hasher resumes at a
+/// block after the first (`start_mm_idx` of the first new block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MmStart {
+    /// 0.23.0: `-1` (the last input), 0 on the first block.
+    LastInput,
+    /// 0.33.0: the first input ending after the block's start
+    /// (`get_mm_features_in_window`), 0 when none does.
+    Window,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hashing {
     pub none_hash: NoneHashMode,
     pub extra_keys: ExtraKeyMode,
-    /// Hash tokens past the computed ones (0.33.0's lookahead hashes).
+    /// Lookahead hashes (0.33.0's `num_hash_lookahead_tokens`): a block's
+    /// hash also covers the next L tokens. False: L must be 0.
     pub lookahead_hash_tokens: bool,
+    pub mm_start: MmStart,
+}
+
+impl Hashing {
+    pub const V0_23: Hashing = Hashing {
+        none_hash: NoneHashMode::SeededOrRandom,
+        extra_keys: ExtraKeyMode::Plain,
+        lookahead_hash_tokens: false,
+        mm_start: MmStart::LastInput,
+    };
+
+    pub const V0_33: Hashing = Hashing {
+        none_hash: NoneHashMode::SeededOrDefault,
+        extra_keys: ExtraKeyMode::Tagged,
+        lookahead_hash_tokens: true,
+        mm_start: MmStart::Window,
+    };
+
+    /// Releases whose hashing rules are known, oldest first. The hasher is
+    /// chosen by release on its own (a `BlockHasher` needs no manager);
+    /// each `BehaviourProfile` carries the same value (tested).
+    pub const RELEASES: &'static [(&'static str, Hashing)] =
+        &[("0.23.0", Hashing::V0_23), ("0.33.0", Hashing::V0_33)];
+
+    /// The hashing rules of a vLLM release ("0.33.0"; "0.33" names it too).
+    pub fn for_release(release: &str) -> CoreResult<Hashing> {
+        Self::RELEASES
+            .iter()
+            .find(|(r, _)| *r == release || r.strip_suffix(".0") == Some(release))
+            .map(|(_, h)| *h)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Self::RELEASES.iter().map(|(r, _)| *r).collect();
+                CoreError::Unsupported(format!(
+                    "no hashing rules for vLLM {release:?} (known: {})",
+                    known.join(", ")
+                ))
+            })
+    }
 }
 
 /// How many blocks outside a window (sliding window, Mamba) stay cached.
@@ -148,11 +223,7 @@ impl BehaviourProfile {
     pub const V0_23: BehaviourProfile = BehaviourProfile {
         release: "0.23.0",
         free_policy: FreePolicy::AppendWindowScratchFirst,
-        hashing: Hashing {
-            none_hash: NoneHashMode::SeededOrRandom,
-            extra_keys: ExtraKeyMode::Plain,
-            lookahead_hash_tokens: false,
-        },
+        hashing: Hashing::V0_23,
         retention: Retention::Unbounded,
         partial_hits: false,
         null_block_ref_counted: true,
@@ -170,11 +241,7 @@ impl BehaviourProfile {
     pub const V0_33: BehaviourProfile = BehaviourProfile {
         release: "0.33.0",
         free_policy: FreePolicy::UnhashedOrCachingOffFirst,
-        hashing: Hashing {
-            none_hash: NoneHashMode::SeededOrRandom,
-            extra_keys: ExtraKeyMode::Plain,
-            lookahead_hash_tokens: true,
-        },
+        hashing: Hashing::V0_33,
         retention: Retention::Unbounded,
         partial_hits: false,
         null_block_ref_counted: false,
@@ -238,5 +305,20 @@ mod tests {
             BehaviourProfile::V0_33
         );
         assert!(BehaviourProfile::for_release("0.32.0").is_err());
+    }
+
+    #[test]
+    fn hashing_rules_resolve_and_match_the_profiles() {
+        assert_eq!(Hashing::for_release("0.33").unwrap(), Hashing::V0_33);
+        assert_eq!(Hashing::for_release("0.23.0").unwrap(), Hashing::V0_23);
+        assert!(Hashing::for_release("0.1.0").is_err());
+        for p in BehaviourProfile::ALL {
+            assert_eq!(
+                Hashing::for_release(p.release).unwrap(),
+                p.hashing,
+                "{}",
+                p.release
+            );
+        }
     }
 }

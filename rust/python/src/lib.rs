@@ -18,6 +18,7 @@ mod id_cache;
 mod raw_ffi;
 
 mod calls;
+mod hash_keys;
 mod hasher;
 mod lookup;
 mod native_manager;
