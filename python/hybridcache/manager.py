@@ -147,6 +147,7 @@ class KVCacheManager(_native.NativeManager):
         log_stats: bool,
         enable_kv_cache_events: bool,
         release: str,
+        num_hash_lookahead_tokens: int = 0,
     ) -> Any:
         """The native manager of `release`'s semantics over `groups`, with
         the Python side every release's facade shares."""
@@ -163,7 +164,8 @@ class KVCacheManager(_native.NativeManager):
             release,
         ))
         self._init_python_side(
-            kv_cache_config, groups, max_model_len, enable_caching, use_eagle, log_stats, enable_kv_cache_events
+            kv_cache_config, groups, max_model_len, enable_caching, use_eagle, log_stats, enable_kv_cache_events,
+            release, num_hash_lookahead_tokens,
         )
         return self
 
@@ -181,6 +183,8 @@ class KVCacheManager(_native.NativeManager):
         use_eagle: bool,
         log_stats: bool,
         enable_kv_cache_events: bool,
+        release: str = PROFILE,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
         self.max_model_len = max_model_len
         self.enable_caching = bool(enable_caching)
@@ -191,7 +195,11 @@ class KVCacheManager(_native.NativeManager):
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = len(groups)
         self._events: list[Any] = []
-        builder = self._event_builder_for(groups) if enable_kv_cache_events else None
+        builder = (
+            EventBuilder([(g.event_kind, g.sliding_window) for g in groups], release=release,
+                         num_hash_lookahead_tokens=num_hash_lookahead_tokens)
+            if enable_kv_cache_events else None
+        )
         self._event_builder: Any = builder
         self._stats_cls: Any = prefix_cache_stats_class() if self.log_stats else None
         # Not bound to this manager: the native side holds it, and a
@@ -203,10 +211,6 @@ class KVCacheManager(_native.NativeManager):
         self.allocate_slots = self._bound_allocate_slots()  # type: ignore[method-assign]
         self.block_pool = BlockPoolView(self)
         self.coordinator = CoordinatorView(self)
-
-    def _event_builder_for(self, groups: list[Any]) -> Any:
-        """The builder of this release's KV event objects."""
-        return EventBuilder([(g.event_kind, g.sliding_window) for g in groups])
 
     @property
     def _native(self) -> KVCacheManager:

@@ -148,7 +148,8 @@ class KVCacheManager033(KVCacheManager):
         groups = [type(g)(native=_without_new_block_ids(g.native), event_kind=g.event_kind,
                           sliding_window=g.sliding_window) for g in groups]
         self = cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
-                          enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE)
+                          enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE,
+                          num_hash_lookahead_tokens)
         self._init_033(groups, hash_block_size, watermark, num_hash_lookahead_tokens, log_stats)
         return self
 
@@ -182,7 +183,21 @@ class KVCacheManager033(KVCacheManager):
         group lags a longer hit; with one group there is none (0). Counts
         nothing: the scheduler calls `record_prefix_cache_stats`."""
         blocks, hit = super().get_computed_blocks(request, max_cache_hit_length)
+        if hit and self._event_builder is not None and getattr(request, "kv_cache_report_mode", "incremental") == "full":
+            self._report_reused_hit(request, blocks)
         return blocks, hit, 0
+
+    def _report_reused_hit(self, request: Any, blocks: Any) -> None:
+        """0.33.0's `BlockStored` for the blocks of a hit, so external
+        consumers learn of reused blocks (`kv_cache_report_mode="full"`)."""
+        hashes = request.block_hashes
+        raw = []
+        for group, (g, group_blocks) in enumerate(zip(self._groups, blocks.blocks)):
+            n = len(group_blocks)
+            if n:
+                bs = g.native.block_size
+                raw.append(("stored", list(hashes[:n]), None, 0, n * bs, bs, group, list(range(n))))
+        self._on_events(raw, request)
 
     def get_computed_blocks_for_connector(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int, bool]:
         """0.33.0's lookup for requests with a KV connector: for models

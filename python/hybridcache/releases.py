@@ -63,8 +63,7 @@ class Release:
 
 RELEASES: tuple[Release, ...] = (
     Release("0.23.0", "hybridcache.vllm:VllmKVCacheManager", tools_oracle=True, native_hasher=True),
-    # vLLM 0.33.0 is added here, in one line, when its facade lands:
-    # Release("0.33.0", "hybridcache.vllm033:VllmKVCacheManager033"),
+    Release("0.33.0", "hybridcache.vllm033:VllmKVCacheManager033", native_hasher=True),
 )
 SUPPORTED_VLLM_VERSIONS: tuple[str, ...] = tuple(r.version for r in RELEASES)
 
