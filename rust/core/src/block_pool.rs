@@ -2,7 +2,7 @@
 //! prefix-cache map, with vLLM 0.23.0's `BlockPool` semantics.
 
 use crate::error::{invalid, CoreResult};
-use crate::events::PoolEvent;
+use crate::events::{BlockMetric, PoolEvent};
 use crate::free_queue::FreeQueue;
 use smallvec::SmallVec;
 
@@ -44,6 +44,9 @@ pub struct BlockPool {
     enable_events: bool,
     hash_block_size: u32,
     events: Vec<PoolEvent>,
+    // vLLM's metrics-collector calls, in order; only when a collector is set.
+    record_metrics: bool,
+    metrics: Vec<BlockMetric>,
 }
 
 /// Room for `n` more ids in a block table (or a list of ids handed out).
@@ -82,6 +85,8 @@ impl BlockPool {
             enable_events,
             hash_block_size,
             events: Vec::new(),
+            record_metrics: false,
+            metrics: Vec::new(),
         })
     }
 
@@ -183,11 +188,18 @@ impl BlockPool {
                 self.maybe_evict_cached_block(b);
             }
             self.meta[b as usize].ref_cnt += 1;
+            if self.record_metrics {
+                self.metrics.push(BlockMetric::Allocated(b));
+            }
             out.push(b);
         }
     }
 
     fn maybe_evict_cached_block(&mut self, b: BlockId) -> bool {
+        // vLLM tells its collector first, whether the block is cached or not.
+        if self.record_metrics {
+            self.metrics.push(BlockMetric::Evicted(b));
+        }
         let entry = self.meta[b as usize].entry;
         if entry == NO_ENTRY {
             return false;
@@ -221,6 +233,9 @@ impl BlockPool {
                 self.queue.remove(b);
             }
             self.meta[b as usize].ref_cnt += 1;
+            if self.record_metrics {
+                self.metrics.push(BlockMetric::Accessed(b));
+            }
         }
     }
 
@@ -328,6 +343,9 @@ impl BlockPool {
         }
         self.map.clear();
         self.meta.iter_mut().for_each(|m| m.entry = NO_ENTRY);
+        if self.record_metrics {
+            self.metrics.push(BlockMetric::Reset);
+        }
         if self.enable_events {
             self.events.push(PoolEvent::AllCleared);
         }
@@ -336,6 +354,39 @@ impl BlockPool {
 
     pub fn take_events(&mut self) -> Vec<PoolEvent> {
         std::mem::take(&mut self.events)
+    }
+
+    /// Logs vLLM's metrics-collector calls from now on (`take_metrics`).
+    pub fn set_record_metrics(&mut self, on: bool) {
+        self.record_metrics = on;
+    }
+
+    pub fn has_metrics(&self) -> bool {
+        !self.metrics.is_empty()
+    }
+
+    /// Entries in the metrics log (0 while not recording).
+    pub fn metrics_len(&self) -> usize {
+        self.metrics.len()
+    }
+
+    /// Reorders the log from `start` on, made of two passes over `k` groups
+    /// (`ends`: the log length after each group of the first pass, then of
+    /// the second), into group order: group 0's two parts, group 1's, ...
+    pub fn interleave_metrics(&mut self, start: usize, ends: &[usize]) {
+        let k = ends.len() / 2;
+        let part = |j: usize| (if j == 0 { start } else { ends[j - 1] })..ends[j];
+        let tail: Vec<BlockMetric> = (0..k)
+            .flat_map(|g| part(g).chain(part(k + g)))
+            .map(|i| self.metrics[i])
+            .collect();
+        self.metrics.truncate(start);
+        self.metrics.extend(tail);
+    }
+
+    /// The collector calls logged since the last take, oldest first.
+    pub fn take_metrics(&mut self) -> Vec<BlockMetric> {
+        std::mem::take(&mut self.metrics)
     }
 
     pub fn has_events(&self) -> bool {
@@ -510,5 +561,42 @@ mod tests {
         assert!(p.reset_prefix_cache());
         assert_eq!(p.take_events().last(), Some(&PoolEvent::AllCleared));
         p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn metrics_log_follows_vllm_collector_calls() {
+        use BlockMetric::*;
+        let mut p = pool(4, false);
+        let a = new_blocks(&mut p, 1);
+        assert!(!p.has_metrics(), "nothing is logged until asked for");
+        p.set_record_metrics(true);
+        p.cache_full_blocks(&a, 0, 1, 4, 0, |_| true, |_| Cow::Owned(vec![9; 8]));
+        p.free_blocks(a.clone(), false);
+        p.touch(&[a[0], NULL_BLOCK]);
+        p.free_blocks(a.clone(), false);
+        // With caching every popped block is first "evicted", cached or not.
+        let b = new_blocks(&mut p, 2);
+        p.evict_blocks(&[3, 2]).unwrap();
+        p.free_blocks(b.iter().rev().copied(), false);
+        assert!(p.reset_prefix_cache());
+        assert_eq!(
+            p.take_metrics(),
+            vec![
+                Accessed(a[0]),
+                Accessed(NULL_BLOCK),
+                Evicted(b[0]),
+                Allocated(b[0]),
+                Evicted(b[1]),
+                Allocated(b[1]),
+                Evicted(3),
+                Evicted(2),
+                Reset
+            ]
+        );
+        let mut off = BlockPool::new(3, false, 4, false).unwrap();
+        off.set_record_metrics(true);
+        new_blocks(&mut off, 2);
+        assert_eq!(off.take_metrics(), vec![Allocated(1), Allocated(2)]);
+        assert!(!off.has_metrics());
     }
 }
