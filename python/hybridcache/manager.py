@@ -109,6 +109,9 @@ class KVCacheManager(_native.NativeManager):
     in the README.
     """
 
+    dcp_world_size: int
+    pcp_world_size: int
+
     def __new__(
         cls,
         kv_cache_config: Any,
