@@ -97,8 +97,8 @@ class NativeManager:
         use_eagle: bool,
         enable_events: bool,
         profile: str,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
+        dcp_world_size: int,
+        pcp_world_size: int,
     ) -> NativeManager: ...
     def _bind_python(
         self,

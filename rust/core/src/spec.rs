@@ -117,7 +117,9 @@ pub(crate) fn context_parallel_groups(
             "dcp_world_size={dcp}, pcp_world_size={pcp}: {why}"
         )))
     };
-    let mamba = groups.iter().any(|g| matches!(g.kind, SpecKind::Mamba { .. }));
+    let mamba = groups
+        .iter()
+        .any(|g| matches!(g.kind, SpecKind::Mamba { .. }));
     if enable_caching && groups.len() > 1 {
         return refuse(
             "vLLM 0.23.0 supports context parallelism only for a single KV cache group \

@@ -350,11 +350,17 @@ fn context_parallel_scales_the_block_size() {
         ev => panic!("unexpected events {ev:?}"),
     }
     m.sync_hashes("b", 0, hashes(1, 2)).unwrap();
-    assert_eq!(m.get_computed_blocks("b", 40).unwrap(), (vec![vec![1, 2]], 32));
+    assert_eq!(
+        m.get_computed_blocks("b", 40).unwrap(),
+        (vec![vec![1, 2]], 32)
+    );
     m.check_invariants().unwrap();
     // The unitary coordinator's hash size is the scaled block size.
     cfg.hash_block_size = 4;
-    assert!(matches!(KvCacheManager::new(cfg), Err(CoreError::InvalidArgument(_))));
+    assert!(matches!(
+        KvCacheManager::new(cfg),
+        Err(CoreError::InvalidArgument(_))
+    ));
 }
 
 #[test]
@@ -369,11 +375,20 @@ fn context_parallel_refuses_what_vllm_asserts_against() {
     assert!(matches!(&err, CoreError::InvalidArgument(m) if m.starts_with("dcp_world_size=2")));
     cfg.groups = vec![GroupSpec::full_attention(4), window.clone()];
     cfg.hash_block_size = 4;
-    assert!(matches!(KvCacheManager::new(cfg.clone()), Err(CoreError::InvalidArgument(_))));
+    assert!(matches!(
+        KvCacheManager::new(cfg.clone()),
+        Err(CoreError::InvalidArgument(_))
+    ));
     // Without prefix caching vLLM builds the same groups with scaled blocks.
     cfg.enable_caching = false;
     let mut m = KvCacheManager::new(cfg.clone()).unwrap();
-    assert_eq!(alloc(&mut m, "a", 9, 0, 9), Some(vec![vec![1, 2], vec![3, 4]]));
+    assert_eq!(
+        alloc(&mut m, "a", 9, 0, 9),
+        Some(vec![vec![1, 2], vec![3, 4]])
+    );
     cfg.dcp_world_size = 0;
-    assert!(matches!(KvCacheManager::new(cfg), Err(CoreError::InvalidArgument(_))));
+    assert!(matches!(
+        KvCacheManager::new(cfg),
+        Err(CoreError::InvalidArgument(_))
+    ));
 }

@@ -136,8 +136,16 @@ fn make_manager(mix: Mix, caching: bool, num_blocks: u32, eagle: bool) -> KvCach
         enable_caching: caching,
         use_eagle: eagle,
         enable_events: true,
-        dcp_world_size: if mix == Mix::FullContextParallel { 2 } else { 1 },
-        pcp_world_size: if mix == Mix::FullContextParallel { 2 } else { 1 },
+        dcp_world_size: if mix == Mix::FullContextParallel {
+            2
+        } else {
+            1
+        },
+        pcp_world_size: if mix == Mix::FullContextParallel {
+            2
+        } else {
+            1
+        },
     })
     .expect("valid config")
 }

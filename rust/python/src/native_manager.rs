@@ -46,7 +46,7 @@ impl NativeManager {
     #[new]
     #[pyo3(signature = (num_blocks, groups, max_model_len, scheduler_block_size, hash_block_size,
                         enable_caching, use_eagle, enable_events, profile,
-                        dcp_world_size=1, pcp_world_size=1))]
+                        dcp_world_size, pcp_world_size))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: &Bound<'_, PyAny>,
