@@ -361,6 +361,10 @@ impl BlockPool {
         self.record_metrics = on;
     }
 
+    pub fn records_metrics(&self) -> bool {
+        self.record_metrics
+    }
+
     pub fn has_metrics(&self) -> bool {
         !self.metrics.is_empty()
     }
@@ -561,42 +565,5 @@ mod tests {
         assert!(p.reset_prefix_cache());
         assert_eq!(p.take_events().last(), Some(&PoolEvent::AllCleared));
         p.check_invariants().unwrap();
-    }
-
-    #[test]
-    fn metrics_log_follows_vllm_collector_calls() {
-        use BlockMetric::*;
-        let mut p = pool(4, false);
-        let a = new_blocks(&mut p, 1);
-        assert!(!p.has_metrics(), "nothing is logged until asked for");
-        p.set_record_metrics(true);
-        p.cache_full_blocks(&a, 0, 1, 4, 0, |_| true, |_| Cow::Owned(vec![9; 8]));
-        p.free_blocks(a.clone(), false);
-        p.touch(&[a[0], NULL_BLOCK]);
-        p.free_blocks(a.clone(), false);
-        // With caching every popped block is first "evicted", cached or not.
-        let b = new_blocks(&mut p, 2);
-        p.evict_blocks(&[3, 2]).unwrap();
-        p.free_blocks(b.iter().rev().copied(), false);
-        assert!(p.reset_prefix_cache());
-        assert_eq!(
-            p.take_metrics(),
-            vec![
-                Accessed(a[0]),
-                Accessed(NULL_BLOCK),
-                Evicted(b[0]),
-                Allocated(b[0]),
-                Evicted(b[1]),
-                Allocated(b[1]),
-                Evicted(3),
-                Evicted(2),
-                Reset
-            ]
-        );
-        let mut off = BlockPool::new(3, false, 4, false).unwrap();
-        off.set_record_metrics(true);
-        new_blocks(&mut off, 2);
-        assert_eq!(off.take_metrics(), vec![Allocated(1), Allocated(2)]);
-        assert!(!off.has_metrics());
     }
 }

@@ -210,8 +210,9 @@ impl Coordinator {
         num_local_computed_tokens: usize,
         num_external_computed_tokens: usize,
     ) {
+        let log = self.pool.records_metrics();
         let start = self.pool.metrics_len();
-        let mut ends = Vec::new();
+        let mut ends = Vec::new(); // the log's length after each group's step
         let mut external = Vec::with_capacity(self.managers.len());
         for (m, nc) in self.managers.iter_mut().zip(new_computed) {
             external.push(m.add_computed_blocks(
@@ -221,13 +222,17 @@ impl Coordinator {
                 num_local_computed_tokens,
                 num_external_computed_tokens,
             ));
-            ends.push(self.pool.metrics_len());
+            if log {
+                ends.push(self.pool.metrics_len());
+            }
         }
         for (m, &n) in self.managers.iter_mut().zip(&external) {
             m.allocate_external_blocks(&mut self.pool, slot, n);
-            ends.push(self.pool.metrics_len());
+            if log {
+                ends.push(self.pool.metrics_len());
+            }
         }
-        if self.pool.metrics_len() > ends[self.managers.len() - 1] {
+        if log && self.pool.metrics_len() > ends[self.managers.len() - 1] {
             self.pool.interleave_metrics(start, &ends);
         }
     }

@@ -2,7 +2,8 @@
 //! 0.23.0's single-group full-attention semantics.
 
 use hybridcache_core::{
-    AllocateArgs, CoreError, GroupSpec, KvCacheManager, ManagerConfig, PoolEvent, SpecKind,
+    AllocateArgs, BlockMetric, CoreError, GroupSpec, KvCacheManager, ManagerConfig, PoolEvent,
+    SpecKind,
 };
 
 fn config(num_blocks: u32, block_size: u32, caching: bool, events: bool) -> ManagerConfig {
@@ -391,4 +392,49 @@ fn context_parallel_refuses_what_vllm_asserts_against() {
         KvCacheManager::new(cfg),
         Err(CoreError::InvalidArgument(_))
     ));
+}
+
+#[test]
+fn block_metrics_log_vllms_collector_calls() {
+    use BlockMetric::*;
+    let mut m = KvCacheManager::new(config(5, 4, true, false)).unwrap();
+    m.sync_hashes("a", 0, hashes(1, 2)).unwrap();
+    alloc(&mut m, "a", 9, 0, 9);
+    assert!(!m.has_block_metrics(), "nothing is logged until asked for");
+    m.set_record_block_metrics(true);
+    m.free("a");
+    m.sync_hashes("b", 0, hashes(1, 1)).unwrap();
+    let (hit, n) = m.get_computed_blocks("b", 6).unwrap();
+    let args = AllocateArgs {
+        num_new_tokens: 2,
+        num_tokens: 6,
+        num_new_computed_tokens: n,
+        new_computed_blocks: Some(&hit),
+        ..Default::default()
+    };
+    // The hit is touched; with caching every popped block is first
+    // "evicted", cached or not (block 4 was never used, 3 not cached).
+    assert_eq!(
+        m.allocate_slots("b", &args, None).unwrap(),
+        Some(vec![vec![4]])
+    );
+    m.evict_blocks(&[2, 0]).unwrap();
+    m.free("b");
+    assert!(m.reset_prefix_cache());
+    assert_eq!(
+        m.take_block_metrics(),
+        vec![
+            Accessed(1),
+            Evicted(4),
+            Allocated(4),
+            Evicted(2),
+            Evicted(0),
+            Reset
+        ]
+    );
+    let mut off = KvCacheManager::new(config(4, 4, false, false)).unwrap();
+    off.set_record_block_metrics(true);
+    alloc(&mut off, "a", 5, 0, 5);
+    assert_eq!(off.take_block_metrics(), vec![Allocated(1), Allocated(2)]);
+    assert!(!off.has_block_metrics());
 }
