@@ -105,12 +105,21 @@ class NativeManager:
         use_eagle: bool,
         enable_events: bool,
         profile: str,
+        dcp_world_size: int,
+        pcp_world_size: int,
     ) -> NativeManager: ...
     def _bind_python(
-        self, empty: KVCacheBlocks, event_sink: Callable[[list[_RawEvent], Any], None] | None, log_stats: bool = False
+        self,
+        empty: KVCacheBlocks,
+        event_sink: Callable[[list[_RawEvent], Any], None] | None,
+        log_stats: bool = False,
+        metrics_sink: Callable[[list[tuple[int, int]]], None] | None = None,
     ) -> None:
         """Called once by the facade: the shared empty KVCacheBlocks, the event
-        sink (None when events are off) and whether lookups are counted."""
+        sink (None when events are off), whether lookups are counted and the
+        block-metrics sink (None without a metrics collector): it gets the
+        pool's log of collector calls after each manager call, a list of
+        (kind, block_id), kind 0 allocated, 1 accessed, 2 evicted, 3 reset."""
     @property
     def num_blocks(self) -> int:
         """Blocks in the pool, the null block (0) included."""

@@ -12,7 +12,10 @@ request objects; every output is compared (block ids and which are unhashed,
 hit lengths, None, free count, usage, events, stats, common prefix blocks,
 new block ids), and after every operation also every block's ref_cnt and
 hash, the free queue's order and every request's block table.
-`check_invariants()` runs after every operation.
+`check_invariants()` runs after every operation. Setups of the `full` mix
+may draw decode / prefill context parallelism (dcp, pcp > 1); any setup may
+give each manager a recording vLLM metrics collector, whose calls, sampled
+blocks and eviction events are compared too.
 
 Interleaved with them, bad inputs (bad counts, unknown ids, foreign
 KVCacheBlocks, wrong hash types, out-of-range eviction ids, ...) go to

@@ -24,7 +24,7 @@ from hybridcache.block_pool import BlockPoolView
 from hybridcache.blocks import BlockView, KVCacheBlocks
 from hybridcache.config import read_groups
 from hybridcache.coordinator import CoordinatorView, SingleTypeManagerView
-from hybridcache.manager import KVCacheManager, _check_supported, _positive_int
+from hybridcache.manager import KVCacheManager, _positive_int
 
 RELEASE = "0.33.0"
 
@@ -63,6 +63,22 @@ def _check_retention(kv_cache_config: Any, scheduler_block_size: int) -> None:
         "cache group, so retention has no effect. Set it to 0 (it only applies to sliding-window "
         "and Mamba attention)."
     )
+
+
+def _check_supported_033(dcp_world_size: int, pcp_world_size: int, metrics_collector: Any) -> None:
+    """0.33.0 changed both (only dcp scales, and only dcp-sharded specs;
+    touches of the null block no longer reach the collector): not ported
+    to this facade yet (the 0.23.0 facade supports 0.23.0's forms)."""
+    if dcp_world_size != 1 or pcp_world_size != 1:
+        raise NotImplementedError(
+            f"decode/prefill context parallelism (dcp_world_size={dcp_world_size}, "
+            f"pcp_world_size={pcp_world_size}) is not supported by hybridcache's vLLM 0.33.0 facade yet"
+        )
+    if metrics_collector is not None:
+        raise NotImplementedError(
+            "metrics_collector (KV cache residency metrics) is not supported by hybridcache's "
+            "vLLM 0.33.0 facade yet"
+        )
 
 
 def _waiting_statuses() -> list[Any]:
@@ -116,7 +132,7 @@ class KVCacheManager033(KVCacheManager):
         enable_mamba_shared_prefix_checkpoint: bool = False,
     ) -> KVCacheManager033:
         """Builds the manager; the arguments are vLLM 0.33.0's."""
-        _check_supported(dcp_world_size, pcp_world_size, metrics_collector)
+        _check_supported_033(dcp_world_size, pcp_world_size, metrics_collector)
         max_model_len = _positive_int("max_model_len", max_model_len)
         if max_in_flight_tokens is None:
             max_in_flight_tokens = max_model_len

@@ -17,7 +17,8 @@ hybridcache.fuzz`` (and the tests that use them).
 - `bench_trace` and `timed_replay`: the bench's recorded hot path and its
   timed, verified replay;
 - `fuzz_setup`, `fuzz_driver` and `bad_inputs`: the long fuzz's random
-  API-level driver.
+  API-level driver;
+- `block_metrics`: vLLM's metrics collector, recording the calls it gets.
 
 Nothing here imports vLLM or torch at module import time.
 """

@@ -61,6 +61,11 @@ class Setup:
     events: bool
     log_stats: bool
     max_model_len: int = MAX_MODEL_LEN
+    # Context parallelism (single full-attention group only, as vLLM 0.23.0).
+    dcp: int = 1
+    pcp: int = 1
+    # A recording metrics collector on each manager at this sample rate.
+    metrics_sample_rate: float | None = None
 
     @property
     def align(self) -> bool:
@@ -74,6 +79,7 @@ class Setup:
         return (
             f"{self.mix} [{gs}] caching={self.caching} num_blocks={self.num_blocks} sbs={self.scheduler_block_size} "
             f"hbs={self.hash_block_size} eagle={self.use_eagle} events={self.events} stats={self.log_stats}"
+            f" dcp={self.dcp} pcp={self.pcp} metrics={self.metrics_sample_rate}"
         )
 
 
@@ -110,7 +116,7 @@ def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
     else:
         raise ValueError(f"unknown mix {mix!r}; choose from {', '.join(MIXES)}")
     eagle = rng.random() < 0.25 and mix != "full_chunked"  # vLLM: no EAGLE with chunked local
-    return Setup(
+    setup = Setup(
         mix=mix,
         caching=caching,
         groups=groups,
@@ -121,6 +127,15 @@ def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
         events=caching and rng.random() < 0.7,
         log_stats=rng.random() < 0.5,
     )
+    # Drawn last, so the draws above stay what they were.
+    if mix == "full" and rng.random() < 0.4:
+        # vLLM's resolve_kv_cache_block_sizes for one group: both sizes are
+        # the block size times dcp * pcp.
+        setup.dcp, setup.pcp = rng.choice(((2, 1), (1, 2), (2, 2)))
+        setup.scheduler_block_size = setup.hash_block_size = sbs * setup.dcp * setup.pcp
+    if rng.random() < 0.25:
+        setup.metrics_sample_rate = rng.choice((1.0, 0.3))
+    return setup
 
 
 def _manager_kwargs(s: Setup) -> dict[str, Any]:
@@ -132,7 +147,17 @@ def _manager_kwargs(s: Setup) -> dict[str, Any]:
         use_eagle=s.use_eagle,
         log_stats=s.log_stats,
         enable_kv_cache_events=s.events,
+        dcp_world_size=s.dcp,
+        pcp_world_size=s.pcp,
     )
+
+
+def _collector(s: Setup) -> dict[str, Any]:
+    if s.metrics_sample_rate is None:
+        return {}
+    from .block_metrics import recording_collector
+
+    return {"metrics_collector": recording_collector(s.metrics_sample_rate)}
 
 
 
@@ -157,11 +182,12 @@ def group_specs(s: Setup) -> tuple[GroupSpec, ...]:
 
 def build_hybridcache(s: Setup) -> Any:
     return configs.hybridcache_manager(configs.hybridcache_kv_cache_config(group_specs(s), s.num_blocks),
-                                       _manager_kwargs(s))
+                                       {**_manager_kwargs(s), **_collector(s)})
 
 
 def build_vllm(s: Setup) -> Any:
-    return configs.vllm_manager(configs.vllm_kv_cache_config(group_specs(s), s.num_blocks), _manager_kwargs(s))
+    return configs.vllm_manager(configs.vllm_kv_cache_config(group_specs(s), s.num_blocks),
+                                {**_manager_kwargs(s), **_collector(s)})
 
 
 # ---------------------------------------------------------------------------
@@ -204,6 +230,8 @@ class Figures:
     preemptions: int = 0
     evictions: int = 0
     resets: int = 0
+    context_parallel_setups: int = 0
+    metrics_setups: int = 0
     reports: list[str] = field(default_factory=list)
 
     def merge(self, o: Figures) -> None:
@@ -220,6 +248,7 @@ class Figures:
             f"bad_input_failures={self.bad_input_failures} bad_inputs_unread={self.bad_inputs_unread} reference_errors={self.reference_errors} "
             f"known_bug_avoided={self.known_bug_avoided} allocations={self.allocations} "
             f"none={self.none_allocations} hit_tokens={self.hit_tokens} events={self.events} "
-            f"preemptions={self.preemptions} evictions={self.evictions} resets={self.resets}"
+            f"preemptions={self.preemptions} evictions={self.evictions} resets={self.resets} "
+            f"context_parallel_setups={self.context_parallel_setups} metrics_setups={self.metrics_setups}"
         )
 

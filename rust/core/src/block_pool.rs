@@ -2,7 +2,7 @@
 //! prefix-cache map, with vLLM 0.23.0's `BlockPool` semantics.
 
 use crate::error::{invalid, CoreResult};
-use crate::events::PoolEvent;
+use crate::events::{BlockMetric, PoolEvent};
 use crate::free_queue::FreeQueue;
 use smallvec::SmallVec;
 
@@ -47,6 +47,9 @@ pub struct BlockPool {
     /// The null block's count moves with touches and frees (0.23.0); later
     /// releases skip the null block in both.
     null_ref_counted: bool,
+    // vLLM's metrics-collector calls, in order; only when a collector is set.
+    record_metrics: bool,
+    metrics: Vec<BlockMetric>,
 }
 
 /// Room for `n` more ids in a block table (or a list of ids handed out).
@@ -87,6 +90,8 @@ impl BlockPool {
             hash_block_size,
             events: Vec::new(),
             null_ref_counted,
+            record_metrics: false,
+            metrics: Vec::new(),
         })
     }
 
@@ -188,11 +193,18 @@ impl BlockPool {
                 self.maybe_evict_cached_block(b);
             }
             self.meta[b as usize].ref_cnt += 1;
+            if self.record_metrics {
+                self.metrics.push(BlockMetric::Allocated(b));
+            }
             out.push(b);
         }
     }
 
     fn maybe_evict_cached_block(&mut self, b: BlockId) -> bool {
+        // vLLM tells its collector first, whether the block is cached or not.
+        if self.record_metrics {
+            self.metrics.push(BlockMetric::Evicted(b));
+        }
         let entry = self.meta[b as usize].entry;
         if entry == NO_ENTRY {
             return false;
@@ -222,14 +234,17 @@ impl BlockPool {
     /// count the new holder.
     pub fn touch(&mut self, blocks: &[BlockId]) {
         for &b in blocks {
-            if b == NULL_BLOCK {
-                self.meta[0].ref_cnt += i32::from(self.null_ref_counted);
+            if b == NULL_BLOCK && !self.null_ref_counted {
+                // 0.33.0: the null block is never pooled nor counted.
                 continue;
             }
-            if self.meta[b as usize].ref_cnt == 0 {
+            if self.meta[b as usize].ref_cnt == 0 && b != NULL_BLOCK {
                 self.queue.remove(b);
             }
             self.meta[b as usize].ref_cnt += 1;
+            if self.record_metrics {
+                self.metrics.push(BlockMetric::Accessed(b));
+            }
         }
     }
 
@@ -369,6 +384,9 @@ impl BlockPool {
         }
         self.map.clear();
         self.meta.iter_mut().for_each(|m| m.entry = NO_ENTRY);
+        if self.record_metrics {
+            self.metrics.push(BlockMetric::Reset);
+        }
         if self.enable_events {
             self.events.push(PoolEvent::AllCleared);
         }
@@ -377,6 +395,43 @@ impl BlockPool {
 
     pub fn take_events(&mut self) -> Vec<PoolEvent> {
         std::mem::take(&mut self.events)
+    }
+
+    /// Logs vLLM's metrics-collector calls from now on (`take_metrics`).
+    pub fn set_record_metrics(&mut self, on: bool) {
+        self.record_metrics = on;
+    }
+
+    pub fn records_metrics(&self) -> bool {
+        self.record_metrics
+    }
+
+    pub fn has_metrics(&self) -> bool {
+        !self.metrics.is_empty()
+    }
+
+    /// Entries in the metrics log (0 while not recording).
+    pub fn metrics_len(&self) -> usize {
+        self.metrics.len()
+    }
+
+    /// Reorders the log from `start` on, made of two passes over `k` groups
+    /// (`ends`: the log length after each group of the first pass, then of
+    /// the second), into group order: group 0's two parts, group 1's, ...
+    pub fn interleave_metrics(&mut self, start: usize, ends: &[usize]) {
+        let k = ends.len() / 2;
+        let part = |j: usize| (if j == 0 { start } else { ends[j - 1] })..ends[j];
+        let tail: Vec<BlockMetric> = (0..k)
+            .flat_map(|g| part(g).chain(part(k + g)))
+            .map(|i| self.metrics[i])
+            .collect();
+        self.metrics.truncate(start);
+        self.metrics.extend(tail);
+    }
+
+    /// The collector calls logged since the last take, oldest first.
+    pub fn take_metrics(&mut self) -> Vec<BlockMetric> {
+        std::mem::take(&mut self.metrics)
     }
 
     pub fn has_events(&self) -> bool {

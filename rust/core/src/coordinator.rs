@@ -9,7 +9,7 @@ use crate::group_manager::SingleTypeManager;
 use crate::hashes::{HashList, ScaledHashes};
 use crate::new_blocks::NewBlocks;
 use crate::profile::BehaviourProfile;
-use crate::spec::{GroupSpec, SpecKind};
+use crate::spec::{context_parallel_groups, GroupSpec, SpecKind};
 use crate::{cdiv, BlockId, ReqSlot};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,18 +70,21 @@ impl Coordinator {
         groups: &[GroupSpec],
         use_eagle: bool,
         scheduler_block_size: u32,
+        context_parallel: (u32, u32),
         profile: &BehaviourProfile,
     ) -> CoreResult<Self> {
         let enable_caching = pool.enable_caching();
         let hash_block_size = pool.hash_block_size();
         check_sizes(groups, scheduler_block_size, hash_block_size)?;
+        let groups = &context_parallel_groups(groups, enable_caching, context_parallel)?[..];
         let kind = if !enable_caching {
             CoordinatorKind::NoPrefixCache
         } else if groups.len() == 1 {
             if groups[0].block_size != hash_block_size {
                 return Err(CoreError::InvalidArgument(format!(
                     "with one KV cache group and prefix caching, hash_block_size ({hash_block_size}) \
-                     must equal the group's block_size ({}), as vLLM 0.23.0 requires",
+                     must equal the group's block_size times dcp_world_size * pcp_world_size \
+                     ({}), as vLLM 0.23.0 requires",
                     groups[0].block_size
                 )));
             }
@@ -197,7 +200,8 @@ impl Coordinator {
     /// group, so an earlier group's external blocks can pop a later group's
     /// free hit block, which that group then takes too: one block in two
     /// groups. Touching all hits first gives the same blocks whenever vLLM's
-    /// result is sound.
+    /// result is sound; a metrics collector's log is then put back in vLLM's
+    /// per-group order (each group's touches, then its external blocks).
     #[inline(never)] // admissions only: kept out of the decode's code
     pub fn allocate_new_computed_blocks(
         &mut self,
@@ -206,22 +210,30 @@ impl Coordinator {
         num_local_computed_tokens: usize,
         num_external_computed_tokens: usize,
     ) {
-        let external: Vec<usize> = self
-            .managers
-            .iter_mut()
-            .zip(new_computed)
-            .map(|(m, nc)| {
-                m.add_computed_blocks(
-                    &mut self.pool,
-                    slot,
-                    nc,
-                    num_local_computed_tokens,
-                    num_external_computed_tokens,
-                )
-            })
-            .collect();
-        for (m, n) in self.managers.iter_mut().zip(external) {
+        let log = self.pool.records_metrics();
+        let start = self.pool.metrics_len();
+        let mut ends = Vec::new(); // the log's length after each group's step
+        let mut external = Vec::with_capacity(self.managers.len());
+        for (m, nc) in self.managers.iter_mut().zip(new_computed) {
+            external.push(m.add_computed_blocks(
+                &mut self.pool,
+                slot,
+                nc,
+                num_local_computed_tokens,
+                num_external_computed_tokens,
+            ));
+            if log {
+                ends.push(self.pool.metrics_len());
+            }
+        }
+        for (m, &n) in self.managers.iter_mut().zip(&external) {
             m.allocate_external_blocks(&mut self.pool, slot, n);
+            if log {
+                ends.push(self.pool.metrics_len());
+            }
+        }
+        if log && self.pool.metrics_len() > ends[self.managers.len() - 1] {
+            self.pool.interleave_metrics(start, &ends);
         }
     }
 

@@ -37,15 +37,18 @@ enum Mix {
     SwMamba,
     FullMamba3,
     FullChunked,
+    /// Full attention with dcp 2 x pcp 2: blocks of 16 tokens.
+    FullContextParallel,
 }
 
-const ALL_MIXES: [Mix; 6] = [
+const ALL_MIXES: [Mix; 7] = [
     Mix::Full,
     Mix::FullSw,
     Mix::FullMambaAlignSpec,
     Mix::SwMamba,
     Mix::FullMamba3,
     Mix::FullChunked,
+    Mix::FullContextParallel,
 ];
 
 const MAX_MODEL_LEN: usize = 96;
@@ -112,6 +115,8 @@ fn mix_groups(mix: Mix, caching: bool) -> (Vec<GroupSpec>, u32, u32) {
             4,
         ),
         Mix::FullChunked => (vec![GroupSpec::full_attention(4), chunked(8, 4)], 8, 4),
+        // vLLM's scheduler passes block_size * dcp * pcp for both sizes.
+        Mix::FullContextParallel => (vec![GroupSpec::full_attention(4)], 16, 16),
     }
 }
 
@@ -131,6 +136,16 @@ fn make_manager(mix: Mix, caching: bool, num_blocks: u32, eagle: bool) -> KvCach
         enable_caching: caching,
         use_eagle: eagle,
         enable_events: true,
+        dcp_world_size: if mix == Mix::FullContextParallel {
+            2
+        } else {
+            1
+        },
+        pcp_world_size: if mix == Mix::FullContextParallel {
+            2
+        } else {
+            1
+        },
     })
     .expect("valid config")
 }
@@ -883,6 +898,8 @@ mix_tests! {
     full_mamba3_no_caching: Mix::FullMamba3, false;
     full_chunked_caching: Mix::FullChunked, true;
     full_chunked_no_caching: Mix::FullChunked, false;
+    full_context_parallel_caching: Mix::FullContextParallel, true;
+    full_context_parallel_no_caching: Mix::FullContextParallel, false;
 }
 
 #[test]
@@ -918,6 +935,8 @@ fn vllm_bug_external_tokens_take_a_later_groups_free_hit() {
         enable_caching: true,
         use_eagle: false,
         enable_events: false,
+        dcp_world_size: 1,
+        pcp_world_size: 1,
     })
     .unwrap();
     let a: Vec<u32> = (0..16).collect();
@@ -976,6 +995,8 @@ fn mamba_align_external_tokens_out_of_blocks_is_none() {
         enable_caching: true,
         use_eagle: false,
         enable_events: false,
+        dcp_world_size: 1,
+        pcp_world_size: 1,
     })
     .unwrap();
     let tokens: Vec<u32> = (0..9).collect();

@@ -134,6 +134,7 @@ pub(crate) fn decode_batch<'py>(
             }
         }
     }
+    NativeManager::flush_block_metrics(slf)?;
     let ok = result.ok.iter().map(|&b| b != 0);
     Ok((
         PyList::new(py, ok)?,
@@ -222,6 +223,7 @@ pub(crate) fn decode_arrays<'py>(
             sink.call1(py, (raw_events(py, events)?, request))?;
         }
     }
+    NativeManager::flush_block_metrics(slf)?;
     Ok((
         PyBytes::new(py, &result.ok),
         u32_bytes(py, &result.offsets),

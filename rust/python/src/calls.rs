@@ -2,7 +2,7 @@
 //! method and the raw builtin land in `allocate_slots_impl`), lazy reads of
 //! request attributes, block-id conversion and the event hand-off.
 
-use hybridcache_core::{AllocateArgs, HashUpdate, PoolEvent};
+use hybridcache_core::{AllocateArgs, BlockMetric, HashUpdate, PoolEvent};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -120,7 +120,7 @@ impl NativeManager {
     }
 
     /// Runs one allocation (`allocate` answers vLLM's None with false) and
-    /// returns its result, its events handed to the sink.
+    /// returns its result, its events and block metrics handed to the sinks.
     pub(crate) fn allocation_result(
         slf: &Bound<'_, Self>,
         request: &Bound<'_, PyAny>,
@@ -134,7 +134,8 @@ impl NativeManager {
             } else {
                 slf.py().None()
             };
-            (result, this.inner.has_events())
+            let pending = this.inner.has_events() || this.inner.has_block_metrics();
+            (result, pending)
         };
         if has_events {
             Self::flush_events(slf, Some(request))?;
@@ -391,11 +392,38 @@ impl NativeManager {
         block_ids(lists.as_any(), num_blocks, "new_computed_blocks").map(Some)
     }
 
-    /// Hands pending events to the facade's sink, with the request they came from.
+    /// Hands the pool's log of metrics-collector calls to the facade's sink
+    /// (the log is kept only while a sink is bound).
+    pub(crate) fn flush_block_metrics(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let (sink, log) = {
+            let mut this = slf.borrow_mut();
+            if !this.inner.has_block_metrics() {
+                return Ok(());
+            }
+            let log = this.inner.take_block_metrics();
+            match this.py_side.as_ref().and_then(|s| s.metrics_sink.as_ref()) {
+                Some(sink) => (sink.clone_ref(py), log),
+                None => return Ok(()),
+            }
+        };
+        let raw = log.into_iter().map(|m| match m {
+            BlockMetric::Allocated(b) => (0u8, b),
+            BlockMetric::Accessed(b) => (1, b),
+            BlockMetric::Evicted(b) => (2, b),
+            BlockMetric::Reset => (3, 0),
+        });
+        sink.call1(py, (PyList::new(py, raw)?,))?;
+        Ok(())
+    }
+
+    /// Hands pending events to the facade's sink, with the request they
+    /// came from, and the block metrics to theirs.
     pub(crate) fn flush_events(
         slf: &Bound<'_, Self>,
         request: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        Self::flush_block_metrics(slf)?;
         let py = slf.py();
         let (sink, events) = {
             let mut this = slf.borrow_mut();

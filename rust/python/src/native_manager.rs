@@ -21,6 +21,10 @@ pub(crate) struct Bound_ {
     pub(crate) empty: PyObject,
     /// `sink(raw_events, request)` turns raw events into event objects.
     pub(crate) event_sink: Option<PyObject>,
+    /// `sink(raw_metrics)` makes the metrics collector's calls, from the
+    /// pool's log of them: a list of (kind, block_id), kind 0 allocated,
+    /// 1 accessed, 2 evicted, 3 reset (block_id 0).
+    pub(crate) metrics_sink: Option<PyObject>,
 }
 
 /// The native manager; use `hybridcache.KVCacheManager`, which extends it.
@@ -42,7 +46,8 @@ pub(crate) struct NativeManager {
 impl NativeManager {
     #[new]
     #[pyo3(signature = (num_blocks, groups, max_model_len, scheduler_block_size, hash_block_size,
-                        enable_caching, use_eagle, enable_events, profile))]
+                        enable_caching, use_eagle, enable_events, profile,
+                        dcp_world_size, pcp_world_size))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: &Bound<'_, PyAny>,
@@ -54,6 +59,8 @@ impl NativeManager {
         use_eagle: bool,
         enable_events: bool,
         profile: &str,
+        dcp_world_size: u32,
+        pcp_world_size: u32,
     ) -> PyResult<Self> {
         let groups: Vec<GroupRecord> = groups.extract().map_err(|e| {
             if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(groups.py()) {
@@ -79,6 +86,8 @@ impl NativeManager {
             enable_caching,
             use_eagle,
             enable_events,
+            dcp_world_size,
+            pcp_world_size,
             profile: BehaviourProfile::for_release(profile).map_err(to_py_err)?,
         };
         Ok(NativeManager {
@@ -97,7 +106,7 @@ impl NativeManager {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         if let Some(side) = &self.py_side {
             visit.call(&side.empty)?;
-            if let Some(sink) = &side.event_sink {
+            for sink in [&side.event_sink, &side.metrics_sink].into_iter().flatten() {
                 visit.call(sink)?;
             }
         }
@@ -109,10 +118,22 @@ impl NativeManager {
     }
 
     /// Called once by the facade: the shared empty KVCacheBlocks, the event
-    /// sink (None when events are off) and whether lookups are counted.
-    #[pyo3(signature = (empty, event_sink, log_stats=false))]
-    fn _bind_python(&mut self, empty: PyObject, event_sink: Option<PyObject>, log_stats: bool) {
-        self.py_side = Some(Bound_ { empty, event_sink });
+    /// sink (None when events are off), whether lookups are counted and the
+    /// block-metrics sink (None without a metrics collector).
+    #[pyo3(signature = (empty, event_sink, log_stats=false, metrics_sink=None))]
+    fn _bind_python(
+        &mut self,
+        empty: PyObject,
+        event_sink: Option<PyObject>,
+        log_stats: bool,
+        metrics_sink: Option<PyObject>,
+    ) {
+        self.inner.set_record_block_metrics(metrics_sink.is_some());
+        self.py_side = Some(Bound_ {
+            empty,
+            event_sink,
+            metrics_sink,
+        });
         self.inner.set_log_stats(log_stats);
     }
 

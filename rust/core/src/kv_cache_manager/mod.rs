@@ -18,7 +18,7 @@ use crate::block_pool::BlockPool;
 use crate::coordinator::Coordinator;
 use crate::decode_bounds::DecodeHorizon;
 use crate::error::{invalid, CoreError, CoreResult};
-use crate::events::PoolEvent;
+use crate::events::{BlockMetric, PoolEvent};
 use crate::hashes::{HashList, HashUpdate};
 use crate::mamba_plan::PlannerState;
 use crate::profile::BehaviourProfile;
@@ -36,6 +36,11 @@ pub struct ManagerConfig {
     pub enable_caching: bool,
     pub use_eagle: bool,
     pub enable_events: bool,
+    /// Decode / prefill context parallelism (vLLM's `dcp_world_size`,
+    /// `pcp_world_size`; 1 = off): each block holds their product times
+    /// the spec's tokens (see `Coordinator::new`).
+    pub dcp_world_size: u32,
+    pub pcp_world_size: u32,
     /// The vLLM release whose semantics the manager follows.
     pub profile: BehaviourProfile,
 }
@@ -129,6 +134,7 @@ impl KvCacheManager {
             &cfg.groups,
             cfg.use_eagle,
             cfg.scheduler_block_size,
+            (cfg.dcp_world_size, cfg.pcp_world_size),
             &cfg.profile,
         )?;
         let has_align_groups = coord.managers.iter().any(|m| m.is_mamba_align());
@@ -422,6 +428,20 @@ impl KvCacheManager {
 
     pub fn has_events(&self) -> bool {
         self.coord.pool.has_events()
+    }
+
+    /// Logs the calls vLLM's block pool makes on a `metrics_collector`
+    /// (allocated / accessed / evicted / reset), for `take_block_metrics`.
+    pub fn set_record_block_metrics(&mut self, on: bool) {
+        self.coord.pool.set_record_metrics(on);
+    }
+
+    pub fn has_block_metrics(&self) -> bool {
+        self.coord.pool.has_metrics()
+    }
+
+    pub fn take_block_metrics(&mut self) -> Vec<BlockMetric> {
+        self.coord.pool.take_metrics()
     }
 
     pub fn take_new_block_ids(&mut self) -> Vec<BlockId> {
