@@ -13,6 +13,8 @@ fn manager(num_blocks: u32, caching: bool) -> KvCacheManager {
         scheduler_block_size: 16,
         hash_block_size: 16,
         profile: BehaviourProfile::V0_33,
+        dcp_world_size: 1,
+        pcp_world_size: 1,
         enable_caching: caching,
         use_eagle: false,
         enable_events: false,
