@@ -352,7 +352,7 @@ fn context_parallel_scales_the_block_size() {
     }
     m.sync_hashes("b", 0, hashes(1, 2)).unwrap();
     assert_eq!(
-        m.get_computed_blocks("b", 40).unwrap(),
+        m.get_computed_blocks("b", 40, None).unwrap(),
         (vec![vec![1, 2]], 32)
     );
     m.check_invariants().unwrap();
@@ -404,7 +404,7 @@ fn block_metrics_log_vllms_collector_calls() {
     m.set_record_block_metrics(true);
     m.free("a");
     m.sync_hashes("b", 0, hashes(1, 1)).unwrap();
-    let (hit, n) = m.get_computed_blocks("b", 6).unwrap();
+    let (hit, n) = m.get_computed_blocks("b", 6, None).unwrap();
     let args = AllocateArgs {
         num_new_tokens: 2,
         num_tokens: 6,
