@@ -61,6 +61,7 @@ fn main() {
         enable_caching: true,
         use_eagle: false,
         enable_events: false,
+        retention_interval: None,
     })
     .unwrap();
     let mut rng = Rng(0x9E3779B97F4A7C15);

@@ -14,11 +14,14 @@
 //! - `stats`: `kv_cache_manager::stats` (which lookups are counted);
 //! - `hashing`: `block_hasher::extra_keys` (how LoRA / cache salt enter a
 //!   block's key) and the facade's NONE_HASH seed;
-//! - `retention`, `partial_hits`, `null_block_ref_counted`,
-//!   `cache_cap_at_hashes`: one value each today (0.23.0 has no such
-//!   feature or does it one way); the 0.33.0 port reads them where its rule
-//!   goes (the pool's touch/free for null counting, the caching step for
-//!   the cap, the hit search for partial hits).
+//! - `retention`: `attention::sliding_window` (which blocks sparse
+//!   retention keeps: `reachable_blocks`, the replay boundary) and
+//!   `coordinator` (which configs accept a retention interval);
+//! - `partial_hits`, `null_block_ref_counted`, `cache_cap_at_hashes`: one
+//!   value each today (0.23.0 has no such feature or does it one way); the
+//!   0.33.0 port reads them where its rule goes (the pool's touch/free for
+//!   null counting, the caching step for the cap, the hit search for
+//!   partial hits).
 
 use crate::error::{CoreError, CoreResult};
 
@@ -76,12 +79,16 @@ pub struct Hashing {
     pub lookahead_hash_tokens: bool,
 }
 
-/// How many blocks outside a window (sliding window, Mamba) stay cached.
+/// How a retention interval (`ManagerConfig::retention_interval`: None
+/// dense, 0 the replay boundary only, N one tail per N-token segment)
+/// sparsifies what is cached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Retention {
-    /// 0.23.0: no retention limit (every full block may stay cached).
-    Unbounded,
+    /// 0.23.0 (`VLLM_PREFIX_CACHE_RETENTION_INTERVAL`): sliding-window
+    /// groups only; the one replay boundary kept is the last
+    /// scheduler-block boundary before the prompt's last token.
+    SlidingWindowPromptTail,
 }
 
 /// Which groups record the ids of new blocks (`take_new_block_ids`).
@@ -131,7 +138,7 @@ impl BehaviourProfile {
             extra_keys: ExtraKeyMode::Plain,
             lookahead_hash_tokens: false,
         },
-        retention: Retention::Unbounded,
+        retention: Retention::SlidingWindowPromptTail,
         partial_hits: false,
         null_block_ref_counted: true,
         cache_cap_at_hashes: false,

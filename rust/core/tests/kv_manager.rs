@@ -16,6 +16,7 @@ fn config(num_blocks: u32, block_size: u32, caching: bool, events: bool) -> Mana
         enable_caching: caching,
         use_eagle: false,
         enable_events: events,
+        retention_interval: None,
     }
 }
 

@@ -35,6 +35,12 @@ pub struct ManagerConfig {
     pub enable_caching: bool,
     pub use_eagle: bool,
     pub enable_events: bool,
+    /// Sparse retention of what is cached (vLLM 0.23.0's
+    /// `VLLM_PREFIX_CACHE_RETENTION_INTERVAL`): None dense; 0 only the
+    /// prompt's replay boundary; N (a multiple of `scheduler_block_size`)
+    /// one hit's blocks per N tokens and the replay boundary. Which groups
+    /// it sparsifies is the profile's `retention`.
+    pub retention_interval: Option<usize>,
     /// The vLLM release whose semantics the manager follows.
     pub profile: BehaviourProfile,
 }
@@ -58,6 +64,9 @@ pub struct AllocateArgs<'a> {
     pub num_encoder_tokens: usize,
     pub full_sequence_must_fit: bool,
     pub reserved_blocks: usize,
+    /// `request.num_prompt_tokens`, kept for the request's lifetime; pass
+    /// it when `wants_num_prompt_tokens` (None otherwise: nothing changes).
+    pub num_prompt_tokens: Option<usize>,
 }
 
 impl AllocateArgs<'_> {
@@ -94,6 +103,9 @@ pub struct KvCacheManager {
     /// Some group sizes a request's table from its computed tokens (see
     /// `admission_check::check_computed_held`).
     sizes_from_computed: bool,
+    /// Caching places a replay boundary, from each request's prompt length
+    /// (sparse retention with caching on).
+    reads_prompt_len: bool,
 }
 
 impl KvCacheManager {
@@ -122,6 +134,7 @@ impl KvCacheManager {
             &cfg.groups,
             cfg.use_eagle,
             cfg.scheduler_block_size,
+            cfg.retention_interval,
             &cfg.profile,
         )?;
         let has_align_groups = coord.managers.iter().any(|m| m.is_mamba_align());
@@ -137,12 +150,32 @@ impl KvCacheManager {
             has_align_groups,
             reqs: RequestRegistry::default(),
             ghost_entries: Vec::new(),
+            reads_prompt_len: cfg.enable_caching && cfg.retention_interval.is_some(),
         })
+    }
+
+    /// Whether an allocation of the request in `slot` (None: new) should
+    /// carry `num_prompt_tokens`: sparse retention is on and the request's
+    /// prompt length is not known yet. False without retention.
+    #[inline]
+    pub fn wants_num_prompt_tokens(&self, slot: Option<ReqSlot>) -> bool {
+        self.reads_prompt_len && slot.is_none_or(|s| self.reqs.num_prompt_tokens(s).is_none())
     }
 
     /// Prefix caching is on (vLLM's `enable_caching`).
     pub fn enable_caching(&self) -> bool {
         self.enable_caching
+    }
+
+    /// The coordinator vLLM 0.23.0 would build for this config:
+    /// "no_prefix_cache", "unitary" (one group) or "hybrid".
+    pub fn coordinator_kind(&self) -> &'static str {
+        use crate::coordinator::CoordinatorKind as K;
+        match self.coord.kind {
+            K::NoPrefixCache => "no_prefix_cache",
+            K::Unitary => "unitary",
+            K::Hybrid => "hybrid",
+        }
     }
 
     pub fn pool(&self) -> &BlockPool {
@@ -366,8 +399,12 @@ impl KvCacheManager {
             self.apply_hashes(request_id, u);
         }
         self.set_horizon(slot, None);
-        self.coord
-            .cache_blocks(slot, self.reqs.hashes(slot), num_computed_tokens);
+        self.coord.cache_blocks(
+            slot,
+            self.reqs.hashes(slot),
+            num_computed_tokens,
+            self.reqs.num_prompt_tokens(slot),
+        );
         Ok(())
     }
 
