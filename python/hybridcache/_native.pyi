@@ -72,6 +72,10 @@ class _Request(Protocol):
     def num_preemptions(self) -> int:
         """Read with `log_stats`: a lookup of a request with preemptions
         counts as a preempted one."""
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Read once per request with a retention interval: it places the
+        replay boundary sparse retention keeps."""
 
 class _BlocksLike(Protocol):
     """vLLM's `KVCacheBlocks` (block objects with a `block_id`, per group)."""
@@ -97,6 +101,7 @@ class NativeManager:
         use_eagle: bool,
         enable_events: bool,
         profile: str,
+        retention_interval: int | None = None,
     ) -> NativeManager: ...
     def _bind_python(
         self, empty: KVCacheBlocks, event_sink: Callable[[list[_RawEvent], Any], None] | None, log_stats: bool = False
@@ -116,6 +121,10 @@ class NativeManager:
     @property
     def num_requests(self) -> int:
         """Requests the manager holds state for (allocated, not yet freed)."""
+    @property
+    def coordinator_kind(self) -> Literal["no_prefix_cache", "unitary", "hybrid"]:
+        """The coordinator vLLM 0.23.0 builds for this config: no prefix
+        cache (caching off), unitary (one group) or hybrid."""
     def num_known_hashes(self, request_id: str) -> int:
         """How many of the request's block hashes the manager has read."""
     def get_computed_blocks(self, request: _Request) -> tuple[KVCacheBlocks, int]:

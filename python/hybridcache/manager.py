@@ -10,8 +10,8 @@ from typing import Any, cast
 from hybridcache import _native
 from hybridcache.block_pool import BlockPoolView
 from hybridcache.blocks import KVCacheBlocks
-from hybridcache.config import check_retention_interval, read_groups, read_num_blocks
-from hybridcache.coordinator import CoordinatorView
+from hybridcache.config import read_groups, read_num_blocks, read_retention_interval
+from hybridcache.coordinator import coordinator_view
 from hybridcache.events import EventBuilder, prefix_cache_stats_class
 
 
@@ -72,7 +72,14 @@ class KVCacheManager(_native.NativeManager):
             not divide as above, a bad spec field (each named).
         TypeError: a config without `kv_cache_groups`, a group without a spec.
         NotImplementedError: dcp/pcp > 1, a metrics collector, sink or
-            encoder-only specs, VLLM_PREFIX_CACHE_RETENTION_INTERVAL.
+            encoder-only specs.
+
+    VLLM_PREFIX_CACHE_RETENTION_INTERVAL is read here, as vLLM 0.23.0 reads
+    it: unset, every reachable block is cached; 0 or a multiple N of
+    `scheduler_block_size`, sliding-window groups cache only the prompt's
+    replay boundary and (N) one hit's blocks per N tokens. ValueError for a
+    value that is not an int, negative or not such a multiple, or for a
+    model without a sliding-window group.
 
     The calls of a scheduler step (native; their full documentation is in
     `hybridcache/_native.pyi`, shown by IDEs and type checkers):
@@ -130,18 +137,20 @@ class KVCacheManager(_native.NativeManager):
             # A step that schedules no token admits nothing: never a real config.
             raise ValueError(f"max_num_batched_tokens must be > 0, got {max_num_batched_tokens}")
         groups = read_groups(kv_cache_config, max_num_batched_tokens, max_model_len)
-        check_retention_interval(groups)
+        num_blocks = read_num_blocks(kv_cache_config)
+        scheduler_block_size = _positive_int("scheduler_block_size", scheduler_block_size)
         self = cast("KVCacheManager", super().__new__(
             cls,
-            read_num_blocks(kv_cache_config),
+            num_blocks,
             [g.native for g in groups],
             max_model_len,
-            _positive_int("scheduler_block_size", scheduler_block_size),
+            scheduler_block_size,
             _positive_int("hash_block_size", hash_block_size),
             bool(enable_caching),
             bool(use_eagle),
             bool(enable_kv_cache_events),
             PROFILE,
+            read_retention_interval(groups, scheduler_block_size),
         ))
         self._init_python_side(
             kv_cache_config, groups, max_model_len, enable_caching, use_eagle, log_stats, enable_kv_cache_events
@@ -183,7 +192,7 @@ class KVCacheManager(_native.NativeManager):
         # keyword matching (same arguments, same result as the class method).
         self.allocate_slots = self._bound_allocate_slots()  # type: ignore[method-assign]
         self.block_pool = BlockPoolView(self)
-        self.coordinator = CoordinatorView(self)
+        self.coordinator = coordinator_view(self)
 
     @property
     def _native(self) -> KVCacheManager:

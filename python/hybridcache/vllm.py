@@ -21,7 +21,7 @@ import os
 import threading
 from typing import Any
 
-from hybridcache.coordinator import CoordinatorView
+from hybridcache.coordinator import coordinator_view
 from hybridcache.manager import KVCacheManager
 
 SUPPORTED_VLLM_VERSION = "0.23.0"
@@ -46,7 +46,7 @@ class VllmKVCacheManager(KVCacheManager):
         """The arguments of `KVCacheManager`."""
         super().__init__(*args, **kwargs)
         if getattr(self, "coordinator", None) is None:
-            self.coordinator = CoordinatorView(self)
+            self.coordinator = coordinator_view(self)
 
 
 def vllm_version() -> str | None:

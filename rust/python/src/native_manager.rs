@@ -41,7 +41,7 @@ pub(crate) struct NativeManager {
 impl NativeManager {
     #[new]
     #[pyo3(signature = (num_blocks, groups, max_model_len, scheduler_block_size, hash_block_size,
-                        enable_caching, use_eagle, enable_events, profile))]
+                        enable_caching, use_eagle, enable_events, profile, retention_interval=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: &Bound<'_, PyAny>,
@@ -53,6 +53,7 @@ impl NativeManager {
         use_eagle: bool,
         enable_events: bool,
         profile: &str,
+        retention_interval: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let groups: Vec<GroupRecord> = groups.extract().map_err(|e| {
             if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(groups.py()) {
@@ -78,6 +79,10 @@ impl NativeManager {
             enable_caching,
             use_eagle,
             enable_events,
+            retention_interval: match retention_interval {
+                Some(v) if !v.is_none() => Some(count_obj("retention_interval", v)?),
+                _ => None,
+            },
             profile: BehaviourProfile::for_release(profile).map_err(to_py_err)?,
         };
         Ok(NativeManager {
@@ -132,6 +137,11 @@ impl NativeManager {
     #[getter]
     fn num_requests(&self) -> usize {
         self.inner.num_requests()
+    }
+
+    #[getter]
+    fn coordinator_kind(&self) -> &'static str {
+        self.inner.coordinator_kind()
     }
 
     fn num_known_hashes(&self, request_id: &str) -> usize {
