@@ -12,7 +12,9 @@ request objects; every output is compared (block ids and which are unhashed,
 hit lengths, None, free count, usage, events, stats, common prefix blocks,
 new block ids), and after every operation also every block's ref_cnt and
 hash, the free queue's order and every request's block table.
-`check_invariants()` runs after every operation.
+`check_invariants()` runs after every operation. Setups with a sliding
+window also draw VLLM_PREFIX_CACHE_RETENTION_INTERVAL (unset, 0, or 1-3
+scheduler blocks), set while both managers are built.
 
 Interleaved with them, bad inputs (bad counts, unknown ids, foreign
 KVCacheBlocks, wrong hash types, out-of-range eviction ids, ...) go to

@@ -15,7 +15,7 @@ from typing import Any
 from . import configs
 from .configs import GroupSpec
 
-MIXES = ("full", "full_sw", "full_mamba_align", "sw_mamba", "full_mamba3", "full_chunked")
+MIXES = ("full", "sw", "full_sw", "full_mamba_align", "sw_mamba", "full_mamba3", "full_chunked")
 MAX_MODEL_LEN = 128
 ACCEPTED_ERRORS = (ValueError, TypeError, KeyError, NotImplementedError)
 
@@ -61,6 +61,9 @@ class Setup:
     events: bool
     log_stats: bool
     max_model_len: int = MAX_MODEL_LEN
+    # VLLM_PREFIX_CACHE_RETENTION_INTERVAL while the managers are built
+    # (None: unset, dense caching).
+    retention: int | None = None
 
     @property
     def align(self) -> bool:
@@ -74,6 +77,7 @@ class Setup:
         return (
             f"{self.mix} [{gs}] caching={self.caching} num_blocks={self.num_blocks} sbs={self.scheduler_block_size} "
             f"hbs={self.hash_block_size} eagle={self.use_eagle} events={self.events} stats={self.log_stats}"
+            f" retention={self.retention}"
         )
 
 
@@ -84,6 +88,9 @@ def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
     if mix == "full":
         bs = rng.choice((4, 8))
         groups, sbs, hbs = (Group("full", bs),), bs, bs
+    elif mix == "sw":
+        bs = rng.choice((4, 8))
+        groups, sbs, hbs = (Group("sw", bs, rng.randint(2, 20)),), bs, bs
     elif mix == "full_sw":
         sw_bs = rng.choice((4, 8))
         groups = (Group("full", 4), Group("sw", sw_bs, rng.randint(3, 14)))
@@ -110,6 +117,11 @@ def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
     else:
         raise ValueError(f"unknown mix {mix!r}; choose from {', '.join(MIXES)}")
     eagle = rng.random() < 0.25 and mix != "full_chunked"  # vLLM: no EAGLE with chunked local
+    # Sparse retention (vLLM 0.23.0 accepts it only with a sliding window):
+    # unset, latest boundary only, or 1-3 scheduler blocks per segment.
+    retention = None
+    if any(g.kind == "sw" for g in groups):
+        retention = rng.choice((None, None, 0, sbs, 2 * sbs, 3 * sbs))
     return Setup(
         mix=mix,
         caching=caching,
@@ -120,6 +132,7 @@ def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
         use_eagle=eagle,
         events=caching and rng.random() < 0.7,
         log_stats=rng.random() < 0.5,
+        retention=retention,
     )
 
 
@@ -156,12 +169,17 @@ def group_specs(s: Setup) -> tuple[GroupSpec, ...]:
 
 
 def build_hybridcache(s: Setup) -> Any:
-    return configs.hybridcache_manager(configs.hybridcache_kv_cache_config(group_specs(s), s.num_blocks),
-                                       _manager_kwargs(s))
+    with configs.retention_interval(s.retention):
+        return configs.hybridcache_manager(configs.hybridcache_kv_cache_config(group_specs(s), s.num_blocks),
+                                           _manager_kwargs(s))
 
 
 def build_vllm(s: Setup) -> Any:
-    return configs.vllm_manager(configs.vllm_kv_cache_config(group_specs(s), s.num_blocks), _manager_kwargs(s))
+    with configs.retention_interval(s.retention):
+        m = configs.vllm_manager(configs.vllm_kv_cache_config(group_specs(s), s.num_blocks), _manager_kwargs(s))
+    # vLLM reads the variable at construction (unless its env cache is on).
+    assert m.coordinator.retention_interval == s.retention, "vLLM did not see the retention interval"
+    return m
 
 
 # ---------------------------------------------------------------------------
