@@ -100,8 +100,8 @@ class NativeManager:
         enable_caching: bool,
         use_eagle: bool,
         enable_events: bool,
+        retention_interval: int | None,
         profile: str,
-        retention_interval: int | None = None,
     ) -> NativeManager: ...
     def _bind_python(
         self, empty: KVCacheBlocks, event_sink: Callable[[list[_RawEvent], Any], None] | None, log_stats: bool = False

@@ -149,8 +149,8 @@ class KVCacheManager(_native.NativeManager):
             bool(enable_caching),
             bool(use_eagle),
             bool(enable_kv_cache_events),
-            PROFILE,
             read_retention_interval(groups, scheduler_block_size),
+            PROFILE,
         ))
         self._init_python_side(
             kv_cache_config, groups, max_model_len, enable_caching, use_eagle, log_stats, enable_kv_cache_events

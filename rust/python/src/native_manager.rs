@@ -41,7 +41,7 @@ pub(crate) struct NativeManager {
 impl NativeManager {
     #[new]
     #[pyo3(signature = (num_blocks, groups, max_model_len, scheduler_block_size, hash_block_size,
-                        enable_caching, use_eagle, enable_events, profile, retention_interval=None))]
+                        enable_caching, use_eagle, enable_events, retention_interval, profile))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: &Bound<'_, PyAny>,
@@ -52,8 +52,8 @@ impl NativeManager {
         enable_caching: bool,
         use_eagle: bool,
         enable_events: bool,
+        retention_interval: &Bound<'_, PyAny>,
         profile: &str,
-        retention_interval: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let groups: Vec<GroupRecord> = groups.extract().map_err(|e| {
             if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(groups.py()) {
@@ -79,9 +79,10 @@ impl NativeManager {
             enable_caching,
             use_eagle,
             enable_events,
-            retention_interval: match retention_interval {
-                Some(v) if !v.is_none() => Some(count_obj("retention_interval", v)?),
-                _ => None,
+            retention_interval: if retention_interval.is_none() {
+                None
+            } else {
+                Some(count_obj("retention_interval", retention_interval)?)
             },
             profile: BehaviourProfile::for_release(profile).map_err(to_py_err)?,
         };
