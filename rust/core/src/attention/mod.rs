@@ -183,8 +183,8 @@ impl Attention {
     }
 
     /// Which blocks caching keeps (None: all), for blocks of `bs` tokens,
-    /// scheduler blocks of `sbs` and the retention interval, if any (with
-    /// the profile's rule; 0.23.0's applies to sliding windows only).
+    /// scheduler blocks of `sbs` and the retention interval, if any, with
+    /// the profile's rule (a type the rule does not sparsify ignores it).
     pub fn reachable_blocks(
         &self,
         bs: u32,
@@ -192,13 +192,15 @@ impl Attention {
         eagle: bool,
         retention: Option<(usize, Retention)>,
     ) -> Option<ReachableBlocks> {
+        let retention = retention.filter(|&(_, rule)| self.retains_sparsely(rule));
         match self {
             Attention::SlidingWindow(t) => t.reachable_blocks(bs, sbs, eagle, retention),
             _ => None,
         }
     }
 
-    /// Whether a retention interval under `rule` sparsifies this type.
+    /// Whether a retention interval under `rule` sparsifies this type
+    /// (0.23.0: sliding windows only).
     pub fn retains_sparsely(&self, rule: Retention) -> bool {
         match rule {
             Retention::SlidingWindowPromptTail => matches!(self, Attention::SlidingWindow(_)),

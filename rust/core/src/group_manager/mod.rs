@@ -351,9 +351,8 @@ impl SingleTypeManager {
         );
     }
 
-    /// Caches the request's full blocks up to `num_tokens` that the type
-    /// keeps; `num_prompt_tokens` places the replay boundary under sparse
-    /// retention (unused otherwise).
+    /// Caches the full blocks up to `num_tokens` the type keeps (the
+    /// prompt length: see `ReachableBlocks::replay_tail`).
     pub fn cache_blocks(
         &mut self,
         pool: &mut BlockPool,
