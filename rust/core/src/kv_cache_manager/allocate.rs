@@ -303,7 +303,7 @@ impl KvCacheManager {
                 slot,
                 self.reqs.hashes(slot),
                 num_tokens_to_cache,
-                self.reqs.num_prompt_tokens(slot),
+                self.prompt_len(slot),
             );
         }
         self.allocated(slot, total_computed, args.num_new_tokens);

@@ -207,7 +207,7 @@ impl KvCacheManager {
             args.num_lookahead_tokens,
             !args.delay_cache_blocks,
         );
-        let (hashes, prompt) = (self.reqs.hashes(slot), self.reqs.num_prompt_tokens(slot));
+        let (hashes, prompt) = (self.reqs.hashes(slot), self.prompt_len(slot));
         if !self
             .coord
             .plain_decode(slot, &c, args.reserved_blocks, hashes, prompt, out)

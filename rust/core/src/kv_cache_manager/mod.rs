@@ -162,6 +162,15 @@ impl KvCacheManager {
         self.reads_prompt_len && slot.is_none_or(|s| self.reqs.num_prompt_tokens(s).is_none())
     }
 
+    /// The request's prompt length where caching reads it (sparse
+    /// retention); None, without touching the request's state, otherwise.
+    #[inline]
+    fn prompt_len(&self, slot: ReqSlot) -> Option<usize> {
+        self.reads_prompt_len
+            .then(|| self.reqs.num_prompt_tokens(slot))
+            .flatten()
+    }
+
     /// Prefix caching is on (vLLM's `enable_caching`).
     pub fn enable_caching(&self) -> bool {
         self.enable_caching
@@ -403,7 +412,7 @@ impl KvCacheManager {
             slot,
             self.reqs.hashes(slot),
             num_computed_tokens,
-            self.reqs.num_prompt_tokens(slot),
+            self.prompt_len(slot),
         );
         Ok(())
     }
