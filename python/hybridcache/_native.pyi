@@ -80,6 +80,10 @@ class _Request(Protocol):
     def num_preemptions(self) -> int:
         """Read with `log_stats`: a lookup of a request with preemptions
         counts as a preempted one."""
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Read once per request with a retention interval: it places the
+        replay boundary sparse retention keeps."""
 
 class _BlocksLike(Protocol):
     """vLLM's `KVCacheBlocks` (block objects with a `block_id`, per group)."""
@@ -104,6 +108,7 @@ class NativeManager:
         enable_caching: bool,
         use_eagle: bool,
         enable_events: bool,
+        retention_interval: int | None,
         profile: str,
         dcp_world_size: int,
         pcp_world_size: int,
@@ -133,6 +138,10 @@ class NativeManager:
     @property
     def num_requests(self) -> int:
         """Requests the manager holds state for (allocated, not yet freed)."""
+    @property
+    def coordinator_kind(self) -> Literal["no_prefix_cache", "unitary", "hybrid"]:
+        """The coordinator vLLM 0.23.0 builds for this config: no prefix
+        cache (caching off), unitary (one group) or hybrid."""
     def num_known_hashes(self, request_id: str) -> int:
         """How many of the request's block hashes the manager has read."""
     def get_computed_blocks(

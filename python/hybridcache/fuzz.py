@@ -15,7 +15,9 @@ hash, the free queue's order and every request's block table.
 `check_invariants()` runs after every operation. Setups of the `full` mix
 may draw decode / prefill context parallelism (dcp, pcp > 1); any setup may
 give each manager a recording vLLM metrics collector, whose calls, sampled
-blocks and eviction events are compared too.
+blocks and eviction events are compared too. Setups with a sliding window
+also draw VLLM_PREFIX_CACHE_RETENTION_INTERVAL (unset, 0, or 1-3 scheduler
+blocks), set while both managers are built.
 
 Interleaved with them, bad inputs (bad counts, unknown ids, foreign
 KVCacheBlocks, wrong hash types, out-of-range eviction ids, ...) go to

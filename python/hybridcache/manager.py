@@ -10,8 +10,8 @@ from typing import Any, cast
 from hybridcache import _native
 from hybridcache.block_pool import BlockPoolView
 from hybridcache.blocks import BlockView, KVCacheBlocks
-from hybridcache.config import check_retention_interval, read_groups, read_num_blocks
-from hybridcache.coordinator import CoordinatorView
+from hybridcache.config import read_groups, read_num_blocks, read_retention_interval
+from hybridcache.coordinator import coordinator_view
 from hybridcache.events import EventBuilder, prefix_cache_stats_class
 
 
@@ -78,7 +78,14 @@ class KVCacheManager(_native.NativeManager):
             full attention, with prefix caching).
         TypeError: a config without `kv_cache_groups`, a group without a spec.
         NotImplementedError: sink or encoder-only specs, dcp/pcp > 1 with a
-            Mamba group, VLLM_PREFIX_CACHE_RETENTION_INTERVAL.
+            Mamba group.
+
+    VLLM_PREFIX_CACHE_RETENTION_INTERVAL is read here, as vLLM 0.23.0 reads
+    it: unset, every reachable block is cached; 0 or a multiple N of
+    `scheduler_block_size`, sliding-window groups cache only the prompt's
+    replay boundary and (N) one hit's blocks per N tokens. ValueError for a
+    value that is not an int, negative or not such a multiple, or for a
+    model without a sliding-window group.
 
     The calls of a scheduler step (native; their full documentation is in
     `hybridcache/_native.pyi`, shown by IDEs and type checkers):
@@ -140,9 +147,10 @@ class KVCacheManager(_native.NativeManager):
             # A step that schedules no token admits nothing: never a real config.
             raise ValueError(f"max_num_batched_tokens must be > 0, got {max_num_batched_tokens}")
         groups = read_groups(kv_cache_config, max_num_batched_tokens, max_model_len)
-        check_retention_interval(groups)
+        scheduler_block_size = _positive_int("scheduler_block_size", scheduler_block_size)
         return cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
                           enable_caching, use_eagle, log_stats, enable_kv_cache_events, PROFILE,
+                          retention_interval=read_retention_interval(groups, scheduler_block_size),
                           dcp_world_size=dcp_world_size, pcp_world_size=pcp_world_size,
                           metrics_collector=metrics_collector)
 
@@ -160,6 +168,7 @@ class KVCacheManager(_native.NativeManager):
         enable_kv_cache_events: bool,
         release: str,
         *,
+        retention_interval: int | None = None,
         num_hash_lookahead_tokens: int = 0,
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
@@ -177,6 +186,7 @@ class KVCacheManager(_native.NativeManager):
             bool(enable_caching),
             bool(use_eagle),
             bool(enable_kv_cache_events),
+            retention_interval,
             release,
             dcp_world_size,
             pcp_world_size,
@@ -235,7 +245,7 @@ class KVCacheManager(_native.NativeManager):
         # keyword matching (same arguments, same result as the class method).
         self.allocate_slots = self._bound_allocate_slots()  # type: ignore[method-assign]
         self.block_pool = BlockPoolView(self)
-        self.coordinator = CoordinatorView(self)
+        self.coordinator = coordinator_view(self)
 
     @property
     def _native(self) -> KVCacheManager:

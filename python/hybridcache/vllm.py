@@ -25,7 +25,7 @@ import threading
 from typing import Any
 
 from hybridcache import releases
-from hybridcache.coordinator import CoordinatorView
+from hybridcache.coordinator import coordinator_view
 from hybridcache.manager import KVCacheManager
 
 ENABLE_ENV = "HYBRIDCACHE_ENABLE"
@@ -50,7 +50,7 @@ class VllmKVCacheManager(KVCacheManager):
         """The arguments of `KVCacheManager`."""
         super().__init__(*args, **kwargs)
         if getattr(self, "coordinator", None) is None:
-            self.coordinator = CoordinatorView(self)
+            self.coordinator = coordinator_view(self)
 
 
 def vllm_version() -> str | None:

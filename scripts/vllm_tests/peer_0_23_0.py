@@ -21,7 +21,6 @@ OFFLINE: dict[str, str] = {}
 # feature hybridcache documents as unsupported. Failing any other way (a wrong
 # assertion on public data before the internal access, a crash) is reported as
 # a divergence all the same.
-RETENTION = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
 BLOCK_POOL = ("constructs vllm BlockPool directly", ())
 HASH_MAP = ("constructs vllm BlockHashToBlockMap/KVCacheBlock directly", ())
 CACHE_POP = (
@@ -32,10 +31,6 @@ CACHE_POP = (
 POOL_WRITES = (
     "calls BlockPool internals on manager.block_pool: get_new_blocks/cache_full_blocks",
     ("get_new_blocks", "cache_full_blocks"),
-)
-RETENTION_READS = (
-    f"unsupported by hybridcache (documented): {RETENTION}; its reads (block_pool.get_cached_block) are served",
-    (),
 )
 INTERNALS: dict[str, tuple[str, tuple[str, ...]]] = {
     "test_prefill_hybrid_model": CACHE_POP,
@@ -48,15 +43,6 @@ INTERNALS: dict[str, tuple[str, tuple[str, ...]]] = {
         "appends to block_pool.kv_event_queue (a read-only view here), patches vllm kv_cache_manager.logger",
         ("kv_event_queue",),
     ),
-    "test_hybrid_local_kv_retention_interval_aligns_in_manager": RETENTION_READS,
-    "test_hybrid_local_kv_retention_latest_only_reuses_replay_boundary": RETENTION_READS,
-    "test_hybrid_local_kv_retention_mtp_reuses_latest_boundary": RETENTION_READS,
-    "test_pure_swa_retention_latest_only": RETENTION_READS,
-    "test_pure_swa_retention_interval_caches_sparse_tails": (
-        f"needs {RETENTION}; then asserts type(manager.coordinator).__name__ == 'UnitaryKVCacheCoordinator' "
-        "(hybridcache's coordinator is a view class)",
-        ("coordinator",),
-    ),
     # These never build a KVCacheManager: they test vLLM's own classes.
     "test_cache_blocks": BLOCK_POOL,
     "test_cache_blocks_multi_group": BLOCK_POOL,
@@ -68,10 +54,7 @@ INTERNALS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 # Public-API cases of a feature hybridcache documents as not implemented yet
 # (README: NotImplementedError). Not counted against the exit code unless --strict.
-UNSUPPORTED: dict[str, str] = {
-    "test_hybrid_local_kv_retention_interval_rejects_invalid": f"unsupported by hybridcache (documented): {RETENTION}",
-    "test_hybrid_local_kv_retention_interval_survives_recycling": f"unsupported by hybridcache (documented): {RETENTION}",
-}
+UNSUPPORTED: dict[str, str] = {}
 
 # Cases that read vLLM internals which hybridcache serves through read-only
 # compatibility views (block_pool.get_cached_block / cached_block_hash_to_block
@@ -91,7 +74,14 @@ VIEWS: dict[str, str] = {
     "test_hybrid_cache_blocks_swa_tail_window_only": "block_pool.get_cached_block",
     "test_hybrid_cache_blocks_clamped_to_lcm": "block_pool.get_cached_block",
     "test_pure_swa_retention_dense_default_caches_all": "block_pool.get_cached_block",
+    # VLLM_PREFIX_CACHE_RETENTION_INTERVAL: which blocks sparse retention caches.
+    "test_hybrid_local_kv_retention_interval_aligns_in_manager": "block_pool.get_cached_block",
+    "test_hybrid_local_kv_retention_latest_only_reuses_replay_boundary": "block_pool.get_cached_block",
+    "test_hybrid_local_kv_retention_mtp_reuses_latest_boundary": "block_pool.get_cached_block",
+    "test_pure_swa_retention_latest_only": "block_pool.get_cached_block",
+    "test_pure_swa_retention_interval_caches_sparse_tails":
+        "type(manager.coordinator).__name__ (the view is named as vLLM's coordinator), block_pool.get_cached_block",
 }
 # Features hybridcache documents as not implemented: a listed case that fails
 # with a NotImplementedError naming one of them failed as expected.
-NOT_IMPLEMENTED: tuple[str, ...] = (RETENTION,)
+NOT_IMPLEMENTED: tuple[str, ...] = ()

@@ -15,7 +15,7 @@ from typing import Any
 from . import configs
 from .configs import GroupSpec
 
-MIXES = ("full", "full_sw", "full_mamba_align", "sw_mamba", "full_mamba3", "full_chunked")
+MIXES = ("full", "sw", "full_sw", "full_mamba_align", "sw_mamba", "full_mamba3", "full_chunked")
 MAX_MODEL_LEN = 128
 ACCEPTED_ERRORS = (ValueError, TypeError, KeyError, NotImplementedError)
 
@@ -66,6 +66,9 @@ class Setup:
     pcp: int = 1
     # A recording metrics collector on each manager at this sample rate.
     metrics_sample_rate: float | None = None
+    # VLLM_PREFIX_CACHE_RETENTION_INTERVAL while the managers are built
+    # (None: unset, dense caching).
+    retention: int | None = None
 
     @property
     def align(self) -> bool:
@@ -80,6 +83,7 @@ class Setup:
             f"{self.mix} [{gs}] caching={self.caching} num_blocks={self.num_blocks} sbs={self.scheduler_block_size} "
             f"hbs={self.hash_block_size} eagle={self.use_eagle} events={self.events} stats={self.log_stats}"
             f" dcp={self.dcp} pcp={self.pcp} metrics={self.metrics_sample_rate}"
+            f" retention={self.retention}"
         )
 
 
@@ -90,6 +94,9 @@ def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
     if mix == "full":
         bs = rng.choice((4, 8))
         groups, sbs, hbs = (Group("full", bs),), bs, bs
+    elif mix == "sw":
+        bs = rng.choice((4, 8))
+        groups, sbs, hbs = (Group("sw", bs, rng.randint(2, 20)),), bs, bs
     elif mix == "full_sw":
         sw_bs = rng.choice((4, 8))
         groups = (Group("full", 4), Group("sw", sw_bs, rng.randint(3, 14)))
@@ -116,6 +123,11 @@ def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
     else:
         raise ValueError(f"unknown mix {mix!r}; choose from {', '.join(MIXES)}")
     eagle = rng.random() < 0.25 and mix != "full_chunked"  # vLLM: no EAGLE with chunked local
+    # Sparse retention (vLLM 0.23.0 accepts it only with a sliding window):
+    # unset, latest boundary only, or 1-3 scheduler blocks per segment.
+    retention = None
+    if any(g.kind == "sw" for g in groups):
+        retention = rng.choice((None, None, 0, sbs, 2 * sbs, 3 * sbs))
     setup = Setup(
         mix=mix,
         caching=caching,
@@ -126,6 +138,7 @@ def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
         use_eagle=eagle,
         events=caching and rng.random() < 0.7,
         log_stats=rng.random() < 0.5,
+        retention=retention,
     )
     # Drawn last, so the draws above stay what they were.
     if mix == "full" and rng.random() < 0.4:
@@ -181,13 +194,18 @@ def group_specs(s: Setup) -> tuple[GroupSpec, ...]:
 
 
 def build_hybridcache(s: Setup) -> Any:
-    return configs.hybridcache_manager(configs.hybridcache_kv_cache_config(group_specs(s), s.num_blocks),
-                                       {**_manager_kwargs(s), **_collector(s)})
+    with configs.retention_interval(s.retention):
+        return configs.hybridcache_manager(configs.hybridcache_kv_cache_config(group_specs(s), s.num_blocks),
+                                           {**_manager_kwargs(s), **_collector(s)})
 
 
 def build_vllm(s: Setup) -> Any:
-    return configs.vllm_manager(configs.vllm_kv_cache_config(group_specs(s), s.num_blocks),
-                                {**_manager_kwargs(s), **_collector(s)})
+    with configs.retention_interval(s.retention):
+        m = configs.vllm_manager(configs.vllm_kv_cache_config(group_specs(s), s.num_blocks),
+                                 {**_manager_kwargs(s), **_collector(s)})
+    # vLLM reads the variable at construction (unless its env cache is on).
+    assert m.coordinator.retention_interval == s.retention, "vLLM did not see the retention interval"
+    return m
 
 
 # ---------------------------------------------------------------------------

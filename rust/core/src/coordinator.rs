@@ -2,6 +2,7 @@
 //! hits across them, as vLLM 0.23.0's `get_kv_cache_coordinator` chooses:
 //! no prefix cache, unitary (one group), or hybrid (several attention types).
 
+use crate::attention::Attention;
 use crate::block_pool::BlockPool;
 use crate::decode_bounds::{DecodeCounts, DecodeHorizon};
 use crate::error::{CoreError, CoreResult};
@@ -64,18 +65,52 @@ fn check_sizes(
     Ok(())
 }
 
+/// A retention interval needs a group it sparsifies and must be a
+/// multiple of the scheduler block (hits land there), as vLLM checks.
+fn check_retention(
+    groups: &[GroupSpec],
+    interval: Option<usize>,
+    scheduler_block_size: u32,
+    profile: &BehaviourProfile,
+) -> CoreResult<()> {
+    let Some(n) = interval else {
+        return Ok(());
+    };
+    let rule = profile.retention;
+    if !groups
+        .iter()
+        .any(|g| Attention::from_spec(&g.kind).retains_sparsely(rule))
+    {
+        return Err(CoreError::InvalidArgument(
+            "a retention interval is set but this model has no sliding-window KV cache group, \
+             so retention has no effect"
+                .into(),
+        ));
+    }
+    if n % scheduler_block_size as usize != 0 {
+        return Err(CoreError::InvalidArgument(format!(
+            "retention interval ({n}) must be non-negative and a multiple of \
+             scheduler_block_size ({scheduler_block_size})"
+        )));
+    }
+    Ok(())
+}
+
 impl Coordinator {
+    /// `retention_interval`: see `ManagerConfig::retention_interval`.
     pub fn new(
         pool: BlockPool,
         groups: &[GroupSpec],
         use_eagle: bool,
         scheduler_block_size: u32,
         context_parallel: (u32, u32),
+        retention_interval: Option<usize>,
         profile: &BehaviourProfile,
     ) -> CoreResult<Self> {
         let enable_caching = pool.enable_caching();
         let hash_block_size = pool.hash_block_size();
         check_sizes(groups, scheduler_block_size, hash_block_size)?;
+        check_retention(groups, retention_interval, scheduler_block_size, profile)?;
         let groups = &context_parallel_groups(groups, enable_caching, context_parallel)?[..];
         let kind = if !enable_caching {
             CoordinatorKind::NoPrefixCache
@@ -136,8 +171,9 @@ impl Coordinator {
             }
             CoordinatorKind::NoPrefixCache => {}
         }
+        let retention = retention_interval.map(|n| (n, profile.retention));
         for m in managers.iter_mut() {
-            m.settle(hash_block_size);
+            m.settle(hash_block_size, retention);
         }
         Ok(Coordinator {
             kind,
@@ -306,7 +342,16 @@ impl Coordinator {
             .unwrap_or(0)
     }
 
-    pub fn cache_blocks(&mut self, slot: ReqSlot, hashes: &HashList, num_tokens: usize) {
+    /// Caches the request's blocks up to `num_tokens` computed tokens;
+    /// `num_prompt_tokens` (when known) places the replay boundary that
+    /// sparse retention keeps.
+    pub fn cache_blocks(
+        &mut self,
+        slot: ReqSlot,
+        hashes: &HashList,
+        num_tokens: usize,
+        num_prompt_tokens: Option<usize>,
+    ) {
         let (kind, sbs) = (self.kind, self.scheduler_block_size);
         for m in self.managers.iter_mut() {
             let tokens = tokens_to_cache(kind, sbs, m, num_tokens);
@@ -315,6 +360,7 @@ impl Coordinator {
                 slot,
                 ScaledHashes::new(hashes, m.scale),
                 tokens,
+                num_prompt_tokens,
             );
         }
     }
@@ -366,6 +412,7 @@ impl Coordinator {
         c: &DecodeCounts,
         reserved: usize,
         hashes: &HashList,
+        num_prompt_tokens: Option<usize>,
         out: &mut NewBlocks,
     ) -> bool {
         debug_assert!(self.runs_everywhere(slot));
@@ -387,7 +434,7 @@ impl Coordinator {
             out.ends.push(out.ids.len() as u32);
         }
         if let Some(t) = c.to_cache {
-            self.cache_blocks(slot, hashes, t);
+            self.cache_blocks(slot, hashes, t, num_prompt_tokens);
         }
         true
     }

@@ -17,11 +17,12 @@
 //!   where a resumed multimodal scan starts; `lookahead`) through the
 //!   binding's `BlockHasher` and `block_extra_keys`, which take the rules
 //!   by release (`Hashing::for_release`, the same value as the profile's);
-//! - `retention`, `partial_hits`, `null_block_ref_counted`,
-//!   `cache_cap_at_hashes`: one value each today (0.23.0 has no such
-//!   feature or does it one way); the 0.33.0 port reads them where its rule
-//!   goes (the pool's touch/free for null counting, the caching step for
-//!   the cap, the hit search for partial hits).
+//! - `retention`: `attention::sliding_window` (which blocks sparse
+//!   retention keeps: `reachable_blocks`, the replay boundary) and
+//!   `coordinator` (which configs accept a retention interval);
+//! - `partial_hits`, `null_block_ref_counted`, `cache_cap_at_hashes`: the
+//!   pool's touch/free (null counting), the caching step (the cap); partial
+//!   hits are not ported (the 0.33.0 facade refuses the layouts using them).
 
 use crate::error::{CoreError, CoreResult};
 
@@ -167,12 +168,16 @@ impl Hashing {
     }
 }
 
-/// How many blocks outside a window (sliding window, Mamba) stay cached.
+/// How a retention interval (`ManagerConfig::retention_interval`: None
+/// dense, 0 the replay boundary only, N one tail per N-token segment)
+/// sparsifies what is cached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Retention {
-    /// 0.23.0: no retention limit (every full block may stay cached).
-    Unbounded,
+    /// 0.23.0 (`VLLM_PREFIX_CACHE_RETENTION_INTERVAL`): sliding-window
+    /// groups only; the one replay boundary kept is the last
+    /// scheduler-block boundary before the prompt's last token.
+    SlidingWindowPromptTail,
 }
 
 /// Which groups record the ids of new blocks (`take_new_block_ids`).
@@ -224,7 +229,7 @@ impl BehaviourProfile {
         release: "0.23.0",
         free_policy: FreePolicy::AppendWindowScratchFirst,
         hashing: Hashing::V0_23,
-        retention: Retention::Unbounded,
+        retention: Retention::SlidingWindowPromptTail,
         partial_hits: false,
         null_block_ref_counted: true,
         cache_cap_at_hashes: false,
@@ -242,7 +247,11 @@ impl BehaviourProfile {
         release: "0.33.0",
         free_policy: FreePolicy::UnhashedOrCachingOffFirst,
         hashing: Hashing::V0_33,
-        retention: Retention::Unbounded,
+        // Not consulted yet: the 0.33.0 facade admits full-attention
+        // layouts only, which retention never sparsifies. 0.33.0's rule
+        // (sliding window and Mamba, replay boundaries and shared-prefix
+        // junctions) is a variant to add with those layouts.
+        retention: Retention::SlidingWindowPromptTail,
         partial_hits: false,
         null_block_ref_counted: false,
         cache_cap_at_hashes: true,

@@ -19,6 +19,7 @@ fn config(num_blocks: u32, block_size: u32, caching: bool, events: bool) -> Mana
         enable_events: events,
         dcp_world_size: 1,
         pcp_world_size: 1,
+        retention_interval: None,
     }
 }
 

@@ -15,6 +15,7 @@ fn manager(num_blocks: u32, caching: bool) -> KvCacheManager {
         profile: BehaviourProfile::V0_33,
         dcp_world_size: 1,
         pcp_world_size: 1,
+        retention_interval: None,
         enable_caching: caching,
         use_eagle: false,
         enable_events: false,

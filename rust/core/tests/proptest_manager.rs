@@ -124,7 +124,13 @@ fn is_align_mix(mix: Mix, caching: bool) -> bool {
     caching && matches!(mix, Mix::FullMambaAlignSpec | Mix::FullMamba3)
 }
 
-fn make_manager(mix: Mix, caching: bool, num_blocks: u32, eagle: bool) -> KvCacheManager {
+fn make_manager(
+    mix: Mix,
+    caching: bool,
+    num_blocks: u32,
+    eagle: bool,
+    retention: Option<usize>,
+) -> KvCacheManager {
     let (groups, sbs, hbs) = mix_groups(mix, caching);
     KvCacheManager::new(ManagerConfig {
         num_blocks,
@@ -146,6 +152,7 @@ fn make_manager(mix: Mix, caching: bool, num_blocks: u32, eagle: bool) -> KvCach
         } else {
             1
         },
+        retention_interval: retention,
     })
     .expect("valid config")
 }
@@ -256,6 +263,8 @@ enum St {
 struct Req {
     id: String,
     tokens: Vec<u32>,
+    /// Tokens at arrival (what sparse retention's replay boundary reads).
+    prompt: usize,
     computed: usize,
     st: St,
 }
@@ -360,10 +369,16 @@ struct Stats {
 type R = Result<(), TestCaseError>;
 
 impl Machine {
-    fn new(mix: Mix, caching: bool, num_blocks: u32, eagle: bool) -> Self {
+    fn new(
+        mix: Mix,
+        caching: bool,
+        num_blocks: u32,
+        eagle: bool,
+        retention: Option<usize>,
+    ) -> Self {
         let (_, sbs, hbs) = mix_groups(mix, caching);
         Machine {
-            m: make_manager(mix, caching, num_blocks, eagle),
+            m: make_manager(mix, caching, num_blocks, eagle, retention),
             mix,
             caching,
             align: is_align_mix(mix, caching),
@@ -522,6 +537,7 @@ impl Machine {
                 }
                 self.reqs.push(Req {
                     id,
+                    prompt: tokens.len(),
                     tokens,
                     computed: 0,
                     st: St::Waiting,
@@ -542,6 +558,7 @@ impl Machine {
                 };
                 let id = self.reqs[i].id.clone();
                 let num_tokens = self.reqs[i].tokens.len();
+                let prompt = self.reqs[i].prompt;
                 let (hit, hit_len) = if self.caching && use_hit {
                     if let Some(u) = self.update(i) {
                         self.m
@@ -594,6 +611,7 @@ impl Machine {
                     full_sequence_must_fit: must_fit,
                     reserved_blocks: reserved as usize,
                     watermark_blocks: 0,
+                    num_prompt_tokens: Some(prompt),
                 };
                 if ext > 0 {
                     self.stats.ext += 1;
@@ -802,9 +820,10 @@ fn run(
     caching: bool,
     num_blocks: u32,
     eagle: bool,
+    retention: Option<usize>,
     ops: &[Op],
 ) -> Result<Stats, TestCaseError> {
-    let mut mach = Machine::new(mix, caching, num_blocks, eagle);
+    let mut mach = Machine::new(mix, caching, num_blocks, eagle, retention);
     for (step, op) in ops.iter().enumerate() {
         mach.apply(op)?;
         mach.check(op, step)?;
@@ -835,7 +854,7 @@ fn cases() -> u32 {
         .unwrap_or(48)
 }
 
-fn check_mix(mix: Mix, caching: bool) {
+fn check_mix(mix: Mix, caching: bool, retention: Option<usize>) {
     let mut runner = proptest::test_runner::TestRunner::new(Config {
         cases: cases(),
         failure_persistence: None,
@@ -848,7 +867,7 @@ fn check_mix(mix: Mix, caching: bool) {
     );
     let acc = std::cell::Cell::new(Stats::default());
     let result = runner.run(&strat, |(num_blocks, eagle, ops)| {
-        let s = run(mix, caching, num_blocks, eagle, &ops)?;
+        let s = run(mix, caching, num_blocks, eagle, retention, &ops)?;
         let mut t = acc.get();
         t.allocs += s.allocs;
         t.nones += s.nones;
@@ -877,10 +896,10 @@ fn check_mix(mix: Mix, caching: bool) {
 }
 
 macro_rules! mix_tests {
-    ($($name:ident: $mix:expr, $caching:expr;)*) => {$(
+    ($($name:ident: $mix:expr, $caching:expr $(, $retention:expr)?;)*) => {$(
         #[test]
         fn $name() {
-            check_mix($mix, $caching);
+            check_mix($mix, $caching, None $(.or($retention))?);
         }
     )*};
 }
@@ -900,13 +919,18 @@ mix_tests! {
     full_chunked_no_caching: Mix::FullChunked, false;
     full_context_parallel_caching: Mix::FullContextParallel, true;
     full_context_parallel_no_caching: Mix::FullContextParallel, false;
+    // Sparse retention (segments of 2 and 3 scheduler blocks; 0: the
+    // replay boundary only): the compact decode against the general path.
+    full_sw_retention_2: Mix::FullSw, true, Some(16);
+    full_sw_retention_0: Mix::FullSw, true, Some(0);
+    sw_mamba_retention_3: Mix::SwMamba, true, Some(12);
 }
 
 #[test]
 fn every_mix_builds() {
     for mix in ALL_MIXES {
         for caching in [true, false] {
-            let m = make_manager(mix, caching, 16, false);
+            let m = make_manager(mix, caching, 16, false, None);
             m.check_invariants().unwrap();
         }
     }
@@ -937,6 +961,7 @@ fn vllm_bug_external_tokens_take_a_later_groups_free_hit() {
         enable_events: false,
         dcp_world_size: 1,
         pcp_world_size: 1,
+        retention_interval: None,
     })
     .unwrap();
     let a: Vec<u32> = (0..16).collect();
@@ -997,6 +1022,7 @@ fn mamba_align_external_tokens_out_of_blocks_is_none() {
         enable_events: false,
         dcp_world_size: 1,
         pcp_world_size: 1,
+        retention_interval: None,
     })
     .unwrap();
     let tokens: Vec<u32> = (0..9).collect();

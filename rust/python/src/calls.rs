@@ -2,7 +2,7 @@
 //! method and the raw builtin land in `allocate_slots_impl`), lazy reads of
 //! request attributes, block-id conversion and the event hand-off.
 
-use hybridcache_core::{AllocateArgs, BlockMetric, HashUpdate, PoolEvent};
+use hybridcache_core::{AllocateArgs, BlockMetric, HashUpdate, KvCacheManager, PoolEvent};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -74,6 +74,21 @@ pub(crate) fn raw_events<'py>(
     PyList::new(py, items)
 }
 
+/// `request.num_prompt_tokens` when the core wants it (sparse retention,
+/// and the request's prompt length is not known yet); None, unread, else.
+#[inline]
+pub(crate) fn prompt_len_if_wanted(
+    inner: &KvCacheManager,
+    slot: Option<u32>,
+    request: &Bound<'_, PyAny>,
+) -> PyResult<Option<usize>> {
+    if !inner.wants_num_prompt_tokens(slot) {
+        return Ok(None);
+    }
+    let n = req_attr(request, intern!(request.py(), "num_prompt_tokens"))?;
+    count_obj("request.num_prompt_tokens", &n).map(Some)
+}
+
 impl NativeManager {
     /// `allocate_slots` after argument matching (both entries land here).
     pub(crate) fn allocate_slots_impl(
@@ -115,6 +130,8 @@ impl NativeManager {
             full_sequence_must_fit: opt.full_sequence_must_fit,
             reserved_blocks: opt_count("reserved_blocks", opt.reserved_blocks)?,
             watermark_blocks,
+            // Read in `allocate_general`, if the core wants it.
+            num_prompt_tokens: None,
         };
         Self::allocation_result(slf, request, |this| this.allocate_one(request, &rid, args))
     }
@@ -257,6 +274,7 @@ impl NativeManager {
                 &req_attr(request, intern!(request.py(), "num_tokens"))?,
             )?;
         }
+        args.num_prompt_tokens = prompt_len_if_wanted(&self.inner, slot, request)?;
         let has_update = self.update_if_needed(slot, request, &args)?;
         let (inner, out) = (&mut self.inner, &mut self.scratch);
         let update = has_update.then_some(&self.hash_buf);

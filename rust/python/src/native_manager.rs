@@ -46,7 +46,7 @@ pub(crate) struct NativeManager {
 impl NativeManager {
     #[new]
     #[pyo3(signature = (num_blocks, groups, max_model_len, scheduler_block_size, hash_block_size,
-                        enable_caching, use_eagle, enable_events, profile,
+                        enable_caching, use_eagle, enable_events, retention_interval, profile,
                         dcp_world_size, pcp_world_size))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -58,6 +58,7 @@ impl NativeManager {
         enable_caching: bool,
         use_eagle: bool,
         enable_events: bool,
+        retention_interval: &Bound<'_, PyAny>,
         profile: &str,
         dcp_world_size: u32,
         pcp_world_size: u32,
@@ -86,6 +87,11 @@ impl NativeManager {
             enable_caching,
             use_eagle,
             enable_events,
+            retention_interval: if retention_interval.is_none() {
+                None
+            } else {
+                Some(count_obj("retention_interval", retention_interval)?)
+            },
             dcp_world_size,
             pcp_world_size,
             profile: BehaviourProfile::for_release(profile).map_err(to_py_err)?,
@@ -155,6 +161,11 @@ impl NativeManager {
     #[getter]
     fn num_requests(&self) -> usize {
         self.inner.num_requests()
+    }
+
+    #[getter]
+    fn coordinator_kind(&self) -> &'static str {
+        self.inner.coordinator_kind()
     }
 
     fn num_known_hashes(&self, request_id: &str) -> usize {

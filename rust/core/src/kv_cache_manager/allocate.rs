@@ -197,6 +197,9 @@ impl KvCacheManager {
     ) -> bool {
         out.clear();
         self.set_horizon(slot, None);
+        if let Some(n) = args.num_prompt_tokens {
+            self.reqs.set_num_prompt_tokens(slot, n);
+        }
         if args.is_plain() && self.coord.runs_everywhere(slot) {
             // Debug builds check the compact path against the general one.
             #[cfg(debug_assertions)]
@@ -297,8 +300,12 @@ impl KvCacheManager {
             out,
         );
         if caches {
-            self.coord
-                .cache_blocks(slot, self.reqs.hashes(slot), num_tokens_to_cache);
+            self.coord.cache_blocks(
+                slot,
+                self.reqs.hashes(slot),
+                num_tokens_to_cache,
+                self.prompt_len(slot),
+            );
         }
         self.allocated(slot, total_computed, args.num_new_tokens);
         true

@@ -41,6 +41,12 @@ pub struct ManagerConfig {
     /// the spec's tokens (see `Coordinator::new`).
     pub dcp_world_size: u32,
     pub pcp_world_size: u32,
+    /// Sparse retention of what is cached (vLLM 0.23.0's
+    /// `VLLM_PREFIX_CACHE_RETENTION_INTERVAL`): None dense; 0 only the
+    /// prompt's replay boundary; N (a multiple of `scheduler_block_size`)
+    /// one hit's blocks per N tokens and the replay boundary. Which groups
+    /// it sparsifies is the profile's `retention`.
+    pub retention_interval: Option<usize>,
     /// The vLLM release whose semantics the manager follows.
     pub profile: BehaviourProfile,
 }
@@ -67,6 +73,9 @@ pub struct AllocateArgs<'a> {
     /// Free blocks to keep beyond the allocation when admitting a waiting
     /// request (0.24+'s watermark; the caller decides when it applies).
     pub watermark_blocks: usize,
+    /// `request.num_prompt_tokens`, kept for the request's lifetime; pass
+    /// it when `wants_num_prompt_tokens` (None otherwise: nothing changes).
+    pub num_prompt_tokens: Option<usize>,
 }
 
 impl AllocateArgs<'_> {
@@ -105,6 +114,9 @@ pub struct KvCacheManager {
     sizes_from_computed: bool,
     /// Blocks `pop_blocks_for_free` handed out, still referenced.
     handed_out: deferred_free::HandedOut,
+    /// Caching places a replay boundary, from each request's prompt length
+    /// (sparse retention with caching on).
+    reads_prompt_len: bool,
 }
 
 impl KvCacheManager {
@@ -135,6 +147,7 @@ impl KvCacheManager {
             cfg.use_eagle,
             cfg.scheduler_block_size,
             (cfg.dcp_world_size, cfg.pcp_world_size),
+            cfg.retention_interval,
             &cfg.profile,
         )?;
         let has_align_groups = coord.managers.iter().any(|m| m.is_mamba_align());
@@ -151,12 +164,41 @@ impl KvCacheManager {
             reqs: RequestRegistry::default(),
             ghost_entries: Vec::new(),
             handed_out: deferred_free::HandedOut::default(),
+            reads_prompt_len: cfg.enable_caching && cfg.retention_interval.is_some(),
         })
+    }
+
+    /// Whether an allocation of the request in `slot` (None: new) should
+    /// carry `num_prompt_tokens`: sparse retention is on and the request's
+    /// prompt length is not known yet. False without retention.
+    #[inline]
+    pub fn wants_num_prompt_tokens(&self, slot: Option<ReqSlot>) -> bool {
+        self.reads_prompt_len && slot.is_none_or(|s| self.reqs.num_prompt_tokens(s).is_none())
+    }
+
+    /// The request's prompt length where caching reads it (sparse
+    /// retention); None, without touching the request's state, otherwise.
+    #[inline]
+    fn prompt_len(&self, slot: ReqSlot) -> Option<usize> {
+        self.reads_prompt_len
+            .then(|| self.reqs.num_prompt_tokens(slot))
+            .flatten()
     }
 
     /// Prefix caching is on (vLLM's `enable_caching`).
     pub fn enable_caching(&self) -> bool {
         self.enable_caching
+    }
+
+    /// The coordinator vLLM 0.23.0 would build for this config:
+    /// "no_prefix_cache", "unitary" (one group) or "hybrid".
+    pub fn coordinator_kind(&self) -> &'static str {
+        use crate::coordinator::CoordinatorKind as K;
+        match self.coord.kind {
+            K::NoPrefixCache => "no_prefix_cache",
+            K::Unitary => "unitary",
+            K::Hybrid => "hybrid",
+        }
     }
 
     pub fn pool(&self) -> &BlockPool {
@@ -390,8 +432,12 @@ impl KvCacheManager {
             self.apply_hashes(request_id, u);
         }
         self.set_horizon(slot, None);
-        self.coord
-            .cache_blocks(slot, self.reqs.hashes(slot), num_computed_tokens);
+        self.coord.cache_blocks(
+            slot,
+            self.reqs.hashes(slot),
+            num_computed_tokens,
+            self.prompt_len(slot),
+        );
         Ok(())
     }
 
