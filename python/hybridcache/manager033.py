@@ -165,7 +165,7 @@ class KVCacheManager033(KVCacheManager):
                           sliding_window=g.sliding_window) for g in groups]
         self = cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
                           enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE,
-                          num_hash_lookahead_tokens)
+                          num_hash_lookahead_tokens=num_hash_lookahead_tokens)
         self._init_033(groups, hash_block_size, watermark, num_hash_lookahead_tokens, log_stats)
         return self
 
@@ -253,7 +253,7 @@ class KVCacheManager033(KVCacheManager):
         hands them to `block_pool.free_blocks` later, tail first."""
         return [BlockView(self, b) for b in self._pop_blocks_for_free(request.request_id)]
 
-    def remove_skipped_blocks(  # type: ignore[override]
+    def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
         """Frees blocks no attention reads any more (none for full
@@ -340,6 +340,8 @@ class BlockPoolView033(BlockPoolView):
     `pop_blocks_for_free` returned) and 0.33.0's pool fields."""
 
     def __init__(self, manager: KVCacheManager033) -> None:
+        """The pool view of `manager`, with 0.33.0's pool fields
+        (`num_hash_lookahead_tokens`, `hash_block_size`)."""
         super().__init__(manager)
         self.num_hash_lookahead_tokens = manager.num_hash_lookahead_tokens
         self.hash_block_size = manager._hash_block_size
@@ -361,6 +363,8 @@ class CoordinatorView033(CoordinatorView):
     enable_partial_hash_hits = False
 
     def __init__(self, manager: KVCacheManager033) -> None:
+        """The coordinator view of `manager`, with per-group views that
+        carry each group's spec and block size."""
         super().__init__(manager)
         groups = list(manager.kv_cache_config.kv_cache_groups)
         self.single_type_managers = tuple(
@@ -405,6 +409,7 @@ class _NumCachedBlockView(Mapping):
     request id -> blocks of group g cached so far."""
 
     def __init__(self, manager: KVCacheManager033, group: int) -> None:
+        """The cached-block counts of group `group` of `manager`."""
         self._native = manager
         self._group = group
 
@@ -427,6 +432,7 @@ class _SingleTypeManagerView033(SingleTypeManagerView):
     `req_to_blocks` / `num_cached_block` views."""
 
     def __init__(self, manager: KVCacheManager033, group: int, spec: Any) -> None:
+        """The view of group `group` of `manager`, whose spec is `spec`."""
         super().__init__(manager, group)
         self.kv_cache_spec = spec
         self.block_size = int(spec.block_size)
