@@ -18,6 +18,9 @@ from hybridcache.config import read_groups
 from hybridcache.testing.compare import norm_allocated, norm_blocks, norm_events, pool_state
 from hybridcache.testing.fuzz_setup import Group, Setup
 
+# Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
+pytestmark = pytest.mark.vllm("0.23.0")
+
 ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM 0.23.0 is not installed")

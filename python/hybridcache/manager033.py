@@ -142,8 +142,10 @@ class KVCacheManager033(KVCacheManager):
         _check_retention(kv_cache_config, scheduler_block_size)
         for name, v in (("num_hash_lookahead_tokens", num_hash_lookahead_tokens),
                         ("num_prefill_lookahead", num_prefill_lookahead)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            # vLLM takes bools too (its tests pass use_eagle-style flags).
+            if not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        num_hash_lookahead_tokens, num_prefill_lookahead = int(num_hash_lookahead_tokens), int(num_prefill_lookahead)
         if isinstance(watermark, bool) or not isinstance(watermark, (int, float)) or not watermark >= 0.0:
             raise ValueError(f"watermark must be non-negative, got {watermark!r}")
         groups = read_groups(kv_cache_config, max_in_flight_tokens, max_model_len)
