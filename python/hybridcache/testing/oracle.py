@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 from hybridcache import releases
 
@@ -45,9 +46,10 @@ def quiet_logs(level: int = logging.ERROR) -> Iterator[None]:
             lg.setLevel(old)
 
 
-def load_vllm() -> tuple[str | None, str]:
+def load_vllm(accepted: Any = None) -> tuple[str | None, str]:
     """(version, note): version is set when the manager of a vLLM release
-    the tools compare against (`ORACLE_RELEASES`) imports.
+    the tools compare against (`ORACLE_RELEASES`, or the releases in
+    `accepted`) imports.
 
     The import is silent: torch's and vLLM's import-time log lines are
     dropped, and vLLM's logger (which binds to stdout at import) is pointed
@@ -70,13 +72,14 @@ def load_vllm() -> tuple[str | None, str]:
         logging.disable(previous)
     version = getattr(vllm, "__version__", "?")
     release = releases.find(version)
-    if release is None or release not in ORACLE_RELEASES:
-        return None, f"vLLM {version} is installed, not {_oracle_text()}"
+    accepted = ORACLE_RELEASES if accepted is None else tuple(accepted)
+    if release is None or release not in accepted:
+        return None, f"vLLM {version} is installed, not {_oracle_text(accepted)}"
     return version, f"vLLM {version}"
 
 
-def _oracle_text() -> str:
-    return " or ".join(r.version for r in ORACLE_RELEASES)
+def _oracle_text(accepted: Any = None) -> str:
+    return " or ".join(r.version for r in (ORACLE_RELEASES if accepted is None else accepted))
 
 
 def missing(tool: str, what: str, hint: str, why: str = "") -> str:
@@ -84,11 +87,13 @@ def missing(tool: str, what: str, hint: str, why: str = "") -> str:
     return f"{tool}: needs {what} ({hint})" + (f"; {why}" if why else "")
 
 
-def vllm_missing(tool: str) -> str | None:
-    """None when a vLLM the tools compare against imports; else the one line
-    `tool` prints (on stderr, no traceback) before it exits with status 2."""
-    version, note = load_vllm()
+def vllm_missing(tool: str, accepted: Any = None) -> str | None:
+    """None when a vLLM the tools compare against (or one of `accepted`)
+    imports; else the one line `tool` prints (on stderr, no traceback)
+    before it exits with status 2."""
+    version, note = load_vllm(accepted)
     if version is not None:
         return None
-    hint = " or ".join(r.install_hint for r in ORACLE_RELEASES)
-    return missing(tool, f"vLLM {_oracle_text()} and torch", hint, note)
+    rows = ORACLE_RELEASES if accepted is None else tuple(accepted)
+    hint = " or ".join(r.install_hint for r in rows)
+    return missing(tool, f"vLLM {_oracle_text(rows)} and torch", hint, note)
