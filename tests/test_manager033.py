@@ -45,6 +45,8 @@ def test_0_33_facade_refuses_what_it_does_not_cover() -> None:
     with pytest.raises(NotImplementedError, match="one full-attention group"):
         KVCacheManager033(_hc_config(10, groups=2), 200, BS, BS)
     with pytest.raises(NotImplementedError, match="context parallelism"):
+        KVCacheManager033(_hc_config(10), 200, BS, BS, pcp_world_size=2)
+    with pytest.raises(NotImplementedError, match="context parallelism"):
         KVCacheManager033(_hc_config(10), 200, BS, BS, dcp_world_size=2)
     with pytest.raises(NotImplementedError, match="multi-module MTP"):
         KVCacheManager033(_hc_config(10), 200, BS, BS, num_prefill_lookahead=2)
@@ -260,3 +262,35 @@ def test_scheduler_views(v33: Any) -> None:
                  lambda x: x.coordinator.get_num_blocks_to_allocate("z", 64, ((),), 0, 0, 0, 64)):
         assert view(m) == view(v)
     assert _native.NativeManager.release.__get__(m) == "0.33.0"
+
+
+@V033
+@pytest.mark.parametrize("rate", [1.0, 0.3])
+def test_metrics_collector_gets_vllm_calls(v33: Any, rate: float) -> None:
+    import random
+
+    from hybridcache.testing.block_metrics import observe, recording_collector
+
+    def script(m: Any, log: list[Any]) -> None:
+        collector = m.metrics_collector
+        random.seed(7)
+        reqs = [v33.request(f"r{i}", list(range(i % 2 * 500, i % 2 * 500 + 40 + 16 * i))) for i in range(5)]
+        for r in reqs:
+            blocks, n, _ = m.get_computed_blocks(r)
+            m.allocate_slots(r, r.num_tokens - n, n, blocks)
+            log.append(observe(collector))
+        for r in reqs[:3]:
+            m.free(r)
+        m.evict_blocks({1, 2, 9})
+        log.append(observe(collector))
+        for r in reqs[3:]:
+            m.free(r)
+        log.append((m.reset_prefix_cache(), observe(collector)))
+
+    logs = []
+    for cls in (v33.Manager, KVCacheManager033):
+        log: list[Any] = []
+        script(cls(v33.config(40), 400, BS, BS, metrics_collector=recording_collector(rate)), log)
+        logs.append(log)
+    assert logs[0] == logs[1]
+    assert any(calls for calls, _, _ in logs[0][:-1])

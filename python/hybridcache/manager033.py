@@ -65,19 +65,14 @@ def _check_retention(kv_cache_config: Any, scheduler_block_size: int) -> None:
     )
 
 
-def _check_supported_033(dcp_world_size: int, pcp_world_size: int, metrics_collector: Any) -> None:
-    """0.33.0 changed both (only dcp scales, and only dcp-sharded specs;
-    touches of the null block no longer reach the collector): not ported
-    to this facade yet (the 0.23.0 facade supports 0.23.0's forms)."""
+def _check_supported_033(dcp_world_size: int, pcp_world_size: int) -> None:
+    """0.33.0 changed context parallelism (only dcp scales a block, and only
+    for dcp-sharded specs; several groups may use it): not ported to this
+    facade yet (the 0.23.0 facade supports 0.23.0's form)."""
     if dcp_world_size != 1 or pcp_world_size != 1:
         raise NotImplementedError(
             f"decode/prefill context parallelism (dcp_world_size={dcp_world_size}, "
             f"pcp_world_size={pcp_world_size}) is not supported by hybridcache's vLLM 0.33.0 facade yet"
-        )
-    if metrics_collector is not None:
-        raise NotImplementedError(
-            "metrics_collector (KV cache residency metrics) is not supported by hybridcache's "
-            "vLLM 0.33.0 facade yet"
         )
 
 
@@ -105,8 +100,7 @@ class KVCacheManager033(KVCacheManager):
 
     Raises:
         NotImplementedError: a layout other than one full-attention group,
-            dcp/pcp > 1, a metrics collector, multi-module MTP
-            (`num_prefill_lookahead` > 1).
+            dcp/pcp > 1, multi-module MTP (`num_prefill_lookahead` > 1).
         ValueError: a bad count, a negative watermark, a retention interval
             vLLM 0.33.0 refuses, MTP whose lookahead exceeds the scheduler
             block size.
@@ -132,7 +126,7 @@ class KVCacheManager033(KVCacheManager):
         enable_mamba_shared_prefix_checkpoint: bool = False,
     ) -> KVCacheManager033:
         """Builds the manager; the arguments are vLLM 0.33.0's."""
-        _check_supported_033(dcp_world_size, pcp_world_size, metrics_collector)
+        _check_supported_033(dcp_world_size, pcp_world_size)
         max_model_len = _positive_int("max_model_len", max_model_len)
         if max_in_flight_tokens is None:
             max_in_flight_tokens = max_model_len
@@ -167,7 +161,10 @@ class KVCacheManager033(KVCacheManager):
                           sliding_window=g.sliding_window) for g in groups]
         self = cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
                           enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE,
-                          num_hash_lookahead_tokens=num_hash_lookahead_tokens)
+                          num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+                          # 0.33.0's pool calls the collector as 0.23.0's,
+                          # except that the null block is never touched.
+                          metrics_collector=metrics_collector)
         self._init_033(groups, hash_block_size, watermark, num_hash_lookahead_tokens, log_stats)
         return self
 
