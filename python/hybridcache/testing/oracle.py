@@ -16,6 +16,8 @@ from collections.abc import Iterator
 
 SUPPORTED_VLLM_VERSION = "0.23.0"
 VLLM_INSTALL_HINT = f"pip install vllm=={SUPPORTED_VLLM_VERSION}"
+# The releases the differential fuzz can replay against (`release_api`).
+ORACLE_RELEASES = ("0.23.0", "0.33.0")
 # Loggers of the optional packages whose chatter the tools keep out of sight.
 NOISY_LOGGERS = ("vllm", "torch")
 
@@ -42,8 +44,15 @@ def quiet_logs(level: int = logging.ERROR) -> Iterator[None]:
             lg.setLevel(old)
 
 
-def load_vllm() -> tuple[str | None, str]:
-    """(version, note): version is set when vLLM 0.23.0's manager imports.
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's version (imported quietly), or None without one."""
+    version, note = load_vllm(None)
+    return version
+
+
+def load_vllm(release: str | None = SUPPORTED_VLLM_VERSION) -> tuple[str | None, str]:
+    """(version, note): version is set when vLLM `release`'s manager imports
+    (any release when `release` is None).
 
     The import is silent: torch's and vLLM's import-time log lines are
     dropped, and vLLM's logger (which binds to stdout at import) is pointed
@@ -65,8 +74,8 @@ def load_vllm() -> tuple[str | None, str]:
     finally:
         logging.disable(previous)
     version = getattr(vllm, "__version__", "?")
-    if version != SUPPORTED_VLLM_VERSION:
-        return None, f"vLLM {version} is installed, not {SUPPORTED_VLLM_VERSION}"
+    if release is not None and version != release:
+        return None, f"vLLM {version} is installed, not {release}"
     return version, f"vLLM {version}"
 
 
@@ -75,10 +84,10 @@ def missing(tool: str, what: str, hint: str, why: str = "") -> str:
     return f"{tool}: needs {what} ({hint})" + (f"; {why}" if why else "")
 
 
-def vllm_missing(tool: str) -> str | None:
-    """None when vLLM 0.23.0 imports; else the one line `tool` prints (on
+def vllm_missing(tool: str, release: str = SUPPORTED_VLLM_VERSION) -> str | None:
+    """None when vLLM `release` imports; else the one line `tool` prints (on
     stderr, no traceback) before it exits with status 2."""
-    version, note = load_vllm()
+    version, note = load_vllm(release)
     if version is not None:
         return None
-    return missing(tool, f"vLLM {SUPPORTED_VLLM_VERSION} and torch", VLLM_INSTALL_HINT, note)
+    return missing(tool, f"vLLM {release} and torch", f"pip install vllm=={release}", note)
