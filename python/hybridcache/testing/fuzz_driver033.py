@@ -47,6 +47,14 @@ from .fuzz_setup import Divergence, Figures, InvariantViolation, ReferenceError_
 from .release_api import V033, norm_block_list, release
 
 
+@dataclass(eq=False)
+class Seq033(Seq):
+    """A request and its steps scheduled but not yet processed (async
+    scheduling): (tokens, drafts, produces output, stale)."""
+
+    pending: list[list[Any]] = field(default_factory=list)
+
+
 @dataclass
 class Deferred:
     """Blocks popped by `pop_blocks_for_free` (or CoW retentions), per manager."""
@@ -76,11 +84,14 @@ class Driver033(Driver):
         self.hc = (build_hc or (lambda s: api.build_candidate(s, "hybridcache")))(setup)
         self.allow_known_bugs = allow_known_bugs
         self.f = figures if figures is not None else Figures()
-        self.seqs: list[Seq] = []
+        self.seqs: list[Seq033] = []  # type: ignore[assignment]
         self.finished_ids: list[str] = []
         self.ghosts: set[str] = set()
         self.deferred: list[Deferred] = []
         self._shim: Any = None
+        # A KV connector (external tokens, async loads, its lookup form); vLLM
+        # 0.33.0 keeps the legacy hashes with one (config/vllm.py L688).
+        self.connector = setup.hash_lookahead == 0
         self.next_id = 0
         self.log: list[str] = []
         self.f.setups += 1
@@ -118,6 +129,17 @@ class Driver033(Driver):
             report_full=report_full, session_id=f"s{c.randint(0, 2)}" if c.chance(0.1) else None,
         )
 
+    def pick(self, c: Any, state: str | None = None) -> Seq033 | None:
+        cands = [q for q in self.seqs if state is None or q.state == state]
+        return c.choice(cands) if cands else None
+
+    def op_arrive(self, c: Any) -> None:
+        if len(self.seqs) >= 10:
+            return
+        r = self.new_request(c)
+        self.seqs.append(Seq033(r))
+        self.note(f"arrive {r.request_id} tokens={r.num_tokens}")
+
     def check(self, op: str) -> None:
         inv = getattr(self.hc, "check_invariants", None)
         if inv is not None:
@@ -138,26 +160,38 @@ class Driver033(Driver):
 
     # -- admission ---------------------------------------------------------------
 
-    def lookup(self, c: Any, r: Any) -> tuple[Any, Any, int]:
+    def lookup(self, c: Any, r: Any, connector: bool = False) -> tuple[Any, Any, int, bool]:
+        """The scheduler's local hit (`_get_local_prefix_cache_hit`): plain, or
+        the connector form with divergent hybrid hits; (ref's, candidate's
+        blocks, hit, diverged)."""
         max_len = c.randint(0, r.num_tokens - 1) if c.chance(0.1) else None
-        (a, n, boundary), (b, _, _) = self.both(
-            f"get_computed_blocks({r.request_id}, {max_len})",
-            lambda m: m.get_computed_blocks(r, max_len),
-            lambda x: (norm_blocks(x[0]), x[1], x[2]),
-        )
+        diverged = False
+        if connector:
+            (a, n, boundary, diverged), (b, *_) = self.both(
+                f"get_computed_blocks_for_connector({r.request_id}, {max_len})",
+                lambda m: m.get_computed_blocks_for_connector(r, max_len),
+                lambda x: (norm_blocks(x[0]), x[1], x[2], x[3]),
+            )
+            self.f.count("connector_lookups")
+        else:
+            (a, n, boundary), (b, _, _) = self.both(
+                f"get_computed_blocks({r.request_id}, {max_len})",
+                lambda m: m.get_computed_blocks(r, max_len),
+                lambda x: (norm_blocks(x[0]), x[1], x[2]),
+            )
         r.shared_prefix_boundary = boundary
         if boundary:
             self.f.count("shared_prefix_boundaries")
         if n % self.s.scheduler_block_size:
             self.f.count("partial_hits")
-        return a, b, n
+        return a, b, n, diverged
 
     def op_lookup(self, c: Any) -> None:
         """A lookup the scheduler makes and then does not admit on (no room)."""
         q = self.pick(c, "waiting")
         if q is None or q.req.num_computed_tokens:
             return
-        a, b, n = self.lookup(c, q.req)
+        a, b, n, _ = self.lookup(c, q.req, connector=self.connector and c.chance(0.15))
         if n and c.chance(0.5):
             # A connector's remote hit superseding the local one (scheduler L1173).
             sbs = self.s.scheduler_block_size
@@ -220,9 +254,9 @@ class Driver033(Driver):
         ext = 0
         async_load = False
         if did_lookup:
-            hit_ref, hit_hc, n = self.lookup(c, r)
+            hit_ref, hit_hc, n, diverged = self.lookup(c, r, self.connector and c.chance(0.15))
             rest = r.num_tokens - n
-            if rest > 1 and c.chance(0.2) and not r.skip_reading_prefix_cache:
+            if self.connector and rest > 1 and c.chance(0.2) and not r.skip_reading_prefix_cache:
                 ext = c.randint(1, min(12, rest - 1))
                 if self.s.align and not self.allow_known_bugs and not self._roomy(r.num_tokens + 4):
                     # vLLM 0.33.0 still under-counts Mamba align blocks for
@@ -230,6 +264,10 @@ class Driver033(Driver):
                     self.f.known_bug_avoided += 1
                     ext = 0
                 async_load = ext > 0 and c.chance(0.5)
+            if diverged and not ext:
+                # No external tokens back the deeper local hit: reconcile (scheduler L1200).
+                self.f.count("diverged_hits")
+                hit_ref, hit_hc, n, _ = self.lookup(c, r)
             computed = n + ext
         else:
             # Back from an async load: no lookup, the scheduler's empty blocks.
@@ -275,20 +313,45 @@ class Driver033(Driver):
             return
         q.state = "running"
         r.status = self.status("RUNNING")
-        self._advance(c, r, computed + new, drafts=0)
-
-    def _advance(self, c: Any, r: Any, computed: int, drafts: int) -> None:
-        """The step ran: `computed` tokens (drafts included); sample, reject drafts."""
         r.num_computed_tokens = computed
-        if computed < r.num_tokens:
-            return  # a prefill chunk
+        self._scheduled(c, q, new, drafts=0)
+
+    def _scheduled(self, c: Any, q: Seq033, new: int, drafts: int) -> None:
+        """`_update_after_schedule`: the step's tokens count as computed and in
+        flight; a step past the prompt also holds output placeholders (async)."""
+        r: Any = q.req
+        r.num_computed_tokens += new
+        r.num_in_flight_tokens += new
+        output = r.num_computed_tokens >= r.num_tokens
+        if output and self.s.async_sched:
+            r.num_output_placeholders += 1 + drafts
+        q.pending.append([new, drafts if output else 0, output, False])
+        if not self.s.async_sched:
+            self._processed(c, q)
+
+    def _processed(self, c: Any, q: Seq033) -> None:
+        """`update_from_output` of the request's oldest step: sample, reject
+        drafts, cache the verified tokens (scheduler L2412)."""
+        r: Any = q.req
+        new, drafts, output, stale = q.pending.pop(0)
+        r.num_in_flight_tokens -= new
+        if stale or not output:
+            return  # stale output of a preempted request is dropped
+        had_placeholders = r.num_output_placeholders > 0
+        if self.s.async_sched:
+            r.num_output_placeholders -= 1 + drafts
         accepted = c.randint(0, drafts)
         r.num_computed_tokens -= drafts - accepted
         r.append_output_token_ids([100 + c.randint(0, 2) for _ in range(accepted + 1)])
-        if self.s.spec_tokens > 0:
-            # update_from_output caches the verified tokens (scheduler L2412).
+        if had_placeholders or self.s.spec_tokens > 0:
             n = r.num_computed_tokens - r.num_in_flight_tokens
             self.both(f"cache_blocks({r.request_id}, {n})", lambda m: m.cache_blocks(r, n))
+
+    def op_outputs(self, c: Any) -> None:
+        """A step's outputs arrive: each request's oldest unprocessed step."""
+        for q in list(self.seqs):
+            if q.pending:
+                self._processed(c, q)
 
     # -- running requests ----------------------------------------------------------
 
@@ -299,9 +362,12 @@ class Driver033(Driver):
         if q is None:
             return
         r: Any = q.req
+        if q.pending and (len(q.pending) >= 2 or c.chance(0.3)):
+            self._processed(c, q)  # at most two steps in flight
+            return
         left = r.num_tokens - r.num_computed_tokens
         drafts = 0
-        if left == 1:
+        if left <= 1 or r.num_output_placeholders:
             k = self.s.spec_tokens
             drafts = c.randint(0, k) if self.s.dynamic_drafts else k
             new = 1 + drafts
@@ -314,6 +380,8 @@ class Driver033(Driver):
             return
         rid = r.request_id
         k = self.s.spec_tokens
+        if r.num_in_flight_tokens:
+            self.f.count("in_flight_allocations")
         self.note(f"step {rid} computed={r.num_computed_tokens} tokens={r.num_tokens} new={new} raw={raw}")
         out, _ = self.both(f"allocate_slots({rid}, {new}, num_lookahead_tokens={k})",
                            lambda m: m.allocate_slots(r, new, num_lookahead_tokens=k), norm_allocated)
@@ -327,26 +395,25 @@ class Driver033(Driver):
         if raw:
             self._preempt(q, c)
             return
-        self._advance(c, r, r.num_computed_tokens + new, drafts)
+        self._scheduled(c, q, new, drafts)
 
     def op_finish_load(self, c: Any) -> None:
+        """`_update_waiting_for_remote_kv`: cache what arrived; a load that
+        failed (all of it, or past a point) keeps only the valid prefix."""
         q = self.pick(c, "loading")
         if q is None:
             return
         r: Any = q.req
-        if c.chance(0.15):
-            # The load failed outright: the scheduler frees the blocks.
-            self.note(f"load_failed {r.request_id}")
+        if c.chance(0.3):
+            r.num_computed_tokens = c.randint(0, q.load_target) if c.chance(0.5) else 0
             self.f.count("load_failures")
-            self.both(f"free({r.request_id})", lambda m: m.free(r))
-            r.num_computed_tokens = 0
+        n = r.num_computed_tokens
+        self.note(f"finish_load {r.request_id} -> {n} of {q.load_target}")
+        if n:
+            self.both(f"cache_blocks({r.request_id}, {n})", lambda m: m.cache_blocks(r, n))
         else:
-            if c.chance(0.15):
-                r.num_computed_tokens = c.randint(0, q.load_target)  # invalid blocks cut it short
-            n = r.num_computed_tokens
-            self.note(f"finish_load {r.request_id} -> {n}")
-            if n:
-                self.both(f"cache_blocks({r.request_id}, {n})", lambda m: m.cache_blocks(r, n))
+            # No valid computed tokens: the scheduler frees the blocks.
+            self.both(f"free({r.request_id})", lambda m: m.free(r))
         q.state = "waiting"
         r.status = self.status("WAITING")
 
@@ -372,6 +439,9 @@ class Driver033(Driver):
         r.status = self.status("PREEMPTED")
         r.num_computed_tokens = 0
         r.spec_token_ids = []
+        r.num_output_placeholders = 0
+        for step in q.pending:
+            step[3] = True  # in flight still, its output now stale
         r.num_preemptions += 1
         self.f.preemptions += 1
 
@@ -483,6 +553,7 @@ class Driver033(Driver):
         ("finish", 6),
         ("free_unknown", 1),
         ("drain_deferred", 4),
+        ("outputs", 5),
         ("evict", 3),
         ("reset", 1),
         ("remove_skipped", 3),

@@ -71,6 +71,7 @@ class Setup:
     max_in_flight_tokens: int | None = None
     full_must_fit: bool = False  # scheduler_reserve_full_isl
     deferred_frees: bool = False  # frees may go through pop_blocks_for_free
+    async_sched: bool = False  # steps run ahead of their outputs (num_in_flight_tokens)
 
     @property
     def align(self) -> bool:
@@ -90,7 +91,7 @@ class Setup:
                 f" release={self.release} spec={self.spec_tokens}{'(dyn)' if self.dynamic_drafts else ''} "
                 f"hash_lookahead={self.hash_lookahead} prefill_lookahead={self.prefill_lookahead} "
                 f"watermark={self.watermark} in_flight={self.max_in_flight_tokens} "
-                f"full_must_fit={self.full_must_fit} deferred_frees={self.deferred_frees}"
+                f"full_must_fit={self.full_must_fit} deferred_frees={self.deferred_frees} async={self.async_sched}"
             )
         return text
 

@@ -131,9 +131,12 @@ class V033(ReleaseApi):
             # MTP (one per draft token); vLLM wants sbs >= that with caching.
             spec = rng.randint(1, 4)
             prefill_la = min(spec, sbs) if rng.random() < 0.3 else 1
-            if caching and rng.random() < 0.6:
+            if caching and rng.random() < 0.6 and any(g.kind == "full" for g in s.groups):
                 # Lookahead block hashes (0.33's default for EAGLE with
                 # caching): the scheduler then passes use_eagle=False.
+                # Without a full-attention group vLLM 0.33.0's hit search
+                # indexes past the (fewer) lookahead hashes (IndexError in
+                # SlidingWindowManager.find_longest_cache_hit): steered around.
                 hash_la = prefill_la
             else:
                 use_eagle = True
@@ -151,6 +154,7 @@ class V033(ReleaseApi):
             max_in_flight_tokens=rng.choice((None, 16, 64, 256)),
             full_must_fit=rng.random() < 0.2,
             deferred_frees=rng.random() < 0.5,
+            async_sched=rng.random() < 0.4,
         )
 
     def manager_kwargs(self, s: Setup) -> dict[str, Any]:
