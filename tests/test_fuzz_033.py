@@ -133,3 +133,18 @@ def test_hybridcache_facade_slice_full_attention() -> None:
                       candidate="hybridcache")
     _clean(f)
     assert f.allocations > 3000 and f.hit_tokens > 0 and f.events > 0
+
+
+def test_vllm_033_lookahead_hashes_crash_the_hit_search_without_full_attention() -> None:
+    """Why the 0.33.0 setups use lookahead hashes only with a full-attention
+    group: without one, vLLM 0.33.0's hit search reads past the request's
+    block hashes (fewer than its full blocks with lookahead hashes)."""
+    from hybridcache.testing.fuzz_setup import Group, Setup
+
+    s = Setup(mix="sw_mamba", caching=True, groups=(Group("sw", 4, 10), Group("mamba", 4, mode="align")),
+              scheduler_block_size=4, hash_block_size=4, num_blocks=40, use_eagle=False, events=False,
+              log_stats=False, release="0.33.0", hash_lookahead=3, prefill_lookahead=3)
+    r = API.make_request(s, "a", list(range(33)))
+    assert len(r.block_hashes) == 7  # 8 full blocks, the last one's 3 lookahead tokens missing
+    with pytest.raises(IndexError):
+        API.build_reference(s).get_computed_blocks(r)

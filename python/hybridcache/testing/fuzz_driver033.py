@@ -500,18 +500,24 @@ class Driver033(Driver):
         self.both("new_step_starts", lambda m: m.new_step_starts())
         self.both("take_boundary_state_offloads", lambda m: m.take_boundary_state_offloads(),
                   lambda x: tuple(sorted((k, tuple(v)) for k, v in x.items())))
+        self._take_copies(c)
+        self.both("take_new_block_ids", lambda m: list(m.take_new_block_ids()))
+
+    def _take_copies(self, c: Any = None) -> None:
+        """The step's copy-on-write copies; their retained endpoints go back
+        to the pool after the step (`_free_cow_retained_blocks`)."""
         (copies, kept), (_, kept_hc) = self.both(
             "take_kv_cache_block_copies", lambda m: m.take_kv_cache_block_copies(),
             lambda x: (tuple((cp.src_block_id, cp.dst_block_id) for cp in x[0]), norm_block_list(x[1])))
-        if copies:
-            self.f.count("cow_copies", len(copies))
-            if self.s.deferred_frees and c.chance(0.5):
-                # Queued reversed so the drain's reversed() frees them in order.
-                self.deferred.append(Deferred("cow retained", (kept[::-1], kept_hc[::-1])))
-            else:
-                self.both("block_pool.free_blocks(<cow retained>)",
-                          lambda m: m.block_pool.free_blocks(self.own(m, (kept, kept_hc))))
-        self.both("take_new_block_ids", lambda m: list(m.take_new_block_ids()))
+        if not copies:
+            return
+        self.f.count("cow_copies", len(copies))
+        if c is not None and self.s.deferred_frees and c.chance(0.5):
+            # Queued reversed so the drain's reversed() frees them in order.
+            self.deferred.append(Deferred("cow retained", (kept[::-1], kept_hc[::-1])))
+        else:
+            self.both("block_pool.free_blocks(<cow retained>)",
+                      lambda m: m.block_pool.free_blocks(self.own(m, (kept, kept_hc))))
 
     def op_remove_skipped(self, c: Any) -> None:
         q = self.pick(c, "running")
@@ -566,6 +572,7 @@ class Driver033(Driver):
     def drain(self) -> None:
         for q in list(self.seqs):
             self._finish(q)
+        self._take_copies()
         while self.deferred:
             d = self.deferred.pop(0)
             self.both(f"block_pool.free_blocks(<{d.what}>)",
