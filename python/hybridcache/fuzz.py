@@ -139,7 +139,14 @@ def run_fuzz(
         else:
             setup = api.random_setup(rng, mix, cb)
             build = build_candidate or (lambda s: api.build_candidate(s, candidate))
-            d = api.driver_class()(setup, allow_known_bugs, f, build, api.build_reference)
+            try:
+                d = api.driver_class()(setup, allow_known_bugs, f, build, api.build_reference)
+            except NotImplementedError as e:
+                # A setup the candidate says it does not support yet: counted, skipped.
+                f.count("unsupported_setups")
+                if len(f.reports) < max_reports and f.calls["unsupported_setups"] == 1:
+                    f.reports.append(f"[unsupported setup] {setup.describe()}: {e}")
+                continue
         budget = min(ops_per_setup, ops - f.ops)
         end = f.ops + budget
         try:

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .compare import norm_allocated, norm_blocks, norm_usage, pool_state
+from .compare import _first_difference, freeze, norm_allocated, norm_blocks, norm_usage, pool_state
 from .fuzz_driver import PREFIXES, Driver, Seq
 from .fuzz_setup import Divergence, Figures, InvariantViolation, ReferenceError_, Setup
 from .release_api import V033, norm_block_list, release
@@ -128,6 +128,22 @@ class Driver033(Driver):
             self.s, rid, tokens, lora=lora, cache_salt=salt, skip_reading_prefix_cache=skip,
             report_full=report_full, session_id=f"s{c.randint(0, 2)}" if c.chance(0.1) else None,
         )
+
+    def both(self, op: str, fn: Callable[[Any], Any], norm: Callable[[Any], Any] = lambda x: x) -> tuple[Any, Any]:
+        """`Driver.both`, and where two big values (events, tables) first differ."""
+        try:
+            a = fn(self.ref)
+        except Exception as e:
+            raise ReferenceError_(f"vLLM raised on {op}: {type(e).__name__}: {e}") from e
+        try:
+            b = fn(self.hc)
+        except Exception as e:
+            raise Divergence(f"{op}: vLLM returned {norm(a)!r}, hybridcache raised {type(e).__name__}: {e}") from e
+        na, nb = norm(a), norm(b)
+        if na != nb:
+            where = _first_difference(freeze(na), freeze(nb))
+            raise Divergence(f"{op}{where}: vLLM {na!r} != hybridcache {nb!r}")
+        return a, b
 
     def pick(self, c: Any, state: str | None = None) -> Seq033 | None:
         cands = [q for q in self.seqs if state is None or q.state == state]
