@@ -43,7 +43,9 @@ FACADE_MISSING = importlib.util.find_spec("hybridcache.manager033") is None
 
 
 def _clean(f: fuzz.Figures) -> None:
-    assert f.reports == [], "\n\n".join(f.reports)
+    # Setups the facade refuses (NotImplementedError) are counted, not findings.
+    findings = [r for r in f.reports if not r.startswith("[unsupported setup]")]
+    assert findings == [], "\n\n".join(findings)
     assert (f.divergences, f.invariant_violations, f.reference_errors) == (0, 0, 0)
 
 
