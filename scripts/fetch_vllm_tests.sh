@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Fetches vLLM 0.23.0's own prefix-caching tests (tests/v1/core) from its sdist
-# on PyPI, through pip only, into a cache folder (default .cache/vllm-tests):
+# Fetches vLLM VERSION's own tests (tests/v1/core, the files the peer suite
+# runs and what they import) from its sdist on PyPI, through pip only, into
+# CACHE/VERSION (default .cache/vllm-tests/VERSION), e.g.
 #
-#   .cache/vllm-tests/tests/{__init__.py,v1/__init__.py}
-#   .cache/vllm-tests/tests/v1/core/{__init__.py,utils.py,test_prefix_caching.py}
+#   .cache/vllm-tests/0.23.0/tests/v1/core/{__init__.py,utils.py,test_prefix_caching.py}
+#
+# The files and their hashes, and the sdist's hash, are in
+# scripts/vllm_tests/vllm-VERSION.sha256; every file is checked against it.
 #
 # How: `pip download --no-binary :all:` fetches the sdist (hash-pinned) but then
 # must build its metadata, which fails for vLLM without its build toolchain.
@@ -11,24 +14,24 @@
 # to install) and `--no-clean` keeps pip's unpacked copy of the sdist, which is
 # where the files are taken from. Should the metadata step succeed instead (a
 # machine with vLLM's build deps), the tarball lands in the download folder and
-# is read from there. Nothing else is fetched; test_prefix_caching.py needs no
-# conftest of vLLM's (scripts/run_vllm_peer_tests.py supplies the fixtures).
+# is read from there. Nothing else is fetched; no conftest of vLLM's is needed
+# (scripts/run_vllm_peer_tests.py supplies the markers and the offline model
+# config the tests ask for).
 #
-# Usage: bash scripts/fetch_vllm_tests.sh [CACHE_DIR]    (idempotent)
+# Usage: bash scripts/fetch_vllm_tests.sh [VERSION] [CACHE]   (VERSION default 0.23.0; idempotent)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-VERSION=0.23.0
-SDIST_SHA256=760269db3d9611e12e524681df1bca0977d5d2f5fcb4481cc34d33efc4ae7ff5
-TEST_SHA256=f313b45805a2bd329bed9f02d8cee99b9bcdb50b59fcb04b88da80bb0877d90f
-CACHE=${1:-.cache/vllm-tests}
-FILES=(tests/__init__.py tests/v1/__init__.py tests/v1/core/__init__.py
-       tests/v1/core/utils.py tests/v1/core/test_prefix_caching.py)
+VERSION=${1:-0.23.0}
+CACHE_ROOT=${2:-.cache/vllm-tests}
+CACHE=$CACHE_ROOT/$VERSION
+MANIFEST=$PWD/scripts/vllm_tests/vllm-$VERSION.sha256
+[ -f "$MANIFEST" ] || { echo "no test manifest for vLLM $VERSION ($MANIFEST)" >&2; exit 1; }
+SDIST_SHA256=$(sed -n "s/^# sdist vllm-$VERSION.tar.gz sha256 \([0-9a-f]\{64\}\)$/\1/p" "$MANIFEST")
+[ -n "$SDIST_SHA256" ] || { echo "$MANIFEST names no sdist hash" >&2; exit 1; }
+mapfile -t FILES < <(grep -v '^#' "$MANIFEST" | awk 'NF == 2 { print $2 }')
 
-have_tests() {
-  [ -f "$CACHE/VERSION" ] && [ "$(cat "$CACHE/VERSION")" = "$VERSION" ] &&
-    echo "$TEST_SHA256  $CACHE/tests/v1/core/test_prefix_caching.py" | sha256sum -c --quiet - 2>/dev/null
-}
+have_tests() { [ -d "$CACHE" ] && (cd "$CACHE" && sha256sum -c --quiet --strict "$MANIFEST" >/dev/null 2>&1); }
 if have_tests; then
   echo "vLLM $VERSION tests already in $CACHE"
   exit 0
@@ -68,13 +71,12 @@ if [ -z "$src" ]; then
   exit 1
 fi
 
-rm -rf "$CACHE/tests"
+rm -rf "$CACHE"
 for f in "${FILES[@]}"; do
   [ -f "$src/$f" ] || { echo "sdist lacks $f" >&2; exit 1; }
   mkdir -p "$CACHE/$(dirname "$f")"
   cp "$src/$f" "$CACHE/$f"
 done
-echo "$TEST_SHA256  $CACHE/tests/v1/core/test_prefix_caching.py" | sha256sum -c --quiet - ||
-  { echo "test_prefix_caching.py does not match vLLM $VERSION's" >&2; exit 1; }
-echo "$VERSION" >"$CACHE/VERSION"
-echo "vLLM $VERSION tests in $CACHE: ${FILES[*]}"
+(cd "$CACHE" && sha256sum -c --quiet --strict "$MANIFEST") ||
+  { echo "the files in $CACHE do not match vLLM $VERSION's ($MANIFEST)" >&2; exit 1; }
+echo "vLLM $VERSION tests in $CACHE: ${#FILES[@]} files"

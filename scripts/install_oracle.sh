@@ -2,7 +2,7 @@
 # Installs vLLM VERSION as a test-only oracle, in its own venv, on a CPU machine.
 #
 #   bash scripts/install_oracle.sh [VERSION] [VENV]
-#     VERSION  vLLM version (default 0.23.0); needs scripts/oracle/vllm-VERSION.txt
+#     VERSION  vLLM version (default 0.23.0; 0.33.0 too); needs scripts/oracle/vllm-VERSION.txt
 #     VENV     the venv (default .venv-vllm-MAJOR.MINOR in the repository root,
 #              e.g. .venv-vllm-0.23; git ignores .venv-vllm-*)
 #     PYTHON   the interpreter the venv is made from (default python3, >= 3.10)
@@ -13,15 +13,18 @@
 # missing), and the test tools (scripts/oracle/test-tools.txt). Every package
 # vLLM names gets the version range vLLM's own wheel metadata asks for (a pip
 # constraints file written by scripts/oracle_requirements.py: torch==2.11.0
-# for 0.23.0), so pip's resolver finds no conflict; the script checks that at
-# the end and fails naming any package outside vLLM's range. The other
-# requirements of vLLM (flashinfer, torchaudio, ...) are left out on purpose.
+# for 0.23.0, torch==2.14.0 for 0.33.0), so pip's resolver finds no conflict;
+# the script checks that at the end and fails naming any package outside
+# vLLM's range. The other requirements of vLLM (flashinfer, torchaudio, ...)
+# are left out on purpose. The lists are installed with their dependencies:
+# torch's PyPI wheel is the CUDA build, whose import needs its nvidia-*
+# libraries even on a CPU machine.
 #
 # Idempotent: a venv that already passes the check is left as it is
 # (ORACLE_FORCE=1 reinstalls into it). One venv per vLLM version, so oracles
 # of several versions sit side by side; a version is added with its package
-# list, scripts/oracle/vllm-VERSION.txt (e.g. from the pins in
-# ../shared/reference/vllm-0.33.0-requirements-*.txt for 0.33.0).
+# list, scripts/oracle/vllm-VERSION.txt (0.33.0's is the set that
+# ../shared/reference/vllm-0.23-to-0.33.md section 5 found to work).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD

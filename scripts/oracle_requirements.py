@@ -10,7 +10,8 @@ scripts/install_oracle.sh (run with the oracle venv's python).
       checks that every requirement of vLLM that is installed is within
       vLLM's range, prints a one-line summary, exits 1 naming any that is not.
       Requirements left out (vLLM is installed --no-deps; only what
-      vllm.v1.core imports is installed) are counted, not errors.
+      vllm.v1.core imports is installed) are counted, not errors; one served
+      by another distribution (SUBSTITUTES) is named.
 """
 
 from __future__ import annotations
@@ -24,6 +25,20 @@ try:
 except ImportError:  # a bare venv: pip's vendored copy
     from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
     from pip._vendor.packaging.utils import canonicalize_name  # type: ignore[no-redef]
+
+
+# Requirements in a vLLM release's metadata that the oracle venv serves with
+# another distribution, by vLLM version: {requirement: (distribution, why)}.
+# Checked explicitly: the substitute must be installed (and the requirement
+# itself is not, so its range does not apply to anything installed).
+SUBSTITUTES: dict[str, dict[str, tuple[str, str]]] = {
+    "0.33.0": {
+        # vLLM 0.33.0 asks for oss-harmony>=0.0.11, but what its import needs
+        # is the module openai_harmony, which openai-harmony provides
+        # (../shared/reference/vllm-0.23-to-0.33.md section 5).
+        "oss-harmony": ("openai-harmony", "provides the openai_harmony module vLLM imports"),
+    },
+}
 
 
 def vllm_requirements() -> list[Requirement]:
@@ -47,13 +62,29 @@ def constraints(path: str) -> None:
         f.write("\n".join(lines) + "\n")
 
 
+def _installed_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def check() -> int:
     reqs = vllm_requirements()
-    installed, bad = [], []
+    installed, bad, served = [], [], []
+    substitutes = SUBSTITUTES.get(metadata.version("vllm").split("+")[0], {})
     for req in reqs:
-        try:
-            version = metadata.version(req.name)
-        except metadata.PackageNotFoundError:
+        version = _installed_version(req.name)
+        sub = substitutes.get(canonicalize_name(req.name))
+        if sub is not None and version is None:
+            provider, why = sub
+            provided = _installed_version(provider)
+            if provided is None:
+                bad.append(f"{req.name}{req.specifier} is served by {provider}, which is not installed")
+            else:
+                served.append(f"{req.name}{req.specifier} served by {provider} {provided} ({why})")
+            continue
+        if version is None:
             continue
         installed.append(canonicalize_name(req.name))
         if req.specifier and not req.specifier.contains(version, prereleases=True):
@@ -62,10 +93,13 @@ def check() -> int:
     print(
         f"oracle: vLLM {metadata.version('vllm')} with torch {torch} in {sys.prefix}: "
         f"{len(installed)} of vLLM's {len(reqs)} requirements installed, "
-        f"{'all' if not bad else len(installed) - len(bad)} within vLLM's pins; the other "
-        f"{len(reqs) - len(installed)} are left out on purpose (vLLM is installed --no-deps, "
+        f"{'all' if not bad else len(installed) - len(bad)} within vLLM's pins"
+        + (f", {len(served)} served by another package" if served else "")
+        + f"; the other {len(reqs) - len(installed) - len(served)} are left out on purpose (vLLM is installed --no-deps, "
         "only what vllm.v1.core imports is needed)"
     )
+    for s in served:
+        print(f"oracle: {s}")
     for b in bad:
         print(f"oracle: version conflict: {b}", file=sys.stderr)
     return 1 if bad else 0

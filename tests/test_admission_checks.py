@@ -220,6 +220,7 @@ def test_common_prefix_of_an_unknown_id_makes_no_record_but_answers_as_vllm() ->
     assert m.get_num_common_prefix_blocks("a") == [3]
 
 
+@pytest.mark.vllm("0.23.0")
 def test_common_prefix_ghost_matches_vllm(vllm_available: bool, make_vllm_kv_cache_config: Any) -> None:
     from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
 

@@ -124,6 +124,7 @@ def test_zero_new_tokens_without_external_tokens(w: World) -> None:
     assert_still_works(w)
 
 
+@pytest.mark.vllm("0.23.0")
 def test_zero_new_tokens_message_matches_vllm(vllm_available: bool, make_vllm_kv_cache_config: Any) -> None:
     from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
 
@@ -369,6 +370,7 @@ def test_hash_block_size_must_equal_block_size_with_caching() -> None:
     assert m.allocate_slots(req("x", range(9)), 9).get_block_ids() == ([1, 2],)
 
 
+@pytest.mark.vllm("0.23.0")
 def test_hash_block_size_mismatch_is_rejected_by_vllm_too(
     vllm_available: bool, make_vllm_kv_cache_config: Any
 ) -> None:

@@ -32,6 +32,7 @@ def _in_oracle_venv() -> bool:
     return sys.prefix != sys.base_prefix and any(Path(sys.prefix).glob("vllm-*-constraints.txt"))
 
 
+@pytest.mark.vllm()  # every oracle venv
 @pytest.mark.skipif(not _in_oracle_venv(), reason="not running in an oracle venv made by scripts/install_oracle.sh")
 def test_oracle_venv_is_within_vllms_pins() -> None:
     r = _run(sys.executable, str(PINS), "check")
@@ -42,6 +43,7 @@ def test_oracle_venv_is_within_vllms_pins() -> None:
     assert metadata.version("torch").split("+")[0] == torch_pin.split("==")[1].split(";")[0].strip()
 
 
+@pytest.mark.vllm()  # every oracle venv
 def test_constraints_come_from_vllms_metadata(tmp_path: Path) -> None:
     try:
         metadata.version("vllm")
@@ -52,8 +54,9 @@ def test_constraints_come_from_vllms_metadata(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in out.read_text().splitlines() if ln and not ln.startswith("#")]
     assert not any("[" in ln for ln in lines)  # pip refuses extras in constraints
-    if metadata.version("vllm") == "0.23.0":
-        assert "torch==2.11.0" in lines
+    torch_pin = {"0.23.0": "torch==2.11.0", "0.33.0": "torch==2.14.0"}.get(metadata.version("vllm").split("+")[0])
+    if torch_pin is not None:
+        assert torch_pin in lines
 
 
 def test_ci_run_names_a_missing_interpreter() -> None:
@@ -71,11 +74,13 @@ def test_install_oracle_refuses_an_unknown_version(tmp_path: Path) -> None:
     assert not (tmp_path / "venv").exists()
 
 
+@pytest.mark.vllm()  # every oracle venv
 @pytest.mark.skipif(not _in_oracle_venv(), reason="not running in an oracle venv made by scripts/install_oracle.sh")
 def test_oracle_venv_runs_the_triton_interpreter() -> None:
     """CI's Triton kernel tests run under Triton's CPU interpreter; in the
     oracle venv they must run, not skip (torch 2.11.0's Triton 3.6 needs
-    numpy < 2.4, pinned in scripts/oracle/vllm-0.23.0.txt)."""
+    numpy < 2.4, pinned in scripts/oracle/vllm-0.23.0.txt; torch 2.14.0's
+    Triton 3.8 runs under vLLM 0.33.0's numpy 2.4.6)."""
     pytest.importorskip("torch")
     sys.path.insert(0, str(ROOT / "tests"))
     try:
@@ -83,3 +88,52 @@ def test_oracle_venv_runs_the_triton_interpreter() -> None:
     finally:
         sys.path.remove(str(ROOT / "tests"))
     assert test_kernels.triton_interpreter_skip_reason() is None
+
+
+def _ci_oracles() -> list[str]:
+    line = next(ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.startswith("ORACLES=("))
+    return line.split("(", 1)[1].split(")", 1)[0].split()
+
+
+def test_every_ci_oracle_has_its_lists_manifest_and_tables() -> None:
+    """Each release in .ci/run's ORACLES: its package list, its tests'
+    manifest (an sdist hash, the files with their hashes, test files among
+    them), its peer-suite tables and the model configs those name."""
+    import importlib.util
+    import json
+
+    oracles = _ci_oracles()
+    assert oracles[:2] == ["0.23.0", "0.33.0"]
+    spec = importlib.util.spec_from_file_location("run_vllm_peer_tests", ROOT / "scripts" / "run_vllm_peer_tests.py")
+    assert spec is not None and spec.loader is not None
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    for v in oracles:
+        assert (ROOT / "scripts" / "oracle" / f"vllm-{v}.txt").is_file(), v
+        manifest = (ROOT / "scripts" / "vllm_tests" / f"vllm-{v}.sha256").read_text().splitlines()
+        assert any(ln.startswith(f"# sdist vllm-{v}.tar.gz sha256 ") for ln in manifest), v
+        entries = [ln.split() for ln in manifest if ln and not ln.startswith("#")]
+        assert entries and all(len(e) == 2 and len(e[0]) == 64 for e in entries), v
+        files = runner.release_test_files(v)
+        assert any(f.name == "test_prefix_caching.py" for f in files), v
+        tables = runner.release_tables(v)
+        for name in ("ENV", "HF_MODELS", "SWAP_SCHEDULER", "INTERNALS", "VIEWS", "UNSUPPORTED", "NOT_IMPLEMENTED"):
+            assert hasattr(tables, name), (v, name)
+        for model in tables.HF_MODELS:
+            config = json.loads((ROOT / "scripts" / "vllm_tests" / "hf" / model / "config.json").read_text())
+            assert config["architectures"] and config["model_type"], model
+
+
+def test_install_hf_models_lays_out_the_hub_cache(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_vllm_peer_tests", ROOT / "scripts" / "run_vllm_peer_tests.py")
+    assert spec is not None and spec.loader is not None
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    runner.install_hf_models(("facebook/opt-125m",), tmp_path)
+    repo = tmp_path / "hub" / "models--facebook--opt-125m"
+    revision = (repo / "refs" / "main").read_text()
+    assert len(revision) == 40
+    assert (repo / "snapshots" / revision / "config.json").read_bytes() == (
+        ROOT / "scripts" / "vllm_tests" / "hf" / "facebook" / "opt-125m" / "config.json").read_bytes()

@@ -22,6 +22,9 @@ from typing import Any
 
 import pytest
 
+# Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
+pytestmark = pytest.mark.vllm("0.23.0")
+
 import hybridcache
 from hybridcache import (
     FullAttentionSpec,
@@ -752,17 +755,20 @@ class EncoderOnlyAttentionSpec(SinkFullAttentionSpec):
     pass
 
 
-@pytest.mark.parametrize(
-    "kwargs, words",
-    [
-        ({"dcp_world_size": 2}, "dcp_world_size=2"),
-        ({"pcp_world_size": 2}, "pcp_world_size=2"),
-        ({"metrics_collector": object()}, "metrics_collector"),
-    ],
-)
-def test_unsupported_options_raise_not_implemented(kwargs: dict[str, Any], words: str) -> None:
-    with pytest.raises(NotImplementedError, match=words):
+@pytest.mark.parametrize("kwargs", [{"dcp_world_size": 2}, {"pcp_world_size": 2}])
+def test_context_parallel_needs_vllms_hash_block_size(kwargs: dict[str, Any]) -> None:
+    # vLLM's scheduler hashes at block_size * dcp * pcp (tests/test_context_parallel.py).
+    with pytest.raises(ValueError, match="hash_block_size .* times dcp_world_size"):
         make_hc(**kwargs)
+    m = KVCacheManager(hc_config(16, BS, 1), MAX_LEN, 2 * BS, 2 * BS, **kwargs)
+    assert (m.dcp_world_size, m.pcp_world_size) == (kwargs.get("dcp_world_size", 1), kwargs.get("pcp_world_size", 1))
+
+
+def test_metrics_collector_is_the_callers() -> None:
+    collector = object()
+    m = make_hc(metrics_collector=collector)
+    assert m.metrics_collector is collector and m.block_pool.metrics_collector is collector
+    assert make_hc().block_pool.metrics_collector is None
 
 
 @pytest.mark.parametrize("spec_cls", [SinkFullAttentionSpec, EncoderOnlyAttentionSpec])
@@ -836,7 +842,7 @@ def test_check_invariants_scenario_matches_vllm(vllm: bool) -> None:
 
 
 def test_version_and_public_api() -> None:
-    assert hybridcache.SUPPORTED_VLLM_VERSION == "0.23.0"
+    assert hybridcache.SUPPORTED_VLLM_VERSIONS[0] == "0.23.0"
     assert isinstance(hybridcache.__version__, str) and hybridcache.__version__
     m = make_hc(num_blocks=7)
     assert m.block_pool.num_gpu_blocks == 7 and len(m.block_pool.blocks) == 7

@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 
+# Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
+pytestmark = pytest.mark.vllm("0.23.0")
+
 pytest.importorskip("vllm.v1.core.kv_cache_manager")
 
 from hybridcache import fuzz  # noqa: E402

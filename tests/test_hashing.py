@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+# Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
+pytestmark = pytest.mark.vllm("0.23.0")
+
 from hybridcache._native import BlockHasher
 from hybridcache.hashing import (
     HASH_FUNCTION_NAMES,

@@ -675,6 +675,7 @@ def _scenario(rng, n_reqs, num_groups, block_size, k, post):
     return reqs
 
 
+@pytest.mark.vllm("0.23.0")
 @pytest.mark.parametrize("k", [0, 2])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_pre_plan_and_copy_match_vllm(vllm_mamba, k, seed):
@@ -713,6 +714,7 @@ def test_pre_plan_and_copy_match_vllm(vllm_mamba, k, seed):
     assert_raws_equal(s_trit, s_vllm.np(), "triton vs vLLM")
 
 
+@pytest.mark.vllm("0.23.0")
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_post_plan_and_select_match_vllm(vllm_mamba, k):
     mod, B = vllm_mamba, 4

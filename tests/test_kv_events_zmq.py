@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 
+# Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
+pytestmark = pytest.mark.vllm("0.23.0")
+
 zmq = pytest.importorskip("zmq")
 msgspec = pytest.importorskip("msgspec")
 

@@ -8,6 +8,9 @@ import random
 
 import pytest
 
+# Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
+pytestmark = pytest.mark.vllm("0.23.0")
+
 import hybridcache
 from hybridcache import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec, Request
 

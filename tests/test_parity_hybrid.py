@@ -16,6 +16,9 @@ import logging
 
 import pytest
 
+# Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
+pytestmark = pytest.mark.vllm("0.23.0")
+
 from liars import FakeBlocks, LiesOnce
 from hybridcache.replay import (
     GroupSpec,

@@ -90,6 +90,7 @@ def test_python_block_runs(index: int) -> None:
     exec(_compiled(RUN[index]), namespace)
 
 
+@pytest.mark.vllm("0.23.0")
 @pytest.mark.parametrize("index", range(len(NEEDS_VLLM)), ids=[f"README.md:{b.line}" for b in NEEDS_VLLM])
 def test_vllm_block_runs(index: int, vllm_available: bool) -> None:
     """Blocks that need vLLM run in their own process (install() patches

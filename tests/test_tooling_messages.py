@@ -112,6 +112,7 @@ def test_plot_has_title_caption_and_ticks(tmp_path: Path, monkeypatch: pytest.Mo
         assert len(labels) >= 2, labels
 
 
+@pytest.mark.vllm("0.23.0")
 @pytest.mark.usefixtures("vllm_available")
 def test_replay_keeps_vllm_and_torch_logs_out() -> None:
     out = _run(

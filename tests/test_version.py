@@ -1,4 +1,4 @@
-"""`hybridcache --version`: the package version, the vLLM version it is a
+"""`hybridcache --version`: the package version, the vLLM releases it is a
 drop-in for, and the vLLM installed (read from metadata, never imported)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import sys
 from importlib import metadata
 
 import hybridcache
+from hybridcache import releases
 from hybridcache.__main__ import main, version_text
 
 
@@ -21,13 +22,14 @@ def test_version_flag_prints_versions_and_exits_0(capsys) -> None:
     out = capsys.readouterr().out
     assert out == version_text() + "\n"
     assert out.startswith(f"hybridcache {hybridcache.__version__} ")
-    assert f"vLLM {hybridcache.SUPPORTED_VLLM_VERSION}" in out
+    assert f"of vLLM {releases.supported_text()};" in out
     try:
         installed = metadata.version("vllm")
     except metadata.PackageNotFoundError:
         assert "vLLM not installed" in out
     else:
-        assert f"vLLM {installed} installed" in out
+        supported = releases.find(installed) is not None
+        assert f"vLLM {installed} installed" + ("" if supported else ", not supported") + ")" in out
 
 
 def test_version_flag_imports_neither_vllm_nor_torch() -> None:

@@ -27,6 +27,9 @@ from typing import Any
 
 import pytest
 
+# Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
+pytestmark = pytest.mark.vllm("0.23.0")
+
 vllm = pytest.importorskip("vllm")
 if vllm.__version__.split("+")[0] != "0.23.0":  # pragma: no cover
     pytest.skip(f"needs vLLM 0.23.0, found {vllm.__version__}", allow_module_level=True)
@@ -38,6 +41,7 @@ from vllm.config import (  # noqa: E402
     KVEventsConfig,
     KVTransferConfig,
     ModelConfig,
+    ObservabilityConfig,
     ParallelConfig,
     SchedulerConfig,
     SpeculativeConfig,
@@ -68,6 +72,7 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 import hybridcache.vllm as hc_vllm  # noqa: E402
 from hybridcache.step_bench import stub_model_dir as shared_stub_model_dir  # noqa: E402
+from hybridcache.testing.block_metrics import observe, record_calls  # noqa: E402
 
 EOS_TOKEN_ID = 50256
 STOP_TOKEN_ID = 999  # sampled now and then: requests stop early, mid-draft too
@@ -116,6 +121,9 @@ class Case:
     # hybridcache's side gets the request block hasher `install()` gives vLLM's
     # engine (hybridcache's native one); stock keeps vLLM's Python hasher.
     native_hashing: bool = True
+    # vLLM's KV-cache residency metrics (observability_config.kv_cache_metrics)
+    # sampled at this rate: the scheduler's own collector, on both sides.
+    kv_metrics: float | None = None
 
 
 def build_scheduler(case: Case, model_dir: str, hybrid: bool, kv_events_config: Any = None) -> Scheduler:
@@ -159,6 +167,8 @@ def build_scheduler(case: Case, model_dir: str, hybrid: bool, kv_events_config: 
         speculative_config=speculative_config,
         kv_events_config=kv_events_config,
         device_config=DeviceConfig(device="cpu"),
+        observability_config=ObservabilityConfig(kv_cache_metrics=case.kv_metrics is not None,
+                                                 kv_cache_metrics_sample=case.kv_metrics or 0.01),
     )
     if case.eagle:
         # EAGLE without a draft checkpoint: the scheduler only reads the method.
@@ -192,6 +202,8 @@ def build_scheduler(case: Case, model_dir: str, hybrid: bool, kv_events_config: 
     expected = hc_vllm.VllmKVCacheManager if hybrid else vllm.v1.core.kv_cache_manager.KVCacheManager
     assert type(scheduler.kv_cache_manager) is expected
     scheduler.kv_event_publisher = EventRecorder(scheduler.kv_event_publisher)
+    if scheduler.kv_metrics_collector is not None:
+        record_calls(scheduler.kv_metrics_collector)
     return scheduler
 
 
@@ -417,6 +429,7 @@ def norm_engine_outputs(outs: dict[int, Any]) -> list[Any]:
             None if stats is None else (
                 stats.num_running_reqs, stats.num_waiting_reqs, stats.num_skipped_waiting_reqs,
                 stats.kv_cache_usage, dataclasses.asdict(stats.prefix_cache_stats),
+                len(stats.kv_cache_eviction_events or ()),
             ),
         ))
     return result
@@ -549,7 +562,8 @@ def run_lockstep(case: Case, model_dir: str, schedulers: tuple[Scheduler, Schedu
     plan = make_workload(case)
     rng = random.Random(case.seed * 104729 + 17)
     totals = {"scheduled_tokens": 0, "preempted": 0, "finished": 0, "aborted": 0, "events": 0, "hits": 0,
-              "spec_tokens": 0, "resets": 0, "zeroed": 0, "steps": 0, "async_loads": 0, "load_failures": 0}
+              "spec_tokens": 0, "resets": 0, "zeroed": 0, "steps": 0, "async_loads": 0, "load_failures": 0,
+              "metric_calls": 0, "evicted_sampled": 0}
     # Scheduled steps whose model output has not come back yet (async scheduling).
     in_flight: list[tuple[Any, Any, ModelRunnerOutput]] = []
 
@@ -586,14 +600,21 @@ def run_lockstep(case: Case, model_dir: str, schedulers: tuple[Scheduler, Schedu
                 _check(case, step, "reset_prefix_cache", ok, hc.reset_prefix_cache(reset_running_requests=True))
                 totals["resets"] += ok
 
+        state = random.getstate()  # the metrics collectors sample from the same draws
         try:
             so_stock = stock.schedule()
         except ValueError as e:
             if not case.vllm_pool_error or "free blocks from the pool" not in str(e):
                 raise
             raise VllmPoolError(step) from e
+        random.setstate(state)
         so_hc = hc.schedule()
         _check(case, step, "scheduler output", norm_scheduler_output(so_stock), norm_scheduler_output(so_hc))
+        if case.kv_metrics is not None:
+            seen = observe(stock.kv_metrics_collector, drain=False)
+            _check(case, step, "metrics collector", seen, observe(hc.kv_metrics_collector, drain=False))
+            totals["metric_calls"] += len(seen[0])
+            totals["evicted_sampled"] += len(stock.kv_metrics_collector._eviction_events)
         _check(case, step, "manager views after schedule", manager_views(stock), manager_views(hc))
         mro = simulate_model(case, so_stock, stock, rng)
         if case.connector:
@@ -678,6 +699,11 @@ CASES = [
     Case("kv_connector_mamba_align", connector="recompute", prefix_caching=True, events=True, mamba="align",
          num_blocks=120, max_num_seqs=12, prompt_len=(16, 300), arrival_p=0.5, steps=400, seed=2,
          vllm_pool_error=True),
+    Case("kv_cache_metrics_pressure", prefix_caching=True, events=True, num_spec=3, eagle=True, num_blocks=70,
+         max_num_seqs=12, prompt_len=(20, 260), max_tokens=(20, 120), arrival_p=0.5, reset_every=89,
+         kv_metrics=0.5, seed=16),
+    Case("kv_cache_metrics_hybrid_no_caching", mamba="none", num_blocks=80, max_num_seqs=10, kv_metrics=1.0, seed=17,
+         steps=300),
     Case("async_mamba_align_pressure", async_scheduling=True, prefix_caching=True, events=True,
          mamba="align", num_blocks=80, max_num_seqs=10, prompt_len=(20, 240), arrival_p=0.5, seed=12),
 ]
@@ -706,6 +732,10 @@ def test_scheduler_lockstep(case: Case, model_dir: str) -> None:
         assert totals["resets"] > 0
     if case.mamba:
         assert totals["zeroed"] > 0
+    if case.kv_metrics is not None:
+        assert totals["metric_calls"] > 0
+        if case.prefix_caching:
+            assert totals["evicted_sampled"] > 0
     if case.vllm_pool_error:
         assert "vllm_pool_error_step" in totals  # the known vLLM 0.23.0 crash, reached
     elif case.connector:

@@ -531,6 +531,7 @@ fuzz_target!(|data: &[u8]| {
         enable_caching: caching,
         use_eagle: eagle,
         enable_events: b.bit(),
+        retention_interval: None,
     })
     .expect("valid config");
     let mut f = Fuzz {

@@ -1,16 +1,16 @@
-"""hybridcache: a drop-in, Rust-backed replacement for vLLM 0.23.0's v1
-`KVCacheManager`. Importing it loads neither torch nor vLLM.
+"""hybridcache: a drop-in, Rust-backed replacement for vLLM's v1
+`KVCacheManager` (the releases in `hybridcache.releases`: 0.23.0). Importing it loads neither torch nor vLLM.
 
 Without vLLM, build a `KVCacheConfig` of `KVCacheGroupSpec`s (specs:
 `FullAttentionSpec`, `SlidingWindowSpec`, `ChunkedLocalAttentionSpec`,
 `MambaSpec`, `CrossAttentionSpec`), a `KVCacheManager` over it, and drive it
 with `Request`s: `get_computed_blocks` and `allocate_slots` at admission,
 `allocate_slots` every step, `free` at the end. The README has a runnable
-example and the caller's contract between steps. Under vLLM 0.23.0:
+example and the caller's contract between steps. Under a supported vLLM:
 `hybridcache.vllm.install()` or HYBRIDCACHE_ENABLE=1.
 
-`SUPPORTED_VLLM_VERSION` is the vLLM version this release replaces the
-manager of; `__version__` is hybridcache's.
+`SUPPORTED_VLLM_VERSIONS` are the vLLM releases whose manager this release
+replaces; `__version__` is hybridcache's.
 """
 
 from hybridcache._native import __version__
@@ -25,12 +25,11 @@ from hybridcache.config import (
     SlidingWindowSpec,
 )
 from hybridcache.manager import KVCacheManager
+from hybridcache.releases import SUPPORTED_VLLM_VERSIONS
 from hybridcache.request import LoRARequest, Request
 
-SUPPORTED_VLLM_VERSION = "0.23.0"
-
 __all__ = [
-    "SUPPORTED_VLLM_VERSION",
+    "SUPPORTED_VLLM_VERSIONS",
     "BlockView",
     "ChunkedLocalAttentionSpec",
     "CrossAttentionSpec",

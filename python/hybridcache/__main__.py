@@ -73,17 +73,20 @@ def _bench(args: argparse.Namespace) -> int:
 
 def version_text() -> str:
     """What `hybridcache --version` prints: this package's version, the vLLM
-    version it replaces the manager of, and the vLLM found here (read from
+    releases it replaces the manager of, and the vLLM found here (read from
     the installed package metadata; vLLM is not imported)."""
     from importlib import metadata
 
-    from . import SUPPORTED_VLLM_VERSION, __version__
+    from . import __version__, releases
 
     try:
-        installed = f"vLLM {metadata.version('vllm')} installed"
+        found = metadata.version("vllm")
     except metadata.PackageNotFoundError:
         installed = "vLLM not installed"
-    return f"hybridcache {__version__} (drop-in for vLLM {SUPPORTED_VLLM_VERSION}'s KVCacheManager; {installed})"
+    else:
+        installed = f"vLLM {found} installed" + ("" if releases.find(found) else ", not supported")
+    return (f"hybridcache {__version__} (drop-in for the KVCacheManager of vLLM {releases.supported_text()}; "
+            f"{installed})")
 
 
 class _VersionAction(argparse.Action):
@@ -100,11 +103,12 @@ class _VersionAction(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `hybridcache` command (subcommands replay, bench)."""
-    from . import bench
+    from . import bench, releases
 
     parser = argparse.ArgumentParser(
         prog="hybridcache",
-        description="hybridcache: a Rust KV-cache block manager, drop-in for vLLM 0.23.0's KVCacheManager.",
+        description="hybridcache: a Rust KV-cache block manager, drop-in for the KVCacheManager of vLLM "
+                    f"{releases.supported_text()}.",
     )
     parser.add_argument("--version", action=_VersionAction, help="print the version (and vLLM's) and exit")
     sub = parser.add_subparsers(dest="command", metavar="{replay,bench}")

@@ -12,7 +12,15 @@ from typing import Any, Final, Literal, Protocol, TypeAlias, final, overload
 
 from typing_extensions import disjoint_base
 
-__all__ = ["BlockHasher", "BlockView", "KVCacheBlocks", "NativeManager", "__version__", "block_extra_keys"]
+__all__ = [
+    "BlockHasher",
+    "BlockView",
+    "KVCacheBlocks",
+    "NativeManager",
+    "__version__",
+    "block_extra_keys",
+    "none_hash_seed",
+]
 
 __version__: Final[str]
 
@@ -72,6 +80,10 @@ class _Request(Protocol):
     def num_preemptions(self) -> int:
         """Read with `log_stats`: a lookup of a request with preemptions
         counts as a preempted one."""
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Read once per request with a retention interval: it places the
+        replay boundary sparse retention keeps."""
 
 class _BlocksLike(Protocol):
     """vLLM's `KVCacheBlocks` (block objects with a `block_id`, per group)."""
@@ -96,13 +108,23 @@ class NativeManager:
         enable_caching: bool,
         use_eagle: bool,
         enable_events: bool,
+        retention_interval: int | None,
         profile: str,
+        dcp_world_size: int,
+        pcp_world_size: int,
     ) -> NativeManager: ...
     def _bind_python(
-        self, empty: KVCacheBlocks, event_sink: Callable[[list[_RawEvent], Any], None] | None, log_stats: bool = False
+        self,
+        empty: KVCacheBlocks,
+        event_sink: Callable[[list[_RawEvent], Any], None] | None,
+        log_stats: bool = False,
+        metrics_sink: Callable[[list[tuple[int, int]]], None] | None = None,
     ) -> None:
         """Called once by the facade: the shared empty KVCacheBlocks, the event
-        sink (None when events are off) and whether lookups are counted."""
+        sink (None when events are off), whether lookups are counted and the
+        block-metrics sink (None without a metrics collector): it gets the
+        pool's log of collector calls after each manager call, a list of
+        (kind, block_id), kind 0 allocated, 1 accessed, 2 evicted, 3 reset."""
     @property
     def num_blocks(self) -> int:
         """Blocks in the pool, the null block (0) included."""
@@ -116,9 +138,15 @@ class NativeManager:
     @property
     def num_requests(self) -> int:
         """Requests the manager holds state for (allocated, not yet freed)."""
+    @property
+    def coordinator_kind(self) -> Literal["no_prefix_cache", "unitary", "hybrid"]:
+        """The coordinator vLLM 0.23.0 builds for this config: no prefix
+        cache (caching off), unitary (one group) or hybrid."""
     def num_known_hashes(self, request_id: str) -> int:
         """How many of the request's block hashes the manager has read."""
-    def get_computed_blocks(self, request: _Request) -> tuple[KVCacheBlocks, int]:
+    def get_computed_blocks(
+        self, request: _Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int]:
         """vLLM's `get_computed_blocks(request)`: the longest prefix-cache hit
         of a request about to be admitted (`num_computed_tokens == 0`).
 
@@ -132,8 +160,30 @@ class NativeManager:
         block hashes are read first; the lookup is counted for
         `make_prefix_cache_stats`.
 
+        `max_cache_hit_length` (managers of vLLM 0.33.0 and later; a
+        TypeError on 0.23.0's): the most hit tokens instead of
+        `num_tokens - 1`. Managers of 0.27.0 and later count nothing here
+        (their facade records admissions).
+
         Raises ValueError for a request without tokens, TypeError /
         AttributeError for a request without the attributes of `_Request`."""
+    @property
+    def release(self) -> str:
+        """The vLLM release whose semantics this manager follows ("0.23.0", "0.33.0")."""
+    def _set_watermark(self, blocks: int, statuses: list[Any]) -> None:
+        """vLLM 0.24+'s watermark: `blocks` stay free when a request whose
+        `status` equals one of `statuses` is admitted while others are
+        scheduled (`allocate_slots(..., has_scheduled_reqs=True)`)."""
+    def _pop_blocks_for_free(self, request_id: str) -> list[int]:
+        """vLLM 0.24+'s `pop_blocks_for_free`, as block ids: the request is
+        forgotten; its blocks (table order, leading null blocks left out)
+        stay referenced until `_free_handed_out`."""
+    def _free_handed_out(self, blocks: Iterable[Any]) -> None:
+        """vLLM 0.28+'s `block_pool.free_blocks(blocks)` for blocks
+        `_pop_blocks_for_free` handed out (objects with `block_id`, or ids),
+        in eviction order: unhashed ones (all with caching off) are reused
+        first, cached ones last. ValueError, nothing freed, for a block not
+        handed out (as often)."""
     def _take_stats(self, take: bool = True) -> tuple[bool, int, int, int, int, int, int]:
         """Prefix-cache lookup counters since the last take (reset unless `take` is False):
         (reset, requests, queries, hits, preempted_requests, preempted_queries, preempted_hits)."""
@@ -149,6 +199,8 @@ class NativeManager:
         num_encoder_tokens: int | None = None,
         full_sequence_must_fit: bool = False,
         reserved_blocks: int | None = None,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: Iterable[int] | None = None,
     ) -> KVCacheBlocks | None:
         """vLLM 0.23.0's `KVCacheManager.allocate_slots`: blocks for this
         step's tokens of one request, admission or running.
@@ -184,6 +236,12 @@ class NativeManager:
             full_sequence_must_fit: return None unless the pool can hold
                 the whole request (`request.num_tokens`), not just this step.
             reserved_blocks: free blocks this call must leave free.
+            has_scheduled_reqs: (0.33.0 managers only; a TypeError on
+                0.23.0's) another request runs this step: a waiting or
+                preempted request must then leave the watermark free too.
+            skip_zeroing_group_ids: (0.33.0 managers only) groups whose
+                external-token blocks an async load writes, kept out of
+                zeroing; checked to be group indices.
 
         Returns:
             The blocks added by this call, per group
@@ -337,14 +395,17 @@ class NativeManager:
 
 
 # extra_keys_fn(request, start, end, mm_idx) -> (extra keys or None, mm_idx):
-# vLLM's generate_block_hash_extra_keys.
+# the release's generate_block_hash_extra_keys (end: the block's window end,
+# the block plus its lookahead tokens).
 _ExtraKeysFn: TypeAlias = Callable[[Any, int, int, int], tuple[tuple[Any, ...] | None, int]]
 
 @final
 class BlockHasher:
-    """vLLM 0.23.0's request block hasher, natively and bit-identically, for
-    hash_name "sha256_cbor", "xxhash_cbor", "sha256" or "xxhash" (others raise
-    ValueError); none_hash is vLLM's NONE_HASH. Use
+    """vLLM's request block hasher under release `profile`'s rules ("0.23.0",
+    "0.33.0"), natively and bit-identically, for hash_name "sha256_cbor",
+    "xxhash_cbor", "sha256" or "xxhash" (others raise ValueError); none_hash
+    is vLLM's NONE_HASH; num_hash_lookahead_tokens (0.33.0 on) the tokens
+    after each block its hash covers. Use
     `hybridcache.hashing.make_request_block_hasher`."""
 
     def __new__(
@@ -354,7 +415,11 @@ class BlockHasher:
         none_hash: bytes,
         extra_keys_fn: _ExtraKeysFn | None = None,
         profile: str = "0.23.0",
+        num_hash_lookahead_tokens: int = 0,
     ) -> BlockHasher: ...
+    @property
+    def num_hash_lookahead_tokens(self) -> int:
+        """Tokens after each block that its hash covers (0: none)."""
     @property
     def hash_name(self) -> str:
         """One of "sha256_cbor", "xxhash_cbor", "sha256", "xxhash"."""
@@ -459,7 +524,16 @@ def block_extra_keys(
     cache_salt: Any = None,
     prompt_embeds_keys: Sequence[Any] | None = None,
     profile: str = "0.23.0",
+    for_event: bool = False,
 ) -> tuple[Any, ...] | None:
-    """The extra keys of the block starting at token `start` (vLLM 0.23.0's
-    generate_block_hash_extra_keys order: LoRA name, mm keys, cache salt on
-    the first block, prompt-embeds digest); None when there are none."""
+    """The extra keys of the block starting at token `start` (vLLM's
+    generate_block_hash_extra_keys order: LoRA, mm (identifier, offset)
+    pairs, cache salt on the first block, prompt-embeds digest), in release
+    `profile`'s form (0.33.0: each tagged, the LoRA with its path), or with
+    `for_event` in the form KV events publish (untagged); None when there
+    are none."""
+
+def none_hash_seed(hash_name: str, pythonhashseed: str | None = None, profile: str = "0.23.0") -> str | None:
+    """What release `profile`'s init_none_hash hashes into NONE_HASH, given
+    $PYTHONHASHSEED: the seed, or None for 32 random bytes (0.23.0 unseeded);
+    0.33.0 unseeded: "vllm-none-hash" for sha256*, a random hex seed for xxhash*."""

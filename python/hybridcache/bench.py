@@ -66,7 +66,7 @@ from .testing.bench_trace import (
     vllm_kv_cache_config,
 )
 from .testing.configs import hybridcache_manager, vllm_manager
-from .testing.oracle import SUPPORTED_VLLM_VERSION, load_vllm, quiet_logs
+from .testing.oracle import load_vllm, quiet_logs
 from .testing.timed_replay import (
     CLOCKS,
     KINDS,
@@ -367,7 +367,6 @@ __all__ = [
     "KINDS",
     "NEW_STEP",
     "STATS",
-    "SUPPORTED_VLLM_VERSION",
     "TAKE_NEW_IDS",
     "hybridcache_kv_cache_config",
     "load_vllm",

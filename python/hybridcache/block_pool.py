@@ -182,7 +182,7 @@ class BlockPoolView(ReadOnlyView):
         self.blocks = _Blocks(native)
         self.free_block_queue = _FreeQueueView(native)
         self.null_block = BlockView(native, 0)
-        self.metrics_collector = None
+        self.metrics_collector = manager.metrics_collector
         self.cached_block_hash_to_block = _CachedBlockMapView(native)
         self.kv_event_queue = _EventQueueView(manager)
 

@@ -346,15 +346,30 @@ def read_num_blocks(kv_cache_config: Any) -> int:
     return n
 
 
-def check_retention_interval(groups: list[GroupInfo]) -> None:
-    """vLLM 0.23.0 rejects VLLM_PREFIX_CACHE_RETENTION_INTERVAL without a
-    sliding-window group; with one it is not implemented here yet."""
-    if os.environ.get("VLLM_PREFIX_CACHE_RETENTION_INTERVAL") is None:
-        return
+RETENTION_ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
+
+
+def read_retention_interval(groups: list[GroupInfo], scheduler_block_size: int) -> int | None:
+    """VLLM_PREFIX_CACHE_RETENTION_INTERVAL as vLLM 0.23.0 reads it when it
+    builds a manager (`int(...)` of the variable; unset: None, dense caching)
+    and checks it: only a model with a sliding-window group, and a
+    non-negative multiple of `scheduler_block_size`. ValueError otherwise."""
+    raw = os.environ.get(RETENTION_ENV)
+    if raw is None:
+        return None
+    try:
+        interval = int(raw)
+    except ValueError:
+        raise ValueError(f"{RETENTION_ENV} must be an integer, got {raw!r}") from None
     if not any(g.native.kind == "sliding_window" for g in groups):
         raise ValueError(
-            "VLLM_PREFIX_CACHE_RETENTION_INTERVAL is set but this model has no "
+            f"{RETENTION_ENV} is set but this model has no "
             "sliding-window KV cache group, so retention has no effect. Unset it "
             "(the feature only applies to sliding-window attention)."
         )
-    raise NotImplementedError("VLLM_PREFIX_CACHE_RETENTION_INTERVAL is not supported yet")
+    if interval < 0 or interval % scheduler_block_size != 0:
+        raise ValueError(
+            f"{RETENTION_ENV} ({interval}) must be non-negative and a multiple of "
+            f"scheduler_block_size ({scheduler_block_size})."
+        )
+    return interval

@@ -153,3 +153,28 @@ class CoordinatorView(ReadOnlyView):
             "provide (its per-group managers live in the native core; single_type_managers[g] "
             "offers a read-only req_to_blocks); use the KVCacheManager API"
         )
+
+
+class KVCacheCoordinatorNoPrefixCache(CoordinatorView):
+    """The coordinator view when prefix caching is off (named as vLLM's)."""
+
+
+class UnitaryKVCacheCoordinator(CoordinatorView):
+    """The coordinator view of a one-group model with prefix caching (named as vLLM's)."""
+
+
+class HybridKVCacheCoordinator(CoordinatorView):
+    """The coordinator view of a model of several groups with prefix caching (named as vLLM's)."""
+
+
+_VIEWS: dict[str, type[CoordinatorView]] = {
+    "no_prefix_cache": KVCacheCoordinatorNoPrefixCache,
+    "unitary": UnitaryKVCacheCoordinator,
+    "hybrid": HybridKVCacheCoordinator,
+}
+
+
+def coordinator_view(manager: KVCacheManager) -> CoordinatorView:
+    """`manager.coordinator`: a view whose class is named as the coordinator
+    vLLM 0.23.0 builds for the same config (the core chose it)."""
+    return _VIEWS[manager._native.coordinator_kind](manager)

@@ -1,6 +1,9 @@
 """KV-cache events and prefix-cache stats in vLLM's own classes when vLLM is
 importable (so publishers, routers and metrics keep working), else in
-look-alike classes with the same fields in the same order."""
+look-alike classes with the same fields in the same order. Events follow a
+release's shape (`EventBuilder(..., release=)`): 0.23.0's eleven
+`BlockStored` fields, or 0.33.0's fifteen (+ locality, ownership,
+session_id, lookahead_token_ids; `BlockRemoved` + locality, ownership)."""
 
 from __future__ import annotations
 
@@ -45,6 +48,27 @@ class BlockRemoved:
 
 
 @dataclass
+class BlockStoredV033(BlockStored):
+    """vLLM 0.33.0's `BlockStored`: 0.23.0's fields, then `locality` and
+    `ownership` (None from the manager's pool), `session_id` (the
+    request's) and `lookahead_token_ids` (each block's lookahead tokens, or
+    None without lookahead hashes)."""
+
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list[list[int]] | None = None
+
+
+@dataclass
+class BlockRemovedV033(BlockRemoved):
+    """vLLM 0.33.0's `BlockRemoved`: 0.23.0's fields, then `locality`, `ownership`."""
+
+    locality: str | None = None
+    ownership: str | None = None
+
+
+@dataclass
 class AllBlocksCleared:
     """KV event: `reset_prefix_cache()` emptied the prefix cache (vLLM's
     `AllBlocksCleared`)."""
@@ -81,13 +105,33 @@ def _vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def event_classes() -> tuple[type, type, type]:
-    """(BlockStored, BlockRemoved, AllBlocksCleared), vLLM's when importable."""
-    if _vllm_available():
+#: The releases whose event shapes `EventBuilder` builds.
+EVENT_RELEASES: tuple[str, ...] = ("0.23.0", "0.33.0")
+
+
+def _check_release(release: str) -> None:
+    if release not in EVENT_RELEASES:
+        raise ValueError(f"no KV-event shape for vLLM {release!r} (known: {', '.join(EVENT_RELEASES)})")
+
+
+def _installed_release() -> str:
+    import vllm
+
+    return str(getattr(vllm, "__version__", "")).split("+", 1)[0]
+
+
+def event_classes(release: str = "0.23.0") -> tuple[type, type, type]:
+    """(BlockStored, BlockRemoved, AllBlocksCleared) of vLLM `release`:
+    vLLM's own when that release is importable (0.23.0: when any vLLM is, as
+    before), else look-alikes with its fields."""
+    _check_release(release)
+    if _vllm_available() and (release == "0.23.0" or _installed_release() == release):
         from vllm.distributed import kv_events as ev
 
         return ev.BlockStored, ev.BlockRemoved, ev.AllBlocksCleared
-    return BlockStored, BlockRemoved, AllBlocksCleared
+    if release == "0.23.0":
+        return BlockStored, BlockRemoved, AllBlocksCleared
+    return BlockStoredV033, BlockRemovedV033, AllBlocksCleared
 
 
 def prefix_cache_stats_class() -> type:
@@ -108,39 +152,81 @@ def external_hash(h: bytes) -> bytes | int:
 
 
 class EventBuilder:
-    """Turns the core's event tuples into event objects, reading from the
-    request of the call that produced them what only it knows."""
+    """Turns the core's event tuples into event objects of one vLLM
+    release's shape, reading from the request of the call that produced
+    them what only it knows (tokens, LoRA, extra keys; 0.33.0: session id,
+    lookahead tokens)."""
 
-    def __init__(self, group_kinds: list[tuple[str, int | None]]) -> None:
+    def __init__(
+        self,
+        group_kinds: list[tuple[str, int | None]],
+        release: str = "0.23.0",
+        num_hash_lookahead_tokens: int = 0,
+        medium: str = MEDIUM_GPU,
+    ) -> None:
         """`group_kinds`: (spec kind, sliding window or None) per group, as
-        reported in `BlockStored` events."""
-        self._stored, self._removed, self._cleared = event_classes()
+        reported in `BlockStored` events. `release`: "0.23.0" or "0.33.0".
+        0.33.0 only: `num_hash_lookahead_tokens` (the block pool's: each
+        block's extra keys cover its window, the block plus these tokens,
+        which `lookahead_token_ids` lists) and the pool's `medium`."""
+        self._stored, self._removed, self._cleared = event_classes(release)
+        if release == "0.23.0" and (num_hash_lookahead_tokens or medium != MEDIUM_GPU):
+            raise ValueError("vLLM 0.23.0's events have no lookahead tokens and report medium 'GPU'")
+        if type(num_hash_lookahead_tokens) is not int or num_hash_lookahead_tokens < 0:
+            raise ValueError(f"num_hash_lookahead_tokens must be an int >= 0, got {num_hash_lookahead_tokens!r}")
         self._group_kinds = group_kinds
+        self._release = release
+        self._lookahead = num_hash_lookahead_tokens
+        self._medium = medium
+
+    @property
+    def release(self) -> str:
+        """The vLLM release whose event shape this builds."""
+        return self._release
 
     def build(self, raw: list[tuple], request: Any) -> list[Any]:
         """Event objects for the core's raw event tuples of one call on
-        `request` (its tokens, LoRA and extra keys fill `BlockStored`)."""
+        `request` (its tokens, LoRA and extra keys fill `BlockStored`):
+        ("stored", hashes, parent, start, end, block_size, group, positions),
+        ("removed", hash, group), ("cleared",)."""
         out = []
         for ev in raw:
             tag = ev[0]
             if tag == "stored":
                 out.append(self._build_stored(ev, request))
             elif tag == "removed":
-                out.append(self._removed(block_hashes=[external_hash(ev[1])], medium=MEDIUM_GPU, group_idx=ev[2]))
+                out.append(self._build_removed(ev[1], ev[2]))
             else:
                 out.append(self._cleared())
         return out
 
+    def _build_removed(self, block_hash: bytes, group: int) -> Any:
+        if self._release == "0.23.0":
+            return self._removed(block_hashes=[external_hash(block_hash)], medium=MEDIUM_GPU, group_idx=group)
+        return self._removed(
+            block_hashes=[external_hash(block_hash)], medium=self._medium, group_idx=group, locality=None, ownership=None
+        )
+
     def _build_stored(self, ev: tuple, request: Any) -> Any:
+        # `block_size`: the group's, or a partial block's span (0.33.0's
+        # cache_partial_block); `positions` count in units of it.
         _, hashes, parent, start, end, block_size, group, positions = ev
+        la = self._lookahead
         extra: list[Any] = []
         mm_idx = 0
         for pos in positions:
-            keys, mm_idx = generate_block_hash_extra_keys(request, pos * block_size, (pos + 1) * block_size, mm_idx)
+            block_start, block_end = pos * block_size, (pos + 1) * block_size
+            # A lookahead window overlaps the next block's: each block scans
+            # from the first input (the index only skips inputs ending before
+            # the block, so the keys are vLLM's rewound scan's).
+            keys, next_idx = generate_block_hash_extra_keys(
+                request, block_start, block_end + la, 0 if la else mm_idx, for_event=True
+            )
+            mm_idx = next_idx
             extra.append(keys)
         lora = getattr(request, "lora_request", None)
         kind, window = self._group_kinds[group]
-        return self._stored(
+        fields: dict[str, Any] = dict(
             block_hashes=[external_hash(h) for h in hashes],
             parent_block_hash=None if parent is None else external_hash(parent),
             token_ids=list(request.all_token_ids[start:end]),
@@ -153,3 +239,15 @@ class EventBuilder:
             kv_cache_spec_kind=kind,
             kv_cache_spec_sliding_window=window,
         )
+        if self._release != "0.23.0":
+            tokens = request.all_token_ids
+            fields.update(
+                medium=self._medium,
+                locality=None,
+                ownership=None,
+                session_id=getattr(request, "session_id", None),
+                lookahead_token_ids=[list(tokens[(p + 1) * block_size : (p + 1) * block_size + la]) for p in positions]
+                if la
+                else None,
+            )
+        return self._stored(**fields)

@@ -21,7 +21,12 @@ request objects; every output is compared (block ids and which are unhashed,
 hit lengths, None, free count, usage, events, stats, common prefix blocks,
 new block ids), and after every operation also every block's ref_cnt and
 hash, the free queue's order and every request's block table.
-`check_invariants()` runs after every operation.
+`check_invariants()` runs after every operation. Setups of the `full` mix
+may draw decode / prefill context parallelism (dcp, pcp > 1); any setup may
+give each manager a recording vLLM metrics collector, whose calls, sampled
+blocks and eviction events are compared too. Setups with a sliding window
+also draw VLLM_PREFIX_CACHE_RETENTION_INTERVAL (unset, 0, or 1-3 scheduler
+blocks), set while both managers are built.
 
 Interleaved with them, bad inputs (bad counts, unknown ids, foreign
 KVCacheBlocks, wrong hash types, out-of-range eviction ids, ...) go to
@@ -68,7 +73,7 @@ from .testing.fuzz_setup import (
     build_vllm,
     random_setup,
 )
-from .testing.oracle import ORACLE_RELEASES, installed_vllm_version, quiet_logs, vllm_missing
+from .testing.oracle import FUZZ_RELEASES, installed_vllm_version, quiet_logs, vllm_missing
 from .testing.release_api import CANDIDATES, release
 
 __all__ = [
@@ -128,6 +133,7 @@ def run_fuzz(
     start = time.time()
     next_progress = progress_every
     combos = [(m, cb) for m in mixes for cb in caching]
+    refused_in_a_row = 0  # setups the candidate could not be built for
     k = 0
     while f.ops < ops:
         mix, cb = combos[k % len(combos)]
@@ -139,14 +145,29 @@ def run_fuzz(
         else:
             setup = api.random_setup(rng, mix, cb)
             build = build_candidate or (lambda s: api.build_candidate(s, candidate))
+            if refused_in_a_row >= 100:
+                f.reports.append(f"[stopped] the candidate refused the last {refused_in_a_row} setups")
+                break
+            refused_in_a_row += 1
             try:
                 d = api.driver_class()(setup, allow_known_bugs, f, build, api.build_reference)
+            except ReferenceError_ as e:
+                f.reference_errors += 1
+                f.reports.append(f"[reference_errors] seed={seed} {setup.describe()}\n  {e}")
+                continue
             except NotImplementedError as e:
                 # A setup the candidate says it does not support yet: counted, skipped.
                 f.count("unsupported_setups")
                 if len(f.reports) < max_reports and f.calls["unsupported_setups"] == 1:
                     f.reports.append(f"[unsupported setup] {setup.describe()}: {e}")
                 continue
+            except Exception as e:  # vLLM accepted the setup, the candidate did not
+                f.divergences += 1
+                if len(f.reports) < max_reports:
+                    f.reports.append(f"[divergences] seed={seed} {setup.describe()}\n  constructing the candidate "
+                                     f"raised {type(e).__name__}: {e}")
+                continue
+            refused_in_a_row = 0
         budget = min(ops_per_setup, ops - f.ops)
         end = f.ops + budget
         try:
@@ -181,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hybridcache.fuzz", description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--release", choices=ORACLE_RELEASES, default=None,
+    p.add_argument("--release", choices=FUZZ_RELEASES, default=None,
                    help="the vLLM release replayed (default: the installed vLLM's)")
     p.add_argument("--candidate", choices=CANDIDATES, default="hybridcache",
                    help="what is compared with vLLM's manager: hybridcache's facade for the release, "
@@ -201,9 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rel is None:
         # vLLM 0.33.0 infers a device at import; its manager runs on the CPU.
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-        rel = installed_vllm_version() or ORACLE_RELEASES[0]
-        if rel not in ORACLE_RELEASES:
-            print(f"{tool}: vLLM {rel} is installed; the fuzz replays {', '.join(ORACLE_RELEASES)} "
+        rel = installed_vllm_version() or FUZZ_RELEASES[0]
+        if rel not in FUZZ_RELEASES:
+            print(f"{tool}: vLLM {rel} is installed; the fuzz replays {', '.join(FUZZ_RELEASES)} "
                   "(install one of them)", file=sys.stderr)
             return 2
     elif rel != "0.23.0":

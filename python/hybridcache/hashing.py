@@ -1,4 +1,4 @@
-"""Native request block hashing, bit-identical to vLLM 0.23.0.
+"""Native request block hashing, bit-identical to vLLM 0.23.0 and 0.33.0.
 
 vLLM hashes every full block of a request in Python
 (``vllm.v1.core.kv_cache_utils.get_request_block_hasher``). The
@@ -7,14 +7,21 @@ Rust for all four ``prefix_caching_hash_algo`` values: ``sha256_cbor``,
 ``xxhash_cbor`` (CBOR, the well-defined encodings) and ``sha256``, ``xxhash``
 (pickle protocol 5). It is a drop-in for the hasher vLLM builds::
 
-    # vLLM:  get_request_block_hasher(block_size, get_hash_fn_by_name(name))
+    # vLLM 0.23: get_request_block_hasher(block_size, get_hash_fn_by_name(name))
     hasher = make_request_block_hasher(block_size, name)
+    # vLLM 0.33: get_request_block_hasher(hash_block_size, fn, lookahead)
+    hasher = make_request_block_hasher(block_size, name, profile="0.33.0",
+                                       num_hash_lookahead_tokens=lookahead)
     new_hashes = hasher(request)          # list[bytes], as vLLM's
 
-Extra keys (LoRA name, cache salt) are built natively; for a request with
-multimodal features or prompt embeds they come from vLLM's
-``generate_block_hash_extra_keys`` when vLLM is loaded, else from the port
-below. Importing this module loads neither vLLM nor torch.
+``profile`` names the release whose rules apply (the core's
+``profile::Hashing``): 0.33.0 tags extra keys with their source, seeds
+NONE_HASH with "vllm-none-hash" for sha256* when PYTHONHASHSEED is unset,
+and can hash lookahead tokens. Extra keys (LoRA, cache salt) are built
+natively; for a request with multimodal features or prompt embeds they come
+from vLLM's ``generate_block_hash_extra_keys`` when that release of vLLM is
+loaded, else from the port below. Importing this module loads neither vLLM
+nor torch.
 """
 
 from __future__ import annotations
@@ -26,10 +33,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from hybridcache._native import BlockHasher, block_extra_keys
+from hybridcache._native import BlockHasher, block_extra_keys, none_hash_seed
 
 __all__ = [
     "HASH_FUNCTION_NAMES",
+    "SUPPORTED_HASHING_RELEASES",
     "BlockHasher",
     "generate_block_hash_extra_keys",
     "make_request_block_hasher",
@@ -38,6 +46,9 @@ __all__ = [
 
 #: The names vLLM's ``get_hash_fn_by_name`` accepts, all supported natively.
 HASH_FUNCTION_NAMES: tuple[str, ...] = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+
+#: The vLLM releases whose hashing rules the native hasher follows.
+SUPPORTED_HASHING_RELEASES: tuple[str, ...] = ("0.23.0", "0.33.0")
 
 _VLLM_UTILS = "vllm.v1.core.kv_cache_utils"
 
@@ -62,12 +73,16 @@ def _hash_name(hash_fn: str | Callable[[Any], bytes]) -> str:
     return name
 
 
-def none_hash_for(hash_fn: str | Callable[[Any], bytes], seed: str | None = None) -> bytes:
-    """vLLM's ``init_none_hash(hash_fn)`` value: ``hash_fn(seed)`` where seed
-    defaults to ``$PYTHONHASHSEED``; 32 random bytes when there is none."""
+def none_hash_for(
+    hash_fn: str | Callable[[Any], bytes], seed: str | None = None, profile: str = "0.23.0"
+) -> bytes:
+    """vLLM's ``init_none_hash(hash_fn)`` value under release ``profile``:
+    ``hash_fn(seed)``. Without ``seed``, the release's rule picks it from
+    ``$PYTHONHASHSEED`` (0.23.0: 32 random bytes when unset; 0.33.0:
+    "vllm-none-hash" for sha256*, a random hex seed for xxhash*)."""
     name = _hash_name(hash_fn)
     if seed is None:
-        seed = os.getenv("PYTHONHASHSEED")
+        seed = none_hash_seed(name, os.getenv("PYTHONHASHSEED"), profile)
     if seed is None:
         return os.urandom(32)
     if name.endswith("_cbor"):
@@ -90,28 +105,47 @@ def make_request_block_hasher(
     hash_name: str | Callable[[Any], bytes] = "sha256_cbor",
     none_hash: bytes | None = None,
     extra_keys_fn: ExtraKeysFn | None = None,
+    profile: str = "0.23.0",
+    num_hash_lookahead_tokens: int = 0,
 ) -> BlockHasher:
-    """Drop-in for ``get_request_block_hasher(block_size, hash_fn)``.
+    """Drop-in for ``get_request_block_hasher(block_size, hash_fn)`` of vLLM
+    release ``profile`` (0.33.0: ``(hash_block_size, hash_fn,
+    num_hash_lookahead_tokens)``).
 
     ``hash_name`` is a vLLM hash-function name or vLLM's function itself.
     ``none_hash`` defaults to vLLM's ``NONE_HASH`` when vLLM has initialized
-    it, else to :func:`none_hash_for` (``$PYTHONHASHSEED``, else random) as
-    vLLM's ``init_none_hash`` would. Unsupported names raise ValueError.
+    it, else to :func:`none_hash_for` as that release's ``init_none_hash``
+    would. Unsupported names, and lookahead tokens before 0.33.0, raise
+    ValueError.
     """
     name = _hash_name(hash_name)
     if none_hash is None:
         none_hash = _vllm_none_hash()
     if none_hash is None:
-        none_hash = none_hash_for(name)
-    return BlockHasher(name, block_size, none_hash, extra_keys_fn or _extra_keys)
+        none_hash = none_hash_for(name, profile=profile)
+    return BlockHasher(
+        name, block_size, none_hash, extra_keys_fn or _extra_keys_for(profile), profile, num_hash_lookahead_tokens
+    )
 
 
-def _extra_keys(request: Any, start: int, end: int, mm_idx: int) -> tuple[tuple[Any, ...] | None, int]:
-    """vLLM's generate_block_hash_extra_keys where vLLM is loaded, else the port."""
-    mod = sys.modules.get(_VLLM_UTILS)
-    fn = getattr(mod, "generate_block_hash_extra_keys", None) or generate_block_hash_extra_keys
-    result: tuple[tuple[Any, ...] | None, int] = fn(request, start, end, mm_idx)
-    return result
+def _same_release(version: str, profile: str) -> bool:
+    return version.split("+", 1)[0].split(".")[:2] == profile.split(".")[:2]
+
+
+def _extra_keys_for(profile: str) -> ExtraKeysFn:
+    """vLLM's generate_block_hash_extra_keys where that release of vLLM is
+    loaded, else the port, under ``profile``'s rules."""
+
+    def extra_keys(request: Any, start: int, end: int, mm_idx: int) -> tuple[tuple[Any, ...] | None, int]:
+        mod = sys.modules.get(_VLLM_UTILS)
+        fn = getattr(mod, "generate_block_hash_extra_keys", None)
+        version = getattr(sys.modules.get("vllm"), "__version__", "")
+        if fn is not None and _same_release(version, profile):
+            result: tuple[tuple[Any, ...] | None, int] = fn(request, start, end, mm_idx)
+            return result
+        return generate_block_hash_extra_keys(request, start, end, mm_idx, profile)
+
+    return extra_keys
 
 
 def _mm_extra_keys(request: Any, start: int, end: int, mm_idx: int) -> tuple[list[Any], int]:
@@ -159,12 +193,15 @@ def _prompt_embeds_keys(request: Any, start: int, end: int) -> list[bytes]:
 
 
 def generate_block_hash_extra_keys(
-    request: Any, start: int, end: int, mm_idx: int
+    request: Any, start: int, end: int, mm_idx: int, profile: str = "0.23.0", for_event: bool = False
 ) -> tuple[tuple[Any, ...] | None, int]:
-    """Port of vLLM 0.23.0's function of that name: LoRA name, mm inputs,
-    cache salt (first block only), prompt-embeds digest, in that order;
+    """Port of vLLM's function of that name in release ``profile``: LoRA,
+    mm inputs, cache salt (first block only), prompt-embeds digest, in that
+    order, in the release's form (0.33.0: tagged) or, with ``for_event``, in
+    the form KV events publish (0.33.0's ``to_event_extra_keys``: untagged);
     ``(None, mm_idx)`` when there are none."""
     mm_keys, mm_idx = _mm_extra_keys(request, start, end, mm_idx)
     lora, salt = request.lora_request, request.cache_salt
-    keys = block_extra_keys(start, lora, mm_keys, salt, _prompt_embeds_keys(request, start, end))
+    embeds = _prompt_embeds_keys(request, start, end)
+    keys = block_extra_keys(start, lora, mm_keys, salt, embeds, profile, for_event)
     return keys, mm_idx

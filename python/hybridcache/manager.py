@@ -9,9 +9,9 @@ from typing import Any, cast
 
 from hybridcache import _native
 from hybridcache.block_pool import BlockPoolView
-from hybridcache.blocks import KVCacheBlocks
-from hybridcache.config import check_retention_interval, read_groups, read_num_blocks
-from hybridcache.coordinator import CoordinatorView
+from hybridcache.blocks import BlockView, KVCacheBlocks
+from hybridcache.config import read_groups, read_num_blocks, read_retention_interval
+from hybridcache.coordinator import coordinator_view
 from hybridcache.events import EventBuilder, prefix_cache_stats_class
 
 
@@ -25,16 +25,8 @@ def _positive_int(name: str, v: Any) -> int:
     return v
 
 
-def _check_supported(dcp_world_size: int, pcp_world_size: int, metrics_collector: Any) -> None:
-    if dcp_world_size != 1 or pcp_world_size != 1:
-        raise NotImplementedError(
-            f"decode/prefill context parallelism (dcp_world_size={dcp_world_size}, "
-            f"pcp_world_size={pcp_world_size}) is not supported by hybridcache yet"
-        )
-    if metrics_collector is not None:
-        raise NotImplementedError(
-            "metrics_collector (per-block KV cache residency metrics) is not supported by hybridcache yet"
-        )
+# The metrics collector's method for each kind of the pool's log (kind 3: reset).
+_METRIC_METHODS = ("on_block_allocated", "on_block_accessed", "on_block_evicted")
 
 
 class KVCacheManager(_native.NativeManager):
@@ -64,15 +56,36 @@ class KVCacheManager(_native.NativeManager):
         log_stats: count prefix-cache lookups (`make_prefix_cache_stats`).
         enable_kv_cache_events: record `BlockStored` / `BlockRemoved` /
             `AllBlocksCleared` events (`take_events`).
-        dcp_world_size, pcp_world_size: context parallelism; only 1.
-        metrics_collector: only None.
+        dcp_world_size, pcp_world_size: decode / prefill context
+            parallelism (positive ints): as vLLM, each block then holds
+            `block_size * dcp * pcp` tokens of a group (tables, hits,
+            caching, events); vLLM's scheduler passes scheduler_block_size =
+            hash_block_size = that. Only for what vLLM 0.23.0 runs with it:
+            with prefix caching one full-attention group; without, any
+            groups but Mamba.
+        metrics_collector: vLLM's `KVCacheMetricsCollector` (or any object
+            with its `on_block_allocated` / `on_block_accessed` /
+            `on_block_evicted(block)` and `reset()`): it gets the calls
+            vLLM's block pool makes, in the same order and number, each with
+            a `BlockView` (its `block_id`); they are made when the manager
+            call that caused them returns (so its timestamps are a few
+            microseconds later than vLLM's).
 
     Raises:
         ValueError: a count that is not a positive int, block sizes that do
-            not divide as above, a bad spec field (each named).
+            not divide as above, a bad spec field (each named); dcp/pcp > 1
+            with groups vLLM 0.23.0 asserts against (several groups or not
+            full attention, with prefix caching).
         TypeError: a config without `kv_cache_groups`, a group without a spec.
-        NotImplementedError: dcp/pcp > 1, a metrics collector, sink or
-            encoder-only specs, VLLM_PREFIX_CACHE_RETENTION_INTERVAL.
+        NotImplementedError: sink or encoder-only specs, dcp/pcp > 1 with a
+            Mamba group.
+
+    VLLM_PREFIX_CACHE_RETENTION_INTERVAL is read here, as vLLM 0.23.0 reads
+    it: unset, every reachable block is cached; 0 or a multiple N of
+    `scheduler_block_size`, sliding-window groups cache only the prompt's
+    replay boundary and (N) one hit's blocks per N tokens. ValueError for a
+    value that is not an int, negative or not such a multiple, or for a
+    model without a sliding-window group.
 
     The calls of a scheduler step (native; their full documentation is in
     `hybridcache/_native.pyi`, shown by IDEs and type checkers):
@@ -103,6 +116,9 @@ class KVCacheManager(_native.NativeManager):
     in the README.
     """
 
+    dcp_world_size: int
+    pcp_world_size: int
+
     def __new__(
         cls,
         kv_cache_config: Any,
@@ -119,7 +135,8 @@ class KVCacheManager(_native.NativeManager):
         metrics_collector: Any = None,
     ) -> KVCacheManager:
         """Builds the manager; the arguments and errors are in the class docstring."""
-        _check_supported(dcp_world_size, pcp_world_size, metrics_collector)
+        dcp_world_size = _positive_int("dcp_world_size", dcp_world_size)
+        pcp_world_size = _positive_int("pcp_world_size", pcp_world_size)
         max_model_len = _positive_int("max_model_len", max_model_len)
         if max_num_batched_tokens is None:
             # As vLLM: no admission cap beyond max_model_len.
@@ -130,8 +147,36 @@ class KVCacheManager(_native.NativeManager):
             # A step that schedules no token admits nothing: never a real config.
             raise ValueError(f"max_num_batched_tokens must be > 0, got {max_num_batched_tokens}")
         groups = read_groups(kv_cache_config, max_num_batched_tokens, max_model_len)
-        check_retention_interval(groups)
-        self = cast("KVCacheManager", super().__new__(
+        scheduler_block_size = _positive_int("scheduler_block_size", scheduler_block_size)
+        return cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
+                          enable_caching, use_eagle, log_stats, enable_kv_cache_events, PROFILE,
+                          retention_interval=read_retention_interval(groups, scheduler_block_size),
+                          dcp_world_size=dcp_world_size, pcp_world_size=pcp_world_size,
+                          metrics_collector=metrics_collector)
+
+    @classmethod
+    def _build(
+        cls,
+        kv_cache_config: Any,
+        groups: list[Any],
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        enable_caching: bool,
+        use_eagle: bool,
+        log_stats: bool,
+        enable_kv_cache_events: bool,
+        release: str,
+        *,
+        retention_interval: int | None = None,
+        num_hash_lookahead_tokens: int = 0,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+    ) -> Any:
+        """The native manager of `release`'s semantics over `groups`, with
+        the Python side every release's facade shares."""
+        self = cast("KVCacheManager", _native.NativeManager.__new__(
             cls,
             read_num_blocks(kv_cache_config),
             [g.native for g in groups],
@@ -141,10 +186,15 @@ class KVCacheManager(_native.NativeManager):
             bool(enable_caching),
             bool(use_eagle),
             bool(enable_kv_cache_events),
-            PROFILE,
+            retention_interval,
+            release,
+            dcp_world_size,
+            pcp_world_size,
         ))
+        self.dcp_world_size, self.pcp_world_size = dcp_world_size, pcp_world_size
         self._init_python_side(
-            kv_cache_config, groups, max_model_len, enable_caching, use_eagle, log_stats, enable_kv_cache_events
+            kv_cache_config, groups, max_model_len, enable_caching, use_eagle, log_stats, enable_kv_cache_events,
+            metrics_collector, release, num_hash_lookahead_tokens,
         )
         return self
 
@@ -162,28 +212,40 @@ class KVCacheManager(_native.NativeManager):
         use_eagle: bool,
         log_stats: bool,
         enable_kv_cache_events: bool,
+        metrics_collector: Any,
+        release: str = PROFILE,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
         self.max_model_len = max_model_len
         self.enable_caching = bool(enable_caching)
         self.use_eagle = bool(use_eagle)
         self.log_stats = bool(log_stats)
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
-        self.metrics_collector = None
+        self.metrics_collector = metrics_collector
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = len(groups)
         self._events: list[Any] = []
-        builder = EventBuilder([(g.event_kind, g.sliding_window) for g in groups]) if enable_kv_cache_events else None
+        builder = (
+            EventBuilder([(g.event_kind, g.sliding_window) for g in groups], release=release,
+                         num_hash_lookahead_tokens=num_hash_lookahead_tokens)
+            if enable_kv_cache_events else None
+        )
         self._event_builder: Any = builder
         self._stats_cls: Any = prefix_cache_stats_class() if self.log_stats else None
         # Not bound to this manager: the native side holds it, and a
         # reference back would be a cycle the garbage collector cannot see.
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups))
-        self._bind_python(self.empty_kv_cache_blocks, self._on_events if builder else None, self.log_stats)
+        self._bind_python(
+            self.empty_kv_cache_blocks,
+            self._on_events if builder else None,
+            self.log_stats,
+            self._on_block_metrics if metrics_collector is not None else None,
+        )
         # The scheduler's hottest call, bound to this manager: it skips PyO3's
         # keyword matching (same arguments, same result as the class method).
         self.allocate_slots = self._bound_allocate_slots()  # type: ignore[method-assign]
         self.block_pool = BlockPoolView(self)
-        self.coordinator = CoordinatorView(self)
+        self.coordinator = coordinator_view(self)
 
     @property
     def _native(self) -> KVCacheManager:
@@ -192,6 +254,16 @@ class KVCacheManager(_native.NativeManager):
 
     def _on_events(self, raw: list[tuple], request: Any) -> None:
         self._events.extend(self._event_builder.build(raw, request))
+
+    def _on_block_metrics(self, raw: list[tuple[int, int]]) -> None:
+        # The collector's calls vLLM's block pool made, in its order, each
+        # with a view of the block (vLLM's collector reads `block_id`).
+        collector = self.metrics_collector
+        for kind, block_id in raw:
+            if kind == 3:
+                collector.reset()
+            else:
+                getattr(collector, _METRIC_METHODS[kind])(BlockView(self, block_id))
 
     def create_kv_cache_blocks(self, blocks: tuple[Any, ...]) -> KVCacheBlocks:
         """vLLM's `create_kv_cache_blocks`: a `KVCacheBlocks` of this manager

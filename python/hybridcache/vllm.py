@@ -1,8 +1,11 @@
-"""Plugging hybridcache into vLLM 0.23.0's scheduler.
+"""Plugging hybridcache into vLLM's scheduler, for each supported release
+(`hybridcache.releases`: 0.23.0 today).
 
 `install()` rebinds the name `KVCacheManager` in
-`vllm.v1.core.sched.scheduler`, so every `Scheduler` (and `AsyncScheduler`)
-built afterwards constructs hybridcache's manager. It also rebinds
+`vllm.v1.core.sched.scheduler` to the facade class of the installed vLLM's
+release, so every `Scheduler` (and `AsyncScheduler`) built afterwards
+constructs hybridcache's manager; any other vLLM version raises a
+RuntimeError listing the supported ones. It also rebinds
 `get_request_block_hasher` in `vllm.v1.engine.core`, so the engine hashes
 request blocks with hybridcache's native hasher (bit-identical for vLLM's four
 hash functions; any other function keeps vLLM's hasher). `install(native_hashing=False)`
@@ -21,10 +24,10 @@ import os
 import threading
 from typing import Any
 
-from hybridcache.coordinator import CoordinatorView
+from hybridcache import releases
+from hybridcache.coordinator import coordinator_view
 from hybridcache.manager import KVCacheManager
 
-SUPPORTED_VLLM_VERSION = "0.23.0"
 ENABLE_ENV = "HYBRIDCACHE_ENABLE"
 NATIVE_HASHING_ENV = "HYBRIDCACHE_NATIVE_HASHING"
 _SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
@@ -34,19 +37,20 @@ logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _original: Any = None  # vLLM's class while installed, else None
+_installed: Any = None  # the facade class bound in the scheduler module while installed
 _original_hasher_factory: Any = None  # vLLM's get_request_block_hasher while rebound, else None
 
 
 class VllmKVCacheManager(KVCacheManager):
-    """hybridcache's manager as vLLM's scheduler constructs it (after
-    `install()`): `KVCacheManager` with vLLM's keyword arguments, plus the
-    `coordinator` view the scheduler reads."""
+    """vLLM 0.23.0's facade: hybridcache's manager as that release's
+    scheduler constructs it (after `install()`): `KVCacheManager` with vLLM's
+    keyword arguments, plus the `coordinator` view the scheduler reads."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """The arguments of `KVCacheManager`."""
         super().__init__(*args, **kwargs)
         if getattr(self, "coordinator", None) is None:
-            self.coordinator = CoordinatorView(self)
+            self.coordinator = coordinator_view(self)
 
 
 def vllm_version() -> str | None:
@@ -58,16 +62,16 @@ def vllm_version() -> str | None:
     return getattr(vllm, "__version__", None)
 
 
-def check_vllm_version() -> None:
-    """Raises RuntimeError unless the installed vLLM is 0.23.0."""
-    version = vllm_version()
-    if version is None:
-        raise RuntimeError(f"hybridcache.vllm.install() needs vLLM {SUPPORTED_VLLM_VERSION}, but vLLM is not installed")
-    if version.split("+", 1)[0] != SUPPORTED_VLLM_VERSION:
-        raise RuntimeError(
-            f"hybridcache supports vLLM {SUPPORTED_VLLM_VERSION} only (it replaces that version's "
-            f"KVCacheManager); the installed vLLM is {version}"
-        )
+def check_vllm_version() -> releases.Release:
+    """The supported release the installed vLLM is; raises RuntimeError
+    (listing the supported releases) for any other version or no vLLM."""
+    return releases.require(vllm_version())
+
+
+def facade_class() -> type:
+    """The facade class `install()` binds for the installed vLLM (RuntimeError
+    as `check_vllm_version`)."""
+    return check_vllm_version().facade_class()
 
 
 def _scheduler_module() -> Any:
@@ -87,23 +91,51 @@ def _env_flag(name: str, default: bool) -> bool:
     raise ValueError(f"{name} must be 1 or 0, got {os.environ[name]!r}")
 
 
+def _hashing_release() -> str | None:
+    """The installed vLLM's release where the native hasher follows its
+    rules exactly (`hybridcache.hashing.SUPPORTED_HASHING_RELEASES`), else None."""
+    from hybridcache.hashing import SUPPORTED_HASHING_RELEASES
+
+    version = (vllm_version() or "").split("+", 1)[0]
+    return version if version in SUPPORTED_HASHING_RELEASES else None
+
+
+def _lookahead_tokens(release: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """`num_hash_lookahead_tokens` of a factory call past `(block_size,
+    hash_fn)`: 0.33.0's third parameter; None where the call is not one the
+    release's `get_request_block_hasher` takes (0.23.0 takes no more)."""
+    if release == "0.23.0":
+        return 0 if not args and not kwargs else None
+    if len(args) > 1 or any(k != "num_hash_lookahead_tokens" for k in kwargs) or (args and kwargs):
+        return None
+    value = args[0] if args else kwargs.get("num_hash_lookahead_tokens", 0)
+    return value if type(value) is int and value >= 0 else None
+
+
 def native_request_block_hasher(vllm_factory: Any) -> Any:
-    """A drop-in for vLLM's `get_request_block_hasher(block_size, hash_fn)`:
-    hybridcache's native hasher when `hash_fn` is one of vLLM's own hash
-    functions (it reads vLLM's `NONE_HASH`, which the engine initialises just
-    before), else `vllm_factory`'s Python hasher."""
+    """A drop-in for vLLM's `get_request_block_hasher` (0.23.0: `(block_size,
+    hash_fn)`; 0.33.0: `(hash_block_size, hash_fn, num_hash_lookahead_tokens=0)`):
+    hybridcache's native hasher, under the installed release's rules, when
+    `hash_fn` is one of vLLM's own hash functions (it reads vLLM's
+    `NONE_HASH`, which the engine initialises just before), else
+    `vllm_factory`'s Python hasher (also for a release it has no rules for)."""
     from hybridcache.hashing import HASH_FUNCTION_NAMES, make_request_block_hasher
 
     def get_request_block_hasher(block_size: int, caching_hash_fn: Any, *args: Any, **kwargs: Any) -> Any:
         name = getattr(caching_hash_fn, "__name__", None)
+        release = _hashing_release()
+        lookahead = None if release is None else _lookahead_tokens(release, args, kwargs)
         native = (
-            not args and not kwargs
+            lookahead is not None
             and getattr(caching_hash_fn, "__module__", None) == "vllm.utils.hashing"
             and name in HASH_FUNCTION_NAMES
         )
         if not native:
             return vllm_factory(block_size, caching_hash_fn, *args, **kwargs)
-        return make_request_block_hasher(block_size, caching_hash_fn)
+        assert release is not None and lookahead is not None
+        return make_request_block_hasher(
+            block_size, caching_hash_fn, profile=release, num_hash_lookahead_tokens=lookahead
+        )
 
     get_request_block_hasher.hybridcache_native = True  # type: ignore[attr-defined]
     return get_request_block_hasher
@@ -134,14 +166,19 @@ def _uninstall_hasher() -> None:
 
 
 def install(native_hashing: bool | None = None) -> None:
-    """Makes vLLM 0.23.0's `Scheduler` build hybridcache's KV-cache manager
-    and, unless `native_hashing` is False (default: $HYBRIDCACHE_NATIVE_HASHING,
-    else True), vLLM's engine hash request blocks natively. Idempotent;
-    affects schedulers and engines constructed afterwards."""
-    global _original
-    check_vllm_version()
+    """Makes the installed vLLM's `Scheduler` build hybridcache's KV-cache
+    manager (the facade class of its release; RuntimeError listing the
+    supported releases for any other vLLM) and, unless `native_hashing` is
+    False (default: $HYBRIDCACHE_NATIVE_HASHING, else True) or the release's
+    hashing is not the native hasher's (`Release.native_hasher`), vLLM's
+    engine hash request blocks natively. Idempotent; affects schedulers and
+    engines constructed afterwards."""
+    global _original, _installed
+    release = check_vllm_version()
+    facade = release.facade_class()
     if native_hashing is None:
         native_hashing = _env_flag(NATIVE_HASHING_ENV, True)
+    native_hashing = native_hashing and release.native_hasher
     module = _scheduler_module()
     with _lock:
         if native_hashing:
@@ -151,10 +188,10 @@ def install(native_hashing: bool | None = None) -> None:
         if _original is not None:
             return
         current = module.KVCacheManager
-        if current is VllmKVCacheManager:  # installed by an earlier copy of this module
+        if current is facade:  # installed by an earlier copy of this module
             return
         _original = current
-        module.KVCacheManager = VllmKVCacheManager
+        _installed = module.KVCacheManager = facade
     logger.info("hybridcache: vLLM's Scheduler now uses hybridcache.KVCacheManager"
                 + (" and native block hashing" if native_hashing else ""))
 
@@ -163,15 +200,15 @@ def uninstall() -> None:
     """Restores vLLM's own `KVCacheManager` in the scheduler module and
     vLLM's `get_request_block_hasher` in the engine (no-op if not installed).
     Schedulers and requests already built keep what they have."""
-    global _original
+    global _original, _installed
     with _lock:
         _uninstall_hasher()
         if _original is None:
             return
         module = _scheduler_module()
-        if module.KVCacheManager is VllmKVCacheManager:
+        if module.KVCacheManager is _installed:
             module.KVCacheManager = _original
-        _original = None
+        _original = _installed = None
 
 
 def native_hashing_installed() -> bool:
@@ -187,7 +224,19 @@ def is_installed() -> bool:
     import sys
 
     module = sys.modules.get(_SCHEDULER_MODULE)
-    return module is not None and getattr(module, "KVCacheManager", None) is VllmKVCacheManager
+    if module is None:
+        return False
+    bound = getattr(module, "KVCacheManager", None)
+    # By this module (`_installed`), or by an earlier copy of it: then the
+    # bound class is still the installed release's facade.
+    return bound is not None and (bound is _installed or bound is _facade_or_none())
+
+
+def _facade_or_none() -> Any:
+    try:
+        return facade_class()
+    except RuntimeError:
+        return None
 
 
 def register() -> None:

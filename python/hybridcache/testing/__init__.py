@@ -19,7 +19,8 @@ hybridcache.fuzz`` (and the tests that use them).
 - `fuzz_setup`, `fuzz_driver` and `bad_inputs`: the long fuzz's random
   API-level driver;
 - `release_api` and `fuzz_driver033`: the fuzz per vLLM release (0.23.0,
-  0.33.0: managers, requests, calls, observables) and 0.33.0's driver.
+  0.33.0: managers, requests, calls, observables) and 0.33.0's driver;
+- `block_metrics`: vLLM's metrics collector, recording the calls it gets.
 
 Nothing here imports vLLM or torch at module import time.
 """
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from .compare import Fanout, ReplayDivergence
 from .configs import GroupSpec, format_mix, hybridcache_kv_cache_config, parse_mix, vllm_kv_cache_config
-from .oracle import SUPPORTED_VLLM_VERSION, load_vllm, quiet_logs, vllm_missing
+from .oracle import ORACLE_RELEASES, load_vllm, quiet_logs, vllm_missing
 from .replay_config import DEFAULT_CONFIG, MIX_PRESETS, ReplayConfig
 from .scheduler import SchedulerSim, mamba_block_aligned_split
 from .simulation import ReplaySimulation, ReplaySummary
@@ -37,7 +38,7 @@ from .workload import Seq
 __all__ = [
     "DEFAULT_CONFIG",
     "MIX_PRESETS",
-    "SUPPORTED_VLLM_VERSION",
+    "ORACLE_RELEASES",
     "Fanout",
     "GroupSpec",
     "ReplayConfig",

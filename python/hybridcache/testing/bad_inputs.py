@@ -113,7 +113,8 @@ class BadInputs:
             short = clone(fresh, block_hashes=fresh.block_hashes[:1])
             cases.append(("caching beyond known hashes", lambda: hc.allocate_slots(short, fresh.num_tokens)))
         if running is not None and s.caching:
-            too_far = len(hc.get_block_ids(running.req.request_id)[0]) * s.groups[0].block_size + s.groups[0].block_size
+            bs = s.groups[0].block_size * s.dcp * s.pcp  # a block's tokens, as the manager sizes it
+            too_far = (len(hc.get_block_ids(running.req.request_id)[0]) + 1) * bs
             cases.append(("cache_blocks beyond allocated blocks", lambda: hc.cache_blocks(running.req, too_far)))
         return cases
 

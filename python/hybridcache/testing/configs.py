@@ -8,8 +8,10 @@ the replay CLI takes (``"full,sw:128@32,mamba:align:2,full+eagle"``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,6 +249,28 @@ def vllm_kv_cache_config(groups: Sequence[GroupSpec], num_blocks: int) -> Any:
             )
         specs.append(iface.KVCacheGroupSpec([f"layer{i}"], spec, is_eagle_group=g.is_eagle_group))
     return iface.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=specs)
+
+
+RETENTION_ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
+
+
+@contextlib.contextmanager
+def retention_interval(value: int | None) -> Iterator[None]:
+    """VLLM_PREFIX_CACHE_RETENTION_INTERVAL set to `value` (None: unset)
+    while managers are built (both implementations read it then); the
+    previous value is restored after."""
+    before = os.environ.get(RETENTION_ENV)
+    if value is None:
+        os.environ.pop(RETENTION_ENV, None)
+    else:
+        os.environ[RETENTION_ENV] = str(value)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(RETENTION_ENV, None)
+        else:
+            os.environ[RETENTION_ENV] = before
 
 
 def hybridcache_manager(kv_cache_config: Any, kwargs: dict[str, Any]) -> Any:

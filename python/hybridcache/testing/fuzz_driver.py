@@ -7,12 +7,14 @@ Bad inputs (hybridcache only) come from `bad_inputs.BadInputs`."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..request import LoRARequest, Request
 from .bad_inputs import BadInputs
+from .block_metrics import observe
 from .compare import norm_allocated, norm_blocks, norm_event, norm_stats, norm_usage, pool_state
 from .fuzz_setup import Divergence, Figures, InvariantViolation, ReferenceError_, Setup, build_hybridcache, build_vllm
 
@@ -64,6 +66,8 @@ class Driver(BadInputs):
         self.next_id = 0
         self.log: list[str] = []
         self.f.setups += 1
+        self.f.context_parallel_setups += setup.dcp * setup.pcp > 1
+        self.f.metrics_setups += setup.metrics_sample_rate is not None
 
     # -- helpers --------------------------------------------------------------
 
@@ -74,10 +78,12 @@ class Driver(BadInputs):
 
     def both(self, op: str, fn: Callable[[Any], Any], norm: Callable[[Any], Any] = lambda x: x) -> tuple[Any, Any]:
         """Applies `fn` to vLLM then hybridcache and compares the normalized results."""
+        state = random.getstate()  # both collectors sample from the same draws
         try:
             a = fn(self.ref)
         except Exception as e:  # the reference failed: the input was not legal after all
             raise ReferenceError_(f"vLLM raised on {op}: {type(e).__name__}: {e}") from e
+        random.setstate(state)
         try:
             b = fn(self.hc)
         except Exception as e:
@@ -119,6 +125,8 @@ class Driver(BadInputs):
         self.both("num_free_blocks", lambda m: m.block_pool.get_num_free_blocks())
         self.both("usage", lambda m: norm_usage(m.usage))
         self.both("pool_state", pool_state)
+        if self.s.metrics_sample_rate is not None:
+            self.both("metrics_collector calls, sampled blocks, evictions", lambda m: observe(m.metrics_collector))
         ids = self.rids() + sorted(self.ghosts)
         self.both("block_tables", lambda m: tuple(tuple(map(tuple, m.get_block_ids(r))) for r in ids))
 

@@ -80,7 +80,10 @@ class Driver033(Driver):
         assert isinstance(api, V033), f"Driver033 drives vLLM 0.33.0, not {setup.release}"
         self.api = api
         self.s = setup
-        self.ref = (build_ref or api.build_reference)(setup)
+        try:
+            self.ref = (build_ref or api.build_reference)(setup)
+        except Exception as e:  # a setup vLLM refuses: a driver bug
+            raise ReferenceError_(f"vLLM refused the setup: {type(e).__name__}: {e}") from e
         self.hc = (build_hc or (lambda s: api.build_candidate(s, "hybridcache")))(setup)
         self.allow_known_bugs = allow_known_bugs
         self.f = figures if figures is not None else Figures()
@@ -95,6 +98,8 @@ class Driver033(Driver):
         self.next_id = 0
         self.log: list[str] = []
         self.f.setups += 1
+        if setup.retention is not None:
+            self.f.count("sparse_retention_setups")
 
     # -- helpers --------------------------------------------------------------
 

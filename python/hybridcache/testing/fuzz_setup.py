@@ -15,7 +15,7 @@ from typing import Any
 from . import configs
 from .configs import GroupSpec
 
-MIXES = ("full", "full_sw", "full_mamba_align", "sw_mamba", "full_mamba3", "full_chunked")
+MIXES = ("full", "sw", "full_sw", "full_mamba_align", "sw_mamba", "full_mamba3", "full_chunked")
 MAX_MODEL_LEN = 128
 ACCEPTED_ERRORS = (ValueError, TypeError, KeyError, NotImplementedError)
 
@@ -61,6 +61,14 @@ class Setup:
     events: bool
     log_stats: bool
     max_model_len: int = MAX_MODEL_LEN
+    # Context parallelism (single full-attention group only, as vLLM 0.23.0).
+    dcp: int = 1
+    pcp: int = 1
+    # A recording metrics collector on each manager at this sample rate.
+    metrics_sample_rate: float | None = None
+    # VLLM_PREFIX_CACHE_RETENTION_INTERVAL while the managers are built
+    # (None: unset, dense caching).
+    retention: int | None = None
     # Drawn for releases after 0.23.0 only (`release_api`); neutral defaults.
     release: str = "0.23.0"
     spec_tokens: int = 0  # the scheduler's num_lookahead_tokens (drafts per step at most)
@@ -85,6 +93,8 @@ class Setup:
         text = (
             f"{self.mix} [{gs}] caching={self.caching} num_blocks={self.num_blocks} sbs={self.scheduler_block_size} "
             f"hbs={self.hash_block_size} eagle={self.use_eagle} events={self.events} stats={self.log_stats}"
+            f" dcp={self.dcp} pcp={self.pcp} metrics={self.metrics_sample_rate}"
+            f" retention={self.retention}"
         )
         if self.release != "0.23.0":
             text += (
@@ -103,6 +113,9 @@ def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
     if mix == "full":
         bs = rng.choice((4, 8))
         groups, sbs, hbs = (Group("full", bs),), bs, bs
+    elif mix == "sw":
+        bs = rng.choice((4, 8))
+        groups, sbs, hbs = (Group("sw", bs, rng.randint(2, 20)),), bs, bs
     elif mix == "full_sw":
         sw_bs = rng.choice((4, 8))
         groups = (Group("full", 4), Group("sw", sw_bs, rng.randint(3, 14)))
@@ -129,7 +142,12 @@ def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
     else:
         raise ValueError(f"unknown mix {mix!r}; choose from {', '.join(MIXES)}")
     eagle = rng.random() < 0.25 and mix != "full_chunked"  # vLLM: no EAGLE with chunked local
-    return Setup(
+    # Sparse retention (vLLM 0.23.0 accepts it only with a sliding window):
+    # unset, latest boundary only, or 1-3 scheduler blocks per segment.
+    retention = None
+    if any(g.kind == "sw" for g in groups):
+        retention = rng.choice((None, None, 0, sbs, 2 * sbs, 3 * sbs))
+    setup = Setup(
         mix=mix,
         caching=caching,
         groups=groups,
@@ -139,7 +157,17 @@ def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
         use_eagle=eagle,
         events=caching and rng.random() < 0.7,
         log_stats=rng.random() < 0.5,
+        retention=retention,
     )
+    # Drawn last, so the draws above stay what they were.
+    if mix == "full" and rng.random() < 0.4:
+        # vLLM's resolve_kv_cache_block_sizes for one group: both sizes are
+        # the block size times dcp * pcp.
+        setup.dcp, setup.pcp = rng.choice(((2, 1), (1, 2), (2, 2)))
+        setup.scheduler_block_size = setup.hash_block_size = sbs * setup.dcp * setup.pcp
+    if rng.random() < 0.25:
+        setup.metrics_sample_rate = rng.choice((1.0, 0.3))
+    return setup
 
 
 def _manager_kwargs(s: Setup) -> dict[str, Any]:
@@ -151,7 +179,17 @@ def _manager_kwargs(s: Setup) -> dict[str, Any]:
         use_eagle=s.use_eagle,
         log_stats=s.log_stats,
         enable_kv_cache_events=s.events,
+        dcp_world_size=s.dcp,
+        pcp_world_size=s.pcp,
     )
+
+
+def _collector(s: Setup) -> dict[str, Any]:
+    if s.metrics_sample_rate is None:
+        return {}
+    from .block_metrics import recording_collector
+
+    return {"metrics_collector": recording_collector(s.metrics_sample_rate)}
 
 
 
@@ -175,12 +213,18 @@ def group_specs(s: Setup) -> tuple[GroupSpec, ...]:
 
 
 def build_hybridcache(s: Setup) -> Any:
-    return configs.hybridcache_manager(configs.hybridcache_kv_cache_config(group_specs(s), s.num_blocks),
-                                       _manager_kwargs(s))
+    with configs.retention_interval(s.retention):
+        return configs.hybridcache_manager(configs.hybridcache_kv_cache_config(group_specs(s), s.num_blocks),
+                                           {**_manager_kwargs(s), **_collector(s)})
 
 
 def build_vllm(s: Setup) -> Any:
-    return configs.vllm_manager(configs.vllm_kv_cache_config(group_specs(s), s.num_blocks), _manager_kwargs(s))
+    with configs.retention_interval(s.retention):
+        m = configs.vllm_manager(configs.vllm_kv_cache_config(group_specs(s), s.num_blocks),
+                                 {**_manager_kwargs(s), **_collector(s)})
+    # vLLM reads the variable at construction (unless its env cache is on).
+    assert m.coordinator.retention_interval == s.retention, "vLLM did not see the retention interval"
+    return m
 
 
 # ---------------------------------------------------------------------------
@@ -223,6 +267,8 @@ class Figures:
     preemptions: int = 0
     evictions: int = 0
     resets: int = 0
+    context_parallel_setups: int = 0
+    metrics_setups: int = 0
     reports: list[str] = field(default_factory=list)
     # Per-release call counts (e.g. 0.33.0's deferred frees); 0.23.0 has none.
     calls: dict[str, int] = field(default_factory=dict)
@@ -247,6 +293,7 @@ class Figures:
             f"bad_input_failures={self.bad_input_failures} bad_inputs_unread={self.bad_inputs_unread} reference_errors={self.reference_errors} "
             f"known_bug_avoided={self.known_bug_avoided} allocations={self.allocations} "
             f"none={self.none_allocations} hit_tokens={self.hit_tokens} events={self.events} "
-            f"preemptions={self.preemptions} evictions={self.evictions} resets={self.resets}"
+            f"preemptions={self.preemptions} evictions={self.evictions} resets={self.resets} "
+            f"context_parallel_setups={self.context_parallel_setups} metrics_setups={self.metrics_setups}"
         ) + "".join(f" {k}={v}" for k, v in sorted(self.calls.items()))
 

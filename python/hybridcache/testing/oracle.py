@@ -1,5 +1,6 @@
-"""The vLLM side of the differential tools: importing vLLM 0.23.0 (the
-oracle) quietly, checking its version, keeping its and torch's log lines out
+"""The vLLM side of the differential tools: importing vLLM (the oracle)
+quietly, checking that it is a release the tools compare against
+(`hybridcache.releases`, `tools_oracle`: 0.23.0), keeping its and torch's log lines out
 of a run, and the one-line message a tool gives when vLLM, torch or another
 optional package is missing.
 
@@ -14,10 +15,12 @@ import os
 import sys
 from collections.abc import Iterator
 
-SUPPORTED_VLLM_VERSION = "0.23.0"
-VLLM_INSTALL_HINT = f"pip install vllm=={SUPPORTED_VLLM_VERSION}"
-# The releases the differential fuzz can replay against (`release_api`).
-ORACLE_RELEASES = ("0.23.0", "0.33.0")
+from hybridcache import releases
+
+# The releases the tools' call-by-call comparison runs against.
+ORACLE_RELEASES: tuple[releases.Release, ...] = tuple(r for r in releases.RELEASES if r.tools_oracle)
+# The releases the differential fuzz replays (`--release`, `testing.release_api`).
+FUZZ_RELEASES: tuple[str, ...] = ("0.23.0", "0.33.0")
 # Loggers of the optional packages whose chatter the tools keep out of sight.
 NOISY_LOGGERS = ("vllm", "torch")
 
@@ -45,14 +48,30 @@ def quiet_logs(level: int = logging.ERROR) -> Iterator[None]:
 
 
 def installed_vllm_version() -> str | None:
-    """The installed vLLM's version (imported quietly), or None without one."""
-    version, note = load_vllm(None)
-    return version
+    """The installed vLLM's release (imported quietly, local label dropped), or None."""
+    version, _ = _import_vllm()
+    return None if version is None else releases.release_version(version)
 
 
-def load_vllm(release: str | None = SUPPORTED_VLLM_VERSION) -> tuple[str | None, str]:
-    """(version, note): version is set when vLLM `release`'s manager imports
-    (any release when `release` is None).
+def load_vllm(release: str | None = None) -> tuple[str | None, str]:
+    """(version, note): version is set when the manager of a vLLM release
+    the tools compare against (`ORACLE_RELEASES`) imports; with `release`
+    (the fuzz's `--release`), when that release's does."""
+    version, note = _import_vllm()
+    if version is None:
+        return None, note
+    if release is not None:
+        if releases.release_version(version) != release:
+            return None, f"vLLM {version} is installed, not {release}"
+        return version, note
+    found = releases.find(version)
+    if found is None or found not in ORACLE_RELEASES:
+        return None, f"vLLM {version} is installed, not {_oracle_text()}"
+    return version, note
+
+
+def _import_vllm() -> tuple[str | None, str]:
+    """(version, note) of the installed vLLM, its manager imported.
 
     The import is silent: torch's and vLLM's import-time log lines are
     dropped, and vLLM's logger (which binds to stdout at import) is pointed
@@ -74,9 +93,11 @@ def load_vllm(release: str | None = SUPPORTED_VLLM_VERSION) -> tuple[str | None,
     finally:
         logging.disable(previous)
     version = getattr(vllm, "__version__", "?")
-    if release is not None and version != release:
-        return None, f"vLLM {version} is installed, not {release}"
     return version, f"vLLM {version}"
+
+
+def _oracle_text() -> str:
+    return " or ".join(r.version for r in ORACLE_RELEASES)
 
 
 def missing(tool: str, what: str, hint: str, why: str = "") -> str:
@@ -84,10 +105,14 @@ def missing(tool: str, what: str, hint: str, why: str = "") -> str:
     return f"{tool}: needs {what} ({hint})" + (f"; {why}" if why else "")
 
 
-def vllm_missing(tool: str, release: str = SUPPORTED_VLLM_VERSION) -> str | None:
-    """None when vLLM `release` imports; else the one line `tool` prints (on
-    stderr, no traceback) before it exits with status 2."""
+def vllm_missing(tool: str, release: str | None = None) -> str | None:
+    """None when a vLLM the tools compare against (or vLLM `release`)
+    imports; else the one line `tool` prints (on stderr, no traceback)
+    before it exits with status 2."""
     version, note = load_vllm(release)
     if version is not None:
         return None
-    return missing(tool, f"vLLM {release} and torch", f"pip install vllm=={release}", note)
+    if release is not None:
+        return missing(tool, f"vLLM {release} and torch", f"pip install vllm=={release}", note)
+    hint = " or ".join(r.install_hint for r in ORACLE_RELEASES)
+    return missing(tool, f"vLLM {_oracle_text()} and torch", hint, note)

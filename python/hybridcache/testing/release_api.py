@@ -97,7 +97,7 @@ class V023(ReleaseApi):
 
 # Mixes whose vLLM-vs-vLLM self-check the 0.33.0 driver passes (the facade
 # supports full attention first; the others follow as it grows).
-MIXES_033 = ("full", "full_sw", "full_chunked", "full_mamba_align", "sw_mamba", "full_mamba3", "full_mamba_partial")
+MIXES_033 = (*MIXES, "full_mamba_partial")
 
 
 class V033(ReleaseApi):
@@ -112,15 +112,24 @@ class V033(ReleaseApi):
     _hash_fn: Any = None
 
     def random_setup(self, rng: Any, mix: str, caching: bool) -> Setup:
+        s = random_setup(rng, "full" if mix == "full_mamba_partial" else mix, caching)
+        if s.dcp * s.pcp > 1:
+            # 0.23.0's context-parallel draw; 0.33.0's dcp rules differ (not driven yet).
+            sbs = s.scheduler_block_size // (s.dcp * s.pcp)
+            s = dataclasses.replace(s, dcp=1, pcp=1, scheduler_block_size=sbs, hash_block_size=sbs)
         if mix == "full_mamba_partial":
             # A Mamba align block wider than the hash block: sub-block
             # ("partial") hits with copy-on-write (0.26+).
-            s = random_setup(rng, "full", caching)
             mamba = Group("mamba", 8, mode="align" if caching else "none", num_spec=rng.randint(0, 2))
             s = dataclasses.replace(s, mix=mix, groups=(Group("full", 4), mamba), scheduler_block_size=8,
                                     hash_block_size=4 if caching else 8)
-        else:
-            s = random_setup(rng, mix, caching)
+        # Sparse retention is a KVCacheConfig field in 0.33.0 (the scheduler's
+        # default 0: replay boundaries and shared-prefix junctions only), for
+        # sliding window and Mamba groups.
+        retention = None
+        if caching and any(g.kind in ("sw", "mamba") for g in s.groups):
+            retention = rng.choice((None, 0, 0, s.scheduler_block_size, 2 * s.scheduler_block_size))
+        s = dataclasses.replace(s, metrics_sample_rate=None, retention=retention)
         # 0.33.0 knows Mamba cache modes "align" and "none" only ("all" is gone).
         groups = tuple(dataclasses.replace(g, mode="align") if g.mode == "all" else g for g in s.groups)
         s = dataclasses.replace(s, groups=groups)
@@ -178,7 +187,9 @@ class V033(ReleaseApi):
         )
 
     def kv_cache_config(self, s: Setup) -> Any:
-        return configs.vllm_kv_cache_config(group_specs(s), s.num_blocks)
+        cfg = configs.vllm_kv_cache_config(group_specs(s), s.num_blocks)
+        cfg.prefix_cache_retention_interval = s.retention
+        return cfg
 
     def build_reference(self, s: Setup) -> Any:
         from vllm.v1.core.kv_cache_manager import KVCacheManager

@@ -61,6 +61,9 @@ fn main() {
         enable_caching: true,
         use_eagle: false,
         enable_events: false,
+        dcp_world_size: 1,
+        pcp_world_size: 1,
+        retention_interval: None,
     })
     .unwrap();
     let mut rng = Rng(0x9E3779B97F4A7C15);

@@ -2,7 +2,7 @@
 //! prefix-cache map, with vLLM 0.23.0's `BlockPool` semantics.
 
 use crate::error::{invalid, CoreResult};
-use crate::events::PoolEvent;
+use crate::events::{BlockMetric, PoolEvent};
 use crate::free_queue::FreeQueue;
 use smallvec::SmallVec;
 
@@ -44,6 +44,12 @@ pub struct BlockPool {
     enable_events: bool,
     hash_block_size: u32,
     events: Vec<PoolEvent>,
+    /// The null block's count moves with touches and frees (0.23.0); later
+    /// releases skip the null block in both.
+    null_ref_counted: bool,
+    // vLLM's metrics-collector calls, in order; only when a collector is set.
+    record_metrics: bool,
+    metrics: Vec<BlockMetric>,
 }
 
 /// Room for `n` more ids in a block table (or a list of ids handed out).
@@ -62,6 +68,7 @@ impl BlockPool {
         enable_caching: bool,
         hash_block_size: u32,
         enable_events: bool,
+        null_ref_counted: bool,
     ) -> CoreResult<Self> {
         if num_blocks == 0 {
             return invalid("num_blocks must be > 0");
@@ -82,6 +89,9 @@ impl BlockPool {
             enable_events,
             hash_block_size,
             events: Vec::new(),
+            null_ref_counted,
+            record_metrics: false,
+            metrics: Vec::new(),
         })
     }
 
@@ -183,11 +193,18 @@ impl BlockPool {
                 self.maybe_evict_cached_block(b);
             }
             self.meta[b as usize].ref_cnt += 1;
+            if self.record_metrics {
+                self.metrics.push(BlockMetric::Allocated(b));
+            }
             out.push(b);
         }
     }
 
     fn maybe_evict_cached_block(&mut self, b: BlockId) -> bool {
+        // vLLM tells its collector first, whether the block is cached or not.
+        if self.record_metrics {
+            self.metrics.push(BlockMetric::Evicted(b));
+        }
         let entry = self.meta[b as usize].entry;
         if entry == NO_ENTRY {
             return false;
@@ -217,10 +234,17 @@ impl BlockPool {
     /// count the new holder.
     pub fn touch(&mut self, blocks: &[BlockId]) {
         for &b in blocks {
+            if b == NULL_BLOCK && !self.null_ref_counted {
+                // 0.33.0: the null block is never pooled nor counted.
+                continue;
+            }
             if self.meta[b as usize].ref_cnt == 0 && b != NULL_BLOCK {
                 self.queue.remove(b);
             }
             self.meta[b as usize].ref_cnt += 1;
+            if self.record_metrics {
+                self.metrics.push(BlockMetric::Accessed(b));
+            }
         }
     }
 
@@ -234,7 +258,9 @@ impl BlockPool {
         // All counts drop before any block joins the queue (a block listed
         // twice joins it twice, as in vLLM).
         for b in blocks.clone() {
-            self.meta[b as usize].ref_cnt -= 1;
+            if b != NULL_BLOCK || self.null_ref_counted {
+                self.meta[b as usize].ref_cnt -= 1;
+            }
         }
         let freed = blocks
             .into_iter()
@@ -247,6 +273,36 @@ impl BlockPool {
             for b in freed {
                 self.queue.append(b);
             }
+        }
+    }
+
+    /// vLLM 0.28+'s `free_blocks`: drops one reference from each block in
+    /// eviction order; of those reaching zero, blocks without a hash (every
+    /// block when caching is off) join the front in that order, to be
+    /// reused first, and cached ones the back (LRU). Null entries are
+    /// skipped.
+    pub fn free_blocks_split(&mut self, blocks: impl IntoIterator<Item = BlockId>) {
+        let mut first: SmallVec<[BlockId; 16]> = SmallVec::new();
+        let mut last: SmallVec<[BlockId; 16]> = SmallVec::new();
+        for b in blocks {
+            if b == NULL_BLOCK {
+                continue;
+            }
+            let m = &mut self.meta[b as usize];
+            m.ref_cnt -= 1;
+            if m.ref_cnt == 0 {
+                if m.entry == NO_ENTRY || !self.enable_caching {
+                    first.push(b);
+                } else {
+                    last.push(b);
+                }
+            }
+        }
+        if !first.is_empty() {
+            self.queue.prepend_n(&first);
+        }
+        for b in last {
+            self.queue.append(b);
         }
     }
 
@@ -328,6 +384,9 @@ impl BlockPool {
         }
         self.map.clear();
         self.meta.iter_mut().for_each(|m| m.entry = NO_ENTRY);
+        if self.record_metrics {
+            self.metrics.push(BlockMetric::Reset);
+        }
         if self.enable_events {
             self.events.push(PoolEvent::AllCleared);
         }
@@ -336,6 +395,43 @@ impl BlockPool {
 
     pub fn take_events(&mut self) -> Vec<PoolEvent> {
         std::mem::take(&mut self.events)
+    }
+
+    /// Logs vLLM's metrics-collector calls from now on (`take_metrics`).
+    pub fn set_record_metrics(&mut self, on: bool) {
+        self.record_metrics = on;
+    }
+
+    pub fn records_metrics(&self) -> bool {
+        self.record_metrics
+    }
+
+    pub fn has_metrics(&self) -> bool {
+        !self.metrics.is_empty()
+    }
+
+    /// Entries in the metrics log (0 while not recording).
+    pub fn metrics_len(&self) -> usize {
+        self.metrics.len()
+    }
+
+    /// Reorders the log from `start` on, made of two passes over `k` groups
+    /// (`ends`: the log length after each group of the first pass, then of
+    /// the second), into group order: group 0's two parts, group 1's, ...
+    pub fn interleave_metrics(&mut self, start: usize, ends: &[usize]) {
+        let k = ends.len() / 2;
+        let part = |j: usize| (if j == 0 { start } else { ends[j - 1] })..ends[j];
+        let tail: Vec<BlockMetric> = (0..k)
+            .flat_map(|g| part(g).chain(part(k + g)))
+            .map(|i| self.metrics[i])
+            .collect();
+        self.metrics.truncate(start);
+        self.metrics.extend(tail);
+    }
+
+    /// The collector calls logged since the last take, oldest first.
+    pub fn take_metrics(&mut self) -> Vec<BlockMetric> {
+        std::mem::take(&mut self.metrics)
     }
 
     pub fn has_events(&self) -> bool {
@@ -422,7 +518,7 @@ mod tests {
     use std::borrow::Cow;
 
     fn pool(n: u32, events: bool) -> BlockPool {
-        BlockPool::new(n, true, 4, events).unwrap()
+        BlockPool::new(n, true, 4, events, true).unwrap()
     }
 
     fn new_blocks(p: &mut BlockPool, n: usize) -> Vec<u32> {
@@ -437,7 +533,7 @@ mod tests {
         assert_eq!(p.num_free_blocks(), 3);
         assert!(!p.is_free(NULL_BLOCK));
         assert_eq!(p.usage(), 0.0);
-        assert!(BlockPool::new(0, true, 4, false).is_err());
+        assert!(BlockPool::new(0, true, 4, false, true).is_err());
         p.check_invariants().unwrap();
     }
 

@@ -2,6 +2,7 @@
 //! hits across them, as vLLM 0.23.0's `get_kv_cache_coordinator` chooses:
 //! no prefix cache, unitary (one group), or hybrid (several attention types).
 
+use crate::attention::Attention;
 use crate::block_pool::BlockPool;
 use crate::decode_bounds::{DecodeCounts, DecodeHorizon};
 use crate::error::{CoreError, CoreResult};
@@ -9,7 +10,7 @@ use crate::group_manager::SingleTypeManager;
 use crate::hashes::{HashList, ScaledHashes};
 use crate::new_blocks::NewBlocks;
 use crate::profile::BehaviourProfile;
-use crate::spec::{GroupSpec, SpecKind};
+use crate::spec::{context_parallel_groups, GroupSpec, SpecKind};
 use crate::{cdiv, BlockId, ReqSlot};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,24 +65,61 @@ fn check_sizes(
     Ok(())
 }
 
+/// A retention interval needs a group it sparsifies and must be a
+/// multiple of the scheduler block (hits land there), as vLLM checks.
+fn check_retention(
+    groups: &[GroupSpec],
+    interval: Option<usize>,
+    scheduler_block_size: u32,
+    profile: &BehaviourProfile,
+) -> CoreResult<()> {
+    let Some(n) = interval else {
+        return Ok(());
+    };
+    let rule = profile.retention;
+    if !groups
+        .iter()
+        .any(|g| Attention::from_spec(&g.kind).retains_sparsely(rule))
+    {
+        return Err(CoreError::InvalidArgument(
+            "a retention interval is set but this model has no sliding-window KV cache group, \
+             so retention has no effect"
+                .into(),
+        ));
+    }
+    if n % scheduler_block_size as usize != 0 {
+        return Err(CoreError::InvalidArgument(format!(
+            "retention interval ({n}) must be non-negative and a multiple of \
+             scheduler_block_size ({scheduler_block_size})"
+        )));
+    }
+    Ok(())
+}
+
 impl Coordinator {
+    /// `retention_interval`: see `ManagerConfig::retention_interval`.
     pub fn new(
         pool: BlockPool,
         groups: &[GroupSpec],
         use_eagle: bool,
         scheduler_block_size: u32,
+        context_parallel: (u32, u32),
+        retention_interval: Option<usize>,
         profile: &BehaviourProfile,
     ) -> CoreResult<Self> {
         let enable_caching = pool.enable_caching();
         let hash_block_size = pool.hash_block_size();
         check_sizes(groups, scheduler_block_size, hash_block_size)?;
+        check_retention(groups, retention_interval, scheduler_block_size, profile)?;
+        let groups = &context_parallel_groups(groups, enable_caching, context_parallel)?[..];
         let kind = if !enable_caching {
             CoordinatorKind::NoPrefixCache
         } else if groups.len() == 1 {
             if groups[0].block_size != hash_block_size {
                 return Err(CoreError::InvalidArgument(format!(
                     "with one KV cache group and prefix caching, hash_block_size ({hash_block_size}) \
-                     must equal the group's block_size ({}), as vLLM 0.23.0 requires",
+                     must equal the group's block_size times dcp_world_size * pcp_world_size \
+                     ({}), as vLLM 0.23.0 requires",
                     groups[0].block_size
                 )));
             }
@@ -133,8 +171,9 @@ impl Coordinator {
             }
             CoordinatorKind::NoPrefixCache => {}
         }
+        let retention = retention_interval.map(|n| (n, profile.retention));
         for m in managers.iter_mut() {
-            m.settle(hash_block_size);
+            m.settle(hash_block_size, retention);
         }
         Ok(Coordinator {
             kind,
@@ -197,7 +236,8 @@ impl Coordinator {
     /// group, so an earlier group's external blocks can pop a later group's
     /// free hit block, which that group then takes too: one block in two
     /// groups. Touching all hits first gives the same blocks whenever vLLM's
-    /// result is sound.
+    /// result is sound; a metrics collector's log is then put back in vLLM's
+    /// per-group order (each group's touches, then its external blocks).
     #[inline(never)] // admissions only: kept out of the decode's code
     pub fn allocate_new_computed_blocks(
         &mut self,
@@ -206,22 +246,30 @@ impl Coordinator {
         num_local_computed_tokens: usize,
         num_external_computed_tokens: usize,
     ) {
-        let external: Vec<usize> = self
-            .managers
-            .iter_mut()
-            .zip(new_computed)
-            .map(|(m, nc)| {
-                m.add_computed_blocks(
-                    &mut self.pool,
-                    slot,
-                    nc,
-                    num_local_computed_tokens,
-                    num_external_computed_tokens,
-                )
-            })
-            .collect();
-        for (m, n) in self.managers.iter_mut().zip(external) {
+        let log = self.pool.records_metrics();
+        let start = self.pool.metrics_len();
+        let mut ends = Vec::new(); // the log's length after each group's step
+        let mut external = Vec::with_capacity(self.managers.len());
+        for (m, nc) in self.managers.iter_mut().zip(new_computed) {
+            external.push(m.add_computed_blocks(
+                &mut self.pool,
+                slot,
+                nc,
+                num_local_computed_tokens,
+                num_external_computed_tokens,
+            ));
+            if log {
+                ends.push(self.pool.metrics_len());
+            }
+        }
+        for (m, &n) in self.managers.iter_mut().zip(&external) {
             m.allocate_external_blocks(&mut self.pool, slot, n);
+            if log {
+                ends.push(self.pool.metrics_len());
+            }
+        }
+        if log && self.pool.metrics_len() > ends[self.managers.len() - 1] {
+            self.pool.interleave_metrics(start, &ends);
         }
     }
 
@@ -294,7 +342,16 @@ impl Coordinator {
             .unwrap_or(0)
     }
 
-    pub fn cache_blocks(&mut self, slot: ReqSlot, hashes: &HashList, num_tokens: usize) {
+    /// Caches the request's blocks up to `num_tokens` computed tokens;
+    /// `num_prompt_tokens` (when known) places the replay boundary that
+    /// sparse retention keeps.
+    pub fn cache_blocks(
+        &mut self,
+        slot: ReqSlot,
+        hashes: &HashList,
+        num_tokens: usize,
+        num_prompt_tokens: Option<usize>,
+    ) {
         let (kind, sbs) = (self.kind, self.scheduler_block_size);
         for m in self.managers.iter_mut() {
             let tokens = tokens_to_cache(kind, sbs, m, num_tokens);
@@ -303,6 +360,7 @@ impl Coordinator {
                 slot,
                 ScaledHashes::new(hashes, m.scale),
                 tokens,
+                num_prompt_tokens,
             );
         }
     }
@@ -311,6 +369,15 @@ impl Coordinator {
         for m in self.managers.iter_mut() {
             m.free(&mut self.pool, slot);
         }
+    }
+
+    /// Every group's popped table, group by group (`pop_blocks_for_free`).
+    pub fn pop_blocks(&mut self, slot: ReqSlot) -> Vec<BlockId> {
+        let mut out = Vec::new();
+        for m in self.managers.iter_mut() {
+            out.extend(m.pop_blocks(slot));
+        }
+        out
     }
 
     /// `ghosts`: entries vLLM holds beyond this manager's requests.
@@ -345,6 +412,7 @@ impl Coordinator {
         c: &DecodeCounts,
         reserved: usize,
         hashes: &HashList,
+        num_prompt_tokens: Option<usize>,
         out: &mut NewBlocks,
     ) -> bool {
         debug_assert!(self.runs_everywhere(slot));
@@ -366,7 +434,7 @@ impl Coordinator {
             out.ends.push(out.ids.len() as u32);
         }
         if let Some(t) = c.to_cache {
-            self.cache_blocks(slot, hashes, t);
+            self.cache_blocks(slot, hashes, t, num_prompt_tokens);
         }
         true
     }

@@ -24,3 +24,18 @@ pub enum PoolEvent {
     },
     AllCleared,
 }
+
+/// A call vLLM 0.23.0's `BlockPool` makes on its `metrics_collector`, as the
+/// pool logs it when block metrics are on (the binding hands the log to the
+/// user's collector after each manager call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockMetric {
+    /// `on_block_allocated`: the block left the free queue for a request.
+    Allocated(u32),
+    /// `on_block_accessed`: a cache hit touched the block (null block included).
+    Accessed(u32),
+    /// `on_block_evicted`: the pool dropped (or tried to drop) the block's hash.
+    Evicted(u32),
+    /// `reset`: the prefix cache was reset.
+    Reset,
+}

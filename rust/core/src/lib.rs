@@ -25,7 +25,7 @@ mod spec;
 pub use attention::mamba::AlignState;
 pub use block_pool::{BlockPool, NULL_BLOCK};
 pub use error::{CoreError, CoreResult};
-pub use events::PoolEvent;
+pub use events::{BlockMetric, PoolEvent};
 pub use hashes::{HashList, HashUpdate};
 pub use kv_cache_manager::{
     AllocateArgs, BatchResult, BatchScratch, DecodeBatch, KvCacheManager, LookupStats,

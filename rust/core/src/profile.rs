@@ -1,7 +1,7 @@
 //! Behaviour profiles: which vLLM release's semantics a manager follows,
 //! fixed at construction (`ManagerConfig::profile`). A profile is data and
 //! small strategy choices read where the rule is decided, never a second
-//! copy of the managers. Only vLLM 0.23.0 exists today; each later release
+//! copy of the managers. vLLM 0.23.0 and 0.33.0 exist; each further release
 //! adds a constant and, where its rule is new, a variant of the flag's enum
 //! (the enums are `#[non_exhaustive]`), not a new seam.
 //!
@@ -12,13 +12,17 @@
 //! - `new_block_ids`: `group_manager` (which groups record new block ids);
 //! - `common_prefix`: `kv_cache_manager` (`get_num_common_prefix_blocks`);
 //! - `stats`: `kv_cache_manager::stats` (which lookups are counted);
-//! - `hashing`: `block_hasher::extra_keys` (how LoRA / cache salt enter a
-//!   block's key) and the facade's NONE_HASH seed;
-//! - `retention`, `partial_hits`, `null_block_ref_counted`,
-//!   `cache_cap_at_hashes`: one value each today (0.23.0 has no such
-//!   feature or does it one way); the 0.33.0 port reads them where its rule
-//!   goes (the pool's touch/free for null counting, the caching step for
-//!   the cap, the hit search for partial hits).
+//! - `hashing`: `block_hasher` (`extra_keys`: how LoRA / mm / cache salt
+//!   / prompt embeds enter a block's key; `none_hash_seed`; `mm_window`:
+//!   where a resumed multimodal scan starts; `lookahead`) through the
+//!   binding's `BlockHasher` and `block_extra_keys`, which take the rules
+//!   by release (`Hashing::for_release`, the same value as the profile's);
+//! - `retention`: `attention::sliding_window` (which blocks sparse
+//!   retention keeps: `reachable_blocks`, the replay boundary) and
+//!   `coordinator` (which configs accept a retention interval);
+//! - `partial_hits`, `null_block_ref_counted`, `cache_cap_at_hashes`: the
+//!   pool's touch/free (null counting), the caching step (the cap); partial
+//!   hits are not ported (the 0.33.0 facade refuses the layouts using them).
 
 use crate::error::{CoreError, CoreResult};
 
@@ -30,6 +34,10 @@ pub enum FreePolicy {
     /// blocks leaving a window, and a sliding-window request's blocks when
     /// it is freed, go to the front (reused first) when not cached.
     AppendWindowScratchFirst,
+    /// 0.28.0 and later (0.33.0): every free goes through one rule: a block
+    /// reaching zero references joins the front (reused first, LIFO) when it
+    /// has no hash or caching is off, the back (LRU) when it is cached.
+    UnhashedOrCachingOffFirst,
 }
 
 impl FreePolicy {
@@ -38,6 +46,17 @@ impl FreePolicy {
     pub(crate) fn window_scratch_first(self) -> bool {
         match self {
             FreePolicy::AppendWindowScratchFirst => true,
+            FreePolicy::UnhashedOrCachingOffFirst => true,
+        }
+    }
+
+    /// Whether the pool itself splits every freed list by hash (0.28+), so
+    /// callers hand their blocks over in eviction order and nothing else.
+    #[inline]
+    pub(crate) fn pool_splits(self) -> bool {
+        match self {
+            FreePolicy::AppendWindowScratchFirst => false,
+            FreePolicy::UnhashedOrCachingOffFirst => true,
         }
     }
 
@@ -47,17 +66,22 @@ impl FreePolicy {
     pub(crate) fn request_scratch_first(self, type_scratch_first: bool) -> bool {
         match self {
             FreePolicy::AppendWindowScratchFirst => type_scratch_first,
+            FreePolicy::UnhashedOrCachingOffFirst => true,
         }
     }
 }
 
-/// The NONE_HASH seed of the first block's parent.
+/// The NONE_HASH seed of the first block's parent (the rule:
+/// `block_hasher::none_hash_seed`; the facade computes the bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NoneHashMode {
-    /// 0.23.0: from PYTHONHASHSEED, else random per process (the facade
-    /// computes it and passes the bytes).
+    /// 0.23.0: `hash_fn(PYTHONHASHSEED)`, else 32 random bytes per process.
     SeededOrRandom,
+    /// 0.29+: `hash_fn(seed)` always; the seed is PYTHONHASHSEED, else
+    /// "vllm-none-hash" for sha256 / sha256_cbor (shareable across
+    /// processes), else random hex for xxhash* (not collision resistant).
+    SeededOrDefault,
 }
 
 /// How a block's extra keys (LoRA, cache salt, multimodal) are encoded.
@@ -66,22 +90,94 @@ pub enum NoneHashMode {
 pub enum ExtraKeyMode {
     /// 0.23.0: plain values (LoRA name, then the salt on the first block).
     Plain,
+    /// 0.31+: each value tagged with its source: `("lora", name, path)`,
+    /// `("mm", id, offset)`, `("cache_salt", salt)`, `("prompt_embeds", d)`.
+    Tagged,
+}
+
+impl ExtraKeyMode {
+    /// The form KV events publish: untagged in every release so far
+    /// (0.33.0's `to_event_extra_keys` strips the tags).
+    pub fn event_form(self) -> ExtraKeyMode {
+        ExtraKeyMode::Plain
+    }
+
+    /// Whether a LoRA key names the adapter's path too (callers read
+    /// `lora_path` only then).
+    pub fn reads_lora_path(self) -> bool {
+        matches!(self, ExtraKeyMode::Tagged)
+    }
+}
+
+/// Where a request's multimodal scan starts when its hasher resumes at a
+/// block after the first (`start_mm_idx` of the first new block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MmStart {
+    /// 0.23.0: `-1` (the last input), 0 on the first block.
+    LastInput,
+    /// 0.33.0: the first input ending after the block's start
+    /// (`get_mm_features_in_window`), 0 when none does.
+    Window,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hashing {
     pub none_hash: NoneHashMode,
     pub extra_keys: ExtraKeyMode,
-    /// Hash tokens past the computed ones (0.33.0's lookahead hashes).
+    /// Lookahead hashes (0.33.0's `num_hash_lookahead_tokens`): a block's
+    /// hash also covers the next L tokens. False: L must be 0.
     pub lookahead_hash_tokens: bool,
+    pub mm_start: MmStart,
 }
 
-/// How many blocks outside a window (sliding window, Mamba) stay cached.
+impl Hashing {
+    pub const V0_23: Hashing = Hashing {
+        none_hash: NoneHashMode::SeededOrRandom,
+        extra_keys: ExtraKeyMode::Plain,
+        lookahead_hash_tokens: false,
+        mm_start: MmStart::LastInput,
+    };
+
+    pub const V0_33: Hashing = Hashing {
+        none_hash: NoneHashMode::SeededOrDefault,
+        extra_keys: ExtraKeyMode::Tagged,
+        lookahead_hash_tokens: true,
+        mm_start: MmStart::Window,
+    };
+
+    /// Releases whose hashing rules are known, oldest first. The hasher is
+    /// chosen by release on its own (a `BlockHasher` needs no manager);
+    /// each `BehaviourProfile` carries the same value (tested).
+    pub const RELEASES: &'static [(&'static str, Hashing)] =
+        &[("0.23.0", Hashing::V0_23), ("0.33.0", Hashing::V0_33)];
+
+    /// The hashing rules of a vLLM release ("0.33.0"; "0.33" names it too).
+    pub fn for_release(release: &str) -> CoreResult<Hashing> {
+        Self::RELEASES
+            .iter()
+            .find(|(r, _)| *r == release || r.strip_suffix(".0") == Some(release))
+            .map(|(_, h)| *h)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Self::RELEASES.iter().map(|(r, _)| *r).collect();
+                CoreError::Unsupported(format!(
+                    "no hashing rules for vLLM {release:?} (known: {})",
+                    known.join(", ")
+                ))
+            })
+    }
+}
+
+/// How a retention interval (`ManagerConfig::retention_interval`: None
+/// dense, 0 the replay boundary only, N one tail per N-token segment)
+/// sparsifies what is cached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Retention {
-    /// 0.23.0: no retention limit (every full block may stay cached).
-    Unbounded,
+    /// 0.23.0 (`VLLM_PREFIX_CACHE_RETENTION_INTERVAL`): sliding-window
+    /// groups only; the one replay boundary kept is the last
+    /// scheduler-block boundary before the prompt's last token.
+    SlidingWindowPromptTail,
 }
 
 /// Which groups record the ids of new blocks (`take_new_block_ids`).
@@ -99,6 +195,9 @@ pub enum StatsPolicy {
     /// 0.23.0: `get_computed_blocks` counts each lookup it makes (not the
     /// ones `skip_reading_prefix_cache` skips), preempted ones apart.
     CountedInLookup,
+    /// 0.27.0 and later: lookups count nothing; the scheduler records each
+    /// admission (`record_prefix_cache_stats`).
+    RecordedByScheduler,
 }
 
 /// One vLLM release's behaviour, as the core's flags.
@@ -120,28 +219,51 @@ pub struct BehaviourProfile {
     /// answer zeros).
     pub common_prefix: bool,
     pub stats: StatsPolicy,
+    /// `allocate_slots` may adopt prefix-cache hits with no new token
+    /// (0.33.0); 0.23.0 needs new or external tokens.
+    pub adopt_only_steps: bool,
 }
 
 impl BehaviourProfile {
     pub const V0_23: BehaviourProfile = BehaviourProfile {
         release: "0.23.0",
         free_policy: FreePolicy::AppendWindowScratchFirst,
-        hashing: Hashing {
-            none_hash: NoneHashMode::SeededOrRandom,
-            extra_keys: ExtraKeyMode::Plain,
-            lookahead_hash_tokens: false,
-        },
-        retention: Retention::Unbounded,
+        hashing: Hashing::V0_23,
+        retention: Retention::SlidingWindowPromptTail,
         partial_hits: false,
         null_block_ref_counted: true,
         cache_cap_at_hashes: false,
         new_block_ids: NewBlockIds::BySpec,
         common_prefix: true,
         stats: StatsPolicy::CountedInLookup,
+        adopt_only_steps: false,
+    };
+
+    /// vLLM 0.33.0 (reference §4.1's feature table, last row). Hashing's
+    /// 0.33 rules are chosen by `hashing`; partial hits (sub-block hits
+    /// with copy-on-write) are not ported yet, so the facade refuses the
+    /// configurations where 0.33.0 would use them.
+    pub const V0_33: BehaviourProfile = BehaviourProfile {
+        release: "0.33.0",
+        free_policy: FreePolicy::UnhashedOrCachingOffFirst,
+        hashing: Hashing::V0_33,
+        // Not consulted yet: the 0.33.0 facade admits full-attention
+        // layouts only, which retention never sparsifies. 0.33.0's rule
+        // (sliding window and Mamba, replay boundaries and shared-prefix
+        // junctions) is a variant to add with those layouts.
+        retention: Retention::SlidingWindowPromptTail,
+        partial_hits: false,
+        null_block_ref_counted: false,
+        cache_cap_at_hashes: true,
+        new_block_ids: NewBlockIds::BySpec,
+        common_prefix: false,
+        stats: StatsPolicy::RecordedByScheduler,
+        adopt_only_steps: true,
     };
 
     /// Every profile, oldest release first.
-    pub const ALL: &'static [BehaviourProfile] = &[BehaviourProfile::V0_23];
+    pub const ALL: &'static [BehaviourProfile] =
+        &[BehaviourProfile::V0_23, BehaviourProfile::V0_33];
 
     /// The profile of a vLLM release ("0.23.0"; "0.23" names it too).
     pub fn for_release(release: &str) -> CoreResult<BehaviourProfile> {
@@ -187,6 +309,25 @@ mod tests {
             BehaviourProfile::for_release("0.23").unwrap(),
             BehaviourProfile::V0_23
         );
-        assert!(BehaviourProfile::for_release("0.33.0").is_err());
+        assert_eq!(
+            BehaviourProfile::for_release("0.33.0").unwrap(),
+            BehaviourProfile::V0_33
+        );
+        assert!(BehaviourProfile::for_release("0.32.0").is_err());
+    }
+
+    #[test]
+    fn hashing_rules_resolve_and_match_the_profiles() {
+        assert_eq!(Hashing::for_release("0.33").unwrap(), Hashing::V0_33);
+        assert_eq!(Hashing::for_release("0.23.0").unwrap(), Hashing::V0_23);
+        assert!(Hashing::for_release("0.1.0").is_err());
+        for p in BehaviourProfile::ALL {
+            assert_eq!(
+                Hashing::for_release(p.release).unwrap(),
+                p.hashing,
+                "{}",
+                p.release
+            );
+        }
     }
 }

@@ -51,6 +51,9 @@ struct ColdState {
     id: Arc<str>,
     // Block hashes at hash_block_size, as the request computed them.
     hashes: HashList,
+    // `request.num_prompt_tokens`, when an allocation passed it (only
+    // sparse retention reads it).
+    num_prompt_tokens: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -74,6 +77,7 @@ impl RequestRegistry {
         let state = ColdState {
             id: id.clone(),
             hashes: HashList::new(),
+            num_prompt_tokens: None,
         };
         let s = match self.free_slots.pop() {
             Some(s) => {
@@ -118,6 +122,17 @@ impl RequestRegistry {
 
     pub fn hashes(&self, slot: ReqSlot) -> &HashList {
         &self.cold(slot).hashes
+    }
+
+    pub fn num_prompt_tokens(&self, slot: ReqSlot) -> Option<usize> {
+        self.cold(slot).num_prompt_tokens
+    }
+
+    pub fn set_num_prompt_tokens(&mut self, slot: ReqSlot, n: usize) {
+        self.cold[slot as usize]
+            .as_mut()
+            .expect("live slot")
+            .num_prompt_tokens = Some(n);
     }
 
     /// `hashes(slot).len()`, from the hot line.

@@ -86,3 +86,73 @@ impl GroupSpec {
         }
     }
 }
+
+/// The groups as a manager with decode / prefill context parallelism sees
+/// them, or why vLLM 0.23.0 cannot run them. vLLM scales every manager's
+/// block size by `dcp * pcp` (the base `SingleTypeKVCacheManager`
+/// constructor; the unitary coordinator and full attention's hit search
+/// scale theirs alike), and only its coordinator's divisibility check reads
+/// the spec's own size: scaling the specs once, after that check, gives
+/// every later reader (tables, hits, caching, events, usage) vLLM's size.
+pub(crate) fn context_parallel_groups(
+    groups: &[GroupSpec],
+    enable_caching: bool,
+    (dcp, pcp): (u32, u32),
+) -> CoreResult<Vec<GroupSpec>> {
+    if dcp == 0 || pcp == 0 {
+        return Err(CoreError::InvalidArgument(format!(
+            "dcp_world_size and pcp_world_size must be > 0, got {dcp} and {pcp}"
+        )));
+    }
+    let factor = dcp.checked_mul(pcp).ok_or_else(|| {
+        CoreError::InvalidArgument(format!(
+            "dcp_world_size * pcp_world_size is out of range ({dcp} * {pcp})"
+        ))
+    })?;
+    if factor == 1 {
+        return Ok(groups.to_vec());
+    }
+    let refuse = |why: &str| {
+        Err(CoreError::InvalidArgument(format!(
+            "dcp_world_size={dcp}, pcp_world_size={pcp}: {why}"
+        )))
+    };
+    let mamba = groups
+        .iter()
+        .any(|g| matches!(g.kind, SpecKind::Mamba { .. }));
+    if enable_caching && groups.len() > 1 {
+        return refuse(
+            "vLLM 0.23.0 supports context parallelism only for a single KV cache group \
+             (its hybrid coordinator asserts dcp == pcp == 1)",
+        );
+    }
+    if enable_caching && !matches!(groups[0].kind, SpecKind::FullAttention) {
+        return refuse(
+            "with prefix caching, vLLM 0.23.0 supports context parallelism only for full \
+             attention (the sliding-window, chunked-local and Mamba hit searches assert \
+             dcp == pcp == 1)",
+        );
+    }
+    if mamba {
+        return Err(CoreError::Unsupported(format!(
+            "dcp_world_size={dcp}, pcp_world_size={pcp} with a Mamba group (vLLM 0.23.0's \
+             Mamba manager asserts dcp == pcp == 1 on lookup)"
+        )));
+    }
+    groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let block_size = g.block_size.checked_mul(factor).ok_or_else(|| {
+                CoreError::InvalidArgument(format!(
+                    "kv_cache_groups[{i}]: block_size * dcp_world_size * pcp_world_size \
+                     is out of range"
+                ))
+            })?;
+            Ok(GroupSpec {
+                block_size,
+                ..g.clone()
+            })
+        })
+        .collect()
+}

@@ -2,7 +2,8 @@
 //! 0.23.0's single-group full-attention semantics.
 
 use hybridcache_core::{
-    AllocateArgs, CoreError, GroupSpec, KvCacheManager, ManagerConfig, PoolEvent, SpecKind,
+    AllocateArgs, BlockMetric, CoreError, GroupSpec, KvCacheManager, ManagerConfig, PoolEvent,
+    SpecKind,
 };
 
 fn config(num_blocks: u32, block_size: u32, caching: bool, events: bool) -> ManagerConfig {
@@ -16,6 +17,9 @@ fn config(num_blocks: u32, block_size: u32, caching: bool, events: bool) -> Mana
         enable_caching: caching,
         use_eagle: false,
         enable_events: events,
+        dcp_world_size: 1,
+        pcp_world_size: 1,
+        retention_interval: None,
     }
 }
 
@@ -49,7 +53,7 @@ fn prefill_decode_and_prefix_hit() {
     assert_eq!(m.pool().num_free_blocks(), 6);
     // A request sharing both full blocks hits them; the last token is recomputed.
     m.sync_hashes("b", 0, hashes(1, 2)).unwrap();
-    let (hit, n) = m.get_computed_blocks("b", 9).unwrap();
+    let (hit, n) = m.get_computed_blocks("b", 9, None).unwrap();
     assert_eq!((hit.clone(), n), (vec![vec![1, 2]], 8));
     let args = AllocateArgs {
         num_new_tokens: 1,
@@ -203,7 +207,7 @@ fn eagle_drops_last_hit_block() {
     m.sync_hashes("a", 0, hashes(1, 3)).unwrap();
     alloc(&mut m, "a", 13, 0, 13).unwrap();
     m.sync_hashes("b", 0, hashes(1, 3)).unwrap();
-    let (hit, n) = m.get_computed_blocks("b", 13).unwrap();
+    let (hit, n) = m.get_computed_blocks("b", 13, None).unwrap();
     assert_eq!((hit[0].len(), n), (2, 8));
 }
 
@@ -326,4 +330,112 @@ fn handles_name_one_request_and_go_stale_when_it_is_freed() {
     assert!(m.resolve_handle(h).is_err());
     assert_eq!(m.request_id_at(m.resolve_handle(hb).unwrap()), "b");
     assert!(m.resolve_handle(u64::MAX).is_err());
+}
+
+#[test]
+fn context_parallel_scales_the_block_size() {
+    // dcp 2 x pcp 2: a block of a 4-token spec holds 16 tokens, hashed at 16.
+    let mut cfg = config(10, 4, true, true);
+    cfg.dcp_world_size = 2;
+    cfg.pcp_world_size = 2;
+    cfg.scheduler_block_size = 16;
+    cfg.hash_block_size = 16;
+    let mut m = KvCacheManager::new(cfg.clone()).unwrap();
+    m.sync_hashes("a", 0, hashes(1, 2)).unwrap();
+    assert_eq!(alloc(&mut m, "a", 33, 0, 33), Some(vec![vec![1, 2, 3]]));
+    match &m.take_events()[..] {
+        [PoolEvent::Stored {
+            block_size: 16,
+            end_token: 32,
+            ..
+        }] => {}
+        ev => panic!("unexpected events {ev:?}"),
+    }
+    m.sync_hashes("b", 0, hashes(1, 2)).unwrap();
+    assert_eq!(
+        m.get_computed_blocks("b", 40, None).unwrap(),
+        (vec![vec![1, 2]], 32)
+    );
+    m.check_invariants().unwrap();
+    // The unitary coordinator's hash size is the scaled block size.
+    cfg.hash_block_size = 4;
+    assert!(matches!(
+        KvCacheManager::new(cfg),
+        Err(CoreError::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn context_parallel_refuses_what_vllm_asserts_against() {
+    let window = GroupSpec::new(SpecKind::SlidingWindow { window: 8 }, 4);
+    let mut cfg = config(10, 4, true, false);
+    cfg.dcp_world_size = 2;
+    cfg.scheduler_block_size = 8;
+    cfg.hash_block_size = 8;
+    cfg.groups = vec![window.clone()];
+    let err = KvCacheManager::new(cfg.clone()).unwrap_err();
+    assert!(matches!(&err, CoreError::InvalidArgument(m) if m.starts_with("dcp_world_size=2")));
+    cfg.groups = vec![GroupSpec::full_attention(4), window.clone()];
+    cfg.hash_block_size = 4;
+    assert!(matches!(
+        KvCacheManager::new(cfg.clone()),
+        Err(CoreError::InvalidArgument(_))
+    ));
+    // Without prefix caching vLLM builds the same groups with scaled blocks.
+    cfg.enable_caching = false;
+    let mut m = KvCacheManager::new(cfg.clone()).unwrap();
+    assert_eq!(
+        alloc(&mut m, "a", 9, 0, 9),
+        Some(vec![vec![1, 2], vec![3, 4]])
+    );
+    cfg.dcp_world_size = 0;
+    assert!(matches!(
+        KvCacheManager::new(cfg),
+        Err(CoreError::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn block_metrics_log_vllms_collector_calls() {
+    use BlockMetric::*;
+    let mut m = KvCacheManager::new(config(5, 4, true, false)).unwrap();
+    m.sync_hashes("a", 0, hashes(1, 2)).unwrap();
+    alloc(&mut m, "a", 9, 0, 9);
+    assert!(!m.has_block_metrics(), "nothing is logged until asked for");
+    m.set_record_block_metrics(true);
+    m.free("a");
+    m.sync_hashes("b", 0, hashes(1, 1)).unwrap();
+    let (hit, n) = m.get_computed_blocks("b", 6, None).unwrap();
+    let args = AllocateArgs {
+        num_new_tokens: 2,
+        num_tokens: 6,
+        num_new_computed_tokens: n,
+        new_computed_blocks: Some(&hit),
+        ..Default::default()
+    };
+    // The hit is touched; with caching every popped block is first
+    // "evicted", cached or not (block 4 was never used, 3 not cached).
+    assert_eq!(
+        m.allocate_slots("b", &args, None).unwrap(),
+        Some(vec![vec![4]])
+    );
+    m.evict_blocks(&[2, 0]).unwrap();
+    m.free("b");
+    assert!(m.reset_prefix_cache());
+    assert_eq!(
+        m.take_block_metrics(),
+        vec![
+            Accessed(1),
+            Evicted(4),
+            Allocated(4),
+            Evicted(2),
+            Evicted(0),
+            Reset
+        ]
+    );
+    let mut off = KvCacheManager::new(config(4, 4, false, false)).unwrap();
+    off.set_record_block_metrics(true);
+    alloc(&mut off, "a", 5, 0, 5);
+    assert_eq!(off.take_block_metrics(), vec![Allocated(1), Allocated(2)]);
+    assert!(!off.has_block_metrics());
 }

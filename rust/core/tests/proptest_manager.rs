@@ -37,15 +37,18 @@ enum Mix {
     SwMamba,
     FullMamba3,
     FullChunked,
+    /// Full attention with dcp 2 x pcp 2: blocks of 16 tokens.
+    FullContextParallel,
 }
 
-const ALL_MIXES: [Mix; 6] = [
+const ALL_MIXES: [Mix; 7] = [
     Mix::Full,
     Mix::FullSw,
     Mix::FullMambaAlignSpec,
     Mix::SwMamba,
     Mix::FullMamba3,
     Mix::FullChunked,
+    Mix::FullContextParallel,
 ];
 
 const MAX_MODEL_LEN: usize = 96;
@@ -112,6 +115,8 @@ fn mix_groups(mix: Mix, caching: bool) -> (Vec<GroupSpec>, u32, u32) {
             4,
         ),
         Mix::FullChunked => (vec![GroupSpec::full_attention(4), chunked(8, 4)], 8, 4),
+        // vLLM's scheduler passes block_size * dcp * pcp for both sizes.
+        Mix::FullContextParallel => (vec![GroupSpec::full_attention(4)], 16, 16),
     }
 }
 
@@ -119,7 +124,13 @@ fn is_align_mix(mix: Mix, caching: bool) -> bool {
     caching && matches!(mix, Mix::FullMambaAlignSpec | Mix::FullMamba3)
 }
 
-fn make_manager(mix: Mix, caching: bool, num_blocks: u32, eagle: bool) -> KvCacheManager {
+fn make_manager(
+    mix: Mix,
+    caching: bool,
+    num_blocks: u32,
+    eagle: bool,
+    retention: Option<usize>,
+) -> KvCacheManager {
     let (groups, sbs, hbs) = mix_groups(mix, caching);
     KvCacheManager::new(ManagerConfig {
         num_blocks,
@@ -131,6 +142,17 @@ fn make_manager(mix: Mix, caching: bool, num_blocks: u32, eagle: bool) -> KvCach
         enable_caching: caching,
         use_eagle: eagle,
         enable_events: true,
+        dcp_world_size: if mix == Mix::FullContextParallel {
+            2
+        } else {
+            1
+        },
+        pcp_world_size: if mix == Mix::FullContextParallel {
+            2
+        } else {
+            1
+        },
+        retention_interval: retention,
     })
     .expect("valid config")
 }
@@ -241,6 +263,8 @@ enum St {
 struct Req {
     id: String,
     tokens: Vec<u32>,
+    /// Tokens at arrival (what sparse retention's replay boundary reads).
+    prompt: usize,
     computed: usize,
     st: St,
 }
@@ -345,10 +369,16 @@ struct Stats {
 type R = Result<(), TestCaseError>;
 
 impl Machine {
-    fn new(mix: Mix, caching: bool, num_blocks: u32, eagle: bool) -> Self {
+    fn new(
+        mix: Mix,
+        caching: bool,
+        num_blocks: u32,
+        eagle: bool,
+        retention: Option<usize>,
+    ) -> Self {
         let (_, sbs, hbs) = mix_groups(mix, caching);
         Machine {
-            m: make_manager(mix, caching, num_blocks, eagle),
+            m: make_manager(mix, caching, num_blocks, eagle, retention),
             mix,
             caching,
             align: is_align_mix(mix, caching),
@@ -507,6 +537,7 @@ impl Machine {
                 }
                 self.reqs.push(Req {
                     id,
+                    prompt: tokens.len(),
                     tokens,
                     computed: 0,
                     st: St::Waiting,
@@ -527,6 +558,7 @@ impl Machine {
                 };
                 let id = self.reqs[i].id.clone();
                 let num_tokens = self.reqs[i].tokens.len();
+                let prompt = self.reqs[i].prompt;
                 let (hit, hit_len) = if self.caching && use_hit {
                     if let Some(u) = self.update(i) {
                         self.m
@@ -534,7 +566,7 @@ impl Machine {
                             .map_err(|e| TestCaseError::fail(format!("sync_hashes: {e}")))?;
                     }
                     self.m
-                        .get_computed_blocks(&id, num_tokens)
+                        .get_computed_blocks(&id, num_tokens, None)
                         .map_err(|e| TestCaseError::fail(format!("get_computed_blocks: {e}")))?
                 } else {
                     (vec![Vec::new(); self.m.num_groups()], 0)
@@ -578,6 +610,8 @@ impl Machine {
                     num_encoder_tokens: 0,
                     full_sequence_must_fit: must_fit,
                     reserved_blocks: reserved as usize,
+                    watermark_blocks: 0,
+                    num_prompt_tokens: Some(prompt),
                 };
                 if ext > 0 {
                     self.stats.ext += 1;
@@ -786,9 +820,10 @@ fn run(
     caching: bool,
     num_blocks: u32,
     eagle: bool,
+    retention: Option<usize>,
     ops: &[Op],
 ) -> Result<Stats, TestCaseError> {
-    let mut mach = Machine::new(mix, caching, num_blocks, eagle);
+    let mut mach = Machine::new(mix, caching, num_blocks, eagle, retention);
     for (step, op) in ops.iter().enumerate() {
         mach.apply(op)?;
         mach.check(op, step)?;
@@ -819,7 +854,7 @@ fn cases() -> u32 {
         .unwrap_or(48)
 }
 
-fn check_mix(mix: Mix, caching: bool) {
+fn check_mix(mix: Mix, caching: bool, retention: Option<usize>) {
     let mut runner = proptest::test_runner::TestRunner::new(Config {
         cases: cases(),
         failure_persistence: None,
@@ -832,7 +867,7 @@ fn check_mix(mix: Mix, caching: bool) {
     );
     let acc = std::cell::Cell::new(Stats::default());
     let result = runner.run(&strat, |(num_blocks, eagle, ops)| {
-        let s = run(mix, caching, num_blocks, eagle, &ops)?;
+        let s = run(mix, caching, num_blocks, eagle, retention, &ops)?;
         let mut t = acc.get();
         t.allocs += s.allocs;
         t.nones += s.nones;
@@ -861,10 +896,10 @@ fn check_mix(mix: Mix, caching: bool) {
 }
 
 macro_rules! mix_tests {
-    ($($name:ident: $mix:expr, $caching:expr;)*) => {$(
+    ($($name:ident: $mix:expr, $caching:expr $(, $retention:expr)?;)*) => {$(
         #[test]
         fn $name() {
-            check_mix($mix, $caching);
+            check_mix($mix, $caching, None $(.or($retention))?);
         }
     )*};
 }
@@ -882,13 +917,20 @@ mix_tests! {
     full_mamba3_no_caching: Mix::FullMamba3, false;
     full_chunked_caching: Mix::FullChunked, true;
     full_chunked_no_caching: Mix::FullChunked, false;
+    full_context_parallel_caching: Mix::FullContextParallel, true;
+    full_context_parallel_no_caching: Mix::FullContextParallel, false;
+    // Sparse retention (segments of 2 and 3 scheduler blocks; 0: the
+    // replay boundary only): the compact decode against the general path.
+    full_sw_retention_2: Mix::FullSw, true, Some(16);
+    full_sw_retention_0: Mix::FullSw, true, Some(0);
+    sw_mamba_retention_3: Mix::SwMamba, true, Some(12);
 }
 
 #[test]
 fn every_mix_builds() {
     for mix in ALL_MIXES {
         for caching in [true, false] {
-            let m = make_manager(mix, caching, 16, false);
+            let m = make_manager(mix, caching, 16, false, None);
             m.check_invariants().unwrap();
         }
     }
@@ -917,6 +959,9 @@ fn vllm_bug_external_tokens_take_a_later_groups_free_hit() {
         enable_caching: true,
         use_eagle: false,
         enable_events: false,
+        dcp_world_size: 1,
+        pcp_world_size: 1,
+        retention_interval: None,
     })
     .unwrap();
     let a: Vec<u32> = (0..16).collect();
@@ -932,7 +977,7 @@ fn vllm_bug_external_tokens_take_a_later_groups_free_hit() {
     let mut b: Vec<u32> = (0..12).collect();
     b.extend([99; 5]);
     m.sync_hashes("b", 0, block_hashes(&b, 4)).unwrap();
-    let (hit, n) = m.get_computed_blocks("b", b.len()).unwrap();
+    let (hit, n) = m.get_computed_blocks("b", b.len(), None).unwrap();
     assert_eq!((hit.clone(), n), (vec![vec![1, 2, 3], vec![0, 0, 7]], 12));
     let args = AllocateArgs {
         num_new_tokens: 1,
@@ -975,6 +1020,9 @@ fn mamba_align_external_tokens_out_of_blocks_is_none() {
         enable_caching: true,
         use_eagle: false,
         enable_events: false,
+        dcp_world_size: 1,
+        pcp_world_size: 1,
+        retention_interval: None,
     })
     .unwrap();
     let tokens: Vec<u32> = (0..9).collect();

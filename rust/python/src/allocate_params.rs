@@ -1,5 +1,6 @@
-//! vLLM 0.23.0's parameter list of `allocate_slots`, written once, and
-//! Python's argument matching over it. Both entries (the PyO3 method and,
+//! vLLM's parameter list of `allocate_slots`, written once (0.23.0's ten,
+//! then the two 0.33.0 adds; a 0.23.0 manager takes only the first ten),
+//! and Python's argument matching over it. Both entries (the PyO3 method and,
 //! with the `raw-ffi` feature, the vectorcall builtin) match through here.
 
 use pyo3::exceptions::PyTypeError;
@@ -23,9 +24,13 @@ pub(crate) enum Param {
     NumEncoderTokens,
     FullSequenceMustFit,
     ReservedBlocks,
+    HasScheduledReqs,
+    SkipZeroingGroupIds,
 }
 
-pub(crate) const NUM_PARAMS: usize = 10;
+pub(crate) const NUM_PARAMS: usize = 12;
+/// The parameters of vLLM 0.23.0's `allocate_slots` (a prefix of PARAMS).
+pub(crate) const NUM_PARAMS_0_23: usize = 10;
 
 /// Each parameter's name, indexed by `Param`.
 pub(crate) const PARAMS: [&str; NUM_PARAMS] = [
@@ -39,6 +44,8 @@ pub(crate) const PARAMS: [&str; NUM_PARAMS] = [
     "num_encoder_tokens",
     "full_sequence_must_fit",
     "reserved_blocks",
+    "has_scheduled_reqs",
+    "skip_zeroing_group_ids",
 ];
 
 /// The interned parameter names (keyword names in call sites are interned
@@ -54,13 +61,14 @@ pub(crate) fn param_name(py: Python<'_>, p: Param) -> &Py<PyString> {
     &param_names(py)[p as usize]
 }
 
-fn param_index(py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<usize> {
-    let names = param_names(py);
-    if let Some(i) = names.iter().position(|n| n.as_ptr() == name.as_ptr()) {
+/// `name`'s index among the first `n` parameters (the manager's release's).
+fn param_index(py: Python<'_>, name: &Bound<'_, PyAny>, n: usize) -> PyResult<usize> {
+    let names = &param_names(py)[..n];
+    if let Some(i) = names.iter().position(|p| p.as_ptr() == name.as_ptr()) {
         return Ok(i);
     }
     let text = name.downcast::<PyString>()?.to_str()?;
-    PARAMS
+    PARAMS[..n]
         .iter()
         .position(|&p| p == text)
         .ok_or_else(|| arg_error(ArgError::Unknown(text)))
@@ -68,7 +76,8 @@ fn param_index(py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<usize> {
 
 /// Python's own wording for bad call arguments.
 enum ArgError<'a> {
-    TooMany(usize),
+    /// (given, the most taken)
+    TooMany(usize, usize),
     Twice(usize),
     Missing(usize),
     Unknown(&'a str),
@@ -78,10 +87,9 @@ enum ArgError<'a> {
 #[inline(never)]
 fn arg_error(e: ArgError<'_>) -> PyErr {
     PyTypeError::new_err(match e {
-        ArgError::TooMany(n) => format!(
-            "allocate_slots() takes at most {} arguments ({n} given)",
-            PARAMS.len()
-        ),
+        ArgError::TooMany(n, most) => {
+            format!("allocate_slots() takes at most {most} arguments ({n} given)")
+        }
         ArgError::Twice(i) => format!(
             "allocate_slots() got multiple values for argument '{}'",
             PARAMS[i]
@@ -104,15 +112,16 @@ pub(crate) fn call_matched<'py>(
     keywords: impl Iterator<Item = (Bound<'py, PyAny>, Bound<'py, PyAny>)>,
 ) -> PyResult<PyObject> {
     let py = manager.py();
-    if positional.len() > PARAMS.len() {
-        return Err(arg_error(ArgError::TooMany(positional.len())));
+    let n = manager.borrow().num_allocate_params();
+    if positional.len() > n {
+        return Err(arg_error(ArgError::TooMany(positional.len(), n)));
     }
     let mut given: [Option<Bound<'_, PyAny>>; NUM_PARAMS] = Default::default();
     for (slot, v) in given.iter_mut().zip(positional) {
         *slot = Some(v);
     }
     for (name, v) in keywords {
-        let i = param_index(py, &name)?;
+        let i = param_index(py, &name, n)?;
         if given[i].is_some() {
             return Err(arg_error(ArgError::Twice(i)));
         }
@@ -146,6 +155,11 @@ pub(crate) fn call_matched<'py>(
                 get(Param::FullSequenceMustFit),
             )?,
             reserved_blocks: get(Param::ReservedBlocks),
+            has_scheduled_reqs: match get(Param::HasScheduledReqs) {
+                None => true,
+                v => opt_flag(PARAMS[Param::HasScheduledReqs as usize], v)?,
+            },
+            skip_zeroing_group_ids: get(Param::SkipZeroingGroupIds),
         },
     )
 }

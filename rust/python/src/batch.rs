@@ -13,7 +13,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 
-use crate::calls::raw_events;
+use crate::calls::{prompt_len_if_wanted, raw_events};
 use crate::convert::{
     count, count_obj, fill_hash_update, guard, hash_update, req_attr, to_py_err, u32_bytes,
     uint_array,
@@ -134,6 +134,7 @@ pub(crate) fn decode_batch<'py>(
             }
         }
     }
+    NativeManager::flush_block_metrics(slf)?;
     let ok = result.ok.iter().map(|&b| b != 0);
     Ok((
         PyList::new(py, ok)?,
@@ -222,6 +223,7 @@ pub(crate) fn decode_arrays<'py>(
             sink.call1(py, (raw_events(py, events)?, request))?;
         }
     }
+    NativeManager::flush_block_metrics(slf)?;
     Ok((
         PyBytes::new(py, &result.ok),
         u32_bytes(py, &result.offsets),
@@ -285,6 +287,8 @@ fn run_requests<'py>(
                 .as_ref()
                 .map_or(NUM_TOKENS_UNREAD, |t| t[i]),
             num_lookahead_tokens: lists.lookahead,
+            // As allocate_slots(request, n, num_lookahead_tokens=k) does.
+            watermark_blocks: state.watermark_for(&request).map_err(at)?,
             ..Default::default()
         };
         let slot = state.lookup_id(&rid)?;
@@ -326,6 +330,7 @@ fn run_requests<'py>(
             } else {
                 None
             };
+            args.num_prompt_tokens = prompt_len_if_wanted(inner, slot, &request).map_err(at)?;
             let id = rid.to_str()?;
             guard(|| inner.check_allocate(slot, id, &args, update.as_ref())).map_err(at)?;
             Some(update)

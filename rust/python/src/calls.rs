@@ -2,7 +2,7 @@
 //! method and the raw builtin land in `allocate_slots_impl`), lazy reads of
 //! request attributes, block-id conversion and the event hand-off.
 
-use hybridcache_core::{AllocateArgs, HashUpdate, PoolEvent};
+use hybridcache_core::{AllocateArgs, BlockMetric, HashUpdate, KvCacheManager, PoolEvent};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -24,6 +24,11 @@ pub(crate) struct AllocateSlotsArgs<'a, 'py> {
     pub(crate) num_encoder_tokens: Option<&'a Bound<'py, PyAny>>,
     pub(crate) full_sequence_must_fit: bool,
     pub(crate) reserved_blocks: Option<&'a Bound<'py, PyAny>>,
+    /// 0.33.0: some request is already scheduled this step (the watermark
+    /// applies only then); True when left out.
+    pub(crate) has_scheduled_reqs: bool,
+    /// 0.33.0: groups whose external-token blocks an async load writes.
+    pub(crate) skip_zeroing_group_ids: Option<&'a Bound<'py, PyAny>>,
 }
 
 pub(crate) fn raw_events<'py>(
@@ -69,6 +74,21 @@ pub(crate) fn raw_events<'py>(
     PyList::new(py, items)
 }
 
+/// `request.num_prompt_tokens` when the core wants it (sparse retention,
+/// and the request's prompt length is not known yet); None, unread, else.
+#[inline]
+pub(crate) fn prompt_len_if_wanted(
+    inner: &KvCacheManager,
+    slot: Option<u32>,
+    request: &Bound<'_, PyAny>,
+) -> PyResult<Option<usize>> {
+    if !inner.wants_num_prompt_tokens(slot) {
+        return Ok(None);
+    }
+    let n = req_attr(request, intern!(request.py(), "num_prompt_tokens"))?;
+    count_obj("request.num_prompt_tokens", &n).map(Some)
+}
+
 impl NativeManager {
     /// `allocate_slots` after argument matching (both entries land here).
     pub(crate) fn allocate_slots_impl(
@@ -80,6 +100,14 @@ impl NativeManager {
         let py = slf.py();
         let rid = request_id(request)?;
         let new_computed = Self::computed_ids(slf, opt.new_computed_blocks)?;
+        if let Some(groups) = opt.skip_zeroing_group_ids {
+            slf.borrow().check_group_ids("skip_zeroing_group_ids", groups)?;
+        }
+        let watermark_blocks = if opt.has_scheduled_reqs {
+            slf.borrow().watermark_for(request)?
+        } else {
+            0
+        };
         let args = AllocateArgs {
             num_new_tokens: count_obj("num_new_tokens", num_new_tokens)?,
             num_computed_tokens: count_obj(
@@ -101,12 +129,15 @@ impl NativeManager {
             num_encoder_tokens: opt_count("num_encoder_tokens", opt.num_encoder_tokens)?,
             full_sequence_must_fit: opt.full_sequence_must_fit,
             reserved_blocks: opt_count("reserved_blocks", opt.reserved_blocks)?,
+            watermark_blocks,
+            // Read in `allocate_general`, if the core wants it.
+            num_prompt_tokens: None,
         };
         Self::allocation_result(slf, request, |this| this.allocate_one(request, &rid, args))
     }
 
     /// Runs one allocation (`allocate` answers vLLM's None with false) and
-    /// returns its result, its events handed to the sink.
+    /// returns its result, its events and block metrics handed to the sinks.
     pub(crate) fn allocation_result(
         slf: &Bound<'_, Self>,
         request: &Bound<'_, PyAny>,
@@ -120,7 +151,8 @@ impl NativeManager {
             } else {
                 slf.py().None()
             };
-            (result, this.inner.has_events())
+            let pending = this.inner.has_events() || this.inner.has_block_metrics();
+            (result, pending)
         };
         if has_events {
             Self::flush_events(slf, Some(request))?;
@@ -157,6 +189,52 @@ impl NativeManager {
         }
         let hashes = req_attr(request, intern!(request.py(), "block_hashes"))?;
         hash_update(&hashes, self.inner.num_known_hashes(rid))
+    }
+
+    /// Whether `block_hashes` (the request's list) extends the `known`
+    /// hashes the core holds for `slot`. Each hash chains all before it,
+    /// so comparing the last known one compares them all.
+    pub(crate) fn same_request_hashes(
+        &self,
+        slot: u32,
+        block_hashes: &Bound<'_, PyAny>,
+        known: usize,
+    ) -> PyResult<bool> {
+        let Ok(list) = block_hashes.downcast::<PyList>() else {
+            return Ok(true); // the read that follows names the type error
+        };
+        if list.len() < known {
+            return Ok(true); // a resend: the usual checks apply
+        }
+        let theirs = list.get_item(known - 1)?;
+        let ours = self.inner.known_hash_at(slot, known - 1);
+        Ok(theirs
+            .downcast::<PyBytes>()
+            .map_or(true, |b| Some(b.as_bytes()) == ours))
+    }
+
+    /// The hashes of `request` the core lacks, for a lookup: those past the
+    /// known ones, or all of them (replacing the old) when the request
+    /// holds no blocks and its hashes do not extend what the core has (a
+    /// new request reusing an id).
+    pub(crate) fn lookup_hashes(
+        &self,
+        request: &Bound<'_, PyAny>,
+        rid: &str,
+    ) -> PyResult<Option<HashUpdate>> {
+        if !self.inner.enable_caching() {
+            return Ok(None);
+        }
+        let hashes = req_attr(request, intern!(request.py(), "block_hashes"))?;
+        let known = self.inner.num_known_hashes(rid);
+        match self.inner.lookup(rid) {
+            Some(s) if known > 0 && !self.inner.holds_blocks_at(s)
+                && !self.same_request_hashes(s, &hashes, known)? =>
+            {
+                Ok(Some(hash_update(&hashes, 0)?.unwrap_or_default()))
+            }
+            _ => hash_update(&hashes, known),
+        }
     }
 
     /// One allocation into `self.scratch`; false for vLLM's None.
@@ -196,6 +274,7 @@ impl NativeManager {
                 &req_attr(request, intern!(request.py(), "num_tokens"))?,
             )?;
         }
+        args.num_prompt_tokens = prompt_len_if_wanted(&self.inner, slot, request)?;
         let has_update = self.update_if_needed(slot, request, &args)?;
         let (inner, out) = (&mut self.inner, &mut self.scratch);
         let update = has_update.then_some(&self.hash_buf);
@@ -232,6 +311,16 @@ impl NativeManager {
         args: &AllocateArgs,
     ) -> PyResult<bool> {
         let known = self.inner.known_hashes_at(slot);
+        if let Some(s) = slot.filter(|&s| known > 0 && !self.inner.holds_blocks_at(s)) {
+            let hashes = req_attr(request, intern!(request.py(), "block_hashes"))?;
+            if !self.same_request_hashes(s, &hashes, known)? {
+                // A new request reusing the id: its hashes replace the old.
+                self.hash_buf.hashes.clear();
+                fill_hash_update(&hashes, 0, &mut self.hash_buf)?;
+                self.hash_buf.offset = 0;
+                return Ok(true);
+            }
+        }
         if !self.inner.may_need_hashes(known, args) {
             return Ok(false);
         }
@@ -321,11 +410,38 @@ impl NativeManager {
         block_ids(lists.as_any(), num_blocks, "new_computed_blocks").map(Some)
     }
 
-    /// Hands pending events to the facade's sink, with the request they came from.
+    /// Hands the pool's log of metrics-collector calls to the facade's sink
+    /// (the log is kept only while a sink is bound).
+    pub(crate) fn flush_block_metrics(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let (sink, log) = {
+            let mut this = slf.borrow_mut();
+            if !this.inner.has_block_metrics() {
+                return Ok(());
+            }
+            let log = this.inner.take_block_metrics();
+            match this.py_side.as_ref().and_then(|s| s.metrics_sink.as_ref()) {
+                Some(sink) => (sink.clone_ref(py), log),
+                None => return Ok(()),
+            }
+        };
+        let raw = log.into_iter().map(|m| match m {
+            BlockMetric::Allocated(b) => (0u8, b),
+            BlockMetric::Accessed(b) => (1, b),
+            BlockMetric::Evicted(b) => (2, b),
+            BlockMetric::Reset => (3, 0),
+        });
+        sink.call1(py, (PyList::new(py, raw)?,))?;
+        Ok(())
+    }
+
+    /// Hands pending events to the facade's sink, with the request they
+    /// came from, and the block metrics to theirs.
     pub(crate) fn flush_events(
         slf: &Bound<'_, Self>,
         request: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        Self::flush_block_metrics(slf)?;
         let py = slf.py();
         let (sink, events) = {
             let mut this = slf.borrow_mut();

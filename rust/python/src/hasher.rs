@@ -1,6 +1,7 @@
-//! PyO3 binding of `hybridcache_core::block_hasher`: vLLM 0.23.0's request
-//! block hasher, natively. Reads the request's attributes and converts the
-//! values; encoding and digests live in the core crate.
+//! PyO3 binding of `hybridcache_core::block_hasher`: vLLM's request block
+//! hasher (0.23.0's or 0.33.0's rules, by release), natively. Reads the
+//! request's attributes and converts the values; the rules, encoding and
+//! digests live in the core crate.
 //!
 //! Values the core cannot encode exactly (a token that is not a plain int in
 //! i64 range, an extra key of another type, a pickle that would reuse a memo
@@ -9,183 +10,24 @@
 //! as vLLM does, and digested natively; the result is the same either way.
 
 use hybridcache_core::block_hasher::{
-    extra_keys, BlockHashError, BlockHasher as CoreHasher, Digest, Encoding, HashFn, Key,
+    extra_keys, hashable_tokens, lookahead_key, lookahead_rewind, resume_index, BlockHashError,
+    BlockHasher as CoreHasher, Digest, Encoding, HashFn,
 };
-use hybridcache_core::profile::ExtraKeyMode;
-use hybridcache_core::BehaviourProfile;
-use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
+use hybridcache_core::profile::{Hashing, MmStart};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PySlice, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PySlice, PyTuple};
 
 use crate::convert::type_name;
+use crate::hash_keys::{
+    attr_or_none, hashing_for, keys_value, mm_ends, read_tokens, request_keys, tuple_keys,
+    value_err, PyKeys,
+};
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<BlockHasher>()?;
-    m.add_function(wrap_pyfunction!(block_extra_keys, m)?)
-}
-
-/// (LoRA name, cache salt) of a request, each where it has one.
-type RequestKeys<'py> = (Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>);
-
-/// A request's `lora_request` and `cache_salt` as the keys they give: the
-/// LoRA name where a LoRA request is set, the salt where it is non-empty.
-fn request_keys<'py>(
-    lora_request: &Bound<'py, PyAny>,
-    cache_salt: Bound<'py, PyAny>,
-) -> PyResult<RequestKeys<'py>> {
-    let lora_name = if lora_request.is_truthy()? {
-        Some(lora_request.getattr(intern!(lora_request.py(), "lora_name"))?)
-    } else {
-        None
-    };
-    let salt = cache_salt.is_truthy()?.then_some(cache_salt);
-    Ok((lora_name, salt))
-}
-
-/// The extra keys of the block starting at token `start` (the core's
-/// rule: `block_hasher::extra_keys`), from a request's `lora_request` and
-/// `cache_salt` and the block's multimodal keys and prompt-embeds digest.
-/// None when there are none, as vLLM.
-#[pyfunction]
-#[pyo3(signature = (start, lora_request=None, mm_keys=None, cache_salt=None, prompt_embeds_keys=None, profile="0.23.0"))]
-fn block_extra_keys<'py>(
-    py: Python<'py>,
-    start: usize,
-    lora_request: Option<Bound<'py, PyAny>>,
-    mm_keys: Option<Vec<Bound<'py, PyAny>>>,
-    cache_salt: Option<Bound<'py, PyAny>>,
-    prompt_embeds_keys: Option<Vec<Bound<'py, PyAny>>>,
-    profile: &str,
-) -> PyResult<Option<Bound<'py, PyTuple>>> {
-    let profile = BehaviourProfile::for_release(profile).map_err(crate::convert::to_py_err)?;
-    let none = py.None().into_bound(py);
-    let (lora_name, cache_salt) = request_keys(
-        lora_request.as_ref().unwrap_or(&none),
-        cache_salt.unwrap_or_else(|| none.clone()),
-    )?;
-    let mut keys = Vec::new();
-    extra_keys(
-        profile.hashing.extra_keys,
-        start,
-        lora_name,
-        mm_keys.into_iter().flatten(),
-        cache_salt,
-        prompt_embeds_keys.into_iter().flatten(),
-        &mut keys,
-    );
-    if keys.is_empty() {
-        return Ok(None);
-    }
-    PyTuple::new(py, keys).map(Some)
-}
-
-fn value_err(e: BlockHashError) -> PyErr {
-    PyValueError::new_err(e.to_string())
-}
-
-/// `getattr(obj, name, None)`.
-fn attr_or_none<'py>(
-    obj: &Bound<'py, PyAny>,
-    name: &Bound<'py, PyString>,
-) -> PyResult<Bound<'py, PyAny>> {
-    match obj.getattr(name) {
-        Ok(v) => Ok(v),
-        Err(e) if e.is_instance_of::<PyAttributeError>(obj.py()) => {
-            Ok(obj.py().None().into_bound(obj.py()))
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Reads `seq[start:end]` into `out` as i64; false when an item is not an
-/// exact int in i64 range (then Python serializes the block).
-fn read_tokens(
-    seq: &Bound<'_, PyAny>,
-    start: usize,
-    end: usize,
-    out: &mut Vec<i64>,
-) -> PyResult<bool> {
-    out.clear();
-    let push = |item: Bound<'_, PyAny>, out: &mut Vec<i64>| -> bool {
-        if !item.is_exact_instance_of::<PyInt>() {
-            return false;
-        }
-        match item.extract::<i64>() {
-            Ok(v) => {
-                out.push(v);
-                true
-            }
-            Err(_) => false,
-        }
-    };
-    if let Ok(list) = seq.downcast::<PyList>() {
-        let end = end.min(list.len());
-        for i in start..end {
-            if !push(list.get_item(i)?, out) {
-                return Ok(false);
-            }
-        }
-    } else if let Ok(tuple) = seq.downcast::<PyTuple>() {
-        let end = end.min(tuple.len());
-        for i in start..end {
-            if !push(tuple.get_item(i)?, out) {
-                return Ok(false);
-            }
-        }
-    } else {
-        let end = end.min(seq.len()?);
-        for i in start..end {
-            if !push(seq.get_item(i)?, out) {
-                return Ok(false);
-            }
-        }
-    }
-    Ok(true)
-}
-
-/// One extra key as a core [`Key`]; None when it has no exact native
-/// encoding. `ids` collects the objects pickle would memoize.
-fn to_key(v: &Bound<'_, PyAny>, ids: &mut Vec<usize>) -> PyResult<Option<Key>> {
-    if v.is_none() {
-        return Ok(Some(Key::None));
-    }
-    if let Ok(b) = v.downcast_exact::<PyBool>() {
-        return Ok(Some(Key::Bool(b.is_true())));
-    }
-    if v.is_exact_instance_of::<PyInt>() {
-        if let Ok(i) = v.extract::<i64>() {
-            return Ok(Some(Key::Int(i as i128)));
-        }
-        return Ok(v.extract::<i128>().ok().map(Key::Int));
-    }
-    if let Ok(s) = v.downcast_exact::<PyString>() {
-        ids.push(s.as_ptr() as usize);
-        // A str with lone surrogates has no UTF-8: Python decides.
-        return Ok(s.to_str().ok().map(|s| Key::Str(s.to_owned())));
-    }
-    if let Ok(b) = v.downcast_exact::<PyBytes>() {
-        ids.push(b.as_ptr() as usize);
-        return Ok(Some(Key::Bytes(b.as_bytes().to_vec())));
-    }
-    if let Ok(t) = v.downcast_exact::<PyTuple>() {
-        return Ok(tuple_keys(t, ids)?.map(Key::Tuple));
-    }
-    Ok(None)
-}
-
-fn tuple_keys(t: &Bound<'_, PyTuple>, ids: &mut Vec<usize>) -> PyResult<Option<Vec<Key>>> {
-    if !t.is_empty() {
-        ids.push(t.as_ptr() as usize); // the empty tuple is never memoized
-    }
-    let mut keys = Vec::with_capacity(t.len());
-    for item in t.iter() {
-        match to_key(&item, ids)? {
-            Some(k) => keys.push(k),
-            None => return Ok(None),
-        }
-    }
-    Ok(Some(keys))
+    crate::hash_keys::register(m)
 }
 
 /// Scratch space reused across the blocks of one call.
@@ -207,23 +49,28 @@ impl Scratch {
     }
 }
 
-/// vLLM 0.23.0's request block hasher, bit-identical for `sha256_cbor`,
-/// `xxhash_cbor`, `sha256` and `xxhash`.
+/// vLLM's request block hasher under a release's rules (`profile`),
+/// bit-identical for `sha256_cbor`, `xxhash_cbor`, `sha256` and `xxhash`.
 ///
-/// `BlockHasher(hash_name, block_size, none_hash, extra_keys_fn=None)`;
-/// `none_hash` is vLLM's `NONE_HASH`. Calling it with a request is
-/// `get_request_block_hasher(block_size, hash_fn)(request)`: the hashes of
-/// the request's new full blocks. Extra keys for LoRA and cache salt are
-/// built natively; for requests with multimodal features or prompt embeds
+/// `BlockHasher(hash_name, block_size, none_hash, extra_keys_fn=None,
+/// profile="0.23.0", num_hash_lookahead_tokens=0)`; `none_hash` is vLLM's
+/// `NONE_HASH`. Calling it with a request is
+/// `get_request_block_hasher(block_size, hash_fn[, L])(request)`: the
+/// hashes of the request's new full blocks (with L > 0, 0.33.0 on, those
+/// whose L next tokens exist). Extra keys for LoRA and cache salt are built
+/// natively; for requests with multimodal features or prompt embeds
 /// `extra_keys_fn(request, start, end, mm_idx) -> (keys | None, mm_idx)`
-/// (vLLM's `generate_block_hash_extra_keys`) is called per block.
+/// (the release's `generate_block_hash_extra_keys`) is called per block,
+/// over the block's window (the block and its L next tokens).
 #[pyclass(module = "hybridcache._native", name = "BlockHasher", frozen)]
 pub struct BlockHasher {
     core: CoreHasher,
     none_hash: Py<PyBytes>,
     extra_keys_fn: Option<PyObject>,
-    /// How LoRA / cache salt enter a block's key (the profile's).
-    extra_key_mode: ExtraKeyMode,
+    /// The release's rules (extra-key form, multimodal resume index).
+    hashing: Hashing,
+    /// `num_hash_lookahead_tokens`: tokens after a block its hash covers.
+    lookahead: usize,
 }
 
 impl BlockHasher {
@@ -353,15 +200,27 @@ impl BlockHasher {
 #[pymethods]
 impl BlockHasher {
     #[new]
-    #[pyo3(signature = (hash_name, block_size, none_hash, extra_keys_fn=None, profile="0.23.0"))]
+    #[pyo3(signature = (hash_name, block_size, none_hash, extra_keys_fn=None, profile="0.23.0", num_hash_lookahead_tokens=0))]
     fn new(
         hash_name: &str,
         block_size: i64,
         none_hash: Bound<'_, PyBytes>,
         extra_keys_fn: Option<PyObject>,
         profile: &str,
+        num_hash_lookahead_tokens: i64,
     ) -> PyResult<Self> {
-        let profile = BehaviourProfile::for_release(profile).map_err(crate::convert::to_py_err)?;
+        let hashing = hashing_for(profile)?;
+        let lookahead = usize::try_from(num_hash_lookahead_tokens).map_err(|_| {
+            PyValueError::new_err(format!(
+                "num_hash_lookahead_tokens must be >= 0, got {num_hash_lookahead_tokens}"
+            ))
+        })?;
+        if lookahead > 0 && !hashing.lookahead_hash_tokens {
+            return Err(PyValueError::new_err(format!(
+                "vLLM {profile} has no lookahead hashes: num_hash_lookahead_tokens must be 0, \
+                 got {lookahead}"
+            )));
+        }
         let hash_fn = HashFn::from_name(hash_name).map_err(value_err)?;
         let block_size = usize::try_from(block_size)
             .ok()
@@ -379,7 +238,8 @@ impl BlockHasher {
             core,
             none_hash: none_hash.unbind(),
             extra_keys_fn,
-            extra_key_mode: profile.hashing.extra_keys,
+            hashing,
+            lookahead,
         })
     }
 
@@ -391,6 +251,12 @@ impl BlockHasher {
     #[getter]
     fn block_size(&self) -> usize {
         self.core.block_size()
+    }
+
+    /// `num_hash_lookahead_tokens`: tokens after a block its hash covers.
+    #[getter]
+    fn num_hash_lookahead_tokens(&self) -> usize {
+        self.lookahead
     }
 
     #[getter]
@@ -492,16 +358,17 @@ impl BlockHasher {
     }
 
     /// vLLM's `request_block_hasher(request)`: hashes of the request's full
-    /// blocks after `len(request.block_hashes)`, from `request.all_token_ids`
-    /// and `request.num_tokens` (read as the `_all_token_ids` list and its
-    /// length where the request has one, as vLLM's and hybridcache's do) and
-    /// its extra keys.
+    /// blocks after `len(request.block_hashes)` (whose lookahead tokens
+    /// exist), from `request.all_token_ids` and `request.num_tokens` (read
+    /// as the `_all_token_ids` list and its length where the request has
+    /// one, as vLLM's and hybridcache's do) and its extra keys.
     fn __call__<'py>(
         &self,
         py: Python<'py>,
         request: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         let bs = self.core.block_size();
+        let la = self.lookahead;
         let out = PyList::empty(py);
         let hashes = request.getattr(intern!(py, "block_hashes"))?;
         let have = hashes.len()?;
@@ -518,6 +385,7 @@ impl BlockHasher {
                 request.getattr(intern!(py, "num_tokens"))?.extract()?,
             ),
         };
+        let num_tokens = hashable_tokens(num_tokens, la);
         if start + bs > num_tokens {
             return Ok(out); // no new full block
         }
@@ -527,15 +395,18 @@ impl BlockHasher {
             None
         };
 
-        // vLLM's generate_block_hash_extra_keys: lora name, mm (identifier,
-        // offset) pairs, cache salt (first block), prompt-embeds digest.
+        // The release's generate_block_hash_extra_keys: lora, mm inputs,
+        // cache salt (first block), prompt-embeds digest.
+        let mode = self.hashing.extra_keys;
         let mm = attr_or_none(request, intern!(py, "mm_features"))?;
         let embeds = attr_or_none(request, intern!(py, "prompt_embeds"))?;
-        let in_python = mm.is_truthy()? || !embeds.is_none();
-        let (lora_name, salt) = if in_python {
+        let has_mm = mm.is_truthy()?;
+        let in_python = has_mm || !embeds.is_none();
+        let (lora, salt) = if in_python {
             (None, None)
         } else {
             request_keys(
+                mode,
                 &attr_or_none(request, intern!(py, "lora_request"))?,
                 attr_or_none(request, intern!(py, "cache_salt"))?,
             )?
@@ -551,32 +422,49 @@ impl BlockHasher {
             }
             (_, false) => None,
         };
-        let mut mm_idx: i64 = if start > 0 { -1 } else { 0 };
-        let none = py.None().into_bound(py);
+        // Input ends, where the release's index rules read them.
+        let ends = if has_mm && (la > 0 || self.hashing.mm_start != MmStart::LastInput) {
+            mm_ends(&mm)?
+        } else {
+            Vec::new()
+        };
+        let mut mm_idx: i64 = resume_index(self.hashing.mm_start, &ends, start);
+        let keys_of = PyKeys(py);
         let mut s = Scratch::for_block(bs);
         while start + bs <= num_tokens {
             let end = start + bs;
-            let extra = if let Some(f) = extra_fn {
+            let window_end = end + la;
+            let keys = if let Some(f) = extra_fn {
                 let (keys, idx): (Bound<'py, PyAny>, i64) =
-                    f.call1((request, start, end, mm_idx))?.extract()?;
-                mm_idx = idx;
+                    f.call1((request, start, window_end, mm_idx))?.extract()?;
+                // A window reaches into the next block: rescan its inputs.
+                mm_idx = if la > 0 {
+                    lookahead_rewind(&ends, end, idx)
+                } else {
+                    idx
+                };
                 keys
             } else {
                 let mut keys: Vec<Bound<'py, PyAny>> = Vec::with_capacity(2);
                 extra_keys(
-                    self.extra_key_mode,
+                    &keys_of,
+                    mode,
                     start,
-                    lora_name.clone(),
+                    lora.clone(),
                     [],
                     salt.clone(),
                     [],
                     &mut keys,
-                );
-                if keys.is_empty() {
-                    none.clone()
-                } else {
-                    PyTuple::new(py, keys)?.into_any()
-                }
+                )?;
+                keys_value(py, keys)?
+            };
+            let extra = if la > 0 {
+                let next = (end..window_end)
+                    .map(|i| tokens.get_item(i))
+                    .collect::<PyResult<Vec<_>>>()?;
+                lookahead_key(&keys_of, Some(keys), next)?
+            } else {
+                keys
             };
             let p = self.resolve_parent(parent.as_ref(), py)?;
             let h = self.block(py, &mut s, &p, &tokens, start, end, &extra)?;

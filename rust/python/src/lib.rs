@@ -18,9 +18,11 @@ mod id_cache;
 mod raw_ffi;
 
 mod calls;
+mod hash_keys;
 mod hasher;
 mod lookup;
 mod native_manager;
+mod release_api;
 
 use blocks::{BlockView, KVCacheBlocks};
 pub(crate) use calls::AllocateSlotsArgs;

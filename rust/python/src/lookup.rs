@@ -12,8 +12,19 @@ use crate::request_id;
 pub(crate) fn computed_blocks<'py>(
     slf: &Bound<'py, NativeManager>,
     request: &Bound<'py, PyAny>,
+    max_cache_hit_length: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(PyObject, usize)> {
     let py = slf.py();
+    let max_hit = match max_cache_hit_length.filter(|m| !m.is_none()) {
+        Some(_) if slf.borrow().is_0_23() => {
+            // vLLM 0.23.0's get_computed_blocks takes only the request.
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "get_computed_blocks() got an unexpected keyword argument 'max_cache_hit_length'",
+            ));
+        }
+        Some(m) => Some(count_obj("max_cache_hit_length", m)?),
+        None => None,
+    };
     let empty = || -> PyResult<PyObject> { Ok(slf.borrow().py_side()?.empty.clone_ref(py)) };
     let reads = slf.borrow().inner.reads_prefix_cache(|| {
         req_attr(request, intern!(py, "skip_reading_prefix_cache"))?.is_truthy()
@@ -29,7 +40,7 @@ pub(crate) fn computed_blocks<'py>(
     )?;
     let (blocks, hit) = {
         let mut this = slf.borrow_mut();
-        let update = this.pending_hashes(request, rid)?;
+        let update = this.lookup_hashes(request, rid)?;
         let (blocks, hit) = guard(|| {
             if num_tokens == 0 {
                 return Err(CoreError::InvalidArgument(format!(
@@ -39,7 +50,7 @@ pub(crate) fn computed_blocks<'py>(
             if let Some(u) = update {
                 this.inner.sync_update(rid, u)?;
             }
-            this.inner.get_computed_blocks(rid, num_tokens)
+            this.inner.get_computed_blocks(rid, num_tokens, max_hit)
         })?;
         if this.inner.counts_lookups() {
             let preempted = count_obj(

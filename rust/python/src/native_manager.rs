@@ -21,6 +21,10 @@ pub(crate) struct Bound_ {
     pub(crate) empty: PyObject,
     /// `sink(raw_events, request)` turns raw events into event objects.
     pub(crate) event_sink: Option<PyObject>,
+    /// `sink(raw_metrics)` makes the metrics collector's calls, from the
+    /// pool's log of them: a list of (kind, block_id), kind 0 allocated,
+    /// 1 accessed, 2 evicted, 3 reset (block_id 0).
+    pub(crate) metrics_sink: Option<PyObject>,
 }
 
 /// The native manager; use `hybridcache.KVCacheManager`, which extends it.
@@ -35,13 +39,15 @@ pub(crate) struct NativeManager {
     // What `allocate_decode_arrays` reuses across steps.
     pub(crate) batch: BatchScratch,
     pub(crate) ids: crate::id_cache::IdCache,
+    pub(crate) watermark: crate::release_api::Watermark,
 }
 
 #[pymethods]
 impl NativeManager {
     #[new]
     #[pyo3(signature = (num_blocks, groups, max_model_len, scheduler_block_size, hash_block_size,
-                        enable_caching, use_eagle, enable_events, profile))]
+                        enable_caching, use_eagle, enable_events, retention_interval, profile,
+                        dcp_world_size, pcp_world_size))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: &Bound<'_, PyAny>,
@@ -52,7 +58,10 @@ impl NativeManager {
         enable_caching: bool,
         use_eagle: bool,
         enable_events: bool,
+        retention_interval: &Bound<'_, PyAny>,
         profile: &str,
+        dcp_world_size: u32,
+        pcp_world_size: u32,
     ) -> PyResult<Self> {
         let groups: Vec<GroupRecord> = groups.extract().map_err(|e| {
             if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(groups.py()) {
@@ -78,6 +87,13 @@ impl NativeManager {
             enable_caching,
             use_eagle,
             enable_events,
+            retention_interval: if retention_interval.is_none() {
+                None
+            } else {
+                Some(count_obj("retention_interval", retention_interval)?)
+            },
+            dcp_world_size,
+            pcp_world_size,
             profile: BehaviourProfile::for_release(profile).map_err(to_py_err)?,
         };
         Ok(NativeManager {
@@ -87,6 +103,7 @@ impl NativeManager {
             hash_buf: HashUpdate::default(),
             batch: BatchScratch::default(),
             ids: crate::id_cache::IdCache::default(),
+            watermark: Default::default(),
         })
     }
 
@@ -95,7 +112,7 @@ impl NativeManager {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         if let Some(side) = &self.py_side {
             visit.call(&side.empty)?;
-            if let Some(sink) = &side.event_sink {
+            for sink in [&side.event_sink, &side.metrics_sink].into_iter().flatten() {
                 visit.call(sink)?;
             }
         }
@@ -107,10 +124,22 @@ impl NativeManager {
     }
 
     /// Called once by the facade: the shared empty KVCacheBlocks, the event
-    /// sink (None when events are off) and whether lookups are counted.
-    #[pyo3(signature = (empty, event_sink, log_stats=false))]
-    fn _bind_python(&mut self, empty: PyObject, event_sink: Option<PyObject>, log_stats: bool) {
-        self.py_side = Some(Bound_ { empty, event_sink });
+    /// sink (None when events are off), whether lookups are counted and the
+    /// block-metrics sink (None without a metrics collector).
+    #[pyo3(signature = (empty, event_sink, log_stats=false, metrics_sink=None))]
+    fn _bind_python(
+        &mut self,
+        empty: PyObject,
+        event_sink: Option<PyObject>,
+        log_stats: bool,
+        metrics_sink: Option<PyObject>,
+    ) {
+        self.inner.set_record_block_metrics(metrics_sink.is_some());
+        self.py_side = Some(Bound_ {
+            empty,
+            event_sink,
+            metrics_sink,
+        });
         self.inner.set_log_stats(log_stats);
     }
 
@@ -134,6 +163,11 @@ impl NativeManager {
         self.inner.num_requests()
     }
 
+    #[getter]
+    fn coordinator_kind(&self) -> &'static str {
+        self.inner.coordinator_kind()
+    }
+
     fn num_known_hashes(&self, request_id: &str) -> usize {
         self.inner.num_known_hashes(request_id)
     }
@@ -141,11 +175,45 @@ impl NativeManager {
     /// vLLM's `get_computed_blocks(request)`: the longest prefix-cache hit
     /// as (KVCacheBlocks, hit tokens); the request's new hashes are stored
     /// first, and the lookup is counted for prefix-cache stats.
+    /// `max_cache_hit_length` (0.33.0): the most hit tokens; default
+    /// `request.num_tokens - 1`.
+    #[pyo3(signature = (request, max_cache_hit_length=None))]
     fn get_computed_blocks<'py>(
         slf: &Bound<'py, Self>,
         request: &Bound<'py, PyAny>,
+        max_cache_hit_length: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(PyObject, usize)> {
-        lookup::computed_blocks(slf, request)
+        lookup::computed_blocks(slf, request, max_cache_hit_length)
+    }
+
+    /// The release whose semantics this manager follows ("0.23.0", ...).
+    #[getter]
+    fn release(&self) -> &'static str {
+        self.inner.profile().release
+    }
+
+    /// 0.33.0's watermark: `blocks` stay free when a request whose status
+    /// equals one of `statuses` is admitted while others are scheduled.
+    fn _set_watermark(&mut self, blocks: &Bound<'_, PyAny>, statuses: Vec<PyObject>) -> PyResult<()> {
+        self.watermark = crate::release_api::Watermark {
+            blocks: count_obj("watermark_blocks", blocks)?,
+            statuses,
+        };
+        Ok(())
+    }
+
+    /// 0.24+'s `pop_blocks_for_free(request)`, as block ids: the request is
+    /// forgotten, its blocks (table order, leading nulls left out) stay
+    /// referenced until `_free_handed_out`.
+    fn _pop_blocks_for_free(&mut self, request_id: &str) -> Vec<u32> {
+        self.pop_handed_out(request_id)
+    }
+
+    /// 0.28+'s `block_pool.free_blocks(blocks)` for blocks
+    /// `_pop_blocks_for_free` handed out (objects with `block_id`, or ids),
+    /// in eviction order; ValueError (nothing freed) for any other block.
+    fn _free_handed_out(&mut self, blocks: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.free_handed_out(blocks)
     }
 
     /// Prefix-cache lookup counters since the last call, reset:
@@ -508,6 +576,11 @@ impl NativeManager {
     /// Ids of the requests the manager holds state for.
     fn request_ids(&self) -> Vec<String> {
         self.inner.request_ids().map(str::to_owned).collect()
+    }
+
+    /// vLLM's `single_type_managers[group].num_cached_block.get(request_id)`.
+    fn _num_cached_blocks(&self, request_id: &str, group: usize) -> Option<usize> {
+        self.inner.num_cached_blocks_of(request_id, group)
     }
 
     fn has_request(&self, request_id: &str) -> bool {

@@ -22,6 +22,7 @@ pub(crate) mod hit;
 pub(crate) mod mamba;
 pub(crate) mod sliding_window;
 
+use crate::profile::Retention;
 use crate::spec::{MambaMode, SpecKind};
 use crate::BlockId;
 
@@ -181,12 +182,28 @@ impl Attention {
         matches!(self, Attention::Mamba(_))
     }
 
-    /// Which blocks caching keeps (None: all), for blocks of `bs` tokens
-    /// and scheduler blocks of `sbs`.
-    pub fn reachable_blocks(&self, bs: u32, sbs: u32, eagle: bool) -> Option<ReachableBlocks> {
+    /// Which blocks caching keeps (None: all), for blocks of `bs` tokens,
+    /// scheduler blocks of `sbs` and the retention interval, if any, with
+    /// the profile's rule (a type the rule does not sparsify ignores it).
+    pub fn reachable_blocks(
+        &self,
+        bs: u32,
+        sbs: u32,
+        eagle: bool,
+        retention: Option<(usize, Retention)>,
+    ) -> Option<ReachableBlocks> {
+        let retention = retention.filter(|&(_, rule)| self.retains_sparsely(rule));
         match self {
-            Attention::SlidingWindow(t) => t.reachable_blocks(bs, sbs, eagle),
+            Attention::SlidingWindow(t) => t.reachable_blocks(bs, sbs, eagle, retention),
             _ => None,
+        }
+    }
+
+    /// Whether a retention interval under `rule` sparsifies this type
+    /// (0.23.0: sliding windows only).
+    pub fn retains_sparsely(&self, rule: Retention) -> bool {
+        match rule {
+            Retention::SlidingWindowPromptTail => matches!(self, Attention::SlidingWindow(_)),
         }
     }
 

@@ -3,7 +3,10 @@
 //! that covers the window; only blocks a hit can ever use are cached; freed
 //! scratch blocks are reused first.
 
+use std::ops::Range;
+
 use super::HitSearch;
+use crate::profile::Retention;
 use crate::{cdiv, BlockId, NULL_BLOCK};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -11,20 +14,46 @@ pub(crate) struct SlidingWindow {
     window: usize,
 }
 
-/// The blocks of a sliding-window group that can serve a hit (a hit is
-/// scheduler-block aligned and needs the window's last blocks before the
-/// boundary); the others are not cached. vLLM's `reachable_block_mask`.
+/// The blocks of a sliding-window group that caching keeps (vLLM's
+/// `reachable_block_mask`); the others are not cached. A hit ends on a
+/// segment boundary and needs the `need` blocks before it (one more past
+/// it with EAGLE, `shift`). Dense (no retention interval) the segments are
+/// scheduler blocks; a retention interval N makes them N tokens (0: none)
+/// and keeps the tail of the prompt's replay boundary as well.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReachableBlocks {
     shift: usize,
-    per_segment: usize,
     need: usize,
+    /// Blocks per segment; 0: no segment tails (retention interval 0).
+    per_segment: usize,
+    /// Sparse retention: how the replay boundary is found.
+    replay: Option<(Retention, usize)>,
+    block_size: usize,
 }
 
 impl ReachableBlocks {
+    /// Whether block `i` is cached; `replay_tail` from `replay_tail`.
     #[inline]
-    pub fn keeps(&self, i: usize) -> bool {
-        i >= self.shift && (i - self.shift) % self.per_segment >= self.per_segment - self.need
+    pub fn keeps(&self, i: usize, replay_tail: &Range<usize>) -> bool {
+        let p = self.per_segment;
+        (p > 0 && i >= self.shift && (i - self.shift) % p >= p - self.need)
+            || replay_tail.contains(&i)
+    }
+
+    /// The blocks ending at the boundary an exact replay of the prompt
+    /// hits (lookups cap a hit at `num_prompt_tokens - 1`): kept under
+    /// sparse retention, which would otherwise skip them. Empty when dense
+    /// or when the prompt length is unknown.
+    pub fn replay_tail(&self, num_prompt_tokens: Option<usize>) -> Range<usize> {
+        let (Some((rule, alignment)), Some(p)) = (self.replay, num_prompt_tokens) else {
+            return 0..0;
+        };
+        let latest = match rule {
+            Retention::SlidingWindowPromptTail if p > 0 => (p - 1) / alignment * alignment,
+            Retention::SlidingWindowPromptTail => return 0..0,
+        };
+        let end = latest / self.block_size + self.shift;
+        end.saturating_sub(self.need)..end
     }
 }
 
@@ -52,19 +81,34 @@ impl SlidingWindow {
         cdiv(self.window - 1, block_size) + usize::from(use_eagle)
     }
 
-    /// Which blocks a hit can ever use at an aligned prefix length; None: all.
+    /// Which blocks caching keeps (None: all): those a hit can use at a
+    /// scheduler-block aligned length, or, with a retention interval
+    /// (`retention`: its value and rule), the segment tails it leaves and
+    /// the replay boundary's tail.
     pub fn reachable_blocks(
         &self,
         block_size: u32,
         scheduler_block_size: u32,
         use_eagle: bool,
+        retention: Option<(usize, Retention)>,
     ) -> Option<ReachableBlocks> {
-        let need = self.contiguous_blocks_for_hit(block_size as usize, use_eagle);
-        let per_segment = (scheduler_block_size / block_size) as usize;
-        (need < per_segment).then_some(ReachableBlocks {
+        let bs = block_size as usize;
+        let need = self.contiguous_blocks_for_hit(bs, use_eagle);
+        let segment_tokens = match retention {
+            None => scheduler_block_size as usize,
+            Some((interval, _)) => interval,
+        };
+        let per_segment = segment_tokens / bs;
+        if segment_tokens > 0 && need >= per_segment {
+            // Every block can end a segment's hit.
+            return None;
+        }
+        Some(ReachableBlocks {
             shift: usize::from(use_eagle),
-            per_segment,
             need,
+            per_segment,
+            replay: retention.map(|(_, rule)| (rule, scheduler_block_size as usize)),
+            block_size: bs,
         })
     }
 
@@ -115,5 +159,71 @@ impl SlidingWindow {
             HitSearch::pop_all(out);
             s.pop_to_alignment(out);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULE: Retention = Retention::SlidingWindowPromptTail;
+
+    /// The blocks below `end` caching keeps for a prompt of `prompt` tokens.
+    fn kept(r: Option<ReachableBlocks>, end: usize, prompt: usize) -> Vec<usize> {
+        let tail = r.map_or(0..0, |r| r.replay_tail(Some(prompt)));
+        (0..end)
+            .filter(|&i| r.is_none_or(|r| r.keeps(i, &tail)))
+            .collect()
+    }
+
+    #[test]
+    fn retention_keeps_segment_tails_and_the_replay_tail() {
+        // Pure SWA, 16-token blocks and window, interval 64, 256-token
+        // prompt: tails of each 4-block segment, and block 14 before the
+        // replay boundary 240.
+        let sw = SlidingWindow::new(16);
+        let r = sw.reachable_blocks(16, 16, false, Some((64, RULE)));
+        assert_eq!(kept(r, 16, 256), vec![3, 7, 11, 14, 15]);
+        // Dense: every block can serve a hit of one 16-token block.
+        assert!(sw.reachable_blocks(16, 16, false, None).is_none());
+        // Interval 0: only the replay tail.
+        let r = sw.reachable_blocks(16, 16, false, Some((0, RULE)));
+        assert_eq!(kept(r, 16, 256), vec![14]);
+        // Hybrid (scheduler block 32, SWA blocks of 8, window 8), interval
+        // 64, 128-token prompt: tails at 64 and 128, replay boundary 96.
+        let sw = SlidingWindow::new(8);
+        let r = sw.reachable_blocks(8, 32, false, Some((64, RULE)));
+        assert_eq!(kept(r, 16, 128), vec![7, 11, 15]);
+        assert_eq!(
+            kept(sw.reachable_blocks(8, 32, false, None), 16, 128),
+            vec![3, 7, 11, 15]
+        );
+    }
+
+    #[test]
+    fn retention_with_eagle_keeps_the_block_past_each_boundary() {
+        let sw = SlidingWindow::new(8);
+        // need = 1 + 1 (EAGLE) ending one block past the boundary: blocks
+        // 7..9 for the 64-token segment, 11..13 for the replay boundary 96
+        // (prompt of 100 tokens), 15 (and 16) for the boundary 128.
+        let r = sw.reachable_blocks(8, 32, true, Some((64, RULE)));
+        assert_eq!(kept(r, 16, 100), vec![7, 8, 11, 12, 15]);
+        let r = sw.reachable_blocks(8, 32, true, Some((0, RULE)));
+        assert_eq!(kept(r, 16, 100), vec![11, 12]);
+        // A window that needs a whole segment: everything is cached.
+        assert!(SlidingWindow::new(40)
+            .reachable_blocks(8, 32, false, Some((32, RULE)))
+            .is_none());
+    }
+
+    #[test]
+    fn replay_tail_of_short_or_unknown_prompts_is_empty() {
+        let r = SlidingWindow::new(8)
+            .reachable_blocks(8, 32, false, Some((0, RULE)))
+            .expect("sparse");
+        assert_eq!(r.replay_tail(None), 0..0);
+        assert_eq!(r.replay_tail(Some(0)), 0..0);
+        assert_eq!(r.replay_tail(Some(32)), 0..0);
+        assert_eq!(r.replay_tail(Some(33)), 3..4);
     }
 }

@@ -1,4 +1,7 @@
-//! Request block hashing, bit-identical to vLLM 0.23.0.
+//! Request block hashing, bit-identical to vLLM 0.23.0 and 0.33.0 (the
+//! release's rules: `profile::Hashing`; what differs is the extra keys'
+//! form, the NONE_HASH seed, lookahead hashes and where a resumed
+//! multimodal scan starts, each in its own function below).
 //!
 //! vLLM hashes each full block of a request as
 //! `hash_fn((parent_hash or NONE_HASH, tuple(block_token_ids), extra_keys))`
@@ -321,9 +324,13 @@ impl BlockHasher {
 
 pub mod cbor;
 mod extra_keys;
+mod mm_window;
+mod none_hash;
 pub mod pickle;
 
-pub use extra_keys::extra_keys;
+pub use extra_keys::{extra_keys, hashable_tokens, lookahead_key, KeyBuilder};
+pub use mm_window::{lookahead_rewind, resume_index};
+pub use none_hash::{none_hash_seed, NoneHashSeed, DEFAULT_NONE_HASH_SEED};
 
 #[cfg(test)]
 mod tests {

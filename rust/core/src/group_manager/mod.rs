@@ -15,7 +15,7 @@ use crate::attention::{Attention, HitSearch, ReachableBlocks};
 use crate::block_pool::{reserve_table, BlockPool, NULL_BLOCK};
 use crate::fast_hash::FxBuild;
 use crate::hashes::ScaledHashes;
-use crate::profile::{BehaviourProfile, FreePolicy};
+use crate::profile::{BehaviourProfile, FreePolicy, Retention};
 use crate::spec::GroupSpec;
 use crate::{cdiv, BlockId, ReqSlot};
 use record::{GroupReq, Records};
@@ -40,6 +40,9 @@ pub(crate) struct SingleTypeManager {
     /// New block ids are recorded (spec and profile agree).
     records_new_block_ids: bool,
     free_policy: FreePolicy,
+    /// Caching stops at the hashed blocks (0.33.0) instead of needing a
+    /// hash for every full block.
+    cap_at_hashes: bool,
     enable_caching: bool,
     // Mamba: blocks cached during this step cannot serve hits until the
     // next. vLLM keeps (hash, group) keys; a prefix-map entry stands for
@@ -59,6 +62,7 @@ impl SingleTypeManager {
         SingleTypeManager {
             records_new_block_ids: profile.records_new_block_ids(spec.reports_new_block_ids),
             free_policy: profile.free_policy,
+            cap_at_hashes: profile.cache_cap_at_hashes,
             block_size: spec.block_size,
             attn: Attention::from_spec(&spec.kind),
             scheduler_block_size,
@@ -339,28 +343,39 @@ impl SingleTypeManager {
         skipped.max(num_new_computed)
     }
 
-    /// Fixes what follows from the spec, `use_eagle` and the pool's hash
-    /// block size (called once they are set).
-    pub fn settle(&mut self, hash_block_size: u32) {
+    /// Fixes what follows from the spec, `use_eagle`, the pool's hash
+    /// block size and the retention interval (called once they are set).
+    pub fn settle(&mut self, hash_block_size: u32, retention: Option<(usize, Retention)>) {
         self.scale = (self.block_size / hash_block_size) as usize;
-        self.reachable =
-            self.attn
-                .reachable_blocks(self.block_size, self.scheduler_block_size, self.use_eagle);
+        self.reachable = self.attn.reachable_blocks(
+            self.block_size,
+            self.scheduler_block_size,
+            self.use_eagle,
+            retention,
+        );
     }
 
+    /// Caches the full blocks up to `num_tokens` the type keeps (the
+    /// prompt length: see `ReachableBlocks::replay_tail`).
     pub fn cache_blocks(
         &mut self,
         pool: &mut BlockPool,
         slot: ReqSlot,
         hashes: ScaledHashes<'_>,
         num_tokens: usize,
+        num_prompt_tokens: Option<usize>,
     ) {
         let num_cached = self.num_cached_blocks(slot);
-        let num_full = num_tokens / self.bs();
+        let mut num_full = num_tokens / self.bs();
+        if self.cap_at_hashes {
+            // Lookahead hashes arrive after their block is full.
+            num_full = num_full.min(hashes.len());
+        }
         if num_cached >= num_full {
             return;
         }
         let (reachable, block_size, group_id) = (self.reachable, self.block_size, self.group_id);
+        let replay_tail = reachable.map_or(0..0, |r| r.replay_tail(num_prompt_tokens));
         let marks = self.attn.hits_wait_a_step();
         let r = self.records.with_table(slot);
         r.num_cached = Some(num_full);
@@ -371,7 +386,7 @@ impl SingleTypeManager {
             num_full,
             block_size,
             group_id,
-            |i| reachable.is_none_or(|r| r.keeps(i)),
+            |i| reachable.is_none_or(|r| r.keeps(i, &replay_tail)),
             |i| hashes.get(i),
         );
         if marks {
@@ -399,7 +414,9 @@ impl SingleTypeManager {
             self.records.num_block_entries -= 1;
             // The table's buffer stays with the slot for its next request.
             let blocks = &mut r.blocks;
-            if scratch_first {
+            if self.free_policy.pool_splits() {
+                pool.free_blocks_split(blocks.iter().rev().copied());
+            } else if scratch_first {
                 // Scratch blocks are reused first; cached ones stay behind.
                 let (cached, uncached): (Vec<BlockId>, Vec<BlockId>) = blocks
                     .iter()
@@ -414,6 +431,27 @@ impl SingleTypeManager {
             blocks.clear();
             r.null_prefix.set(0);
         }
+    }
+
+    /// vLLM 0.24+'s `pop_blocks_for_free`: forgets the request's table and
+    /// returns its blocks in table order, leading null blocks left out,
+    /// still holding their references (the caller frees them later).
+    pub fn pop_blocks(&mut self, slot: ReqSlot) -> Vec<BlockId> {
+        let Some(r) = self.records.reqs.get_mut(slot as usize) else {
+            return Vec::new();
+        };
+        r.align = None;
+        r.worker_view = None;
+        r.num_cached = None;
+        if !std::mem::take(&mut r.has_blocks) {
+            return Vec::new();
+        }
+        self.records.num_block_entries -= 1;
+        r.null_prefix.set(0);
+        let head = r.blocks.iter().take_while(|&&b| b == NULL_BLOCK).count();
+        let popped = r.blocks[head..].to_vec();
+        r.blocks.clear();
+        popped
     }
 
     /// The `req_to_blocks` entry vLLM makes for a common-prefix question
@@ -473,12 +511,17 @@ impl SingleTypeManager {
                 // Earlier calls already nulled everything before it.
                 break;
             }
-            if scratch_first && pool.block_hash(b).is_none() {
+            if scratch_first && !self.free_policy.pool_splits() && pool.block_hash(b).is_none() {
                 removed_uncached.push(b);
             } else {
                 removed_cached.push(b);
             }
             blocks[i] = NULL_BLOCK;
+        }
+        if self.free_policy.pool_splits() {
+            // The pool splits one list (cached ones were pushed there).
+            pool.free_blocks_split(removed_cached.iter().copied());
+            return;
         }
         // Scratch blocks go to the front of the free queue (reused first);
         // cached ones stay behind as best-effort prefix-cache entries.
@@ -500,7 +543,11 @@ impl SingleTypeManager {
         }
         let blocks = &mut self.records.with_table(slot).blocks;
         if blocks[idx] != NULL_BLOCK {
-            pool.free_blocks([blocks[idx]].iter().copied(), false);
+            if self.free_policy.pool_splits() {
+                pool.free_blocks_split([blocks[idx]]);
+            } else {
+                pool.free_blocks([blocks[idx]].iter().copied(), false);
+            }
             blocks[idx] = NULL_BLOCK;
         }
     }

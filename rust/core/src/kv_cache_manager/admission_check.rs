@@ -54,9 +54,9 @@ pub(crate) fn check_counts(
         .max(args.num_new_tokens)
         .max(args.num_new_computed_tokens)
         .max(args.num_external_computed_tokens);
-    let no_tokens = args.num_new_tokens == 0 && args.num_external_computed_tokens == 0;
+    let no_tokens = no_tokens(m, args);
     if no_tokens || worst > m.max_model_len {
-        return count_error(m.max_model_len, request_id, args);
+        return count_error(m, request_id, args);
     }
     if m.sizes_from_computed {
         return check_computed_held(m, slot, request_id, args);
@@ -64,14 +64,27 @@ pub(crate) fn check_counts(
     Ok(())
 }
 
+/// A call that would compute and adopt nothing. 0.33.0 also lets a step
+/// adopt only prefix-cache hits (an async load, a chunk ending inside a
+/// replayed hit).
+#[inline]
+fn no_tokens(m: &KvCacheManager, args: &AllocateArgs) -> bool {
+    args.num_new_tokens == 0
+        && args.num_external_computed_tokens == 0
+        && (!m.profile.adopt_only_steps || args.num_new_computed_tokens == 0)
+}
+
 #[cold]
 #[inline(never)]
-fn count_error(max: usize, request_id: &str, args: &AllocateArgs) -> CoreResult<()> {
-    if args.num_new_tokens == 0 && args.num_external_computed_tokens == 0 {
-        // vLLM's own check and message.
-        return invalid(
-            "num_new_tokens must be greater than 0 when there are no external computed tokens",
-        );
+fn count_error(m: &KvCacheManager, request_id: &str, args: &AllocateArgs) -> CoreResult<()> {
+    let max = m.max_model_len;
+    if no_tokens(m, args) {
+        // vLLM's own checks and messages.
+        return invalid(if !m.profile.adopt_only_steps {
+            "num_new_tokens must be greater than 0 when there are no external computed tokens"
+        } else {
+            "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+        });
     }
     if args.num_tokens > max {
         return invalid(format!(

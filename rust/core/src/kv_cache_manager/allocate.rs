@@ -197,6 +197,9 @@ impl KvCacheManager {
     ) -> bool {
         out.clear();
         self.set_horizon(slot, None);
+        if let Some(n) = args.num_prompt_tokens {
+            self.reqs.set_num_prompt_tokens(slot, n);
+        }
         if args.is_plain() && self.coord.runs_everywhere(slot) {
             // Debug builds check the compact path against the general one.
             #[cfg(debug_assertions)]
@@ -276,6 +279,7 @@ impl KvCacheManager {
             external => need_with_external(external),
         };
         let free = self.coord.pool.num_free_blocks() as i64;
+        let need = need + args.watermark_blocks as i64;
         if need > free - args.reserved_blocks as i64 || need_true > free {
             self.release_if_idle(slot);
             return false;
@@ -296,8 +300,12 @@ impl KvCacheManager {
             out,
         );
         if caches {
-            self.coord
-                .cache_blocks(slot, self.reqs.hashes(slot), num_tokens_to_cache);
+            self.coord.cache_blocks(
+                slot,
+                self.reqs.hashes(slot),
+                num_tokens_to_cache,
+                self.prompt_len(slot),
+            );
         }
         self.allocated(slot, total_computed, args.num_new_tokens);
         true
@@ -339,7 +347,7 @@ impl KvCacheManager {
             full,
             true,
         );
-        need <= self.coord.pool.num_free_blocks() as i64
+        need + args.watermark_blocks as i64 <= self.coord.pool.num_free_blocks() as i64
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -355,7 +363,10 @@ impl KvCacheManager {
     ) -> CoreResult<()> {
         // A group caches at most num_tokens / block_size blocks of
         // block_size / hash_block_size hashes each: never more than this.
-        if have >= num_tokens / self.coord.pool.hash_block_size() as usize {
+        // Releases that cap caching at the hashed blocks need none.
+        if self.profile.cache_cap_at_hashes
+            || have >= num_tokens / self.coord.pool.hash_block_size() as usize
+        {
             return Ok(());
         }
         let groups = |g: u32| new_computed[g as usize].len();

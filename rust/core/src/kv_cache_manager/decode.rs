@@ -33,6 +33,7 @@ impl KvCacheManager {
             && args.num_external_computed_tokens == 0
             && args.num_encoder_tokens == 0
             && args.reserved_blocks == 0
+            && args.watermark_blocks == 0
             && !args.full_sequence_must_fit
             && args.num_new_tokens > 0;
         if !plain {
@@ -207,10 +208,10 @@ impl KvCacheManager {
             args.num_lookahead_tokens,
             !args.delay_cache_blocks,
         );
-        let hashes = self.reqs.hashes(slot);
+        let (hashes, prompt) = (self.reqs.hashes(slot), self.prompt_len(slot));
         if !self
             .coord
-            .plain_decode(slot, &c, args.reserved_blocks, hashes, out)
+            .plain_decode(slot, &c, args.reserved_blocks + args.watermark_blocks, hashes, prompt, out)
         {
             // A running request holds blocks: `release_if_idle` keeps it.
             return false;

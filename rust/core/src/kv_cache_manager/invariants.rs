@@ -112,6 +112,7 @@ impl KvCacheManager {
             }
         }
         for b in 1..n {
+            holders[b] += i64::from(self.handed_out_refs(b as BlockId));
             let rc = i64::from(pool.ref_cnt(b as BlockId));
             if rc != holders[b] {
                 return fail(format!(

@@ -6,6 +6,7 @@ mod admission_check;
 mod allocate;
 mod batch;
 mod decode;
+mod deferred_free;
 mod invariants;
 mod mamba_copies;
 mod stats;
@@ -17,7 +18,7 @@ use crate::block_pool::BlockPool;
 use crate::coordinator::Coordinator;
 use crate::decode_bounds::DecodeHorizon;
 use crate::error::{invalid, CoreError, CoreResult};
-use crate::events::PoolEvent;
+use crate::events::{BlockMetric, PoolEvent};
 use crate::hashes::{HashList, HashUpdate};
 use crate::mamba_plan::PlannerState;
 use crate::profile::BehaviourProfile;
@@ -35,6 +36,17 @@ pub struct ManagerConfig {
     pub enable_caching: bool,
     pub use_eagle: bool,
     pub enable_events: bool,
+    /// Decode / prefill context parallelism (vLLM's `dcp_world_size`,
+    /// `pcp_world_size`; 1 = off): each block holds their product times
+    /// the spec's tokens (see `Coordinator::new`).
+    pub dcp_world_size: u32,
+    pub pcp_world_size: u32,
+    /// Sparse retention of what is cached (vLLM 0.23.0's
+    /// `VLLM_PREFIX_CACHE_RETENTION_INTERVAL`): None dense; 0 only the
+    /// prompt's replay boundary; N (a multiple of `scheduler_block_size`)
+    /// one hit's blocks per N tokens and the replay boundary. Which groups
+    /// it sparsifies is the profile's `retention`.
+    pub retention_interval: Option<usize>,
     /// The vLLM release whose semantics the manager follows.
     pub profile: BehaviourProfile,
 }
@@ -58,6 +70,12 @@ pub struct AllocateArgs<'a> {
     pub num_encoder_tokens: usize,
     pub full_sequence_must_fit: bool,
     pub reserved_blocks: usize,
+    /// Free blocks to keep beyond the allocation when admitting a waiting
+    /// request (0.24+'s watermark; the caller decides when it applies).
+    pub watermark_blocks: usize,
+    /// `request.num_prompt_tokens`, kept for the request's lifetime; pass
+    /// it when `wants_num_prompt_tokens` (None otherwise: nothing changes).
+    pub num_prompt_tokens: Option<usize>,
 }
 
 impl AllocateArgs<'_> {
@@ -94,6 +112,11 @@ pub struct KvCacheManager {
     /// Some group sizes a request's table from its computed tokens (see
     /// `admission_check::check_computed_held`).
     sizes_from_computed: bool,
+    /// Blocks `pop_blocks_for_free` handed out, still referenced.
+    handed_out: deferred_free::HandedOut,
+    /// Caching places a replay boundary, from each request's prompt length
+    /// (sparse retention with caching on).
+    reads_prompt_len: bool,
 }
 
 impl KvCacheManager {
@@ -116,12 +139,15 @@ impl KvCacheManager {
             cfg.enable_caching,
             cfg.hash_block_size,
             cfg.enable_events,
+            cfg.profile.null_block_ref_counted,
         )?;
         let coord = Coordinator::new(
             pool,
             &cfg.groups,
             cfg.use_eagle,
             cfg.scheduler_block_size,
+            (cfg.dcp_world_size, cfg.pcp_world_size),
+            cfg.retention_interval,
             &cfg.profile,
         )?;
         let has_align_groups = coord.managers.iter().any(|m| m.is_mamba_align());
@@ -137,12 +163,42 @@ impl KvCacheManager {
             has_align_groups,
             reqs: RequestRegistry::default(),
             ghost_entries: Vec::new(),
+            handed_out: deferred_free::HandedOut::default(),
+            reads_prompt_len: cfg.enable_caching && cfg.retention_interval.is_some(),
         })
+    }
+
+    /// Whether an allocation of the request in `slot` (None: new) should
+    /// carry `num_prompt_tokens`: sparse retention is on and the request's
+    /// prompt length is not known yet. False without retention.
+    #[inline]
+    pub fn wants_num_prompt_tokens(&self, slot: Option<ReqSlot>) -> bool {
+        self.reads_prompt_len && slot.is_none_or(|s| self.reqs.num_prompt_tokens(s).is_none())
+    }
+
+    /// The request's prompt length where caching reads it (sparse
+    /// retention); None, without touching the request's state, otherwise.
+    #[inline]
+    fn prompt_len(&self, slot: ReqSlot) -> Option<usize> {
+        self.reads_prompt_len
+            .then(|| self.reqs.num_prompt_tokens(slot))
+            .flatten()
     }
 
     /// Prefix caching is on (vLLM's `enable_caching`).
     pub fn enable_caching(&self) -> bool {
         self.enable_caching
+    }
+
+    /// The coordinator vLLM 0.23.0 would build for this config:
+    /// "no_prefix_cache", "unitary" (one group) or "hybrid".
+    pub fn coordinator_kind(&self) -> &'static str {
+        use crate::coordinator::CoordinatorKind as K;
+        match self.coord.kind {
+            K::NoPrefixCache => "no_prefix_cache",
+            K::Unitary => "unitary",
+            K::Hybrid => "hybrid",
+        }
     }
 
     pub fn pool(&self) -> &BlockPool {
@@ -241,18 +297,28 @@ impl KvCacheManager {
 
     /// Cache hit for a request of `num_tokens` tokens: blocks per group and
     /// the number of hit tokens. Changes nothing.
+    /// `max_hit`: the most hit tokens (0.33.0's `max_cache_hit_length`);
+    /// None: all but the last token, whose logits must be recomputed.
     pub fn get_computed_blocks(
         &self,
         request_id: &str,
         num_tokens: usize,
+        max_hit: Option<usize>,
     ) -> CoreResult<(Vec<Vec<BlockId>>, usize)> {
         if num_tokens == 0 {
             return invalid(format!("request {request_id:?} has no tokens"));
         }
         let empty = HashList::new();
         let hashes = self.slot(request_id).map_or(&empty, |s| self.hashes(s));
-        // A full hit must still recompute the last token to get logits.
-        Ok(self.coord.find_longest_cache_hit(hashes, num_tokens - 1))
+        // No hit exceeds the tokens (their hashes bound it): capping there
+        // changes no answer and keeps the search's tables sized by them.
+        let max_hit = max_hit.map_or(num_tokens - 1, |m| m.min(num_tokens));
+        Ok(self.coord.find_longest_cache_hit(hashes, max_hit))
+    }
+
+    /// The behaviour profile fixed at construction.
+    pub fn profile(&self) -> &BehaviourProfile {
+        &self.profile
     }
 
     /// The request's slot, if the manager knows it (saves lookups when
@@ -356,7 +422,7 @@ impl KvCacheManager {
                 "request {request_id:?} has no blocks for {num_computed_tokens} computed tokens"
             ));
         }
-        if have < need {
+        if have < need && !self.profile.cache_cap_at_hashes {
             return invalid(format!(
                 "request {request_id:?} has {have} block hashes but caching needs {need}"
             ));
@@ -366,8 +432,12 @@ impl KvCacheManager {
             self.apply_hashes(request_id, u);
         }
         self.set_horizon(slot, None);
-        self.coord
-            .cache_blocks(slot, self.reqs.hashes(slot), num_computed_tokens);
+        self.coord.cache_blocks(
+            slot,
+            self.reqs.hashes(slot),
+            num_computed_tokens,
+            self.prompt_len(slot),
+        );
         Ok(())
     }
 
@@ -406,6 +476,20 @@ impl KvCacheManager {
         self.coord.pool.has_events()
     }
 
+    /// Logs the calls vLLM's block pool makes on a `metrics_collector`
+    /// (allocated / accessed / evicted / reset), for `take_block_metrics`.
+    pub fn set_record_block_metrics(&mut self, on: bool) {
+        self.coord.pool.set_record_metrics(on);
+    }
+
+    pub fn has_block_metrics(&self) -> bool {
+        self.coord.pool.has_metrics()
+    }
+
+    pub fn take_block_metrics(&mut self) -> Vec<BlockMetric> {
+        self.coord.pool.take_metrics()
+    }
+
     pub fn take_new_block_ids(&mut self) -> Vec<BlockId> {
         let mut out = Vec::new();
         for m in self.coord.managers.iter_mut() {
@@ -421,6 +505,31 @@ impl KvCacheManager {
     /// Ids of the requests the manager holds state for (any order; reads only).
     pub fn request_ids(&self) -> impl Iterator<Item = &str> + '_ {
         self.reqs.ids()
+    }
+
+    /// Whether some group holds blocks for the request (a lookup of one
+    /// that holds none may be of a new request reusing its id).
+    pub fn holds_blocks(&self, request_id: &str) -> bool {
+        self.slot(request_id).is_some_and(|s| self.holds_blocks_at(s))
+    }
+
+    /// Hash `i` the core holds for the request in `slot`.
+    pub fn known_hash_at(&self, slot: ReqSlot, i: usize) -> Option<&[u8]> {
+        let h = self.reqs.hashes(slot);
+        (i < h.len()).then(|| h.get(i))
+    }
+
+    /// `holds_blocks` by slot.
+    pub fn holds_blocks_at(&self, slot: ReqSlot) -> bool {
+        self.coord.managers.iter().any(|m| m.holds(slot))
+    }
+
+    /// Blocks of group `group` cached for the request, None unless it is
+    /// running there (vLLM's `num_cached_block`).
+    pub fn num_cached_blocks_of(&self, request_id: &str, group: usize) -> Option<usize> {
+        let s = self.slot(request_id)?;
+        let m = self.coord.managers.get(group)?;
+        m.is_running(s).then(|| m.num_cached_blocks(s))
     }
 
     pub fn has_request(&self, request_id: &str) -> bool {

@@ -46,6 +46,7 @@ impl KvCacheManager {
         self.log_stats
             && match self.profile.stats {
                 StatsPolicy::CountedInLookup => true,
+                StatsPolicy::RecordedByScheduler => false,
             }
     }
 

@@ -206,6 +206,10 @@ unsafe fn decode_fast<'py>(
         let Ok(mut this) = manager.try_borrow_mut() else {
             return Fast::Other;
         };
+        if this.watermark.blocks > 0 {
+            // The watermark reads the request's status: the general path.
+            return Fast::Other;
+        }
         let request = *args;
         let rid = ffi::PyObject_GetAttr(request, intern!(py, "request_id").as_ptr());
         if rid.is_null() {

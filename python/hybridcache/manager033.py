@@ -1,0 +1,437 @@
+"""`hybridcache.manager033.KVCacheManager033`: vLLM 0.33.0's
+`KVCacheManager` API over the native core running 0.33.0's behaviour profile
+(free-queue policy, caching capped at the hashed blocks, null block not
+ref-counted, stats recorded by the scheduler, no common-prefix counts).
+
+What 0.33.0 changed at the API is here and only here: the constructor's
+keywords, `get_computed_blocks` returning `(blocks, hit tokens,
+shared_prefix_boundary)`, `record_prefix_cache_stats`, deferred frees
+(`pop_blocks_for_free`, then `block_pool.free_blocks`), the watermark and
+the new drains. The rules themselves are the core's.
+
+Supported so far: models whose KV cache is one full-attention group
+(FullAttentionSpec, MLAAttentionSpec, HiddenStateCacheSpec, and
+SinkFullAttentionSpec, which 0.33.0 manages as plain full attention). Other
+layouts raise NotImplementedError naming them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from hybridcache.block_pool import BlockPoolView
+from hybridcache.blocks import BlockView, KVCacheBlocks
+from hybridcache.config import read_groups
+from hybridcache.coordinator import CoordinatorView, SingleTypeManagerView
+from hybridcache.manager import KVCacheManager, _positive_int
+
+RELEASE = "0.33.0"
+
+# Spec classes 0.33.0 manages with its FullAttentionManager.
+_FULL_ATTENTION_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "HiddenStateCacheSpec", "SinkFullAttentionSpec")
+
+
+def _spec_name(spec: Any) -> str | None:
+    for cls in type(spec).__mro__:
+        if cls.__name__ in _FULL_ATTENTION_SPECS:
+            return cls.__name__
+    return None
+
+
+def _check_layout(kv_cache_config: Any) -> None:
+    """One full-attention group: what the 0.33.0 facade covers so far."""
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+    specs = [getattr(g, "kv_cache_spec", None) for g in groups]
+    if len(groups) != 1 or _spec_name(specs[0]) is None:
+        names = ", ".join(type(s).__name__ for s in specs) or "none"
+        raise NotImplementedError(
+            "hybridcache's vLLM 0.33.0 support covers models whose KV cache is one full-attention "
+            f"group so far; this config has {len(groups)} group(s): {names}. Hybrid layouts "
+            "(sliding window, Mamba, chunked local) run on vLLM 0.23.0 with hybridcache"
+        )
+
+
+def _check_retention(kv_cache_config: Any, scheduler_block_size: int) -> None:
+    """0.33.0's `prefix_cache_retention_interval` check: with only full
+    attention it must be unset or 0 (dense caching either way)."""
+    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    if interval is None or interval == 0:
+        return
+    raise ValueError(
+        "prefix_cache_retention_interval is set but this model has no sliding-window or Mamba KV "
+        "cache group, so retention has no effect. Set it to 0 (it only applies to sliding-window "
+        "and Mamba attention)."
+    )
+
+
+def _check_supported_033(dcp_world_size: int, pcp_world_size: int, metrics_collector: Any) -> None:
+    """0.33.0 changed both (only dcp scales, and only dcp-sharded specs;
+    touches of the null block no longer reach the collector): not ported
+    to this facade yet (the 0.23.0 facade supports 0.23.0's forms)."""
+    if dcp_world_size != 1 or pcp_world_size != 1:
+        raise NotImplementedError(
+            f"decode/prefill context parallelism (dcp_world_size={dcp_world_size}, "
+            f"pcp_world_size={pcp_world_size}) is not supported by hybridcache's vLLM 0.33.0 facade yet"
+        )
+    if metrics_collector is not None:
+        raise NotImplementedError(
+            "metrics_collector (KV cache residency metrics) is not supported by hybridcache's "
+            "vLLM 0.33.0 facade yet"
+        )
+
+
+def _waiting_statuses() -> list[Any]:
+    """The request statuses the watermark applies to (0.33.0's
+    `RequestStatus.WAITING` / `PREEMPTED`; that IntEnum's values when vLLM
+    is not importable)."""
+    try:
+        from vllm.v1.request import RequestStatus
+    except ImportError:
+        return [1, 6]
+    return [RequestStatus.WAITING, RequestStatus.PREEMPTED]
+
+
+def _prefix_cache_stats() -> Any:
+    from hybridcache.events import prefix_cache_stats_class
+
+    return prefix_cache_stats_class()()
+
+
+class KVCacheManager033(KVCacheManager):
+    """Drop-in for `vllm.v1.core.kv_cache_manager.KVCacheManager` of vLLM
+    0.33.0, with its constructor keywords (the scheduler passes all of them
+    by name). See the module docstring for the layouts covered.
+
+    Raises:
+        NotImplementedError: a layout other than one full-attention group,
+            dcp/pcp > 1, a metrics collector, multi-module MTP
+            (`num_prefill_lookahead` > 1).
+        ValueError: a bad count, a negative watermark, a retention interval
+            vLLM 0.33.0 refuses, MTP whose lookahead exceeds the scheduler
+            block size.
+    """
+
+    def __new__(
+        cls,
+        kv_cache_config: Any,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+        watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
+    ) -> KVCacheManager033:
+        """Builds the manager; the arguments are vLLM 0.33.0's."""
+        _check_supported_033(dcp_world_size, pcp_world_size, metrics_collector)
+        max_model_len = _positive_int("max_model_len", max_model_len)
+        if max_in_flight_tokens is None:
+            max_in_flight_tokens = max_model_len
+        max_in_flight_tokens = _positive_int("max_in_flight_tokens", max_in_flight_tokens)
+        scheduler_block_size = _positive_int("scheduler_block_size", scheduler_block_size)
+        _check_layout(kv_cache_config)
+        _check_retention(kv_cache_config, scheduler_block_size)
+        for name, v in (("num_hash_lookahead_tokens", num_hash_lookahead_tokens),
+                        ("num_prefill_lookahead", num_prefill_lookahead)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        if isinstance(watermark, bool) or not isinstance(watermark, (int, float)) or not watermark >= 0.0:
+            raise ValueError(f"watermark must be non-negative, got {watermark!r}")
+        groups = read_groups(kv_cache_config, max_in_flight_tokens, max_model_len)
+        eagle_groups = any(g.native.is_eagle_group for g in groups) or use_eagle
+        if enable_caching and eagle_groups and scheduler_block_size < num_prefill_lookahead:
+            raise ValueError(
+                f"Multi-module MTP with prefix caching requires scheduler_block_size"
+                f" (={scheduler_block_size}) >= num_speculative_tokens (={num_prefill_lookahead})."
+            )
+        if num_prefill_lookahead > 1:
+            raise NotImplementedError(
+                "multi-module MTP (num_prefill_lookahead > 1: the last tokens are re-prefilled and "
+                "not cached) is not supported by hybridcache's vLLM 0.33.0 facade yet"
+            )
+        # 0.33.0 records new block ids only for worker-side zeroing, which
+        # needs Mamba groups or mixed-precision KV: never for one
+        # full-attention group.
+        groups = [type(g)(native=_without_new_block_ids(g.native), event_kind=g.event_kind,
+                          sliding_window=g.sliding_window) for g in groups]
+        self = cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
+                          enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE,
+                          num_hash_lookahead_tokens)
+        self._init_033(groups, hash_block_size, watermark, num_hash_lookahead_tokens, log_stats)
+        return self
+
+    def _init_033(self, groups: list[Any], hash_block_size: int, watermark: float,
+                  num_hash_lookahead_tokens: int, log_stats: bool) -> None:
+        self._group_infos = groups
+        self._hash_block_size = hash_block_size
+        self._live_stats: Any = _prefix_cache_stats() if log_stats else None
+        self.watermark_blocks = int(watermark * self.num_blocks)
+        self._set_watermark(self.watermark_blocks, _waiting_statuses())
+        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
+        # Full-attention groups keep no longer hit than the scheduler adopts.
+        self.retained_hit_group_ids: tuple[int, ...] = ()
+        # Needs a Mamba align group with partial hash hits: never here.
+        self.mamba_shared_prefix_checkpoint = False
+        self.kv_cache_event_metadata = tuple((g.event_kind, g.sliding_window) for g in groups)
+        self.block_pool = BlockPoolView033(self)
+        self.coordinator = CoordinatorView033(self)
+
+    # -- lookups and stats ------------------------------------------------
+
+    def prefix_cache_lookup_enabled(self, request: Any) -> bool:
+        """Whether a local prefix-cache lookup may run for `request`."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def get_computed_blocks(  # type: ignore[override]
+        self, request: Any, max_cache_hit_length: int | None = None
+    ) -> tuple[Any, int, int]:
+        """The longest prefix-cache hit: (KVCacheBlocks, hit tokens,
+        shared_prefix_boundary). The boundary is where a sparse-retention
+        group lags a longer hit; with one group there is none (0). Counts
+        nothing: the scheduler calls `record_prefix_cache_stats`."""
+        blocks, hit = super().get_computed_blocks(request, max_cache_hit_length)
+        if hit and self._event_builder is not None and getattr(request, "kv_cache_report_mode", "incremental") == "full":
+            self._report_reused_hit(request, blocks)
+        return blocks, hit, 0
+
+    def _report_reused_hit(self, request: Any, blocks: Any) -> None:
+        """0.33.0's `BlockStored` for the blocks of a hit, so external
+        consumers learn of reused blocks (`kv_cache_report_mode="full"`)."""
+        hashes = request.block_hashes
+        raw = []
+        for group, (g, group_blocks) in enumerate(zip(self._groups, blocks.blocks)):
+            n = len(group_blocks)
+            if n:
+                bs = g.native.block_size
+                raw.append(("stored", list(hashes[:n]), None, 0, n * bs, bs, group, list(range(n))))
+        self._on_events(raw, request)
+
+    def get_computed_blocks_for_connector(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int, bool]:
+        """0.33.0's lookup for requests with a KV connector: for models
+        without Mamba layers it is `get_computed_blocks` plus
+        `hit_diverged=False`."""
+        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+
+    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
+        """Counts one admission's lookup (the scheduler's call), unless
+        stats are off or the request skipped the cache."""
+        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+            return
+        self._live_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
+                                preempted=request.num_preemptions > 0)
+
+    # 0.33.0's stats object is live (callers keep it and read it later):
+    # the facade holds it; lookups count nothing in the core.
+    @property
+    def prefix_cache_stats(self) -> Any:
+        """The stats gathered since the last `make_prefix_cache_stats`
+        (the object itself), or None without `log_stats`."""
+        return self._live_stats
+
+    def make_prefix_cache_stats(self) -> Any:
+        """The stats since the last call, replaced by a fresh object;
+        None without `log_stats`."""
+        if not self.log_stats:
+            return None
+        stats, self._live_stats = self._live_stats, _prefix_cache_stats()
+        return stats
+
+    # -- frees --------------------------------------------------------------
+
+    def pop_blocks_for_free(self, request: Any) -> list[BlockView]:
+        """Forgets the request and returns its blocks in allocation order
+        (leading null blocks left out) without freeing them: the caller
+        hands them to `block_pool.free_blocks` later, tail first."""
+        return [BlockView(self, b) for b in self._pop_blocks_for_free(request.request_id)]
+
+    def remove_skipped_blocks(  # type: ignore[override]
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Frees blocks no attention reads any more (none for full
+        attention); `num_prompt_tokens` only matters to R-SWA groups."""
+        super().remove_skipped_blocks(request_id, processed_computed_tokens)
+
+    # -- new drains and queries --------------------------------------------
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Cascade attention is gone in 0.33.0: zeros, one per group."""
+        return [0] * self.num_kv_cache_groups
+
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
+        """The request's block ids covering its first `num_computed_tokens`
+        tokens, per group."""
+        sizes = [g.native.block_size for g in self._groups]
+        return tuple(ids[: -(-num_computed_tokens // bs)] for ids, bs in zip(self.get_block_ids(request_id), sizes))
+
+    def estimate_cached_tokens(self, request: Any) -> int:
+        """Tokens of the request's prefix its cached blocks cover (the
+        fewest over the groups): a full block's hash covers the tokens up
+        to its end."""
+        cached: int | None = None
+        for ids, g in zip(self.get_block_ids(request.request_id), self._groups):
+            unhashed = self.unhashed(ids)
+            covered = max((i + 1 for i, u in enumerate(unhashed) if not u and ids[i] != 0), default=0)
+            tokens = covered * g.native.block_size
+            cached = tokens if cached is None else min(cached, tokens)
+        return cached or 0
+
+    def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
+        """`blocks` (a lookup result) cut to `num_computed_tokens` tokens, a
+        multiple of each group's block size. References are untouched."""
+        out = []
+        for g, group_blocks in zip(self._groups, blocks.blocks):
+            bs = g.native.block_size
+            if num_computed_tokens % bs:
+                raise ValueError(f"num_computed_tokens ({num_computed_tokens}) is not a multiple of the block size {bs}")
+            n = num_computed_tokens // bs
+            if n > len(group_blocks):
+                raise ValueError(f"num_computed_tokens ({num_computed_tokens}) exceeds the {len(group_blocks)} blocks given")
+            out.append(list(group_blocks[:n]))
+        return self.create_kv_cache_blocks(tuple(out))
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Re-records blocks for worker-side zeroing: no group of a
+        full-attention model records new block ids in 0.33.0, so nothing."""
+
+    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[BlockView]]:
+        """Copy-on-write copies of partial hits (none: a full-attention
+        model's hits end on block boundaries) and their retained blocks."""
+        return [], []
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Mamba align boundary states for a KV connector: none here."""
+        return {}
+
+    def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
+        """Mamba align producer tails at a request's end: none here."""
+        return []
+
+    def reset_prefix_cache(self) -> bool:
+        """Drops every cached hash if no block is in use; False otherwise."""
+        ok = bool(super().reset_prefix_cache())
+        if ok and self._live_stats is not None:
+            self._live_stats.reset = True
+        return ok
+
+
+    @property
+    def _groups(self) -> list[Any]:
+        return self._group_infos
+
+
+def _without_new_block_ids(native: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(native, reports_new_block_ids=False)
+
+
+class BlockPoolView033(BlockPoolView):
+    """`manager.block_pool` for 0.33.0: the 0.23.0 views, plus the
+    scheduler's deferred frees (`free_blocks` of blocks
+    `pop_blocks_for_free` returned) and 0.33.0's pool fields."""
+
+    def __init__(self, manager: KVCacheManager033) -> None:
+        super().__init__(manager)
+        self.num_hash_lookahead_tokens = manager.num_hash_lookahead_tokens
+        self.hash_block_size = manager._hash_block_size
+
+    def free_blocks(self, ordered_blocks: Any) -> None:  # type: ignore[override]
+        """0.33.0's `free_blocks(blocks)`: drops the references of blocks
+        `pop_blocks_for_free` handed out, in eviction order: those freed
+        without a hash (or with caching off) are reused first, cached ones
+        last. ValueError, nothing freed, for any other block."""
+        self._native._free_handed_out(list(ordered_blocks))
+
+
+class CoordinatorView033(CoordinatorView):
+    """`manager.coordinator` for 0.33.0: what its scheduler and engine read
+    (`single_type_managers[g].block_size` / `.kv_cache_spec`,
+    `enable_partial_hash_hits`) and call (`get_num_blocks_to_allocate`
+    with 0.33.0's arguments)."""
+
+    enable_partial_hash_hits = False
+
+    def __init__(self, manager: KVCacheManager033) -> None:
+        super().__init__(manager)
+        groups = list(manager.kv_cache_config.kv_cache_groups)
+        self.single_type_managers = tuple(
+            _SingleTypeManagerView033(manager, g, groups[g].kv_cache_spec) for g in range(self._num_groups)
+        )
+        self.eagle_group_ids = {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)}
+        if manager.use_eagle and not self.eagle_group_ids:
+            self.eagle_group_ids = set(range(len(groups)))
+        self.drop_eagle_group_ids = self.eagle_group_ids if manager.use_eagle else set()
+        self.num_reprefillable_tokens = 0
+
+    def get_num_blocks_to_allocate(  # type: ignore[override]
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Any,
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        """0.33.0's count (`prefill_end` only matters to Mamba align)."""
+        return super().get_num_blocks_to_allocate(
+            request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
+            total_computed_tokens, num_tokens_main_model, apply_admission_cap,
+        )
+
+    def reset_prefix_cache(self) -> bool:
+        """Resets the pool's prefix cache (the manager's call)."""
+        return bool(self._manager._native.reset_prefix_cache())
+
+    def pop_blocks_for_free(self, request_id: str) -> list[BlockView]:
+        """The manager's `pop_blocks_for_free` by request id."""
+        native = self._manager._native
+        return [BlockView(native, b) for b in native._pop_blocks_for_free(request_id)]
+
+
+class _NumCachedBlockView(Mapping):
+    """`single_type_managers[g].num_cached_block`, read-only: running
+    request id -> blocks of group g cached so far."""
+
+    def __init__(self, manager: KVCacheManager033, group: int) -> None:
+        self._native = manager
+        self._group = group
+
+    def __getitem__(self, request_id: str) -> int:
+        n = self._native._num_cached_blocks(request_id, self._group) if isinstance(request_id, str) else None
+        if n is None:
+            raise KeyError(request_id)
+        return int(n)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([r for r in self._native.request_ids() if self._native._num_cached_blocks(r, self._group) is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class _SingleTypeManagerView033(SingleTypeManagerView):
+    """One group's manager as 0.33.0's scheduler, engine and connectors
+    read it: `block_size`, `kv_cache_spec`, `block_pool`, and the read-only
+    `req_to_blocks` / `num_cached_block` views."""
+
+    def __init__(self, manager: KVCacheManager033, group: int, spec: Any) -> None:
+        super().__init__(manager, group)
+        self.kv_cache_spec = spec
+        self.block_size = int(spec.block_size)
+        self.block_pool = manager.block_pool
+        self.num_cached_block = _NumCachedBlockView(manager, group)
+
+
+__all__ = ["KVCacheManager033", "RELEASE", "KVCacheBlocks"]

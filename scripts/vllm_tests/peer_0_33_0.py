@@ -1,0 +1,79 @@
+"""How vLLM 0.33.0's own tests are run against hybridcache, for
+scripts/run_vllm_peer_tests.py (see its docstring for what each table means).
+The files come from scripts/vllm_tests/vllm-0.33.0.sha256.
+
+The swap needs the 0.33.0 facade (hybridcache.releases); until it is listed
+there only `--against-vllm` runs. INTERNALS / VIEWS / UNSUPPORTED are filled
+from reading each test once hybridcache's 0.33.0 objects exist, as for 0.23.0
+(peer_0_23_0.py); keys are a test function's name, or `FILE_STEM::name` where
+two files share one.
+"""
+
+# vLLM 0.33.0 cannot infer a device on a machine without a GPU: tests that
+# build a VllmConfig fail with "Failed to infer device type" unless told.
+ENV: dict[str, str] = {"VLLM_TARGET_DEVICE": "cpu"}
+# Model configs the tests load from the Hugging Face cache (HF_HUB_OFFLINE=1):
+# hand-written from each model's architecture metadata, no weights, in
+# scripts/vllm_tests/hf/ORG/NAME/config.json.
+HF_MODELS: tuple[str, ...] = ("facebook/opt-125m",)
+# The 0.33.0 scheduler tests build the manager through vLLM's Scheduler, so
+# the scheduler's `KVCacheManager` is swapped too.
+SWAP_SCHEDULER = True
+
+# Cases that cannot run on a CPU machine offline even under vLLM itself
+# (measured: `run_vllm_peer_tests.py --against-vllm`, 0.33 oracle venv). The
+# multimodal ones build a ModelConfig of llava-hf/llava-1.5-7b-hf, whose
+# architecture vLLM inspects by importing its model implementation (pixtral,
+# mistral_common, vllm._C, ...): far beyond what the manager and scheduler
+# import, so a config.json alone does not do. They test the encoder cache,
+# not the KV-cache manager.
+LLAVA = "builds llava-hf/llava-1.5-7b-hf's ModelConfig: vLLM imports the model implementation (multimodal encoder cache)"
+OFFLINE: dict[str, str] = {
+    "test_scheduler::test_cpu_encoder_input_updates_preserve_shm_handles": LLAVA,
+    "test_scheduler::test_cpu_encoder_input_updates_restore_after_kv_load_failure": LLAVA,
+    "test_scheduler::test_cpu_encoder_input_updates_resume_and_abort": LLAVA,
+    "test_scheduler::test_cpu_encoder_input_updates_wait_for_completed_prefill": LLAVA,
+    "test_scheduler::test_eagle3_mm_encoder_cache_with_shift": LLAVA,
+    "test_scheduler::test_ec_connector_allocate_encoder_tokens_with_external_load": LLAVA,
+    "test_scheduler::test_ec_connector_cache_hit_external_load": LLAVA,
+    "test_scheduler::test_ec_connector_cache_miss_computes_locally": LLAVA,
+    "test_scheduler::test_ec_connector_defers_running_request_for_async_reload": LLAVA,
+    "test_scheduler::test_ec_connector_ensure_cache_available_defers_request": LLAVA,
+    "test_scheduler::test_ec_connector_schedule_multiple_requests": LLAVA,
+    "test_scheduler::test_ec_connector_text_only_request": LLAVA,
+    "test_scheduler::test_ec_connector_unable_to_allocate": LLAVA,
+    "test_scheduler::test_ec_connector_update_connector_output_called": LLAVA,
+    "test_scheduler::test_ec_connector_waits_for_embeddings_in_prefix_replay": LLAVA,
+    "test_scheduler::test_ec_connector_with_partial_cache_hit_multi_round": LLAVA,
+    "test_scheduler::test_encoder_cache_accepts_matching_embed_count": LLAVA,
+    "test_scheduler::test_encoder_cache_embed_count_mismatch_restores_prior_hit_state": LLAVA,
+    "test_scheduler::test_encoder_cache_recomputed_when_evicted_during_preemption": LLAVA,
+    "test_scheduler::test_encoder_cache_rejects_mismatched_embed_count_within_request": LLAVA,
+    "test_scheduler::test_encoder_cache_retained_across_preemption_and_resume": LLAVA,
+    "test_scheduler::test_encoder_only_prompt_longer_than_budget_is_chunked": LLAVA,
+    "test_scheduler::test_free_encoder_inputs_notifies_the_ec_connector": LLAVA,
+    "test_scheduler::test_free_encoder_inputs_respects_unconfirmed_placeholders": LLAVA,
+    "test_scheduler::test_free_encoder_inputs_unchanged_without_spec_decode": LLAVA,
+    "test_scheduler::test_no_mm_input_chunking": LLAVA,
+    "test_scheduler::test_no_mm_input_chunking_at_item_boundary": LLAVA,
+    "test_scheduler::test_no_mm_input_chunking_for_same_step_duplicate": LLAVA,
+    "test_scheduler::test_priority_scheduling_ec_connector_preemption_and_resumption": LLAVA,
+    "test_scheduler::test_same_step_duplicate_encoder_input_stays_cached": LLAVA,
+    "test_scheduler::test_schedule_multimodal_requests": LLAVA,
+    "test_scheduler::test_schedule_partial_requests": LLAVA,
+    "test_scheduler::test_unavailable_encoder_input_fails_the_request_as_retryable": LLAVA,
+    "test_scheduler::test_waiting_encoder_stall_does_not_starve_later_requests": LLAVA,
+    "test_scheduler::test_waiting_encoder_stall_is_counted_as_deferred": LLAVA,
+    "test_scheduler::test_waiting_encoder_stall_kv_holder_keeps_drain_priority": LLAVA,
+    "test_scheduler::test_encoder_cache_rejects_mismatched_embed_count":
+        LLAVA + "; and vLLM's conftest fixture caplog_vllm",
+    "test_scheduler::test_streaming_lookahead_hashes_follow_recomputed_kv":
+        "builds Qwen/Qwen3-Next-80B-A3B-Instruct's ModelConfig: vLLM imports the model implementation",
+    "test_scheduler::test_async_scheduling_pp_allows_rescheduling_with_output_placeholders":
+        "the CPU platform rejects async scheduling with pipeline parallelism",
+}
+
+INTERNALS: dict[str, tuple[str, tuple[str, ...]]] = {}
+UNSUPPORTED: dict[str, str] = {}
+VIEWS: dict[str, str] = {}
+NOT_IMPLEMENTED: tuple[str, ...] = ()
