@@ -15,6 +15,9 @@ from hybridcache.request import Request
 from hybridcache.testing import configs
 from hybridcache.testing.fuzz_setup import Group, RngChooser, Setup
 
+# Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
+pytestmark = pytest.mark.vllm("0.23.0")
+
 pytest.importorskip("vllm.v1.core.kv_cache_manager")
 
 from hybridcache.fuzz import Driver  # noqa: E402

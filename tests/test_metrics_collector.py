@@ -16,6 +16,9 @@ from hybridcache.blocks import BlockView
 from hybridcache.request import Request
 from hybridcache.testing import configs
 
+# Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
+pytestmark = pytest.mark.vllm("0.23.0")
+
 pytest.importorskip("vllm.v1.core.kv_cache_manager")
 
 from hybridcache.fuzz import MIXES, Driver, RngChooser, random_setup  # noqa: E402

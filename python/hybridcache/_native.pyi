@@ -178,6 +178,9 @@ class NativeManager:
         """vLLM 0.24+'s `pop_blocks_for_free`, as block ids: the request is
         forgotten; its blocks (table order, leading null blocks left out)
         stay referenced until `_free_handed_out`."""
+    def _num_cached_blocks(self, request_id: str, group: int) -> int | None:
+        """vLLM's `single_type_managers[group].num_cached_block.get(request_id)`:
+        the group's blocks cached for a running request, None otherwise."""
     def _free_handed_out(self, blocks: Iterable[Any]) -> None:
         """vLLM 0.28+'s `block_pool.free_blocks(blocks)` for blocks
         `_pop_blocks_for_free` handed out (objects with `block_id`, or ids),

@@ -65,19 +65,14 @@ def _check_retention(kv_cache_config: Any, scheduler_block_size: int) -> None:
     )
 
 
-def _check_supported_033(dcp_world_size: int, pcp_world_size: int, metrics_collector: Any) -> None:
-    """0.33.0 changed both (only dcp scales, and only dcp-sharded specs;
-    touches of the null block no longer reach the collector): not ported
-    to this facade yet (the 0.23.0 facade supports 0.23.0's forms)."""
+def _check_supported_033(dcp_world_size: int, pcp_world_size: int) -> None:
+    """0.33.0 changed context parallelism (only dcp scales a block, and only
+    for dcp-sharded specs; several groups may use it): not ported to this
+    facade yet (the 0.23.0 facade supports 0.23.0's form)."""
     if dcp_world_size != 1 or pcp_world_size != 1:
         raise NotImplementedError(
             f"decode/prefill context parallelism (dcp_world_size={dcp_world_size}, "
             f"pcp_world_size={pcp_world_size}) is not supported by hybridcache's vLLM 0.33.0 facade yet"
-        )
-    if metrics_collector is not None:
-        raise NotImplementedError(
-            "metrics_collector (KV cache residency metrics) is not supported by hybridcache's "
-            "vLLM 0.33.0 facade yet"
         )
 
 
@@ -105,8 +100,7 @@ class KVCacheManager033(KVCacheManager):
 
     Raises:
         NotImplementedError: a layout other than one full-attention group,
-            dcp/pcp > 1, a metrics collector, multi-module MTP
-            (`num_prefill_lookahead` > 1).
+            dcp/pcp > 1, multi-module MTP (`num_prefill_lookahead` > 1).
         ValueError: a bad count, a negative watermark, a retention interval
             vLLM 0.33.0 refuses, MTP whose lookahead exceeds the scheduler
             block size.
@@ -132,7 +126,7 @@ class KVCacheManager033(KVCacheManager):
         enable_mamba_shared_prefix_checkpoint: bool = False,
     ) -> KVCacheManager033:
         """Builds the manager; the arguments are vLLM 0.33.0's."""
-        _check_supported_033(dcp_world_size, pcp_world_size, metrics_collector)
+        _check_supported_033(dcp_world_size, pcp_world_size)
         max_model_len = _positive_int("max_model_len", max_model_len)
         if max_in_flight_tokens is None:
             max_in_flight_tokens = max_model_len
@@ -142,8 +136,10 @@ class KVCacheManager033(KVCacheManager):
         _check_retention(kv_cache_config, scheduler_block_size)
         for name, v in (("num_hash_lookahead_tokens", num_hash_lookahead_tokens),
                         ("num_prefill_lookahead", num_prefill_lookahead)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            # vLLM takes bools too (its tests pass use_eagle-style flags).
+            if not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        num_hash_lookahead_tokens, num_prefill_lookahead = int(num_hash_lookahead_tokens), int(num_prefill_lookahead)
         if isinstance(watermark, bool) or not isinstance(watermark, (int, float)) or not watermark >= 0.0:
             raise ValueError(f"watermark must be non-negative, got {watermark!r}")
         groups = read_groups(kv_cache_config, max_in_flight_tokens, max_model_len)
@@ -165,7 +161,10 @@ class KVCacheManager033(KVCacheManager):
                           sliding_window=g.sliding_window) for g in groups]
         self = cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
                           enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE,
-                          num_hash_lookahead_tokens)
+                          num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+                          # 0.33.0's pool calls the collector as 0.23.0's,
+                          # except that the null block is never touched.
+                          metrics_collector=metrics_collector)
         self._init_033(groups, hash_block_size, watermark, num_hash_lookahead_tokens, log_stats)
         return self
 
@@ -253,7 +252,7 @@ class KVCacheManager033(KVCacheManager):
         hands them to `block_pool.free_blocks` later, tail first."""
         return [BlockView(self, b) for b in self._pop_blocks_for_free(request.request_id)]
 
-    def remove_skipped_blocks(  # type: ignore[override]
+    def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
         """Frees blocks no attention reads any more (none for full
@@ -340,6 +339,8 @@ class BlockPoolView033(BlockPoolView):
     `pop_blocks_for_free` returned) and 0.33.0's pool fields."""
 
     def __init__(self, manager: KVCacheManager033) -> None:
+        """The pool view of `manager`, with 0.33.0's pool fields
+        (`num_hash_lookahead_tokens`, `hash_block_size`)."""
         super().__init__(manager)
         self.num_hash_lookahead_tokens = manager.num_hash_lookahead_tokens
         self.hash_block_size = manager._hash_block_size
@@ -361,6 +362,8 @@ class CoordinatorView033(CoordinatorView):
     enable_partial_hash_hits = False
 
     def __init__(self, manager: KVCacheManager033) -> None:
+        """The coordinator view of `manager`, with per-group views that
+        carry each group's spec and block size."""
         super().__init__(manager)
         groups = list(manager.kv_cache_config.kv_cache_groups)
         self.single_type_managers = tuple(
@@ -405,6 +408,7 @@ class _NumCachedBlockView(Mapping):
     request id -> blocks of group g cached so far."""
 
     def __init__(self, manager: KVCacheManager033, group: int) -> None:
+        """The cached-block counts of group `group` of `manager`."""
         self._native = manager
         self._group = group
 
@@ -427,6 +431,7 @@ class _SingleTypeManagerView033(SingleTypeManagerView):
     `req_to_blocks` / `num_cached_block` views."""
 
     def __init__(self, manager: KVCacheManager033, group: int, spec: Any) -> None:
+        """The view of group `group` of `manager`, whose spec is `spec`."""
         super().__init__(manager, group)
         self.kv_cache_spec = spec
         self.block_size = int(spec.block_size)

@@ -14,10 +14,16 @@ from collections.abc import Callable
 from typing import Any
 
 # Scheduler-facing methods that answer something; the rest return None.
+# Both releases' (a method a release lacks is never called there).
 ANSWERING = ("allocate_slots", "get_computed_blocks", "get_blocks", "get_block_ids",
              "get_num_common_prefix_blocks", "take_events", "make_prefix_cache_stats",
-             "take_new_block_ids", "evict_blocks", "reset_prefix_cache", "usage")
-SILENT = ("free", "cache_blocks", "new_step_starts", "remove_skipped_blocks")
+             "take_new_block_ids", "evict_blocks", "reset_prefix_cache", "usage",
+             # vLLM 0.33.0
+             "get_computed_blocks_for_connector", "truncate_computed_blocks", "pop_blocks_for_free",
+             "take_kv_cache_block_copies", "take_boundary_state_offloads", "estimate_cached_tokens",
+             "get_block_ids_for_computed_tokens", "finalize_partial_tail_offloads")
+SILENT = ("free", "cache_blocks", "new_step_starts", "remove_skipped_blocks",
+          "record_prefix_cache_stats", "record_blocks_for_zeroing")
 
 
 class FloorBlocks:
@@ -83,8 +89,11 @@ class FloorManager:
         self.empty_kv_cache_blocks = FloorBlocks(inner.empty_kv_cache_blocks)
         self.kv_cache_config = inner.kv_cache_config
         self.num_kv_cache_groups = inner.num_kv_cache_groups
-        self.block_pool = inner.block_pool  # read once at construction, with a connector
+        # Read once at construction (with a connector); 0.33.0's deferred
+        # frees return blocks through it, which costs the floor nothing.
+        self.block_pool = _FloorPool(inner.block_pool)
         self.coordinator = inner.coordinator
+        self.mamba_shared_prefix_checkpoint = getattr(inner, "mamba_shared_prefix_checkpoint", False)
         self._usage = iter(recording.answers["usage"]).__next__
         for name in ANSWERING:
             if name != "usage":
@@ -99,3 +108,14 @@ class FloorManager:
 
 def _none(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+class _FloorPool:
+    """The recorded manager's pool for reads; `free_blocks` does nothing."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self.free_blocks = _none
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 from hybridcache import releases
 
@@ -47,31 +48,10 @@ def quiet_logs(level: int = logging.ERROR) -> Iterator[None]:
             lg.setLevel(old)
 
 
-def installed_vllm_version() -> str | None:
-    """The installed vLLM's release (imported quietly, local label dropped), or None."""
-    version, _ = _import_vllm()
-    return None if version is None else releases.release_version(version)
-
-
-def load_vllm(release: str | None = None) -> tuple[str | None, str]:
+def load_vllm(accepted: Any = None) -> tuple[str | None, str]:
     """(version, note): version is set when the manager of a vLLM release
-    the tools compare against (`ORACLE_RELEASES`) imports; with `release`
-    (the fuzz's `--release`), when that release's does."""
-    version, note = _import_vllm()
-    if version is None:
-        return None, note
-    if release is not None:
-        if releases.release_version(version) != release:
-            return None, f"vLLM {version} is installed, not {release}"
-        return version, note
-    found = releases.find(version)
-    if found is None or found not in ORACLE_RELEASES:
-        return None, f"vLLM {version} is installed, not {_oracle_text()}"
-    return version, note
-
-
-def _import_vllm() -> tuple[str | None, str]:
-    """(version, note) of the installed vLLM, its manager imported.
+    the tools compare against (`ORACLE_RELEASES`, or the releases in
+    `accepted`) imports.
 
     The import is silent: torch's and vLLM's import-time log lines are
     dropped, and vLLM's logger (which binds to stdout at import) is pointed
@@ -93,11 +73,22 @@ def _import_vllm() -> tuple[str | None, str]:
     finally:
         logging.disable(previous)
     version = getattr(vllm, "__version__", "?")
+    release = releases.find(version)
+    accepted = ORACLE_RELEASES if accepted is None else tuple(accepted)
+    if release is None or release not in accepted:
+        return None, f"vLLM {version} is installed, not {_oracle_text(accepted)}"
     return version, f"vLLM {version}"
 
 
-def _oracle_text() -> str:
-    return " or ".join(r.version for r in ORACLE_RELEASES)
+def _oracle_text(accepted: Any = None) -> str:
+    return " or ".join(r.version for r in (ORACLE_RELEASES if accepted is None else accepted))
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's release (imported quietly, local label dropped)
+    when it is one hybridcache supports, else None."""
+    version, _ = load_vllm(releases.RELEASES)
+    return None if version is None else releases.release_version(version)
 
 
 def missing(tool: str, what: str, hint: str, why: str = "") -> str:
@@ -105,14 +96,13 @@ def missing(tool: str, what: str, hint: str, why: str = "") -> str:
     return f"{tool}: needs {what} ({hint})" + (f"; {why}" if why else "")
 
 
-def vllm_missing(tool: str, release: str | None = None) -> str | None:
-    """None when a vLLM the tools compare against (or vLLM `release`)
+def vllm_missing(tool: str, accepted: Any = None) -> str | None:
+    """None when a vLLM the tools compare against (or one of `accepted`)
     imports; else the one line `tool` prints (on stderr, no traceback)
     before it exits with status 2."""
-    version, note = load_vllm(release)
+    version, note = load_vllm(accepted)
     if version is not None:
         return None
-    if release is not None:
-        return missing(tool, f"vLLM {release} and torch", f"pip install vllm=={release}", note)
-    hint = " or ".join(r.install_hint for r in ORACLE_RELEASES)
-    return missing(tool, f"vLLM {_oracle_text()} and torch", hint, note)
+    rows = ORACLE_RELEASES if accepted is None else tuple(accepted)
+    hint = " or ".join(r.install_hint for r in rows)
+    return missing(tool, f"vLLM {_oracle_text(rows)} and torch", hint, note)

@@ -1,0 +1,262 @@
+"""vLLM 0.33.0's own `Scheduler` and `AsyncScheduler`, built twice per
+configuration — stock, and after `hybridcache.vllm.install()` — and driven in
+lockstep by the same seeded workload and simulated model outputs (sampled
+tokens, accepted and rejected drafts whose count changes every step, stop
+tokens, aborts, prefix-cache resets, a pool small enough to preempt). Every
+step compares what the scheduler hands out (scheduled requests, token counts,
+block ids, preemptions, finished ids, blocks to zero, copy-on-write copies),
+the engine-core outputs with their prefix-cache stats, and the manager's
+pool: free count, usage and free-queue order. hybridcache's side hashes
+request blocks with the native hasher `install()` gives vLLM's engine.
+
+The schedulers come from vLLM 0.33.0's own test helper (`create_scheduler`
+in its tests/v1/core/utils.py, fetched by `scripts/fetch_vllm_tests.sh
+0.33.0`), with its offline model config.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.vllm("0.33.0")
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / ".cache" / "vllm-tests" / "0.33.0"
+HF_HOME = ROOT / ".cache" / "vllm-tests" / "hf-home"
+STOP = 999
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    caching: bool = True
+    async_scheduling: bool = False
+    num_spec: int | None = None
+    num_blocks: int = 60
+    steps: int = 160
+    seed: int = 0
+
+
+CASES = [
+    Case("caching"),
+    Case("no-caching", caching=False),
+    Case("spec-dynamic-drafts", num_spec=3, seed=1),
+    Case("async", async_scheduling=True, seed=2),
+    Case("async-spec", async_scheduling=True, num_spec=2, seed=3),
+    Case("preemption-storm", num_blocks=24, seed=4),
+]
+
+
+@pytest.fixture(scope="module")
+def helpers() -> Any:
+    if not (TESTS / "tests" / "v1" / "core" / "utils.py").is_file():
+        pytest.skip(f"vLLM 0.33.0's tests not fetched ({TESTS}): run `bash scripts/fetch_vllm_tests.sh 0.33.0`")
+    if not HF_HOME.is_dir():
+        pytest.skip(f"the offline model configs are missing ({HF_HOME}): run scripts/run_vllm_peer_tests.py once")
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ["HF_HOME"] = str(HF_HOME)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    sys.path.insert(0, str(TESTS))
+    try:
+        from tests.v1.core import utils
+    finally:
+        sys.path.remove(str(TESTS))
+    return utils
+
+
+def _scheduler(helpers: Any, case: Case, hybrid: bool) -> Any:
+    import hybridcache.vllm as hc_vllm
+
+    if hybrid:
+        hc_vllm.install()
+    try:
+        return helpers.create_scheduler(
+            enable_prefix_caching=case.caching,
+            num_blocks=case.num_blocks,
+            block_size=16,
+            max_num_seqs=8,
+            max_num_batched_tokens=128,
+            max_model_len=512,
+            num_speculative_tokens=case.num_spec,
+            speculative_method=("ngram_gpu" if case.async_scheduling else "ngram") if case.num_spec else None,
+            async_scheduling=case.async_scheduling,
+        )
+    finally:
+        if hybrid:
+            hc_vllm.uninstall()
+
+
+def _requests(case: Case, native: bool) -> dict[int, list[Any]]:
+    """Arrivals per step; prompts share prefixes so the cache hits."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    import hybridcache.vllm as hc_vllm
+
+    init_none_hash(sha256)
+
+    factory = hc_vllm.native_request_block_hasher(get_request_block_hasher) if native else get_request_block_hasher
+    rng = random.Random(case.seed)
+    prefixes = [[rng.randrange(1, 900) for _ in range(n)] for n in (0, 16, 40, 64)]
+    plan: dict[int, list[Any]] = {}
+    n = 0
+    for step in range(case.steps):
+        for _ in range(3 if step == 0 else int(rng.random() < 0.4)):
+            prefix = rng.choice(prefixes)
+            prompt = prefix + [rng.randrange(1, 900) for _ in range(rng.randint(1, 90))]
+            params = SamplingParams(max_tokens=rng.randint(2, 40), stop_token_ids=[STOP])
+            params.update_from_generation_config({}, 50256)
+            plan.setdefault(step, []).append(Request(
+                request_id=f"r{n}", prompt_token_ids=prompt, sampling_params=params, pooling_params=None,
+                arrival_time=float(step), block_hasher=factory(16, sha256)))
+            n += 1
+    return plan
+
+
+def _norm(so: Any) -> dict[str, Any]:
+    c = so.scheduled_cached_reqs
+    return {
+        "new": [(r.req_id, [list(g) for g in r.block_ids], r.num_computed_tokens) for r in so.scheduled_new_reqs],
+        "cached": list(c.req_ids),
+        "resumed": sorted(c.resumed_req_ids),
+        "new_block_ids": [None if b is None else [list(g) for g in b] for b in c.new_block_ids],
+        "computed": list(c.num_computed_tokens),
+        "tokens": sorted(so.num_scheduled_tokens.items()),
+        "spec": sorted((k, list(v)) for k, v in so.scheduled_spec_decode_tokens.items()),
+        "preempted": sorted(so.preempted_req_ids or ()),
+        "finished": sorted(so.finished_req_ids),
+        "zero": so.new_block_ids_to_zero,
+        "copies": so.kv_cache_block_copies,
+    }
+
+
+def _norm_outputs(outs: dict[int, Any]) -> list[Any]:
+    import dataclasses
+
+    result = []
+    for client in sorted(outs):
+        eco = outs[client]
+        stats = eco.scheduler_stats
+        result.append((
+            [(o.request_id, list(o.new_token_ids), o.finish_reason) for o in eco.outputs],
+            None if stats is None else (stats.num_running_reqs, stats.num_waiting_reqs, stats.kv_cache_usage,
+                                        dataclasses.asdict(stats.prefix_cache_stats)),
+        ))
+    return result
+
+
+def _pool(s: Any) -> tuple[Any, ...]:
+    m = s.kv_cache_manager
+    queue = m.free_queue() if hasattr(m, "free_queue") else [
+        b.block_id for b in m.block_pool.free_block_queue.get_all_free_blocks()]
+    return m.block_pool.get_num_free_blocks(), m.usage, queue
+
+
+def _model_output(so: Any, sched: Any, rng: random.Random) -> Any:
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    req_ids, sampled = [], []
+    for rid in so.num_scheduled_tokens:
+        req = sched.requests[rid]
+        req_ids.append(rid)
+        if req.num_computed_tokens + so.num_scheduled_tokens[rid] < req.num_prompt_tokens:
+            sampled.append([])  # a prefill chunk samples nothing
+            continue
+        drafts = so.scheduled_spec_decode_tokens.get(rid, [])
+        accepted = rng.randint(0, len(drafts)) if drafts else 0
+        sampled.append([STOP if rng.random() < 0.03 else rng.randrange(1, 900) for _ in range(accepted + 1)])
+    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                             sampled_token_ids=sampled)
+
+
+def _drafts(case: Case, so: Any, sched: Any, rng: random.Random) -> Any:
+    from vllm.v1.outputs import DraftTokenIds
+
+    ids, drafts = [], []
+    for rid in so.num_scheduled_tokens:
+        req = sched.requests.get(rid)
+        if req is None or req.is_finished():
+            continue
+        ids.append(rid)
+        # Suffix-decoding style: the count changes every round (vLLM #39271).
+        drafts.append([rng.randrange(1, 900) for _ in range(rng.choice([0, 1, case.num_spec, rng.randint(0, case.num_spec)]))])
+    return DraftTokenIds(ids, drafts)
+
+
+def run_lockstep(helpers: Any, case: Case) -> dict[str, int]:
+    from vllm.v1.request import RequestStatus
+
+    stock, hc = _scheduler(helpers, case, False), _scheduler(helpers, case, True)
+    assert type(hc.kv_cache_manager).__name__ == "VllmKVCacheManager033"
+    assert type(stock.kv_cache_manager).__module__.startswith("vllm.")
+    plans = _requests(case, native=False), _requests(case, native=True)
+    rng_model, rng_events = random.Random(case.seed + 100), random.Random(case.seed + 200)
+    seen = {"steps": 0, "tokens": 0, "hit_tokens": 0, "preempted": 0, "finished": 0, "drafts": 0}
+    for step in range(case.steps):
+        for s, plan in zip((stock, hc), plans):
+            for r in plan.get(step, ()):
+                s.add_request(r)
+        outs = [s.schedule() for s in (stock, hc)]
+        a, b = (_norm(o) for o in outs)
+        assert a == b, f"[{case.name}] step {step}: scheduler outputs differ\n vllm: {a}\n hc:   {b}"
+        seen["tokens"] += sum(n for _, n in a["tokens"])
+        seen["hit_tokens"] += sum(n for _, _, n in a["new"])
+        seen["preempted"] += len(a["preempted"])
+        seen["finished"] += len(a["finished"])
+        seen["drafts"] += sum(len(d) for _, d in a["spec"])
+        seed = rng_model.random()
+        results = []
+        for s, so in zip((stock, hc), outs):
+            out = _model_output(so, s, random.Random(seed))
+            results.append(_norm_outputs(s.update_from_output(so, out)))
+            if case.num_spec:
+                s.update_draft_token_ids(_drafts(case, so, s, random.Random(seed + 1)))
+        assert results[0] == results[1], f"[{case.name}] step {step}: engine outputs differ"
+        assert _pool(stock) == _pool(hc), f"[{case.name}] step {step}: pools differ"
+        if rng_events.random() < 0.05 and stock.running:
+            victim = rng_events.choice(sorted(r.request_id for r in stock.running))
+            for s in (stock, hc):
+                s.finish_requests([victim], RequestStatus.FINISHED_ABORTED)
+        if rng_events.random() < 0.02:
+            assert stock.reset_prefix_cache() == hc.reset_prefix_cache()
+        hc.kv_cache_manager.check_invariants()
+        seen["steps"] += 1
+    return seen
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_scheduler_lockstep(helpers: Any, case: Case) -> None:
+    seen = run_lockstep(helpers, case)
+    print(case.name, seen)
+    assert seen["steps"] == case.steps and seen["tokens"] > 1000 and seen["finished"] > 10
+    # What each case is there for happened.
+    assert seen["hit_tokens"] > 0 if case.caching else seen["hit_tokens"] == 0
+    if case.num_spec:
+        assert seen["drafts"] > 0
+    if case.name == "preemption-storm":
+        assert seen["preempted"] > 0
+
+
+def test_lockstep_detects_a_divergence(helpers: Any, monkeypatch: Any) -> None:
+    """The harness can fail: a manager that hands blocks out in another
+    order is caught."""
+    from hybridcache.manager033 import KVCacheManager033
+
+    original = KVCacheManager033.get_computed_blocks
+
+    def no_hits(self: Any, request: Any, max_cache_hit_length: Any = None) -> Any:
+        blocks, _, _ = original(self, request, 0)
+        return blocks, 0, 0
+
+    monkeypatch.setattr(KVCacheManager033, "get_computed_blocks", no_hits)
+    with pytest.raises(AssertionError, match="differ"):
+        run_lockstep(helpers, Case("detect", steps=120, seed=5))
