@@ -540,6 +540,17 @@ class Driver033(Driver):
             self.both("block_pool.free_blocks(<cow retained>)",
                       lambda m: m.block_pool.free_blocks(self.own(m, (kept, kept_hc))))
 
+    def op_cache_blocks(self, c: Any) -> None:
+        """As the scheduler does after outputs and loads: never past the
+        processed tokens (in-flight ones are not computed yet)."""
+        q = self.pick(c, "running")
+        if q is None:
+            return
+        r: Any = q.req
+        n = c.randint(0, max(0, r.num_computed_tokens - r.num_in_flight_tokens))
+        self.note(f"cache_blocks {r.request_id} {n}")
+        self.both(f"cache_blocks({r.request_id}, {n})", lambda m: m.cache_blocks(r, n))
+
     def op_remove_skipped(self, c: Any) -> None:
         q = self.pick(c, "running")
         if q is None:
