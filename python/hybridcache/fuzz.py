@@ -1,6 +1,15 @@
-"""Long differential fuzz of `hybridcache.KVCacheManager` against vLLM 0.23.0's.
+"""Long differential fuzz of hybridcache's KVCacheManager against vLLM's.
 
     python -m hybridcache.fuzz --ops 200000 --seed 1 [--mix full,full_sw] [--caching both]
+    python -m hybridcache.fuzz --release 0.33.0 --candidate vllm --ops 20000 --seed 1
+
+`--release` (default: the installed vLLM's) picks the release whose manager
+is the reference and whose call sequences are replayed
+(`testing.release_api`); `--candidate hybridcache` (default) tests
+hybridcache's facade for that release, `--candidate vllm` vLLM's manager
+against itself (the harness self-check: zero divergences expected). The
+rest of this text describes 0.23.0; 0.33.0's driver follows its scheduler's
+call order (`testing.fuzz_driver033`) and sends no bad inputs.
 
 Random API-level operations (not only what a scheduler does: lookups of any
 request, allocations with random token counts, drafts jumping up and down,
@@ -45,7 +54,9 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from . import releases
 from .testing.fuzz_driver import Driver, Seq
 from .testing.fuzz_setup import (
     ACCEPTED_ERRORS,
@@ -63,7 +74,8 @@ from .testing.fuzz_setup import (
     build_vllm,
     random_setup,
 )
-from .testing.oracle import quiet_logs, vllm_missing
+from .testing.oracle import FUZZ_RELEASES, installed_vllm_version, quiet_logs, vllm_missing
+from .testing.release_api import CANDIDATES, release
 
 __all__ = [
     "ACCEPTED_ERRORS",
@@ -94,29 +106,69 @@ __all__ = [
 def run_fuzz(
     ops: int,
     seed: int,
-    mixes: Sequence[str] = MIXES,
+    mixes: Sequence[str] | None = None,
     caching: Sequence[bool] = (True, False),
     ops_per_setup: int = 3000,
     allow_known_bugs: bool = False,
     progress: Callable[[Figures, float], None] | None = None,
     progress_every: int = 20000,
     max_reports: int = 20,
+    release_name: str = "0.23.0",
+    candidate: str = "hybridcache",
+    build_candidate: Callable[[Setup], Any] | None = None,
 ) -> Figures:
     """Runs `ops` operations over a rotation of random setups; never raises
-    for findings: they are counted (and the first `max_reports` described)."""
+    for findings: they are counted (and the first `max_reports` described).
+
+    `release_name`: the vLLM release replayed (its manager is the
+    reference); `candidate`: "hybridcache" (its facade for the release) or
+    "vllm" (the self-check); `build_candidate` overrides how the candidate
+    is built from a setup (a test wraps it to perturb it). `mixes`: None for
+    every mix of the release."""
+    api = release(release_name)
+    if mixes is None:
+        mixes = api.mixes
     rng = random.Random(seed)
     c = RngChooser(rng)
     f = Figures()
     start = time.time()
     next_progress = progress_every
     combos = [(m, cb) for m in mixes for cb in caching]
+    refused_in_a_row = 0  # setups the candidate could not be built for
     k = 0
     while f.ops < ops:
         mix, cb = combos[k % len(combos)]
         k += 1
-        setup = random_setup(rng, mix, cb)
-        # The builders are looked up here, so a test can wrap them.
-        d = Driver(setup, allow_known_bugs, f, build_hybridcache, build_vllm)
+        if api.name == "0.23.0":
+            setup = random_setup(rng, mix, cb)
+            # The builders are looked up here, so a test can wrap them.
+            d = Driver(setup, allow_known_bugs, f, build_candidate or build_hybridcache, build_vllm)
+        else:
+            setup = api.random_setup(rng, mix, cb)
+            build = build_candidate or (lambda s: api.build_candidate(s, candidate))
+            if refused_in_a_row >= 100:
+                f.reports.append(f"[stopped] the candidate refused the last {refused_in_a_row} setups")
+                break
+            refused_in_a_row += 1
+            try:
+                d = api.driver_class()(setup, allow_known_bugs, f, build, api.build_reference)
+            except ReferenceError_ as e:
+                f.reference_errors += 1
+                f.reports.append(f"[reference_errors] seed={seed} {setup.describe()}\n  {e}")
+                continue
+            except NotImplementedError as e:
+                # A setup the candidate says it does not support yet: counted, skipped.
+                f.count("unsupported_setups")
+                if len(f.reports) < max_reports and f.calls["unsupported_setups"] == 1:
+                    f.reports.append(f"[unsupported setup] {setup.describe()}: {e}")
+                continue
+            except Exception as e:  # vLLM accepted the setup, the candidate did not
+                f.divergences += 1
+                if len(f.reports) < max_reports:
+                    f.reports.append(f"[divergences] seed={seed} {setup.describe()}\n  constructing the candidate "
+                                     f"raised {type(e).__name__}: {e}")
+                continue
+            refused_in_a_row = 0
         budget = min(ops_per_setup, ops - f.ops)
         end = f.ops + budget
         try:
@@ -151,23 +203,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hybridcache.fuzz", description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--mix", default=",".join(MIXES), help=f"comma-separated subset of {','.join(MIXES)}")
+    p.add_argument("--release", choices=FUZZ_RELEASES, default=None,
+                   help="the vLLM release replayed (default: the installed vLLM's)")
+    p.add_argument("--candidate", choices=CANDIDATES, default="hybridcache",
+                   help="what is compared with vLLM's manager: hybridcache's facade for the release, "
+                        "or vLLM's manager itself (the harness self-check)")
+    p.add_argument("--mix", default=None, help="comma-separated subset of the release's mixes "
+                   f"(0.23.0: {','.join(MIXES)}; 0.33.0: {','.join(release('0.33.0').mixes)}); default: all")
     p.add_argument("--caching", choices=("on", "off", "both"), default="both")
     p.add_argument("--ops-per-setup", type=int, default=3000)
     p.add_argument("--progress-every", type=int, default=20000)
     p.add_argument("--allow-known-bugs", action="store_true",
-                   help="do not steer around known vLLM 0.23.0 bugs that hybridcache reproduces")
+                   help="do not steer around known vLLM bugs that hybridcache reproduces")
     a = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    mixes = [m.strip() for m in a.mix.split(",") if m.strip()]
+    tool = "python -m hybridcache.fuzz"
+    rel = a.release
+    if rel is None:
+        # vLLM 0.33.0 infers a device at import; its manager runs on the CPU.
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        # Without a supported vLLM the oracle check below says what is missing.
+        rel = installed_vllm_version() or FUZZ_RELEASES[0]
+    elif rel != "0.23.0":
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    api = release(rel)
+    mixes = [m.strip() for m in a.mix.split(",") if m.strip()] if a.mix else list(api.mixes)
     for m in mixes:
-        if m not in MIXES:
-            p.error(f"unknown mix {m!r}; choose from {', '.join(MIXES)}")
+        if m not in api.mixes:
+            p.error(f"unknown mix {m!r} for vLLM {rel}; choose from {', '.join(api.mixes)}")
+    if rel == "0.23.0" and a.candidate != "hybridcache":
+        p.error("vLLM 0.23.0's fuzz checks hybridcache's invariants and bad inputs: --candidate hybridcache only")
     caching = {"on": (True,), "off": (False,), "both": (True, False)}[a.caching]
-    why = vllm_missing("python -m hybridcache.fuzz")
+    why = vllm_missing(tool, [r for r in releases.RELEASES if r.version == rel]) or api.candidate_missing(a.candidate)
     if why:
-        print(why, file=sys.stderr)
+        print(why if why.startswith(tool) else f"{tool}: {why} (try --candidate vllm)", file=sys.stderr)
         return 2
 
     def progress(f: Figures, secs: float) -> None:
@@ -177,12 +247,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t0 = time.time()
     with quiet_logs():
-        f = run_fuzz(a.ops, a.seed, mixes, caching, a.ops_per_setup, a.allow_known_bugs, progress, a.progress_every)
+        f = run_fuzz(a.ops, a.seed, mixes, caching, a.ops_per_setup, a.allow_known_bugs, progress, a.progress_every,
+                     release_name=rel, candidate=a.candidate)
     secs = time.time() - t0
     for r in f.reports:
         print(r, flush=True)
-    print(f"FINAL seed={a.seed} mixes={','.join(mixes)} caching={a.caching} seconds={secs:.1f} {f.summary()}", flush=True)
-    return 0 if f.divergences == 0 and f.invariant_violations == 0 and f.bad_input_failures == 0 else 1
+    head = f"FINAL seed={a.seed} mixes={','.join(mixes)} caching={a.caching}"
+    if rel != "0.23.0":
+        head += f" release={rel} candidate={a.candidate}"
+    print(f"{head} seconds={secs:.1f} {f.summary()}", flush=True)
+    bad = f.divergences or f.invariant_violations or f.bad_input_failures
+    if rel != "0.23.0":
+        bad = bad or f.reference_errors  # an illegal 0.33.0 sequence is a driver bug
+    return 0 if not bad else 1
 
 
 if __name__ == "__main__":

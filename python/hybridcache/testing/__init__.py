@@ -18,6 +18,8 @@ hybridcache.fuzz`` (and the tests that use them).
   timed, verified replay;
 - `fuzz_setup`, `fuzz_driver` and `bad_inputs`: the long fuzz's random
   API-level driver;
+- `release_api` and `fuzz_driver033`: the fuzz per vLLM release (0.23.0,
+  0.33.0: managers, requests, calls, observables) and 0.33.0's driver;
 - `block_metrics`: vLLM's metrics collector, recording the calls it gets.
 
 Nothing here imports vLLM or torch at module import time.

@@ -69,6 +69,17 @@ class Setup:
     # VLLM_PREFIX_CACHE_RETENTION_INTERVAL while the managers are built
     # (None: unset, dense caching).
     retention: int | None = None
+    # Drawn for releases after 0.23.0 only (`release_api`); neutral defaults.
+    release: str = "0.23.0"
+    spec_tokens: int = 0  # the scheduler's num_lookahead_tokens (drafts per step at most)
+    dynamic_drafts: bool = False  # drafts per step vary in [0, spec_tokens]
+    hash_lookahead: int = 0  # num_hash_lookahead_tokens
+    prefill_lookahead: int = 0  # num_prefill_lookahead
+    watermark: float = 0.0
+    max_in_flight_tokens: int | None = None
+    full_must_fit: bool = False  # scheduler_reserve_full_isl
+    deferred_frees: bool = False  # frees may go through pop_blocks_for_free
+    async_sched: bool = False  # steps run ahead of their outputs (num_in_flight_tokens)
 
     @property
     def align(self) -> bool:
@@ -79,12 +90,20 @@ class Setup:
             f"{g.kind}@{g.block_size}" + (f":{g.param}" if g.param else "") + (f":{g.mode}/{g.num_spec}" if g.kind == "mamba" else "")
             for g in self.groups
         )
-        return (
+        text = (
             f"{self.mix} [{gs}] caching={self.caching} num_blocks={self.num_blocks} sbs={self.scheduler_block_size} "
             f"hbs={self.hash_block_size} eagle={self.use_eagle} events={self.events} stats={self.log_stats}"
             f" dcp={self.dcp} pcp={self.pcp} metrics={self.metrics_sample_rate}"
             f" retention={self.retention}"
         )
+        if self.release != "0.23.0":
+            text += (
+                f" release={self.release} spec={self.spec_tokens}{'(dyn)' if self.dynamic_drafts else ''} "
+                f"hash_lookahead={self.hash_lookahead} prefill_lookahead={self.prefill_lookahead} "
+                f"watermark={self.watermark} in_flight={self.max_in_flight_tokens} "
+                f"full_must_fit={self.full_must_fit} deferred_frees={self.deferred_frees} async={self.async_sched}"
+            )
+        return text
 
 
 def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
@@ -251,11 +270,19 @@ class Figures:
     context_parallel_setups: int = 0
     metrics_setups: int = 0
     reports: list[str] = field(default_factory=list)
+    # Per-release call counts (e.g. 0.33.0's deferred frees); 0.23.0 has none.
+    calls: dict[str, int] = field(default_factory=dict)
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.calls[name] = self.calls.get(name, 0) + n
 
     def merge(self, o: Figures) -> None:
         for f in dataclasses.fields(self):
             if f.name == "reports":
                 self.reports.extend(o.reports)
+            elif f.name == "calls":
+                for k, v in o.calls.items():
+                    self.count(k, v)
             else:
                 setattr(self, f.name, getattr(self, f.name) + getattr(o, f.name))
 
@@ -268,5 +295,5 @@ class Figures:
             f"none={self.none_allocations} hit_tokens={self.hit_tokens} events={self.events} "
             f"preemptions={self.preemptions} evictions={self.evictions} resets={self.resets} "
             f"context_parallel_setups={self.context_parallel_setups} metrics_setups={self.metrics_setups}"
-        )
+        ) + "".join(f" {k}={v}" for k, v in sorted(self.calls.items()))
 

@@ -20,6 +20,8 @@ from hybridcache import releases
 
 # The releases the tools' call-by-call comparison runs against.
 ORACLE_RELEASES: tuple[releases.Release, ...] = tuple(r for r in releases.RELEASES if r.tools_oracle)
+# The releases the differential fuzz replays (`--release`, `testing.release_api`).
+FUZZ_RELEASES: tuple[str, ...] = ("0.23.0", "0.33.0")
 # Loggers of the optional packages whose chatter the tools keep out of sight.
 NOISY_LOGGERS = ("vllm", "torch")
 
@@ -80,6 +82,13 @@ def load_vllm(accepted: Any = None) -> tuple[str | None, str]:
 
 def _oracle_text(accepted: Any = None) -> str:
     return " or ".join(r.version for r in (ORACLE_RELEASES if accepted is None else accepted))
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's release (imported quietly, local label dropped)
+    when it is one hybridcache supports, else None."""
+    version, _ = load_vllm(releases.RELEASES)
+    return None if version is None else releases.release_version(version)
 
 
 def missing(tool: str, what: str, hint: str, why: str = "") -> str:

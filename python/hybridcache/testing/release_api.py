@@ -1,0 +1,285 @@
+"""The differential fuzz per vLLM release: how a drawn setup becomes managers
+(the reference is vLLM's own; the candidate is hybridcache's facade for the
+release, or vLLM's again for the harness self-check), how requests are made,
+how the calls that changed between releases are spelled, and how each
+observable is read and normalized.
+
+`release(name)` gives the release's `ReleaseApi`; `fuzz.run_fuzz` and the
+tests ask it for setups, managers and the driver class (`fuzz_driver.Driver`
+for 0.23.0, `fuzz_driver033.Driver033` for 0.33.0). Nothing here imports
+vLLM or torch at import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from collections.abc import Sequence
+from typing import Any
+
+from . import configs
+from .compare import freeze, norm_event, norm_stats
+from .fuzz_setup import MIXES, Group, Setup, _manager_kwargs, build_hybridcache, build_vllm, group_specs, random_setup
+
+CANDIDATES = ("hybridcache", "vllm")
+
+
+class ReleaseApi:
+    """One vLLM release as the fuzz sees it (see the module docstring)."""
+
+    name = ""
+    mixes: tuple[str, ...] = ()
+    # Where hybridcache's facade for the release lives, and its class.
+    facade: tuple[str, str] = ("", "")
+
+    def random_setup(self, rng: Any, mix: str, caching: bool) -> Setup:
+        raise NotImplementedError
+
+    def manager_kwargs(self, s: Setup) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def build_reference(self, s: Setup) -> Any:
+        raise NotImplementedError
+
+    def build_facade(self, s: Setup) -> Any:
+        raise NotImplementedError
+
+    def build_candidate(self, s: Setup, candidate: str) -> Any:
+        if candidate == "vllm":
+            return self.build_reference(s)
+        if candidate == "hybridcache":
+            return self.build_facade(s)
+        raise ValueError(f"unknown candidate {candidate!r}; choose from {', '.join(CANDIDATES)}")
+
+    def candidate_missing(self, candidate: str) -> str | None:
+        """None when `candidate` can be built; else why not (one line)."""
+        if candidate == "vllm":
+            return None
+        module, cls = self.facade
+        if importlib.util.find_spec(module) is None:
+            return f"hybridcache's vLLM {self.name} facade ({module}.{cls}) is not there yet"
+        return None
+
+    def driver_class(self) -> type:
+        raise NotImplementedError
+
+    def norm_event(self, event: Any) -> Any:
+        return norm_event(event)
+
+    def norm_stats(self, stats: Any) -> Any:
+        return norm_stats(stats)
+
+
+class V023(ReleaseApi):
+    """vLLM 0.23.0: the fuzz as it always was (`fuzz_setup`, `fuzz_driver`)."""
+
+    name = "0.23.0"
+    mixes = MIXES
+    facade = ("hybridcache.manager", "KVCacheManager")
+
+    def random_setup(self, rng: Any, mix: str, caching: bool) -> Setup:
+        return random_setup(rng, mix, caching)
+
+    def manager_kwargs(self, s: Setup) -> dict[str, Any]:
+        return _manager_kwargs(s)
+
+    def build_reference(self, s: Setup) -> Any:
+        return build_vllm(s)
+
+    def build_facade(self, s: Setup) -> Any:
+        return build_hybridcache(s)
+
+    def driver_class(self) -> type:
+        from .fuzz_driver import Driver
+
+        return Driver
+
+
+# Mixes whose vLLM-vs-vLLM self-check the 0.33.0 driver passes (the facade
+# supports full attention first; the others follow as it grows).
+MIXES_033 = (*MIXES, "full_mamba_partial")
+
+
+class V033(ReleaseApi):
+    """vLLM 0.33.0: the constructor keywords of its scheduler (max_in_flight_tokens,
+    num_hash_lookahead_tokens, num_prefill_lookahead, watermark, ...), its
+    `Request` with its block hasher, events compared field by field and as
+    msgpack bytes (map-encoded since 0.24), stats with `hits_by_source`."""
+
+    name = "0.33.0"
+    mixes = MIXES_033
+    facade = ("hybridcache.manager033", "KVCacheManager033")
+    _hash_fn: Any = None
+
+    def random_setup(self, rng: Any, mix: str, caching: bool) -> Setup:
+        s = random_setup(rng, "full" if mix == "full_mamba_partial" else mix, caching)
+        if s.dcp * s.pcp > 1:
+            # 0.23.0's context-parallel draw; 0.33.0's dcp rules differ (not driven yet).
+            sbs = s.scheduler_block_size // (s.dcp * s.pcp)
+            s = dataclasses.replace(s, dcp=1, pcp=1, scheduler_block_size=sbs, hash_block_size=sbs)
+        if mix == "full_mamba_partial":
+            # A Mamba align block wider than the hash block: sub-block
+            # ("partial") hits with copy-on-write (0.26+).
+            mamba = Group("mamba", 8, mode="align" if caching else "none", num_spec=rng.randint(0, 2))
+            s = dataclasses.replace(s, mix=mix, groups=(Group("full", 4), mamba), scheduler_block_size=8,
+                                    hash_block_size=4 if caching else 8)
+        # Sparse retention is a KVCacheConfig field in 0.33.0 (the scheduler's
+        # default 0: replay boundaries and shared-prefix junctions only), for
+        # sliding window and Mamba groups.
+        retention = None
+        if caching and any(g.kind in ("sw", "mamba") for g in s.groups):
+            retention = rng.choice((None, 0, 0, s.scheduler_block_size, 2 * s.scheduler_block_size))
+        s = dataclasses.replace(s, metrics_sample_rate=None, retention=retention)
+        # 0.33.0 knows Mamba cache modes "align" and "none" only ("all" is gone).
+        groups = tuple(dataclasses.replace(g, mode="align") if g.mode == "all" else g for g in s.groups)
+        s = dataclasses.replace(s, groups=groups)
+        sbs = s.scheduler_block_size
+        use_eagle, spec, hash_la, prefill_la = False, 0, 0, 0
+        if s.use_eagle:
+            # EAGLE-family (one token of prefill lookahead) or multi-module
+            # MTP (one per draft token); vLLM wants sbs >= that with caching.
+            spec = rng.randint(1, 4)
+            prefill_la = min(spec, sbs) if rng.random() < 0.3 else 1
+            if caching and rng.random() < 0.6 and any(g.kind == "full" for g in s.groups):
+                # Lookahead block hashes (0.33's default for EAGLE with
+                # caching): the scheduler then passes use_eagle=False.
+                # Without a full-attention group vLLM 0.33.0's hit search
+                # indexes past the (fewer) lookahead hashes (IndexError in
+                # SlidingWindowManager.find_longest_cache_hit): steered around.
+                hash_la = prefill_la
+            else:
+                use_eagle = True
+        elif rng.random() < 0.3:
+            spec = rng.randint(1, 3)  # draft-model / n-gram drafts: no EAGLE rules
+        return dataclasses.replace(
+            s,
+            release=self.name,
+            use_eagle=use_eagle,
+            spec_tokens=spec,
+            dynamic_drafts=spec > 0 and rng.random() < 0.5,
+            hash_lookahead=hash_la,
+            prefill_lookahead=prefill_la,
+            watermark=rng.choice((0.0, 0.0, 0.05, 0.1)),
+            max_in_flight_tokens=rng.choice((None, 16, 64, 256)),
+            full_must_fit=rng.random() < 0.2,
+            deferred_frees=rng.random() < 0.5,
+            async_sched=rng.random() < 0.4,
+        )
+
+    def manager_kwargs(self, s: Setup) -> dict[str, Any]:
+        # Every keyword 0.33.0's scheduler passes (scheduler.py L351-370).
+        return dict(
+            max_model_len=s.max_model_len,
+            max_in_flight_tokens=s.max_in_flight_tokens,
+            enable_caching=s.caching,
+            use_eagle=s.use_eagle,
+            num_hash_lookahead_tokens=s.hash_lookahead,
+            num_prefill_lookahead=s.prefill_lookahead,
+            log_stats=s.log_stats,
+            enable_kv_cache_events=s.events,
+            dcp_world_size=1,
+            pcp_world_size=1,
+            scheduler_block_size=s.scheduler_block_size,
+            hash_block_size=s.hash_block_size,
+            metrics_collector=None,
+            watermark=s.watermark,
+            enable_mamba_shared_prefix_checkpoint=False,
+        )
+
+    def kv_cache_config(self, s: Setup) -> Any:
+        cfg = configs.vllm_kv_cache_config(group_specs(s), s.num_blocks)
+        cfg.prefix_cache_retention_interval = s.retention
+        return cfg
+
+    def build_reference(self, s: Setup) -> Any:
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+        return KVCacheManager(kv_cache_config=self.kv_cache_config(s), **self.manager_kwargs(s))
+
+    def build_facade(self, s: Setup) -> Any:
+        module, cls = self.facade
+        facade = getattr(importlib.import_module(module), cls)
+        # The scheduler hands the facade vLLM's own KVCacheConfig.
+        return facade(kv_cache_config=self.kv_cache_config(s), **self.manager_kwargs(s))
+
+    def driver_class(self) -> type:
+        from .fuzz_driver033 import Driver033
+
+        return Driver033
+
+    # -- requests ----------------------------------------------------------------
+
+    def hash_fn(self) -> Any:
+        if V033._hash_fn is None:
+            from vllm.utils.hashing import sha256
+            from vllm.v1.core.kv_cache_utils import init_none_hash
+
+            init_none_hash(sha256)  # deterministic in 0.33 ("vllm-none-hash")
+            V033._hash_fn = sha256
+        return V033._hash_fn
+
+    def make_request(
+        self,
+        s: Setup,
+        request_id: str,
+        tokens: Sequence[int],
+        *,
+        lora: bool = False,
+        cache_salt: str | None = None,
+        skip_reading_prefix_cache: bool = False,
+        report_full: bool = False,
+        session_id: str | None = None,
+    ) -> Any:
+        """vLLM 0.33.0's own `Request`, hashed by its request block hasher."""
+        from vllm.lora.request import LoRARequest
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+        from vllm.v1.request import Request
+
+        hasher = get_request_block_hasher(s.hash_block_size, self.hash_fn(), s.hash_lookahead) if s.caching else None
+        r = Request(
+            request_id,
+            list(tokens),
+            SamplingParams(max_tokens=s.max_model_len),
+            None,
+            lora_request=LoRARequest("lora-a", 1, "/adapters/a") if lora else None,
+            cache_salt=cache_salt,
+            block_hasher=hasher,
+            session_id=session_id,
+        )
+        r.skip_reading_prefix_cache = skip_reading_prefix_cache
+        if report_full:
+            r.kv_cache_report_mode = "full"
+        return r
+
+    # -- observables -------------------------------------------------------------
+
+    def norm_event(self, event: Any) -> Any:
+        """Every field (BlockStored has 15) and the wire bytes (map-encoded)."""
+        import msgspec
+
+        return norm_event(event), msgspec.msgpack.encode(event)
+
+    def norm_stats(self, stats: Any) -> Any:
+        base = norm_stats(stats)
+        if base is None:
+            return None
+        by_source = getattr(stats, "hits_by_source", None)
+        by_source = None if by_source is None else tuple(sorted((str(k), v) for k, v in by_source.items()))
+        return base + (("hits_by_source", by_source),)
+
+
+RELEASES: dict[str, ReleaseApi] = {r.name: r for r in (V023(), V033())}
+
+
+def release(name: str) -> ReleaseApi:
+    """The `ReleaseApi` of vLLM release `name`."""
+    try:
+        return RELEASES[name]
+    except KeyError:
+        raise ValueError(f"unsupported vLLM release {name!r}; choose from {', '.join(RELEASES)}") from None
+
+
+def norm_block_list(blocks: Sequence[Any]) -> tuple[Any, ...]:
+    """`KVCacheBlock`s handed out for a later `block_pool.free_blocks`."""
+    return freeze([b.block_id for b in blocks])
