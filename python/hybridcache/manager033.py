@@ -294,7 +294,7 @@ class KVCacheManager033(KVCacheManager):
             n = num_computed_tokens // bs
             if n > len(group_blocks):
                 raise ValueError(f"num_computed_tokens ({num_computed_tokens}) exceeds the {len(group_blocks)} blocks given")
-            out.append(list(group_blocks[:n]))
+            out.append([getattr(b, "block_id", b) for b in group_blocks[:n]])
         return self.create_kv_cache_blocks(tuple(out))
 
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
