@@ -121,7 +121,10 @@ fn a_step_may_adopt_hits_without_new_tokens() {
         new_computed_blocks: Some(&hit),
         ..Default::default()
     };
-    assert_eq!(m.allocate_slots("b", &args, None).unwrap(), Some(vec![vec![]]));
+    assert_eq!(
+        m.allocate_slots("b", &args, None).unwrap(),
+        Some(vec![vec![]])
+    );
     m.check_invariants().unwrap();
 }
 

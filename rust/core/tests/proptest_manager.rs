@@ -861,7 +861,11 @@ fn check_mix(mix: Mix, caching: bool, retention: Option<usize>) {
         ..Config::default()
     });
     // Context parallelism makes blocks 4x larger: a smaller pool still runs out.
-    let pool = if mix == Mix::FullContextParallel { 4u32..10 } else { 8u32..28 };
+    let pool = if mix == Mix::FullContextParallel {
+        4u32..10
+    } else {
+        8u32..28
+    };
     let strat = (
         pool,
         prop::bool::weighted(0.25),

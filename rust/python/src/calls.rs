@@ -101,7 +101,8 @@ impl NativeManager {
         let rid = request_id(request)?;
         let new_computed = Self::computed_ids(slf, opt.new_computed_blocks)?;
         if let Some(groups) = opt.skip_zeroing_group_ids {
-            slf.borrow().check_group_ids("skip_zeroing_group_ids", groups)?;
+            slf.borrow()
+                .check_group_ids("skip_zeroing_group_ids", groups)?;
         }
         let watermark_blocks = if opt.has_scheduled_reqs {
             slf.borrow().watermark_for(request)?
@@ -228,8 +229,10 @@ impl NativeManager {
         let hashes = req_attr(request, intern!(request.py(), "block_hashes"))?;
         let known = self.inner.num_known_hashes(rid);
         match self.inner.lookup(rid) {
-            Some(s) if known > 0 && !self.inner.holds_blocks_at(s)
-                && !self.same_request_hashes(s, &hashes, known)? =>
+            Some(s)
+                if known > 0
+                    && !self.inner.holds_blocks_at(s)
+                    && !self.same_request_hashes(s, &hashes, known)? =>
             {
                 Ok(Some(hash_update(&hashes, 0)?.unwrap_or_default()))
             }

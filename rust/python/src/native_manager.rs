@@ -194,7 +194,11 @@ impl NativeManager {
 
     /// 0.33.0's watermark: `blocks` stay free when a request whose status
     /// equals one of `statuses` is admitted while others are scheduled.
-    fn _set_watermark(&mut self, blocks: &Bound<'_, PyAny>, statuses: Vec<PyObject>) -> PyResult<()> {
+    fn _set_watermark(
+        &mut self,
+        blocks: &Bound<'_, PyAny>,
+        statuses: Vec<PyObject>,
+    ) -> PyResult<()> {
         self.watermark = crate::release_api::Watermark {
             blocks: count_obj("watermark_blocks", blocks)?,
             statuses,

@@ -54,7 +54,9 @@ impl NativeManager {
     pub(crate) fn check_group_ids(&self, name: &str, groups: &Bound<'_, PyAny>) -> PyResult<()> {
         let n = self.inner.num_groups();
         for g in groups.try_iter().map_err(|_| {
-            pyo3::exceptions::PyTypeError::new_err(format!("{name} must be an iterable of group indices"))
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "{name} must be an iterable of group indices"
+            ))
         })? {
             let g = count_obj(name, &g?)?;
             if g >= n {

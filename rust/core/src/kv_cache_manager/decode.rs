@@ -209,10 +209,14 @@ impl KvCacheManager {
             !args.delay_cache_blocks,
         );
         let (hashes, prompt) = (self.reqs.hashes(slot), self.prompt_len(slot));
-        if !self
-            .coord
-            .plain_decode(slot, &c, args.reserved_blocks + args.watermark_blocks, hashes, prompt, out)
-        {
+        if !self.coord.plain_decode(
+            slot,
+            &c,
+            args.reserved_blocks + args.watermark_blocks,
+            hashes,
+            prompt,
+            out,
+        ) {
             // A running request holds blocks: `release_if_idle` keeps it.
             return false;
         }

@@ -510,7 +510,8 @@ impl KvCacheManager {
     /// Whether some group holds blocks for the request (a lookup of one
     /// that holds none may be of a new request reusing its id).
     pub fn holds_blocks(&self, request_id: &str) -> bool {
-        self.slot(request_id).is_some_and(|s| self.holds_blocks_at(s))
+        self.slot(request_id)
+            .is_some_and(|s| self.holds_blocks_at(s))
     }
 
     /// Hash `i` the core holds for the request in `slot`.
