@@ -294,3 +294,32 @@ def test_metrics_collector_gets_vllm_calls(v33: Any, rate: float) -> None:
         logs.append(log)
     assert logs[0] == logs[1]
     assert any(calls for calls, _, _ in logs[0][:-1])
+
+
+def test_bad_input_to_the_0_33_calls() -> None:
+    """The calls 0.33.0 added refuse bad arguments with a clear error and
+    leave the manager as it was."""
+    m = KVCacheManager033(_hc_config(10), 200, BS, BS)
+    r = HcRequest("a", list(range(40)), BS)
+    assert m.pop_blocks_for_free(HcRequest("unknown", [1], BS)) == []
+    assert m.estimate_cached_tokens(HcRequest("unknown", [1], BS)) == 0
+    with pytest.raises(ValueError, match="max_cache_hit_length must be >= 0"):
+        m.get_computed_blocks(r, -1)
+    with pytest.raises(TypeError, match="max_cache_hit_length must be an int"):
+        m.get_computed_blocks(r, "x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="skip_zeroing_group_ids: group 5 out of range"):
+        m.allocate_slots(r, 40, skip_zeroing_group_ids=(5,))
+    with pytest.raises(TypeError, match="skip_zeroing_group_ids must be an iterable"):
+        m.allocate_slots(r, 40, skip_zeroing_group_ids=5)
+    with pytest.raises(TypeError, match="has_scheduled_reqs must be a bool"):
+        m.allocate_slots(r, 40, has_scheduled_reqs="x")
+    assert m.num_free_blocks == 9 and not m.has_request("a")
+    assert m.allocate_slots(r, 40).get_block_ids() == ([1, 2, 3],)
+    with pytest.raises(TypeError, match="block_id must be an int"):
+        m.block_pool.free_blocks([object()])
+    with pytest.raises(ValueError, match="block_id must be >= 0"):
+        m.block_pool.free_blocks([10**20])
+    with pytest.raises(ValueError, match="not a multiple of the block size"):
+        m.truncate_computed_blocks(m.get_blocks("a"), 17)
+    assert m.get_block_ids("a") == ([1, 2, 3],) and m.num_free_blocks == 6
+    m.check_invariants()
