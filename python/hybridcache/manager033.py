@@ -374,6 +374,8 @@ class CoordinatorView033(CoordinatorView):
             self.eagle_group_ids = set(range(len(groups)))
         self.drop_eagle_group_ids = self.eagle_group_ids if manager.use_eagle else set()
         self.num_reprefillable_tokens = 0
+        # 0.33.0's config field (None or 0 here: full attention caches densely).
+        self.retention_interval = getattr(manager.kv_cache_config, "prefix_cache_retention_interval", None)
 
     def get_num_blocks_to_allocate(  # type: ignore[override]
         self,
