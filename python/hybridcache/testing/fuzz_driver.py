@@ -100,7 +100,9 @@ class Driver(BadInputs):
         cands = [q for q in self.seqs if state is None or q.state == state]
         return c.choice(cands) if cands else None
 
-    def new_request(self, c: Any) -> Request:
+    def draw_tokens_and_id(self, c: Any) -> tuple[list[int], str]:
+        """A new request's tokens (a shared prefix and a tail) and its id
+        (now and then a finished request's, reused)."""
         prefix = list(c.choice(PREFIXES))
         tail = [200 + c.randint(0, 4) for _ in range(c.randint(0, 40))]
         tokens = (prefix + tail)[: self.s.max_model_len - 24] or [1]
@@ -109,6 +111,10 @@ class Driver(BadInputs):
         else:
             rid = f"r{self.next_id}"
             self.next_id += 1
+        return tokens, rid
+
+    def new_request(self, c: Any) -> Request:
+        tokens, rid = self.draw_tokens_and_id(c)
         lora = LoRARequest("lora-a", 1) if c.chance(0.05) else None
         salt = "salt" if c.chance(0.05) else None
         return Request(rid, tokens, self.s.hash_block_size, lora_request=lora, cache_salt=salt,

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .compare import _first_difference, freeze, norm_allocated, norm_blocks, norm_usage, pool_state
-from .fuzz_driver import PREFIXES, Driver, Seq
+from .fuzz_driver import Driver, Seq
 from .fuzz_setup import Divergence, Figures, InvariantViolation, ReferenceError_, Setup
 from .release_api import V033, norm_block_list, release
 
@@ -113,14 +113,7 @@ class Driver033(Driver):
         return getattr(RequestStatus, name)
 
     def new_request(self, c: Any) -> Any:
-        prefix = list(c.choice(PREFIXES))
-        tail = [200 + c.randint(0, 4) for _ in range(c.randint(0, 40))]
-        tokens = (prefix + tail)[: self.s.max_model_len - 24] or [1]
-        if self.finished_ids and c.chance(0.2):
-            rid = self.finished_ids.pop(c.randint(0, len(self.finished_ids) - 1))
-        else:
-            rid = f"r{self.next_id}"
-            self.next_id += 1
+        tokens, rid = self.draw_tokens_and_id(c)
         lora, salt, skip = c.chance(0.05), "salt" if c.chance(0.05) else None, c.chance(0.03)
         report_full = self.s.events and c.chance(0.2)
         if report_full and self.ref.coordinator.enable_partial_hash_hits and not self.allow_known_bugs:

@@ -178,20 +178,6 @@ impl NativeManager {
         })
     }
 
-    /// The hashes of `request` the core lacks (None when caching is off).
-    pub(crate) fn pending_hashes(
-        &self,
-        request: &Bound<'_, PyAny>,
-        rid: &str,
-    ) -> PyResult<Option<HashUpdate>> {
-        // Used by lookups and cache_blocks; allocation uses `allocate_one`.
-        if !self.inner.enable_caching() {
-            return Ok(None);
-        }
-        let hashes = req_attr(request, intern!(request.py(), "block_hashes"))?;
-        hash_update(&hashes, self.inner.num_known_hashes(rid))
-    }
-
     /// Whether `block_hashes` (the request's list) extends the `known`
     /// hashes the core holds for `slot`. Each hash chains all before it,
     /// so comparing the last known one compares them all.
@@ -214,11 +200,12 @@ impl NativeManager {
             .map_or(true, |b| Some(b.as_bytes()) == ours))
     }
 
-    /// The hashes of `request` the core lacks, for a lookup: those past the
-    /// known ones, or all of them (replacing the old) when the request
-    /// holds no blocks and its hashes do not extend what the core has (a
-    /// new request reusing an id).
-    pub(crate) fn lookup_hashes(
+    /// The hashes of `request` the core lacks (None when caching is off):
+    /// those past the known ones, or all of them (replacing the old) when
+    /// the request holds no blocks and its hashes do not extend what the
+    /// core has (a new request reusing an id). Used by lookups and
+    /// cache_blocks; allocation uses `allocate_one`.
+    pub(crate) fn pending_hashes(
         &self,
         request: &Bound<'_, PyAny>,
         rid: &str,

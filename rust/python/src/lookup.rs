@@ -40,7 +40,7 @@ pub(crate) fn computed_blocks<'py>(
     )?;
     let (blocks, hit) = {
         let mut this = slf.borrow_mut();
-        let update = this.lookup_hashes(request, rid)?;
+        let update = this.pending_hashes(request, rid)?;
         let (blocks, hit) = guard(|| {
             if num_tokens == 0 {
                 return Err(CoreError::InvalidArgument(format!(
