@@ -293,11 +293,10 @@ class KVCacheManager(_native.NativeManager):
         if not self.log_stats:
             return None
         reset, requests, queries, hits, p_requests, p_queries, p_hits = self._take_stats(take)
-        stats = self._stats_cls()
-        stats.reset = reset
-        stats.requests, stats.queries, stats.hits = requests, queries, hits
-        stats.preempted_requests, stats.preempted_queries, stats.preempted_hits = p_requests, p_queries, p_hits
-        return stats
+        # One constructor call (the scheduler asks every step).
+        return self._stats_cls(reset=reset, requests=requests, queries=queries, hits=hits,
+                               preempted_requests=p_requests, preempted_queries=p_queries,
+                               preempted_hits=p_hits)
 
     def take_events(self) -> list[Any]:
         """The KV events recorded since the last call, oldest first, then

@@ -313,7 +313,9 @@ impl Coordinator {
             // tokens_to_cache(t) / bs <= cached  <=>  tokens_to_cache(t) < limit
             let limit = (m.num_cached_blocks(slot) + 1) * m.block_size as usize;
             g.max_to_cache = match kind {
-                CoordinatorKind::Hybrid if m.use_eagle => return None,
+                CoordinatorKind::Hybrid if m.use_eagle => {
+                    crate::decode_bounds::eagle_max_to_cache(limit, sbs, m.block_size as usize)
+                }
                 // t / sbs * sbs < limit  <=>  t < ceil(limit / sbs) * sbs
                 CoordinatorKind::Hybrid => cdiv(limit, sbs) * sbs - 1,
                 _ => limit - 1,

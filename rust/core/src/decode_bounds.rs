@@ -62,3 +62,48 @@ pub struct DecodeCounts {
     /// Tokens to cache; None when the call caches nothing.
     pub to_cache: Option<usize>,
 }
+
+/// The largest t with `tokens_to_cache(t) < limit` for an EAGLE group of a
+/// hybrid coordinator (`coordinator::tokens_to_cache`), where that is `min(t, t / sbs * sbs + bs)` (0 below
+/// one sbs). It is non-decreasing in t, so the bound is exact: every
+/// sbs-segment whose start a has `a + bs < limit` is within it, and past
+/// the last such segment the value is t itself.
+pub(crate) fn eagle_max_to_cache(limit: usize, sbs: usize, bs: usize) -> usize {
+    let last_whole = if limit > sbs + bs {
+        (limit - bs - 1) / sbs
+    } else {
+        0
+    };
+    ((last_whole + 1) * sbs - 1).max(limit - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::eagle_max_to_cache;
+
+    /// The closed form against a scan of `min(t, t / sbs * sbs + bs)`.
+    #[test]
+    fn eagle_bound_is_the_last_t_below_the_limit() {
+        for sbs in [1usize, 4, 16, 32] {
+            for bs in [1usize, 4, 16, 32, 64] {
+                for limit in 1..300usize {
+                    let cached = |t: usize| {
+                        let a = t / sbs * sbs;
+                        if a > 0 {
+                            t.min(a + bs)
+                        } else {
+                            0
+                        }
+                    };
+                    let want = (0..2000).take_while(|&t| cached(t) < limit).last().unwrap();
+                    assert!((want + 1..2000).all(|t| cached(t) >= limit), "not monotone");
+                    assert_eq!(
+                        eagle_max_to_cache(limit, sbs, bs),
+                        want,
+                        "sbs {sbs} bs {bs} limit {limit}"
+                    );
+                }
+            }
+        }
+    }
+}
