@@ -65,15 +65,22 @@ def _check_retention(kv_cache_config: Any, scheduler_block_size: int) -> None:
     )
 
 
-def _check_supported_033(dcp_world_size: int, pcp_world_size: int) -> None:
-    """0.33.0 changed context parallelism (only dcp scales a block, and only
-    for dcp-sharded specs; several groups may use it): not ported to this
-    facade yet (the 0.23.0 facade supports 0.23.0's form)."""
-    if dcp_world_size != 1 or pcp_world_size != 1:
+def _context_parallel_033(kv_cache_config: Any, dcp_world_size: int, pcp_world_size: int) -> tuple[int, int]:
+    """The (dcp, pcp) the core scales blocks by, in 0.33.0's form: only dcp
+    scales a block, and only of a dcp-sharded spec (every attention spec by
+    default); pcp scales nothing (single_type_kv_cache_manager.py L107-109,
+    L761-765; the scheduler passes pcp_world_size=1)."""
+    dcp = _positive_int("dcp_world_size", dcp_world_size)
+    _positive_int("pcp_world_size", pcp_world_size)
+    if dcp == 1:
+        return 1, 1
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or ())
+    if len(groups) != 1:
         raise NotImplementedError(
-            f"decode/prefill context parallelism (dcp_world_size={dcp_world_size}, "
-            f"pcp_world_size={pcp_world_size}) is not supported by hybridcache's vLLM 0.33.0 facade yet"
+            f"decode context parallelism (dcp_world_size={dcp}) with {len(groups)} KV cache groups is not "
+            "supported by hybridcache's vLLM 0.33.0 facade yet (one full-attention group is)"
         )
+    return (dcp if getattr(groups[0].kv_cache_spec, "dcp_sharded", True) else 1), 1
 
 
 def _waiting_statuses() -> list[Any]:
@@ -100,7 +107,8 @@ class KVCacheManager033(KVCacheManager):
 
     Raises:
         NotImplementedError: a layout other than one full-attention group,
-            dcp/pcp > 1, multi-module MTP (`num_prefill_lookahead` > 1).
+            dcp > 1 with several groups, multi-module MTP
+            (`num_prefill_lookahead` > 1).
         ValueError: a bad count, a negative watermark, a retention interval
             vLLM 0.33.0 refuses, MTP whose lookahead exceeds the scheduler
             block size.
@@ -126,12 +134,12 @@ class KVCacheManager033(KVCacheManager):
         enable_mamba_shared_prefix_checkpoint: bool = False,
     ) -> KVCacheManager033:
         """Builds the manager; the arguments are vLLM 0.33.0's."""
-        _check_supported_033(dcp_world_size, pcp_world_size)
         max_model_len = _positive_int("max_model_len", max_model_len)
         if max_in_flight_tokens is None:
             max_in_flight_tokens = max_model_len
         max_in_flight_tokens = _positive_int("max_in_flight_tokens", max_in_flight_tokens)
         scheduler_block_size = _positive_int("scheduler_block_size", scheduler_block_size)
+        dcp_world_size, pcp_world_size = _context_parallel_033(kv_cache_config, dcp_world_size, pcp_world_size)
         _check_layout(kv_cache_config)
         _check_retention(kv_cache_config, scheduler_block_size)
         for name, v in (("num_hash_lookahead_tokens", num_hash_lookahead_tokens),
@@ -162,6 +170,7 @@ class KVCacheManager033(KVCacheManager):
         self = cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
                           enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE,
                           num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+                          dcp_world_size=dcp_world_size, pcp_world_size=pcp_world_size,
                           # 0.33.0's pool calls the collector as 0.23.0's,
                           # except that the null block is never touched.
                           metrics_collector=metrics_collector)
@@ -172,6 +181,8 @@ class KVCacheManager033(KVCacheManager):
                   num_hash_lookahead_tokens: int, log_stats: bool) -> None:
         self._group_infos = groups
         self._hash_block_size = hash_block_size
+        # Tokens per block of each group, as the core sizes them (dcp scales them).
+        self._block_sizes = [g.native.block_size * self.dcp_world_size for g in groups]
         self._live_stats: Any = _prefix_cache_stats() if log_stats else None
         self.watermark_blocks = int(watermark * self.num_blocks)
         self._set_watermark(self.watermark_blocks, _waiting_statuses())
@@ -207,10 +218,9 @@ class KVCacheManager033(KVCacheManager):
         consumers learn of reused blocks (`kv_cache_report_mode="full"`)."""
         hashes = request.block_hashes
         raw = []
-        for group, (g, group_blocks) in enumerate(zip(self._groups, blocks.blocks)):
+        for group, (bs, group_blocks) in enumerate(zip(self._block_sizes, blocks.blocks)):
             n = len(group_blocks)
             if n:
-                bs = g.native.block_size
                 raw.append(("stored", list(hashes[:n]), None, 0, n * bs, bs, group, list(range(n))))
         self._on_events(raw, request)
 
@@ -268,6 +278,8 @@ class KVCacheManager033(KVCacheManager):
     def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
         """The request's block ids covering its first `num_computed_tokens`
         tokens, per group."""
+        # vLLM clips by the spec's own block size, not the dcp-scaled one
+        # (kv_cache_manager.py L756): with dcp > 1 that keeps more ids.
         sizes = [g.native.block_size for g in self._groups]
         return tuple(ids[: -(-num_computed_tokens // bs)] for ids, bs in zip(self.get_block_ids(request_id), sizes))
 
@@ -276,10 +288,10 @@ class KVCacheManager033(KVCacheManager):
         fewest over the groups): a full block's hash covers the tokens up
         to its end."""
         cached: int | None = None
-        for ids, g in zip(self.get_block_ids(request.request_id), self._groups):
+        for ids, bs in zip(self.get_block_ids(request.request_id), self._block_sizes):
             unhashed = self.unhashed(ids)
             covered = max((i + 1 for i, u in enumerate(unhashed) if not u and ids[i] != 0), default=0)
-            tokens = covered * g.native.block_size
+            tokens = covered * bs
             cached = tokens if cached is None else min(cached, tokens)
         return cached or 0
 
@@ -287,8 +299,7 @@ class KVCacheManager033(KVCacheManager):
         """`blocks` (a lookup result) cut to `num_computed_tokens` tokens, a
         multiple of each group's block size. References are untouched."""
         out = []
-        for g, group_blocks in zip(self._groups, blocks.blocks):
-            bs = g.native.block_size
+        for bs, group_blocks in zip(self._block_sizes, blocks.blocks):
             if num_computed_tokens % bs:
                 raise ValueError(f"num_computed_tokens ({num_computed_tokens}) is not a multiple of the block size {bs}")
             n = num_computed_tokens // bs
@@ -436,7 +447,8 @@ class _SingleTypeManagerView033(SingleTypeManagerView):
         """The view of group `group` of `manager`, whose spec is `spec`."""
         super().__init__(manager, group)
         self.kv_cache_spec = spec
-        self.block_size = int(spec.block_size)
+        # vLLM's manager holds block_size * dcp tokens per block (dcp-sharded specs).
+        self.block_size = int(spec.block_size) * manager.dcp_world_size
         self.block_pool = manager.block_pool
         self.num_cached_block = _NumCachedBlockView(manager, group)
 

@@ -114,9 +114,11 @@ class V033(ReleaseApi):
     def random_setup(self, rng: Any, mix: str, caching: bool) -> Setup:
         s = random_setup(rng, "full" if mix == "full_mamba_partial" else mix, caching)
         if s.dcp * s.pcp > 1:
-            # 0.23.0's context-parallel draw; 0.33.0's dcp rules differ (not driven yet).
-            sbs = s.scheduler_block_size // (s.dcp * s.pcp)
-            s = dataclasses.replace(s, dcp=1, pcp=1, scheduler_block_size=sbs, hash_block_size=sbs)
+            # 0.23.0's context-parallel draw, sized 0.33.0's way: only dcp
+            # scales a block (vLLM's resolve_dcp_kv_block_size); pcp is
+            # passed and changes nothing for full attention.
+            sbs = s.scheduler_block_size // (s.dcp * s.pcp) * s.dcp
+            s = dataclasses.replace(s, scheduler_block_size=sbs, hash_block_size=sbs)
         if mix == "full_mamba_partial":
             # A Mamba align block wider than the hash block: sub-block
             # ("partial") hits with copy-on-write (0.26+).
@@ -177,8 +179,8 @@ class V033(ReleaseApi):
             num_prefill_lookahead=s.prefill_lookahead,
             log_stats=s.log_stats,
             enable_kv_cache_events=s.events,
-            dcp_world_size=1,
-            pcp_world_size=1,
+            dcp_world_size=s.dcp,
+            pcp_world_size=s.pcp,
             scheduler_block_size=s.scheduler_block_size,
             hash_block_size=s.hash_block_size,
             metrics_collector=None,
