@@ -2,14 +2,14 @@
 //! hits across them, as vLLM 0.23.0's `get_kv_cache_coordinator` chooses:
 //! no prefix cache, unitary (one group), or hybrid (several attention types).
 
-use crate::attention::Attention;
+use crate::attention::{Attention, RetentionMarks};
 use crate::block_pool::BlockPool;
 use crate::decode_bounds::{DecodeCounts, DecodeHorizon};
 use crate::error::{CoreError, CoreResult};
 use crate::group_manager::SingleTypeManager;
 use crate::hashes::{HashList, ScaledHashes};
 use crate::new_blocks::NewBlocks;
-use crate::profile::BehaviourProfile;
+use crate::profile::{BehaviourProfile, BlockHashView, HybridHit};
 use crate::spec::{context_parallel_groups, GroupSpec, SpecKind};
 use crate::{cdiv, BlockId, ReqSlot};
 
@@ -37,6 +37,21 @@ pub struct Coordinator {
     eagle_groups: Vec<bool>,
     // Hybrid only: spec groups, full attention first.
     spec_groups: Vec<SpecGroup>,
+    hybrid_hit: HybridHit,
+    pub hash_view: BlockHashView,
+    // External tokens' metrics logged after every group's touches.
+    two_phase_external: bool,
+}
+
+/// A cache hit: blocks per group, its length in tokens, and the longest
+/// hit one attention type found on its own (`>= len`; the difference is
+/// the shared prefix a sparse-retention group has not cached, reported
+/// under `HybridHit::EveryFullTruncated` only, else `len`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheHit {
+    pub blocks: Vec<Vec<BlockId>>,
+    pub len: usize,
+    pub longest: usize,
 }
 
 fn same_spec(a: &GroupSpec, b: &GroupSpec) -> bool {
@@ -81,6 +96,9 @@ fn check_retention(
         .iter()
         .any(|g| Attention::from_spec(&g.kind).retains_sparsely(rule))
     {
+        if rule.accepts_without_sparse_groups(n) {
+            return Ok(());
+        }
         return Err(CoreError::InvalidArgument(
             "a retention interval is set but this model has no sliding-window KV cache group, \
              so retention has no effect"
@@ -145,6 +163,10 @@ impl Coordinator {
         if use_eagle && !eagle_groups.iter().any(|&e| e) {
             eagle_groups.iter_mut().for_each(|e| *e = true);
         }
+        if !use_eagle && profile.eagle_drop_needs_use_eagle {
+            // Lookahead hashes clear use_eagle: flagged groups drop nothing.
+            eagle_groups.iter_mut().for_each(|e| *e = false);
+        }
         let mut managers: Vec<SingleTypeManager> = groups
             .iter()
             .enumerate()
@@ -162,7 +184,7 @@ impl Coordinator {
         match kind {
             CoordinatorKind::Unitary => managers[0].use_eagle = eagle_groups[0],
             CoordinatorKind::Hybrid => {
-                spec_groups = split_spec_groups(groups, &eagle_groups)?;
+                spec_groups = split_spec_groups(groups, &eagle_groups, profile.hybrid_hit)?;
                 for sg in spec_groups.iter().filter(|sg| sg.use_eagle) {
                     for &g in &sg.group_ids {
                         managers[g as usize].use_eagle = true;
@@ -172,8 +194,9 @@ impl Coordinator {
             CoordinatorKind::NoPrefixCache => {}
         }
         let retention = retention_interval.map(|n| (n, profile.retention));
+        let any_eagle = managers.iter().any(|m| m.use_eagle);
         for m in managers.iter_mut() {
-            m.settle(hash_block_size, retention);
+            m.settle(hash_block_size, any_eagle, retention);
         }
         Ok(Coordinator {
             kind,
@@ -182,6 +205,9 @@ impl Coordinator {
             scheduler_block_size,
             eagle_groups,
             spec_groups,
+            hybrid_hit: profile.hybrid_hit,
+            hash_view: profile.block_hash_view,
+            two_phase_external: profile.two_phase_external,
         })
     }
 
@@ -268,7 +294,7 @@ impl Coordinator {
                 ends.push(self.pool.metrics_len());
             }
         }
-        if log && self.pool.metrics_len() > ends[self.managers.len() - 1] {
+        if log && !self.two_phase_external && self.pool.metrics_len() > ends[self.managers.len() - 1] {
             self.pool.interleave_metrics(start, &ends);
         }
     }
@@ -343,24 +369,23 @@ impl Coordinator {
     }
 
     /// Caches the request's blocks up to `num_tokens` computed tokens;
-    /// `num_prompt_tokens` (when known) places the replay boundary that
-    /// sparse retention keeps.
+    /// `marks` place the replay boundaries that sparse retention keeps.
     pub fn cache_blocks(
         &mut self,
         slot: ReqSlot,
         hashes: &HashList,
         num_tokens: usize,
-        num_prompt_tokens: Option<usize>,
+        marks: RetentionMarks,
     ) {
-        let (kind, sbs) = (self.kind, self.scheduler_block_size);
+        let (kind, sbs, view) = (self.kind, self.scheduler_block_size, self.hash_view);
         for m in self.managers.iter_mut() {
             let tokens = tokens_to_cache(kind, sbs, m, num_tokens);
             m.cache_blocks(
                 &mut self.pool,
                 slot,
-                ScaledHashes::new(hashes, m.scale),
+                ScaledHashes::viewed(hashes, m.scale, view),
                 tokens,
-                num_prompt_tokens,
+                marks,
             );
         }
     }
@@ -412,7 +437,7 @@ impl Coordinator {
         c: &DecodeCounts,
         reserved: usize,
         hashes: &HashList,
-        num_prompt_tokens: Option<usize>,
+        marks: RetentionMarks,
         out: &mut NewBlocks,
     ) -> bool {
         debug_assert!(self.runs_everywhere(slot));
@@ -434,7 +459,7 @@ impl Coordinator {
             out.ends.push(out.ids.len() as u32);
         }
         if let Some(t) = c.to_cache {
-            self.cache_blocks(slot, hashes, t, num_prompt_tokens);
+            self.cache_blocks(slot, hashes, t, marks);
         }
         true
     }
@@ -445,15 +470,20 @@ impl Coordinator {
         }
     }
 
-    /// Longest cache hit: blocks per group and the hit length in tokens.
+    /// Longest cache hit (see `CacheHit`).
     pub fn find_longest_cache_hit(
         &self,
         hashes: &HashList,
         max_cache_hit_length: usize,
-    ) -> (Vec<Vec<BlockId>>, usize) {
+    ) -> CacheHit {
         let mut out = vec![Vec::new(); self.managers.len()];
+        let hit = |blocks, len| CacheHit {
+            blocks,
+            len,
+            longest: len,
+        };
         match self.kind {
-            CoordinatorKind::NoPrefixCache => (out, 0),
+            CoordinatorKind::NoPrefixCache => hit(out, 0),
             CoordinatorKind::Unitary => {
                 let m = &self.managers[0];
                 SingleTypeManager::find_longest_cache_hit(
@@ -467,7 +497,7 @@ impl Coordinator {
                     &mut out,
                 );
                 let len = out[0].len() * m.block_size as usize;
-                (out, len)
+                hit(out, len)
             }
             CoordinatorKind::Hybrid => self.hybrid_cache_hit(hashes, max_cache_hit_length),
         }
@@ -476,9 +506,16 @@ impl Coordinator {
     /// Fixed point over attention types: each accepts the candidate length
     /// or shortens it; any shortening restarts the round. Lengths only
     /// decrease, so it ends.
-    fn hybrid_cache_hit(&self, hashes: &HashList, max_len: usize) -> (Vec<Vec<BlockId>>, usize) {
+    fn hybrid_cache_hit(&self, hashes: &HashList, max_len: usize) -> CacheHit {
         let hash_block_size = self.pool.hash_block_size();
         let sbs = self.scheduler_block_size as usize;
+        let every_full = self.hybrid_hit == HybridHit::EveryFullTruncated;
+        // How far an EAGLE lookup may reach past the candidate.
+        let eagle_cap = match self.hybrid_hit {
+            HybridHit::FirstFullTruncated => max_len,
+            HybridHit::EveryFullTruncated => hashes.len() * hash_block_size as usize,
+        };
+        let mut longest = 0;
         let mut by_group: Vec<Option<Vec<BlockId>>> = vec![None; self.managers.len()];
         let mut hit_length = max_len;
         let simple = self.spec_groups.len() == 2 && self.spec_groups[0].spec.is_full_attention();
@@ -497,7 +534,7 @@ impl Coordinator {
                 let drop_eagle = sg.use_eagle && !eagle_verified[idx];
                 // EAGLE matches one more block, then drops it.
                 let max_length = if drop_eagle {
-                    (curr + bs).min(max_len)
+                    (curr + bs).min(eagle_cap)
                 } else {
                     curr
                 };
@@ -505,7 +542,11 @@ impl Coordinator {
                 SingleTypeManager::find_longest_cache_hit(
                     &sg.spec,
                     &self.pool,
-                    ScaledHashes::new(hashes, (sg.spec.block_size / hash_block_size) as usize),
+                    ScaledHashes::viewed(
+                        hashes,
+                        (sg.spec.block_size / hash_block_size) as usize,
+                        self.hash_view,
+                    ),
                     max_length,
                     &sg.group_ids,
                     drop_eagle,
@@ -519,6 +560,7 @@ impl Coordinator {
                     eagle_verified.iter_mut().for_each(|v| *v = false);
                 }
                 curr = new_len;
+                longest = longest.max(curr);
                 for (&g, blocks) in sg.group_ids.iter().zip(scratch.iter_mut()) {
                     by_group[g as usize] = Some(std::mem::take(blocks));
                 }
@@ -531,25 +573,25 @@ impl Coordinator {
                 break;
             }
         }
-        if let Some(first) = self
-            .spec_groups
-            .first()
-            .filter(|sg| sg.spec.is_full_attention())
-        {
-            let n = hit_length / first.spec.block_size as usize;
-            for &g in &first.group_ids {
+        let truncated = self.spec_groups.iter().enumerate().filter(|(i, sg)| {
+            sg.spec.is_full_attention() && (every_full || *i == 0)
+        });
+        for (_, sg) in truncated {
+            let n = cdiv(hit_length, sg.spec.block_size as usize);
+            for &g in &sg.group_ids {
                 if let Some(b) = by_group[g as usize].as_mut() {
                     b.truncate(n);
                 }
             }
         }
-        (
-            by_group
+        CacheHit {
+            blocks: by_group
                 .into_iter()
                 .map(Option::unwrap_or_default)
                 .collect(),
-            hit_length,
-        )
+            len: hit_length,
+            longest: if every_full { longest } else { hit_length },
+        }
     }
 
     pub fn new_step_starts(&mut self) {
@@ -582,7 +624,11 @@ fn tokens_to_cache(
 
 /// Groups with equal specs, in first-seen order, then full attention first
 /// (its left-to-right scan gives the tightest first bound).
-fn split_spec_groups(groups: &[GroupSpec], eagle: &[bool]) -> CoreResult<Vec<SpecGroup>> {
+fn split_spec_groups(
+    groups: &[GroupSpec],
+    eagle: &[bool],
+    rule: HybridHit,
+) -> CoreResult<Vec<SpecGroup>> {
     let mut out: Vec<SpecGroup> = Vec::new();
     for (i, g) in groups.iter().enumerate() {
         match out.iter_mut().find(|sg| same_spec(&sg.spec, g)) {
@@ -597,7 +643,11 @@ fn split_spec_groups(groups: &[GroupSpec], eagle: &[bool]) -> CoreResult<Vec<Spe
             }),
         }
     }
-    if out.len() < 2 {
+    let fewest = match rule {
+        HybridHit::FirstFullTruncated => 2,
+        HybridHit::EveryFullTruncated => 1,
+    };
+    if out.len() < fewest {
         return Err(CoreError::InvalidArgument(
             "several KV cache groups with prefix caching need at least two different specs".into(),
         ));

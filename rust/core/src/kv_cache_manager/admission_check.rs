@@ -6,6 +6,7 @@
 //! no-op decode (most decode steps) sizes nothing and never gets here.
 
 use super::{AllocateArgs, KvCacheManager, ManagerConfig};
+use crate::profile::BlockHashView;
 use crate::attention::Attention;
 use crate::block_pool::NULL_BLOCK;
 use crate::coordinator::Coordinator;
@@ -279,7 +280,12 @@ fn check_hit(
             what()
         ));
     }
-    match hashes.matches(key, i * scale, scale) {
+    // The hashes a block's key is made of (see `profile::BlockHashView`).
+    let (from, n) = match m.coord.hash_view {
+        BlockHashView::Concatenated => (i * scale, scale),
+        BlockHashView::LastHashBlock => ((i + 1) * scale - 1, 1),
+    };
+    match hashes.matches(key, from, n) {
         Some(true) => Ok(()),
         Some(false) => invalid(format!(
             "{} is cached under another hash than request {request_id:?}'s at that position \
