@@ -95,9 +95,10 @@ def _check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bo
                 f"of {hash_block_size} (vLLM 0.33.0 caches partial tail blocks and serves partial hash "
                 "hits there) is not supported by hybridcache's vLLM 0.33.0 facade yet"
             )
-        if kind == "sliding_window" and getattr(spec, "extra_retained_tokens", 0):
+        extra = getattr(spec, "extra_retained_tokens", None) or 0
+        if kind == "sliding_window" and extra:
             raise NotImplementedError(
-                f"kv_cache_groups[{i}]: extra_retained_tokens={spec.extra_retained_tokens} (multi-module "
+                f"kv_cache_groups[{i}]: extra_retained_tokens={extra} (multi-module "
                 "MTP) is not supported by hybridcache's vLLM 0.33.0 facade yet"
             )
         kinds.append(kind)

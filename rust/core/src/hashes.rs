@@ -131,7 +131,11 @@ impl<'a> ScaledHashes<'a> {
     }
 
     pub fn get(&self, i: usize) -> Cow<'a, [u8]> {
-        let first = if self.last_only { (i + 1) * self.scale - 1 } else { i * self.scale };
+        let first = if self.last_only {
+            (i + 1) * self.scale - 1
+        } else {
+            i * self.scale
+        };
         Cow::Borrowed(self.hashes.run(first, (i + 1) * self.scale))
     }
 }

@@ -61,8 +61,16 @@ pub(crate) fn computed_blocks<'py>(
         }
         // 0.33.0's junction: where the longest single-type hit ends, when
         // it passes the hit (a sparse-retention group lags it); else 0.
-        let boundary = if hit.longest > hit.len { hit.longest } else { 0 };
+        let boundary = if hit.longest > hit.len {
+            hit.longest
+        } else {
+            0
+        };
         (hit, boundary)
     };
-    Ok((NativeManager::make_blocks(slf, &hit.blocks)?, hit.len, boundary))
+    Ok((
+        NativeManager::make_blocks(slf, &hit.blocks)?,
+        hit.len,
+        boundary,
+    ))
 }

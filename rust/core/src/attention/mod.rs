@@ -29,7 +29,7 @@ use crate::BlockId;
 pub(crate) use chunked_local::ChunkedLocal;
 pub(crate) use hit::HitSearch;
 pub(crate) use mamba::Mamba;
-pub(crate) use sliding_window::{ReachableBlocks, RetentionMarks, ReplayTails, SlidingWindow};
+pub(crate) use sliding_window::{ReachableBlocks, ReplayTails, RetentionMarks, SlidingWindow};
 
 /// What a group's block count is sized by: `cdiv(tokens, block_size) +
 /// extra_blocks`, where `tokens` counts the tokens that need a slot

@@ -3,7 +3,6 @@
 //! that covers the window; only blocks a hit can ever use are cached; freed
 //! scratch blocks are reused first.
 
-
 use super::HitSearch;
 use crate::profile::Retention;
 use crate::{cdiv, BlockId, NULL_BLOCK};
@@ -57,7 +56,9 @@ impl ReplayTails {
 
     #[inline]
     fn contains(&self, i: usize) -> bool {
-        self.ranges[..self.len].iter().any(|&(a, b)| a <= i && i < b)
+        self.ranges[..self.len]
+            .iter()
+            .any(|&(a, b)| a <= i && i < b)
     }
 }
 
@@ -234,7 +235,12 @@ mod tests {
         kept_with(r, end, prompt, 0)
     }
 
-    fn kept_with(r: Option<ReachableBlocks>, end: usize, prompt: usize, junction: usize) -> Vec<usize> {
+    fn kept_with(
+        r: Option<ReachableBlocks>,
+        end: usize,
+        prompt: usize,
+        junction: usize,
+    ) -> Vec<usize> {
         let marks = RetentionMarks {
             num_prompt_tokens: Some(prompt),
             shared_prefix_boundary: junction,

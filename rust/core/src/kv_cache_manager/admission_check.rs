@@ -6,12 +6,12 @@
 //! no-op decode (most decode steps) sizes nothing and never gets here.
 
 use super::{AllocateArgs, KvCacheManager, ManagerConfig};
-use crate::profile::BlockHashView;
 use crate::attention::Attention;
 use crate::block_pool::NULL_BLOCK;
 use crate::coordinator::Coordinator;
 use crate::error::{invalid, CoreResult};
 use crate::hashes::{HashList, HashUpdate};
+use crate::profile::BlockHashView;
 use crate::{BlockId, ReqSlot};
 
 /// The most blocks a pool may have: its bookkeeping (about 24 bytes a

@@ -14,6 +14,7 @@ mod stats;
 pub use batch::{BatchResult, BatchScratch, DecodeBatch};
 pub use stats::LookupStats;
 
+use crate::attention::RetentionMarks;
 use crate::block_pool::BlockPool;
 use crate::coordinator::{CacheHit, Coordinator};
 use crate::decode_bounds::DecodeHorizon;
@@ -21,7 +22,6 @@ use crate::error::{invalid, CoreError, CoreResult};
 use crate::events::{BlockMetric, PoolEvent};
 use crate::hashes::{HashList, HashUpdate};
 use crate::mamba_plan::PlannerState;
-use crate::attention::RetentionMarks;
 use crate::profile::{BehaviourProfile, Retention};
 use crate::requests::RequestRegistry;
 use crate::spec::GroupSpec;
