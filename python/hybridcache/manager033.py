@@ -503,7 +503,8 @@ class _NumCachedBlockView(Mapping):
 
 class _SingleTypeManagerView033(SingleTypeManagerView):
     """One group's manager as 0.33.0's scheduler, engine and connectors
-    read it: `block_size`, `kv_cache_spec`, `block_pool`, and the read-only
+    read it: `block_size`, `kv_cache_spec`, `block_pool`, `_null_block` (what
+    `req_to_blocks` lists outside a window), and the read-only
     `req_to_blocks` / `num_cached_block` views."""
 
     def __init__(self, manager: KVCacheManager033, group: int, spec: Any) -> None:
@@ -513,6 +514,8 @@ class _SingleTypeManagerView033(SingleTypeManagerView):
         self.block_size = int(spec.block_size)
         self.block_pool = manager.block_pool
         self.num_cached_block = _NumCachedBlockView(manager, group)
+        # The object `req_to_blocks` lists for blocks outside a window.
+        self._null_block = manager.block_pool.null_block
 
 
 __all__ = ["KVCacheManager033", "RELEASE", "KVCacheBlocks"]
