@@ -7,7 +7,7 @@ against vLLM 0.33.0, for the 0.33 venv:
 - perturbed candidates (vLLM's manager with one answer or one state change
   altered) must be caught, each by the observable that shows it;
 - hybridcache's 0.33.0 facade (`hybridcache.manager033`) on full attention,
-  once it exists.
+  sliding window, several full-attention groups and chunked local attention.
 """
 
 from __future__ import annotations
@@ -142,11 +142,13 @@ def test_hybridcache_facade_slice_full_attention() -> None:
 
 
 @pytest.mark.skipif(FACADE_MISSING, reason="hybridcache's vLLM 0.33.0 facade (hybridcache.manager033) has not landed")
-@pytest.mark.parametrize(("mixes", "seed"), [(("sw", "full_sw"), 331), (("full_full", "full_full_sw", "full_fullbs"), 332)],
-                         ids=["sliding-window", "several-full-attention"])
+@pytest.mark.parametrize(("mixes", "seed"), [(("sw", "full_sw"), 331), (("full_full", "full_full_sw", "full_fullbs"), 332),
+                                             (("full_chunked",), 333)],
+                         ids=["sliding-window", "several-full-attention", "chunked-local"])
 def test_hybridcache_facade_slice_hybrid_layouts(mixes: tuple[str, ...], seed: int) -> None:
-    """Sliding window (with 0.33.0's sparse retention: None, 0, N) and
-    several full-attention groups, against vLLM 0.33.0."""
+    """Sliding window (with 0.33.0's sparse retention: None, 0, N),
+    several full-attention groups and chunked local attention, against
+    vLLM 0.33.0."""
     f = fuzz.run_fuzz(ops=16_000, seed=seed, mixes=mixes, ops_per_setup=400, release_name="0.33.0",
                       candidate="hybridcache")
     _clean(f)

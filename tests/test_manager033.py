@@ -51,8 +51,11 @@ def test_0_33_facade_refuses_what_it_does_not_cover() -> None:
         HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)),
         HcKVCacheGroupSpec(["s"], HcSlidingWindowSpec(block_size=BS, sliding_window=8))])
     assert KVCacheManager033(sw, 200, BS, BS).num_kv_cache_groups == 2
-    for spec, name in ((HcMambaSpec(block_size=BS), "Mamba"),
-                       (HcChunkedLocalAttentionSpec(block_size=BS, attention_chunk_size=32), "chunked local")):
+    chunked = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
+        HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)),
+        HcKVCacheGroupSpec(["c"], HcChunkedLocalAttentionSpec(block_size=BS, attention_chunk_size=32))])
+    assert KVCacheManager033(chunked, 200, BS, BS).num_kv_cache_groups == 2
+    for spec, name in ((HcMambaSpec(block_size=BS), "Mamba"),):
         cfg = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
             HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)), HcKVCacheGroupSpec(["x"], spec)])
         with pytest.raises(NotImplementedError, match=f"{name}.*not supported by hybridcache's vLLM 0.33.0 facade"):

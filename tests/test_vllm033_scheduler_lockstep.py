@@ -43,7 +43,8 @@ class Case:
     steps: int = 160
     seed: int = 0
     # "full": one full-attention group (the helper's); "full_sw": plus a
-    # sliding-window group; "sw": a sliding-window group alone.
+    # sliding-window group; "sw": a sliding-window group alone;
+    # "full_chunked": plus a chunked local group (chunk `window`).
     layout: str = "full"
     window: int = 24
     # KVCacheConfig.prefix_cache_retention_interval (0: the serving default).
@@ -63,6 +64,7 @@ CASES = [
          window=40, seed=8),
     Case("swa-retention0-async", layout="sw", retention=0, async_scheduling=True, seed=9),
     Case("full-swa-storm", layout="full_sw", retention=0, num_blocks=40, window=17, seed=10),
+    Case("full-chunked-async", layout="full_chunked", window=32, async_scheduling=True, seed=11),
 ]
 
 
@@ -92,8 +94,12 @@ def _layout(case: Case, make_config: Any) -> Any:
         full = kv_cache_groups[0]
         sw = iface.SlidingWindowSpec(block_size=full.kv_cache_spec.block_size, num_kv_heads=1, head_size=1,
                                      dtype=full.kv_cache_spec.dtype, sliding_window=case.window)
+        chunked = iface.ChunkedLocalAttentionSpec(block_size=full.kv_cache_spec.block_size, num_kv_heads=1,
+                                                  head_size=1, dtype=full.kv_cache_spec.dtype,
+                                                  attention_chunk_size=case.window)
         groups = {"full": [full], "sw": [iface.KVCacheGroupSpec(["swa"], sw)],
-                  "full_sw": [full, iface.KVCacheGroupSpec(["swa"], sw)]}[case.layout]
+                  "full_sw": [full, iface.KVCacheGroupSpec(["swa"], sw)],
+                  "full_chunked": [full, iface.KVCacheGroupSpec(["chunked"], chunked)]}[case.layout]
         return make_config(num_blocks=num_blocks, kv_cache_tensors=kv_cache_tensors, kv_cache_groups=groups,
                            prefix_cache_retention_interval=case.retention)
 
@@ -231,14 +237,16 @@ def run_lockstep(helpers: Any, case: Case) -> dict[str, int]:
     assert type(hc.kv_cache_manager).__name__ == "VllmKVCacheManager033"
     groups = stock.kv_cache_config.kv_cache_groups
     assert [type(g.kv_cache_spec).__name__ for g in groups] == [
-        {"full": "FullAttentionSpec", "sw": "SlidingWindowSpec"}[k] for k in case.layout.split("_")]
+        {"full": "FullAttentionSpec", "sw": "SlidingWindowSpec", "chunked": "ChunkedLocalAttentionSpec"}[k]
+        for k in case.layout.split("_")]
     assert stock.kv_cache_manager.coordinator.retention_interval == case.retention
     assert type(stock.kv_cache_manager).__module__.startswith("vllm.")
     plans = _requests(case, native=False), _requests(case, native=True)
     rng_model, rng_events = random.Random(case.seed + 100), random.Random(case.seed + 200)
     seen = {"steps": 0, "tokens": 0, "hit_tokens": 0, "preempted": 0, "finished": 0, "drafts": 0,
             "window_frees": 0}
-    sw_group = case.layout.split("_").index("sw") if "sw" in case.layout else None
+    kinds = case.layout.split("_")
+    sw_group = next((i for i, k in enumerate(kinds) if k in ("sw", "chunked")), None)
     for step in range(case.steps):
         for s, plan in zip((stock, hc), plans):
             for r in plan.get(step, ()):
@@ -268,7 +276,7 @@ def run_lockstep(helpers: Any, case: Case) -> dict[str, int]:
             assert stock.reset_prefix_cache() == hc.reset_prefix_cache()
         hc.kv_cache_manager.check_invariants()
         if sw_group is not None:
-            # Running requests whose window left blocks behind (null entries).
+            # Running requests whose window (or chunk) left blocks behind.
             seen["window_frees"] += sum(
                 0 in stock.kv_cache_manager.get_block_ids(r.request_id)[sw_group] for r in stock.running)
         seen["steps"] += 1
@@ -286,7 +294,7 @@ def test_scheduler_lockstep(helpers: Any, case: Case) -> None:
         assert seen["drafts"] > 0
     if case.name.endswith("storm"):
         assert seen["preempted"] > 0
-    if "sw" in case.layout:
+    if case.layout != "full":
         assert seen["window_frees"] > 0
 
 

@@ -11,11 +11,12 @@ the new drains. The rules themselves are the core's.
 
 Supported so far: models whose KV cache groups are full attention
 (FullAttentionSpec, MLAAttentionSpec, HiddenStateCacheSpec, and
-SinkFullAttentionSpec, which 0.33.0 manages as plain full attention) and
-sliding window (SlidingWindowSpec, SlidingWindowMLASpec), one group or
-several, with 0.33.0's sparse retention (`prefix_cache_retention_interval`)
-for the sliding-window groups. Other layouts (Mamba, chunked local, R-SWA,
-circular buffers, cross attention), full-attention blocks wider than the
+SinkFullAttentionSpec, which 0.33.0 manages as plain full attention),
+sliding window (SlidingWindowSpec, SlidingWindowMLASpec) and chunked local
+attention (ChunkedLocalAttentionSpec), one group or several, with 0.33.0's
+sparse retention (`prefix_cache_retention_interval`) for the
+sliding-window groups. Other layouts (Mamba, R-SWA, circular buffers,
+cross attention), full-attention blocks wider than the
 hash block with caching (0.33.0 caches partial tails there) and
 mixed-precision caches (which 0.33.0 zeroes) raise NotImplementedError
 naming them.
@@ -39,17 +40,18 @@ RELEASE = "0.33.0"
 # MRO) found here decides: RSWASpec is a FullAttentionSpec subclass.
 _FULL_ATTENTION_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "HiddenStateCacheSpec", "SinkFullAttentionSpec")
 _SLIDING_WINDOW_SPECS = ("SlidingWindowSpec", "SlidingWindowMLASpec")
+_CHUNKED_LOCAL_SPECS = ("ChunkedLocalAttentionSpec",)
 _REFUSED_SPECS = {
     "RSWASpec": "R-SWA (RSWASpec)",
     "CircularBufferSpec": "circular buffers (CircularBufferSpec)",
     "MambaSpec": "Mamba (MambaSpec)",
-    "ChunkedLocalAttentionSpec": "chunked local attention (ChunkedLocalAttentionSpec)",
     "CrossAttentionSpec": "cross attention (CrossAttentionSpec)",
 }
 
 
 def _layout_kind(spec: Any) -> str | None:
-    """"full", "sliding_window", or None (refused or unknown)."""
+    """"full", "sliding_window", "chunked_local", or None (refused or
+    unknown)."""
     for cls in type(spec).__mro__:
         if cls.__name__ in _REFUSED_SPECS:
             return None
@@ -57,6 +59,8 @@ def _layout_kind(spec: Any) -> str | None:
             return "full"
         if cls.__name__ in _SLIDING_WINDOW_SPECS:
             return "sliding_window"
+        if cls.__name__ in _CHUNKED_LOCAL_SPECS:
+            return "chunked_local"
     return None
 
 
@@ -69,8 +73,8 @@ def _refused_name(spec: Any) -> str:
 
 def _check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bool) -> list[str]:
     """The groups' kinds, if the 0.33.0 facade covers this layout: full
-    attention and sliding window groups; NotImplementedError naming what
-    it does not cover."""
+    attention, sliding window and chunked local groups; NotImplementedError
+    naming what it does not cover."""
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
     if not groups:
         raise NotImplementedError(
@@ -84,9 +88,8 @@ def _check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bo
         if kind is None:
             raise NotImplementedError(
                 f"kv_cache_groups[{i}]: {_refused_name(spec)} is not supported by hybridcache's vLLM "
-                "0.33.0 facade yet (it covers full attention and sliding window groups); Mamba, "
-                "chunked local, R-SWA and circular-buffer layouts run on vLLM 0.23.0 with hybridcache "
-                "where 0.23.0 has them"
+                "0.33.0 facade yet (it covers full attention, sliding window and chunked local "
+                "groups); Mamba layouts run on vLLM 0.23.0 with hybridcache"
             )
         block_size = getattr(spec, "block_size", None)
         if kind == "full" and enable_caching and block_size != hash_block_size:
