@@ -254,7 +254,7 @@ class KVCacheManager033(KVCacheManager):
         self.mamba_shared_prefix_checkpoint = False
         self.kv_cache_event_metadata = tuple((g.event_kind, g.sliding_window) for g in groups)
         self.block_pool = BlockPoolView033(self)
-        self.coordinator = CoordinatorView033(self)
+        self.coordinator = _COORDINATOR_VIEWS[self.coordinator_kind](self)
 
     # -- lookups and stats ------------------------------------------------
 
@@ -480,6 +480,15 @@ class CoordinatorView033(CoordinatorView):
         """The manager's `pop_blocks_for_free` by request id."""
         native = self._manager._native
         return [BlockView(native, b) for b in native._pop_blocks_for_free(request_id)]
+
+
+# The coordinator view is named as the coordinator vLLM 0.33.0 builds for
+# the layout (its tests check the class name).
+_COORDINATOR_VIEWS: dict[str, type[CoordinatorView033]] = {
+    kind: type(name, (CoordinatorView033,), {"__doc__": f"`CoordinatorView033` of a layout vLLM serves with its {name}."})
+    for kind, name in (("no_prefix_cache", "KVCacheCoordinatorNoPrefixCache"),
+                       ("unitary", "UnitaryKVCacheCoordinator"), ("hybrid", "HybridKVCacheCoordinator"))
+}
 
 
 class _NumCachedBlockView(Mapping):
