@@ -366,6 +366,8 @@ def test_sliding_window_mla_retention_and_junction(v33: Any, retention: int | No
                              kv_cache_groups=[KVCacheGroupSpec(["f"], full), KVCacheGroupSpec(["s"], swa)])
 
     def script(m: Any, log: list[Any], seen: dict[str, list[int]]) -> None:
+        c = m.coordinator
+        log.append((type(c).__name__, c.full_attention_group_id, c.group_block_sizes, c.retention_interval))
         shared = list(range(100))
         for i, tail in enumerate((list(range(500, 530)), list(range(600, 650)), list(range(700, 720)))):
             r = v33.request(f"r{i}", shared + tail)

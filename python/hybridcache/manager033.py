@@ -451,6 +451,12 @@ class CoordinatorView033(CoordinatorView):
             self.eagle_group_ids = set(range(len(groups)))
         self.drop_eagle_group_ids = self.eagle_group_ids if manager.use_eagle else set()
         self.num_reprefillable_tokens = 0
+        self.group_block_sizes = tuple(int(g.kv_cache_spec.block_size) for g in groups)
+        if manager.coordinator_kind == "hybrid":
+            # The hybrid coordinator's dense reference group (full attention
+            # sorts first), None without one; other coordinators lack it.
+            self.full_attention_group_id = next(
+                (i for i, g in enumerate(groups) if _layout_kind(g.kv_cache_spec) == "full"), None)
         # 0.33.0's config field (it sparsifies sliding-window groups only here).
         self.retention_interval = getattr(manager.kv_cache_config, "prefix_cache_retention_interval", None)
 
