@@ -2,7 +2,8 @@
 0.33.0's own `KVCacheManager`, call by call, on the scenarios where 0.33.0's
 semantics differ from 0.23.0's (reference §2.3): the free-queue rule,
 deferred frees, stats recorded by the scheduler, the watermark, adopt-only
-steps, lookahead hashes capping what is cached, reused-hit events. The
+steps, lookahead hashes capping what is cached, reused-hit events, a
+sliding window with sparse retention and its shared-prefix junction. The
 tests without vLLM check the release split of the native API."""
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from typing import Any
 import pytest
 
 from hybridcache import _native
+from hybridcache.config import ChunkedLocalAttentionSpec as HcChunkedLocalAttentionSpec
 from hybridcache.config import FullAttentionSpec as HcFullAttentionSpec
 from hybridcache.config import KVCacheConfig as HcKVCacheConfig
 from hybridcache.config import KVCacheGroupSpec as HcKVCacheGroupSpec
+from hybridcache.config import MambaSpec as HcMambaSpec
+from hybridcache.config import SlidingWindowSpec as HcSlidingWindowSpec
 from hybridcache.manager import KVCacheManager
 from hybridcache.manager033 import KVCacheManager033
 from hybridcache.request import Request as HcRequest
@@ -42,8 +46,27 @@ def test_0_23_manager_takes_only_0_23_arguments() -> None:
 
 
 def test_0_33_facade_refuses_what_it_does_not_cover() -> None:
-    with pytest.raises(NotImplementedError, match="one full-attention group"):
-        KVCacheManager033(_hc_config(10, groups=2), 200, BS, BS)
+    # Several full-attention groups and sliding windows are covered.
+    assert KVCacheManager033(_hc_config(10, groups=2), 200, BS, BS).num_kv_cache_groups == 2
+    sw = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
+        HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)),
+        HcKVCacheGroupSpec(["s"], HcSlidingWindowSpec(block_size=BS, sliding_window=8))])
+    assert KVCacheManager033(sw, 200, BS, BS).num_kv_cache_groups == 2
+    chunked = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
+        HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)),
+        HcKVCacheGroupSpec(["c"], HcChunkedLocalAttentionSpec(block_size=BS, attention_chunk_size=32))])
+    assert KVCacheManager033(chunked, 200, BS, BS).num_kv_cache_groups == 2
+    for spec, name in ((HcMambaSpec(block_size=BS), "Mamba"),):
+        cfg = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
+            HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)), HcKVCacheGroupSpec(["x"], spec)])
+        with pytest.raises(NotImplementedError, match=f"{name}.*not supported by hybridcache's vLLM 0.33.0 facade"):
+            KVCacheManager033(cfg, 200, BS, BS)
+    wide = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
+        HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)),
+        HcKVCacheGroupSpec(["g"], HcFullAttentionSpec(block_size=2 * BS))])
+    with pytest.raises(NotImplementedError, match="partial hash hits"):
+        KVCacheManager033(wide, 200, 2 * BS, BS)
+    assert KVCacheManager033(wide, 200, 2 * BS, BS, enable_caching=False).num_kv_cache_groups == 2
     # One group takes 0.33.0's dcp (tests/test_context_parallel_033.py); several not yet.
     with pytest.raises(NotImplementedError, match="context parallelism"):
         KVCacheManager033(_hc_config(10, groups=2), 200, 2 * BS, 2 * BS, dcp_world_size=2)
@@ -52,7 +75,8 @@ def test_0_33_facade_refuses_what_it_does_not_cover() -> None:
     with pytest.raises(ValueError, match="watermark must be non-negative"):
         KVCacheManager033(_hc_config(10), 200, BS, BS, watermark=-0.1)
     with pytest.raises(ValueError, match="Multi-module MTP with prefix caching requires"):
-        KVCacheManager033(_hc_config(10), 200, 4, 4, use_eagle=True, num_prefill_lookahead=8)
+        small = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=4))])
+        KVCacheManager033(small, 200, 4, 4, use_eagle=True, num_prefill_lookahead=8)
 
 
 def test_deferred_free_refuses_blocks_it_did_not_hand_out() -> None:
@@ -322,3 +346,59 @@ def test_bad_input_to_the_0_33_calls() -> None:
         m.truncate_computed_blocks(m.get_blocks("a"), 17)
     assert m.get_block_ids("a") == ([1, 2, 3],) and m.num_free_blocks == 6
     m.check_invariants()
+
+
+@V033
+@pytest.mark.parametrize("retention", [None, 0, 32])
+def test_sliding_window_mla_retention_and_junction(v33: Any, retention: int | None) -> None:
+    """Full attention + SlidingWindowMLASpec (0.33.0's sparse retention: the
+    replay boundary and a shared-prefix junction are kept): hits, the
+    junction `get_computed_blocks` reports, window frees, events and the
+    free queue, against vLLM."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowMLASpec
+
+    def config() -> Any:
+        full = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        swa = SlidingWindowMLASpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=20)
+        return KVCacheConfig(num_blocks=40, kv_cache_tensors=[], prefix_cache_retention_interval=retention,
+                             kv_cache_groups=[KVCacheGroupSpec(["f"], full), KVCacheGroupSpec(["s"], swa)])
+
+    def script(m: Any, log: list[Any], seen: dict[str, list[int]]) -> None:
+        c = m.coordinator
+        log.append((type(c).__name__, c.full_attention_group_id, c.group_block_sizes, c.retention_interval))
+        shared = list(range(100))
+        for i, tail in enumerate((list(range(500, 530)), list(range(600, 650)), list(range(700, 720)))):
+            r = v33.request(f"r{i}", shared + tail)
+            blocks, n, boundary = m.get_computed_blocks(r)
+            r.shared_prefix_boundary = boundary
+            seen["hits"].append(n)
+            seen["boundaries"].append(boundary)
+            log.append((_ids(blocks), n, boundary))
+            log.append(_ids(m.allocate_slots(r, len(r.all_token_ids) - n, n, blocks)))
+            r.num_computed_tokens = len(r.all_token_ids)
+            r.append_output_token_ids(1)
+            log.append(_ids(m.allocate_slots(r, 1)))
+            ids = m.get_block_ids(r.request_id)
+            seen["window_nulls"].append(list(ids[1]).count(0))
+            log.append((ids, _events(m), _free_queue(m)))
+            m.free(r)
+            log.append((_free_queue(m), _events(m)))
+
+    logs, seens = [], []
+    for m in (v33.Manager(config(), 400, BS, BS, enable_kv_cache_events=True),
+              KVCacheManager033(config(), 400, BS, BS, enable_kv_cache_events=True)):
+        log: list[Any] = []
+        seen: dict[str, list[int]] = {"hits": [], "boundaries": [], "window_nulls": []}
+        script(m, log, seen)
+        logs.append(log)
+        seens.append(seen)
+    for i, (a, b) in enumerate(zip(*logs)):
+        assert a == b, f"entry {i}: vLLM {a!r} != hybridcache {b!r}"
+    assert seens[0] == seens[1]
+    # The windows freed blocks; the later requests hit the shared prefix.
+    assert all(n > 0 for n in seens[0]["window_nulls"]) and seens[0]["hits"][0] == 0 and seens[0]["hits"][2] > 0, seens[0]
+    if retention == 0:
+        # Only the replay boundary was kept: the second request misses, and
+        # the junction it reports (96) is what lets the third one hit.
+        assert seens[0]["hits"][1] == 0 and seens[0]["boundaries"][1] == 96, seens[0]

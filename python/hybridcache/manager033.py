@@ -9,10 +9,17 @@ shared_prefix_boundary)`, `record_prefix_cache_stats`, deferred frees
 (`pop_blocks_for_free`, then `block_pool.free_blocks`), the watermark and
 the new drains. The rules themselves are the core's.
 
-Supported so far: models whose KV cache is one full-attention group
+Supported so far: models whose KV cache groups are full attention
 (FullAttentionSpec, MLAAttentionSpec, HiddenStateCacheSpec, and
-SinkFullAttentionSpec, which 0.33.0 manages as plain full attention). Other
-layouts raise NotImplementedError naming them.
+SinkFullAttentionSpec, which 0.33.0 manages as plain full attention),
+sliding window (SlidingWindowSpec, SlidingWindowMLASpec) and chunked local
+attention (ChunkedLocalAttentionSpec), one group or several, with 0.33.0's
+sparse retention (`prefix_cache_retention_interval`) for the
+sliding-window groups. Other layouts (Mamba, R-SWA, circular buffers,
+cross attention), full-attention blocks wider than the
+hash block with caching (0.33.0 caches partial tails there) and
+mixed-precision caches (which 0.33.0 zeroes) raise NotImplementedError
+naming them.
 """
 
 from __future__ import annotations
@@ -28,41 +35,108 @@ from hybridcache.manager import KVCacheManager, _positive_int
 
 RELEASE = "0.33.0"
 
-# Spec classes 0.33.0 manages with its FullAttentionManager.
+# Spec classes by the 0.33.0 manager this facade runs them as, and the
+# classes refused (with what to call them). A spec's first class (in its
+# MRO) found here decides: RSWASpec is a FullAttentionSpec subclass.
 _FULL_ATTENTION_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "HiddenStateCacheSpec", "SinkFullAttentionSpec")
+_SLIDING_WINDOW_SPECS = ("SlidingWindowSpec", "SlidingWindowMLASpec")
+_CHUNKED_LOCAL_SPECS = ("ChunkedLocalAttentionSpec",)
+_REFUSED_SPECS = {
+    "RSWASpec": "R-SWA (RSWASpec)",
+    "CircularBufferSpec": "circular buffers (CircularBufferSpec)",
+    "MambaSpec": "Mamba (MambaSpec)",
+    "CrossAttentionSpec": "cross attention (CrossAttentionSpec)",
+}
 
 
-def _spec_name(spec: Any) -> str | None:
+def _layout_kind(spec: Any) -> str | None:
+    """"full", "sliding_window", "chunked_local", or None (refused or
+    unknown)."""
     for cls in type(spec).__mro__:
+        if cls.__name__ in _REFUSED_SPECS:
+            return None
         if cls.__name__ in _FULL_ATTENTION_SPECS:
-            return cls.__name__
+            return "full"
+        if cls.__name__ in _SLIDING_WINDOW_SPECS:
+            return "sliding_window"
+        if cls.__name__ in _CHUNKED_LOCAL_SPECS:
+            return "chunked_local"
     return None
 
 
-def _check_layout(kv_cache_config: Any) -> None:
-    """One full-attention group: what the 0.33.0 facade covers so far."""
+def _refused_name(spec: Any) -> str:
+    for cls in type(spec).__mro__:
+        if cls.__name__ in _REFUSED_SPECS:
+            return _REFUSED_SPECS[cls.__name__]
+    return type(spec).__name__
+
+
+def _check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bool, dcp: int = 1) -> list[str]:
+    """The groups' kinds, if the 0.33.0 facade covers this layout: full
+    attention, sliding window and chunked local groups; NotImplementedError
+    naming what it does not cover."""
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
-    specs = [getattr(g, "kv_cache_spec", None) for g in groups]
-    if len(groups) != 1 or _spec_name(specs[0]) is None:
-        names = ", ".join(type(s).__name__ for s in specs) or "none"
+    if not groups:
         raise NotImplementedError(
-            "hybridcache's vLLM 0.33.0 support covers models whose KV cache is one full-attention "
-            f"group so far; this config has {len(groups)} group(s): {names}. Hybrid layouts "
-            "(sliding window, Mamba, chunked local) run on vLLM 0.23.0 with hybridcache"
+            "hybridcache's vLLM 0.33.0 support needs at least one KV cache group (attention-free "
+            "models are not supported yet)"
         )
+    kinds = []
+    for i, g in enumerate(groups):
+        spec = getattr(g, "kv_cache_spec", None)
+        kind = _layout_kind(spec)
+        if kind is None:
+            raise NotImplementedError(
+                f"kv_cache_groups[{i}]: {_refused_name(spec)} is not supported by hybridcache's vLLM "
+                "0.33.0 facade yet (it covers full attention, sliding window and chunked local "
+                "groups); Mamba layouts run on vLLM 0.23.0 with hybridcache"
+            )
+        # A block holds block_size * dcp tokens (dcp > 1 only with one group).
+        block_size = getattr(spec, "block_size", None)
+        if block_size is not None:
+            block_size *= dcp
+        if kind == "full" and enable_caching and block_size != hash_block_size:
+            raise NotImplementedError(
+                f"kv_cache_groups[{i}]: a full-attention block of {block_size} tokens over hash blocks "
+                f"of {hash_block_size} (vLLM 0.33.0 caches partial tail blocks and serves partial hash "
+                "hits there) is not supported by hybridcache's vLLM 0.33.0 facade yet"
+            )
+        extra = getattr(spec, "extra_retained_tokens", None) or 0
+        if kind == "sliding_window" and extra:
+            raise NotImplementedError(
+                f"kv_cache_groups[{i}]: extra_retained_tokens={extra} (multi-module "
+                "MTP) is not supported by hybridcache's vLLM 0.33.0 facade yet"
+            )
+        kinds.append(kind)
+    if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
+        raise NotImplementedError(
+            "a mixed-precision KV cache (vLLM 0.33.0 zeroes new blocks for it: needs_kv_cache_zeroing) "
+            "is not supported by hybridcache's vLLM 0.33.0 facade yet"
+        )
+    return kinds
 
 
-def _check_retention(kv_cache_config: Any, scheduler_block_size: int) -> None:
-    """0.33.0's `prefix_cache_retention_interval` check: with only full
-    attention it must be unset or 0 (dense caching either way)."""
+def _check_retention(kv_cache_config: Any, scheduler_block_size: int, kinds: list[str]) -> int | None:
+    """0.33.0's `prefix_cache_retention_interval` check (ValueError, its
+    messages); the interval the core applies (None: dense; without a
+    sliding-window group 0 caches densely too)."""
     interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
-    if interval is None or interval == 0:
-        return
-    raise ValueError(
-        "prefix_cache_retention_interval is set but this model has no sliding-window or Mamba KV "
-        "cache group, so retention has no effect. Set it to 0 (it only applies to sliding-window "
-        "and Mamba attention)."
-    )
+    if interval is None:
+        return None
+    if "sliding_window" not in kinds:
+        if interval == 0:
+            return None
+        raise ValueError(
+            "prefix_cache_retention_interval is set but this model has no sliding-window or Mamba KV "
+            "cache group, so retention has no effect. Set it to 0 (it only applies to sliding-window "
+            "and Mamba attention)."
+        )
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0 or interval % scheduler_block_size:
+        raise ValueError(
+            f"prefix_cache_retention_interval ({interval}) must be non-negative and a multiple of "
+            f"scheduler_block_size ({scheduler_block_size})."
+        )
+    return int(interval)
 
 
 def _context_parallel_033(kv_cache_config: Any, dcp_world_size: int, pcp_world_size: int) -> tuple[int, int]:
@@ -106,9 +180,9 @@ class KVCacheManager033(KVCacheManager):
     by name). See the module docstring for the layouts covered.
 
     Raises:
-        NotImplementedError: a layout other than one full-attention group,
-            dcp > 1 with several groups, multi-module MTP
-            (`num_prefill_lookahead` > 1).
+        NotImplementedError: a layout other than full-attention, sliding-window
+            and chunked-local groups (see the module docstring), dcp > 1 with
+            several groups, multi-module MTP (`num_prefill_lookahead` > 1).
         ValueError: a bad count, a negative watermark, a retention interval
             vLLM 0.33.0 refuses, MTP whose lookahead exceeds the scheduler
             block size.
@@ -140,8 +214,8 @@ class KVCacheManager033(KVCacheManager):
         max_in_flight_tokens = _positive_int("max_in_flight_tokens", max_in_flight_tokens)
         scheduler_block_size = _positive_int("scheduler_block_size", scheduler_block_size)
         dcp_world_size, pcp_world_size = _context_parallel_033(kv_cache_config, dcp_world_size, pcp_world_size)
-        _check_layout(kv_cache_config)
-        _check_retention(kv_cache_config, scheduler_block_size)
+        kinds = _check_layout(kv_cache_config, hash_block_size, bool(enable_caching), dcp_world_size)
+        retention = _check_retention(kv_cache_config, scheduler_block_size, kinds)
         for name, v in (("num_hash_lookahead_tokens", num_hash_lookahead_tokens),
                         ("num_prefill_lookahead", num_prefill_lookahead)):
             # vLLM takes bools too (its tests pass use_eagle-style flags).
@@ -163,12 +237,12 @@ class KVCacheManager033(KVCacheManager):
                 "not cached) is not supported by hybridcache's vLLM 0.33.0 facade yet"
             )
         # 0.33.0 records new block ids only for worker-side zeroing, which
-        # needs Mamba groups or mixed-precision KV: never for one
-        # full-attention group.
+        # needs Mamba groups or mixed-precision KV (both refused above).
         groups = [type(g)(native=_without_new_block_ids(g.native), event_kind=g.event_kind,
                           sliding_window=g.sliding_window) for g in groups]
         self = cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
                           enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE,
+                          retention_interval=retention,
                           num_hash_lookahead_tokens=num_hash_lookahead_tokens,
                           dcp_world_size=dcp_world_size, pcp_world_size=pcp_world_size,
                           # 0.33.0's pool calls the collector as 0.23.0's,
@@ -193,7 +267,7 @@ class KVCacheManager033(KVCacheManager):
         self.mamba_shared_prefix_checkpoint = False
         self.kv_cache_event_metadata = tuple((g.event_kind, g.sliding_window) for g in groups)
         self.block_pool = BlockPoolView033(self)
-        self.coordinator = CoordinatorView033(self)
+        self.coordinator = _COORDINATOR_VIEWS[self.coordinator_kind](self)
 
     # -- lookups and stats ------------------------------------------------
 
@@ -205,13 +279,14 @@ class KVCacheManager033(KVCacheManager):
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[Any, int, int]:
         """The longest prefix-cache hit: (KVCacheBlocks, hit tokens,
-        shared_prefix_boundary). The boundary is where a sparse-retention
-        group lags a longer hit; with one group there is none (0). Counts
-        nothing: the scheduler calls `record_prefix_cache_stats`."""
-        blocks, hit = super().get_computed_blocks(request, max_cache_hit_length)
+        shared_prefix_boundary). The boundary is where the longest hit one
+        attention type found ends when a sparse-retention group lags it
+        (else 0; the scheduler stores it in `request.shared_prefix_boundary`).
+        Counts nothing: the scheduler calls `record_prefix_cache_stats`."""
+        blocks, hit, boundary = self._get_computed_blocks_033(request, max_cache_hit_length)
         if hit and self._event_builder is not None and getattr(request, "kv_cache_report_mode", "incremental") == "full":
             self._report_reused_hit(request, blocks)
-        return blocks, hit, 0
+        return blocks, hit, boundary
 
     def _report_reused_hit(self, request: Any, blocks: Any) -> None:
         """0.33.0's `BlockStored` for the blocks of a hit, so external
@@ -221,7 +296,10 @@ class KVCacheManager033(KVCacheManager):
         for group, (bs, group_blocks) in enumerate(zip(self._block_sizes, blocks.blocks)):
             n = len(group_blocks)
             if n:
-                raw.append(("stored", list(hashes[:n]), None, 0, n * bs, bs, group, list(range(n))))
+                # One hash per block: the last hash block's in it.
+                scale = bs // self._hash_block_size
+                block_hashes = list(hashes[scale - 1::scale][:n])
+                raw.append(("stored", block_hashes, None, 0, n * bs, bs, group, list(range(n))))
         self._on_events(raw, request)
 
     def get_computed_blocks_for_connector(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int, bool]:
@@ -265,7 +343,8 @@ class KVCacheManager033(KVCacheManager):
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
-        """Frees blocks no attention reads any more (none for full
+        """Frees blocks no attention reads any more (sliding-window blocks
+        below the window of `processed_computed_tokens`; none for full
         attention); `num_prompt_tokens` only matters to R-SWA groups."""
         super().remove_skipped_blocks(request_id, processed_computed_tokens)
 
@@ -385,7 +464,13 @@ class CoordinatorView033(CoordinatorView):
             self.eagle_group_ids = set(range(len(groups)))
         self.drop_eagle_group_ids = self.eagle_group_ids if manager.use_eagle else set()
         self.num_reprefillable_tokens = 0
-        # 0.33.0's config field (None or 0 here: full attention caches densely).
+        self.group_block_sizes = tuple(int(g.kv_cache_spec.block_size) for g in groups)
+        if manager.coordinator_kind == "hybrid":
+            # The hybrid coordinator's dense reference group (full attention
+            # sorts first), None without one; other coordinators lack it.
+            self.full_attention_group_id = next(
+                (i for i, g in enumerate(groups) if _layout_kind(g.kv_cache_spec) == "full"), None)
+        # 0.33.0's config field (it sparsifies sliding-window groups only here).
         self.retention_interval = getattr(manager.kv_cache_config, "prefix_cache_retention_interval", None)
 
     def get_num_blocks_to_allocate(  # type: ignore[override]
@@ -416,6 +501,15 @@ class CoordinatorView033(CoordinatorView):
         return [BlockView(native, b) for b in native._pop_blocks_for_free(request_id)]
 
 
+# The coordinator view is named as the coordinator vLLM 0.33.0 builds for
+# the layout (its tests check the class name).
+_COORDINATOR_VIEWS: dict[str, type[CoordinatorView033]] = {
+    kind: type(name, (CoordinatorView033,), {"__doc__": f"`CoordinatorView033` of a layout vLLM serves with its {name}."})
+    for kind, name in (("no_prefix_cache", "KVCacheCoordinatorNoPrefixCache"),
+                       ("unitary", "UnitaryKVCacheCoordinator"), ("hybrid", "HybridKVCacheCoordinator"))
+}
+
+
 class _NumCachedBlockView(Mapping):
     """`single_type_managers[g].num_cached_block`, read-only: running
     request id -> blocks of group g cached so far."""
@@ -440,7 +534,8 @@ class _NumCachedBlockView(Mapping):
 
 class _SingleTypeManagerView033(SingleTypeManagerView):
     """One group's manager as 0.33.0's scheduler, engine and connectors
-    read it: `block_size`, `kv_cache_spec`, `block_pool`, and the read-only
+    read it: `block_size`, `kv_cache_spec`, `block_pool`, `_null_block` (what
+    `req_to_blocks` lists outside a window), and the read-only
     `req_to_blocks` / `num_cached_block` views."""
 
     def __init__(self, manager: KVCacheManager033, group: int, spec: Any) -> None:
@@ -451,6 +546,8 @@ class _SingleTypeManagerView033(SingleTypeManagerView):
         self.block_size = int(spec.block_size) * manager.dcp_world_size
         self.block_pool = manager.block_pool
         self.num_cached_block = _NumCachedBlockView(manager, group)
+        # The object `req_to_blocks` lists for blocks outside a window.
+        self._null_block = manager.block_pool.null_block
 
 
 __all__ = ["KVCacheManager033", "RELEASE", "KVCacheBlocks"]
