@@ -464,7 +464,7 @@ class CoordinatorView033(CoordinatorView):
             self.eagle_group_ids = set(range(len(groups)))
         self.drop_eagle_group_ids = self.eagle_group_ids if manager.use_eagle else set()
         self.num_reprefillable_tokens = 0
-        self.group_block_sizes = tuple(int(g.kv_cache_spec.block_size) for g in groups)
+        self.group_block_sizes = tuple(m.block_size for m in self.single_type_managers)
         if manager.coordinator_kind == "hybrid":
             # The hybrid coordinator's dense reference group (full attention
             # sorts first), None without one; other coordinators lack it.

@@ -135,11 +135,16 @@ class V033(ReleaseApi):
     def random_setup(self, rng: Any, mix: str, caching: bool) -> Setup:
         s = random_setup(rng, "full" if mix in _MIXES_ONLY_033 else mix, caching)
         if s.dcp * s.pcp > 1:
-            # 0.23.0's context-parallel draw, sized 0.33.0's way: only dcp
-            # scales a block (vLLM's resolve_dcp_kv_block_size); pcp is
-            # passed and changes nothing for full attention.
-            sbs = s.scheduler_block_size // (s.dcp * s.pcp) * s.dcp
-            s = dataclasses.replace(s, scheduler_block_size=sbs, hash_block_size=sbs)
+            # 0.23.0's context-parallel draw (one full-attention group),
+            # sized 0.33.0's way: only dcp scales a block (vLLM's
+            # resolve_dcp_kv_block_size); pcp is passed and changes nothing
+            # for full attention. The 0.33-only mixes redraw their groups:
+            # no context parallelism there.
+            sbs = s.scheduler_block_size // (s.dcp * s.pcp)
+            if mix in _MIXES_ONLY_033:
+                s = dataclasses.replace(s, dcp=1, pcp=1, scheduler_block_size=sbs, hash_block_size=sbs)
+            else:
+                s = dataclasses.replace(s, scheduler_block_size=sbs * s.dcp, hash_block_size=sbs * s.dcp)
         if mix == "full_mamba_partial":
             # A Mamba align block wider than the hash block: sub-block
             # ("partial") hits with copy-on-write (0.26+).
