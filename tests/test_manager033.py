@@ -70,8 +70,8 @@ def test_0_33_facade_refuses_what_it_does_not_cover() -> None:
     # One group takes 0.33.0's dcp (tests/test_context_parallel_033.py); several not yet.
     with pytest.raises(NotImplementedError, match="context parallelism"):
         KVCacheManager033(_hc_config(10, groups=2), 200, 2 * BS, 2 * BS, dcp_world_size=2)
-    with pytest.raises(NotImplementedError, match="multi-module MTP"):
-        KVCacheManager033(_hc_config(10), 200, BS, BS, num_prefill_lookahead=2)
+    # Multi-module MTP is covered (tests/test_mtp_033.py).
+    assert KVCacheManager033(_hc_config(10), 200, BS, BS, num_prefill_lookahead=2).num_reprefillable_tokens == 1
     with pytest.raises(ValueError, match="watermark must be non-negative"):
         KVCacheManager033(_hc_config(10), 200, BS, BS, watermark=-0.1)
     with pytest.raises(ValueError, match="Multi-module MTP with prefix caching requires"):

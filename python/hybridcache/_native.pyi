@@ -177,6 +177,10 @@ class NativeManager:
     @property
     def release(self) -> str:
         """The vLLM release whose semantics this manager follows ("0.23.0", "0.33.0")."""
+    def _set_reprefillable_tokens(self, n: int) -> None:
+        """vLLM 0.33.0's multi-module MTP: the last `n` computed tokens are
+        never cached (its `num_prefill_lookahead - 1`); set before the first
+        request."""
     def _set_watermark(self, blocks: int, statuses: list[Any]) -> None:
         """vLLM 0.24+'s watermark: `blocks` stay free when a request whose
         `status` equals one of `statuses` is admitted while others are

@@ -182,7 +182,8 @@ class KVCacheManager033(KVCacheManager):
     Raises:
         NotImplementedError: a layout other than full-attention, sliding-window
             and chunked-local groups (see the module docstring), dcp > 1 with
-            several groups, multi-module MTP (`num_prefill_lookahead` > 1).
+            several groups, multi-module MTP (`num_prefill_lookahead` > 1)
+            with a sliding-window group's `extra_retained_tokens`.
         ValueError: a bad count, a negative watermark, a retention interval
             vLLM 0.33.0 refuses, MTP whose lookahead exceeds the scheduler
             block size.
@@ -231,11 +232,6 @@ class KVCacheManager033(KVCacheManager):
                 f"Multi-module MTP with prefix caching requires scheduler_block_size"
                 f" (={scheduler_block_size}) >= num_speculative_tokens (={num_prefill_lookahead})."
             )
-        if num_prefill_lookahead > 1:
-            raise NotImplementedError(
-                "multi-module MTP (num_prefill_lookahead > 1: the last tokens are re-prefilled and "
-                "not cached) is not supported by hybridcache's vLLM 0.33.0 facade yet"
-            )
         # 0.33.0 records new block ids only for worker-side zeroing, which
         # needs Mamba groups or mixed-precision KV (both refused above).
         groups = [type(g)(native=_without_new_block_ids(g.native), event_kind=g.event_kind,
@@ -248,6 +244,10 @@ class KVCacheManager033(KVCacheManager):
                           # 0.33.0's pool calls the collector as 0.23.0's,
                           # except that the null block is never touched.
                           metrics_collector=metrics_collector)
+        # Multi-module MTP: the last num_prefill_lookahead - 1 tokens may be
+        # re-prefilled, so they are not cached (0.33.0's num_reprefillable_tokens).
+        self.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
+        self._set_reprefillable_tokens(self.num_reprefillable_tokens)
         self._init_033(groups, hash_block_size, watermark, num_hash_lookahead_tokens, log_stats)
         return self
 
@@ -463,7 +463,7 @@ class CoordinatorView033(CoordinatorView):
         if manager.use_eagle and not self.eagle_group_ids:
             self.eagle_group_ids = set(range(len(groups)))
         self.drop_eagle_group_ids = self.eagle_group_ids if manager.use_eagle else set()
-        self.num_reprefillable_tokens = 0
+        self.num_reprefillable_tokens = manager.num_reprefillable_tokens
         self.group_block_sizes = tuple(m.block_size for m in self.single_type_managers)
         if manager.coordinator_kind == "hybrid":
             # The hybrid coordinator's dense reference group (full attention

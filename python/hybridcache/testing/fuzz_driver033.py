@@ -101,6 +101,8 @@ class Driver033(Driver):
         self.f.context_parallel_setups += setup.dcp * setup.pcp > 1
         if setup.retention is not None:
             self.f.count("sparse_retention_setups")
+        if setup.prefill_lookahead > 1:
+            self.f.count("mtp_setups")  # multi-module MTP: re-prefillable tokens
 
     # -- helpers --------------------------------------------------------------
 

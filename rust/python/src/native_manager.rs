@@ -205,6 +205,13 @@ impl NativeManager {
         self.inner.profile().release
     }
 
+    /// 0.33.0's multi-module MTP: the last `n` computed tokens are not
+    /// cached (set at construction).
+    fn _set_reprefillable_tokens(&mut self, n: &Bound<'_, PyAny>) -> PyResult<()> {
+        let n = count_obj("num_reprefillable_tokens", n)?;
+        guard(|| self.inner.set_reprefillable_tokens(n))
+    }
+
     /// 0.33.0's watermark: `blocks` stay free when a request whose status
     /// equals one of `statuses` is admitted while others are scheduled.
     fn _set_watermark(

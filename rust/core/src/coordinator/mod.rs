@@ -38,6 +38,10 @@ pub struct Coordinator {
     pub hash_view: BlockHashView,
     // External tokens' metrics logged after every group's touches.
     two_phase_external: bool,
+    /// Multi-module MTP (vLLM 0.33.0's `num_reprefillable_tokens`, its
+    /// `num_prefill_lookahead - 1`): the last tokens may be re-prefilled,
+    /// so their KV is not final and is not cached. 0 otherwise (0.23.0).
+    pub reprefillable_tokens: usize,
 }
 
 fn check_sizes(
@@ -187,6 +191,7 @@ impl Coordinator {
             hybrid_hit: profile.hybrid_hit,
             hash_view: profile.block_hash_view,
             two_phase_external: profile.two_phase_external,
+            reprefillable_tokens: 0,
         })
     }
 
@@ -321,12 +326,16 @@ impl Coordinator {
             // tokens_to_cache(t) / bs <= cached  <=>  tokens_to_cache(t) < limit
             let limit = (m.num_cached_blocks(slot) + 1) * m.block_size as usize;
             g.max_to_cache = match kind {
+                // Multi-module MTP's EAGLE rule has no closed form here: no
+                // horizon (the tables judge each decode).
+                CoordinatorKind::Hybrid if m.use_eagle && self.reprefillable_tokens > 0 => return None,
                 CoordinatorKind::Hybrid if m.use_eagle => {
                     crate::decode_bounds::eagle_max_to_cache(limit, sbs, m.block_size as usize)
                 }
                 // t / sbs * sbs < limit  <=>  t < ceil(limit / sbs) * sbs
                 CoordinatorKind::Hybrid => cdiv(limit, sbs) * sbs - 1,
-                _ => limit - 1,
+                // t - reprefillable < limit
+                _ => limit - 1 + self.reprefillable_tokens,
             };
             h = h.min(g);
         }
@@ -335,7 +344,15 @@ impl Coordinator {
 
     /// Tokens each manager caches for `num_tokens` computed tokens.
     pub fn tokens_to_cache(&self, m: &SingleTypeManager, num_tokens: usize) -> usize {
-        tokens_to_cache(self.kind, self.scheduler_block_size, m, num_tokens)
+        tokens_to_cache(self.cacheable(), m, num_tokens)
+    }
+
+    fn cacheable(&self) -> Cacheable {
+        Cacheable {
+            kind: self.kind,
+            scheduler_block_size: self.scheduler_block_size as usize,
+            reprefillable: self.reprefillable_tokens,
+        }
     }
 
     /// Hashes (at hash_block_size) that caching up to `num_tokens` reads;
@@ -361,9 +378,9 @@ impl Coordinator {
         num_tokens: usize,
         marks: RetentionMarks,
     ) {
-        let (kind, sbs, view) = (self.kind, self.scheduler_block_size, self.hash_view);
+        let (rule, view) = (self.cacheable(), self.hash_view);
         for m in self.managers.iter_mut() {
-            let tokens = tokens_to_cache(kind, sbs, m, num_tokens);
+            let tokens = tokens_to_cache(rule, m, num_tokens);
             m.cache_blocks(
                 &mut self.pool,
                 slot,
@@ -461,22 +478,29 @@ impl Coordinator {
     }
 }
 
-/// Tokens `m` caches for `num_tokens` computed tokens.
-fn tokens_to_cache(
+/// What decides how much of a request a group caches.
+#[derive(Debug, Clone, Copy)]
+struct Cacheable {
     kind: CoordinatorKind,
-    scheduler_block_size: u32,
-    m: &SingleTypeManager,
-    num_tokens: usize,
-) -> usize {
-    if kind != CoordinatorKind::Hybrid {
-        return num_tokens;
+    scheduler_block_size: usize,
+    reprefillable: usize,
+}
+
+/// Tokens `m` caches for `num_tokens` computed tokens (vLLM 0.33.0's
+/// `get_num_cacheable_tokens`; with no re-prefillable tokens, 0.23.0's rule).
+fn tokens_to_cache(rule: Cacheable, m: &SingleTypeManager, num_tokens: usize) -> usize {
+    // KV the next step may re-prefill (multi-module MTP) is not final.
+    let finalized = num_tokens.saturating_sub(rule.reprefillable);
+    if rule.kind != CoordinatorKind::Hybrid {
+        return finalized;
     }
     // Hits are multiples of scheduler_block_size, so is what is cached;
-    // EAGLE groups match one block past the boundary, so cache it too.
-    let sbs = scheduler_block_size as usize;
+    // EAGLE groups match one block past the boundary, so cache it too
+    // (of the finalized tokens only).
+    let sbs = rule.scheduler_block_size;
     let aligned = num_tokens / sbs * sbs;
     if m.use_eagle && aligned > 0 {
-        num_tokens.min(aligned + m.block_size as usize)
+        finalized.min(finalized / sbs * sbs + m.block_size as usize)
     } else {
         aligned
     }

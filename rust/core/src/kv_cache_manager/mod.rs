@@ -377,6 +377,17 @@ impl KvCacheManager {
         &self.profile
     }
 
+    /// Multi-module MTP (vLLM 0.33.0's `num_prefill_lookahead` - 1): that
+    /// many last computed tokens are never cached. Set before the first
+    /// request (the decode horizons assume it fixed).
+    pub fn set_reprefillable_tokens(&mut self, n: usize) -> CoreResult<()> {
+        if self.num_requests() > 0 {
+            return invalid("the re-prefillable token count is set before the first request");
+        }
+        self.coord.reprefillable_tokens = n;
+        Ok(())
+    }
+
     /// The request's slot, if the manager knows it (saves lookups when
     /// several calls concern one request).
     pub fn lookup(&self, request_id: &str) -> Option<ReqSlot> {

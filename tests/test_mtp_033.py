@@ -1,0 +1,80 @@
+"""Multi-module MTP under vLLM 0.33.0 (`num_prefill_lookahead` = the draft
+count > 1): the last `num_prefill_lookahead - 1` computed tokens may be
+re-prefilled, so neither vLLM nor hybridcache caches them. Random operations
+on setups drawn with MTP forced on, against vLLM 0.33.0, every output
+compared; and one scenario where the rule decides a later hit."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+
+import pytest
+
+pytestmark = pytest.mark.vllm("0.33.0")
+
+vllm = pytest.importorskip("vllm")
+if vllm.__version__.split("+", 1)[0] != "0.33.0":
+    pytest.skip(f"needs vLLM 0.33.0 (the 0.33 venv); installed: {vllm.__version__}", allow_module_level=True)
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+from hybridcache import fuzz  # noqa: E402
+from hybridcache.testing.fuzz_setup import RngChooser  # noqa: E402
+from hybridcache.testing.release_api import release  # noqa: E402
+
+API = release("0.33.0")
+
+
+def _mtp_setup(mix: str, seed: int, lookahead_hashes: bool) -> fuzz.Setup:
+    rng = random.Random(seed)
+    s = API.random_setup(rng, mix, True)
+    drafts = min(rng.randint(2, 4), s.scheduler_block_size)
+    # EAGLE-family drafting with MTP: lookahead hashes (use_eagle=False), or
+    # the last-block drop (use_eagle=True).
+    return dataclasses.replace(s, spec_tokens=drafts, prefill_lookahead=drafts,
+                               hash_lookahead=drafts if lookahead_hashes else 0, use_eagle=not lookahead_hashes)
+
+
+@pytest.mark.parametrize("mix", ["full", "full_full", "full_sw", "full_chunked"])
+@pytest.mark.parametrize("lookahead_hashes", [False, True])
+def test_random_operations_match_vllm(mix: str, lookahead_hashes: bool) -> None:
+    if mix == "full_chunked" and not lookahead_hashes:
+        pytest.skip("vLLM 0.33.0 refuses EAGLE's block drop with chunked local attention (an assert)")
+    f = fuzz.Figures()
+    for seed in range(3):
+        s = _mtp_setup(mix, seed * 7 + len(mix), lookahead_hashes)
+        d = API.driver_class()(s, False, f)
+        c = RngChooser(random.Random(seed))
+        for _ in range(800):
+            d.step_random(c)
+        d.drain()
+    assert (f.divergences, f.invariant_violations, f.reference_errors) == (0, 0, 0), f.reports
+    assert f.calls["mtp_setups"] == 3 and f.allocations > 300 and f.hit_tokens > 0
+
+
+def test_reprefillable_tokens_are_not_cached() -> None:
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    from hybridcache.manager033 import KVCacheManager033
+
+    s = dataclasses.replace(_mtp_setup("full", 1, False), events=True)
+    bs = s.groups[0].block_size
+    kw = {**API.manager_kwargs(s), "num_prefill_lookahead": 3, "use_eagle": False}
+    cfg = API.kv_cache_config(s)
+    ref, hc = KVCacheManager(kv_cache_config=cfg, **kw), KVCacheManager033(kv_cache_config=cfg, **kw)
+    assert hc.coordinator.num_reprefillable_tokens == ref.coordinator.num_reprefillable_tokens == 2
+    tokens = list(range(3 * bs + 5))
+    seen = []
+    for m in (ref, hc):
+        r = API.make_request(s, "a", tokens)
+        # Two blocks and one token computed: the second block ends within the
+        # two re-prefillable tokens, so only the first is cached.
+        m.allocate_slots(r, 2 * bs + 1)
+        r.num_computed_tokens = 2 * bs + 1
+        m.cache_blocks(r, 2 * bs + 1)
+        b = API.make_request(s, "b", tokens)
+        blocks, hit, _ = m.get_computed_blocks(b)
+        seen.append((hit, blocks.get_block_ids(), m.block_pool.get_num_free_blocks()))
+    assert seen[0] == seen[1] and seen[0][0] == bs
