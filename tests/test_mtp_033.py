@@ -78,3 +78,38 @@ def test_reprefillable_tokens_are_not_cached() -> None:
         blocks, hit, _ = m.get_computed_blocks(b)
         seen.append((hit, blocks.get_block_ids(), m.block_pool.get_num_free_blocks()))
     assert seen[0] == seen[1] and seen[0][0] == bs
+
+
+@pytest.mark.parametrize("lookahead,num_tokens", [(2, 17), (2, 21), (3, 18), (3, 25)])
+def test_sliding_window_hit_with_mtp_lookahead_hashes_where_vllm_raises(lookahead: int, num_tokens: int) -> None:
+    """vLLM 0.33.0's sliding-window hit search indexes past the request's
+    hashes when multi-module MTP lookahead hashes leave the last full blocks
+    unhashed (IndexError in SlidingWindowManager.find_longest_cache_hit, a
+    model with only sliding-window groups). hybridcache's hit stops at the
+    last hashed block, as vLLM's does one token earlier or later."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    from hybridcache.manager033 import KVCacheManager033
+    from hybridcache.testing.fuzz_setup import Group, Setup
+
+    s = Setup(mix="sw", caching=True, groups=(Group("sw", 4, 8),), scheduler_block_size=4, hash_block_size=4,
+              num_blocks=30, use_eagle=False, events=False, log_stats=False, release="0.33.0",
+              hash_lookahead=lookahead, prefill_lookahead=lookahead, spec_tokens=lookahead)
+    cfg, kw = API.kv_cache_config(s), API.manager_kwargs(s)
+    ref, hc = KVCacheManager(kv_cache_config=cfg, **kw), KVCacheManager033(kv_cache_config=cfg, **kw)
+    tokens = list(range(num_tokens))
+    for m in (ref, hc):
+        r = API.make_request(s, "a", tokens)
+        m.allocate_slots(r, num_tokens)
+        r.num_computed_tokens = num_tokens
+        m.free(r)
+    with pytest.raises(IndexError):
+        ref.get_computed_blocks(API.make_request(s, "b", tokens))
+    b = API.make_request(s, "b", tokens)
+    blocks, hit, _ = hc.get_computed_blocks(b)
+    hashed = len(b.block_hashes)
+    assert hashed < num_tokens // 4 and hit == 4 * hashed
+    # The window's last two blocks, nulls before them, as the cached run holds them.
+    ids = blocks.get_block_ids()[0]
+    assert len(ids) == hashed and ids[:-2] == [0] * (hashed - 2) and 0 not in ids[-2:]
+    hc.check_invariants()
