@@ -49,6 +49,7 @@ from .testing.configs import (
     vllm_manager,
 )
 from .testing.oracle import quiet_logs
+from .testing.release_api import ReleaseApi, release
 from .testing.replay_config import DEFAULT_CONFIG, MIX_PRESETS, ReplayConfig
 from .testing.simulation import ReplaySimulation, ReplaySummary
 
@@ -61,12 +62,12 @@ ManagerFactory = Callable[[ReplayConfig], Any]
 
 
 def _run(
-    config: ReplayConfig, seed: int, managers: Sequence[Any], names: Sequence[str]
+    config: ReplayConfig, seed: int, managers: Sequence[Any], names: Sequence[str], api: ReleaseApi | None = None
 ) -> ReplaySummary:
     fanout = Fanout(managers, names, seed, config.compare_pool_every_op)
     # vLLM warns on every refused prefix-cache reset, which the trace provokes.
     with quiet_logs():
-        return ReplaySimulation(config, seed, fanout).run()
+        return ReplaySimulation(config, seed, fanout, api).run()
 
 
 def replay(
@@ -74,16 +75,19 @@ def replay(
     seed: int,
     factories: Sequence[ManagerFactory],
     names: Sequence[str] | None = None,
+    release_name: str = "0.23.0",
 ) -> ReplaySummary:
     """Replay one seeded trace against every manager, comparing all outputs.
 
-    The first factory builds the reference manager. Raises ReplayDivergence on
-    the first operation whose normalized outputs differ.
+    The first factory builds the reference manager. The calls are spelled as
+    the scheduler of vLLM `release_name` issues them (`release_factories`
+    gives that release's managers). Raises ReplayDivergence on the first
+    operation whose normalized outputs differ.
     """
     if names is None:
         names = [f"manager{i}" for i in range(len(factories))]
     managers = [factory(config) for factory in factories]
-    return _run(config, seed, managers, names)
+    return _run(config, seed, managers, names, release(release_name))
 
 
 def run_single(config: ReplayConfig, seed: int, factory: ManagerFactory) -> ReplaySummary:
@@ -115,6 +119,16 @@ def hybridcache_factory(config: ReplayConfig) -> Any:
 def hybridcache_on_vllm_config_factory(config: ReplayConfig) -> Any:
     """hybridcache's KVCacheManager on vLLM's config classes (duck typing)."""
     return hybridcache_manager(config.vllm_kv_cache_config(), config.manager_kwargs())
+
+
+def release_factories(release_name: str) -> tuple[ManagerFactory, ManagerFactory]:
+    """(vLLM's manager, hybridcache's facade) for vLLM release `release_name`,
+    both on vLLM's config classes, as that release's scheduler builds them."""
+    if release_name == "0.23.0":
+        return vllm_factory, hybridcache_factory
+    api = release(release_name)
+    return (lambda c: api.tool_vllm(c.vllm_kv_cache_config(), c.manager_kwargs()),
+            lambda c: api.tool_facade(c.vllm_kv_cache_config(), c.manager_kwargs()))
 
 
 _FACTORIES: dict[str, ManagerFactory] = {"hybridcache": hybridcache_factory, "vllm": vllm_factory}
@@ -202,6 +216,7 @@ __all__ = [
     "make_vllm_kv_cache_config",
     "mamba",
     "parse_mix",
+    "release_factories",
     "replay",
     "run_single",
     "sliding_window",
