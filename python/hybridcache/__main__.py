@@ -24,7 +24,15 @@ from typing import Any
 def _replay(args: argparse.Namespace) -> int:
     from . import __version__
     from .bench import tool_release
-    from .replay import DEFAULT_CONFIG, ReplayDivergence, hybridcache_factory, release_factories, replay, run_single
+    from .replay import (
+        DEFAULT_CONFIG,
+        ReplayDivergence,
+        format_mix,
+        hybridcache_factory,
+        release_factories,
+        replay,
+        run_single,
+    )
 
     config = DEFAULT_CONFIG
     if args.requests is not None:
@@ -33,9 +41,10 @@ def _replay(args: argparse.Namespace) -> int:
             return 2
         config = dataclasses.replace(config, num_requests=args.requests)
     release, note = tool_release("hybridcache replay", not args.no_vllm)
-    if release is not None and not release.covers(REPLAY_LAYOUT):
+    layout = format_mix(config.mix)
+    if release is not None and not release.covers(layout):
         note = (f"vLLM {release.version}: hybridcache's facade does not cover the default trace's layout "
-                f"({REPLAY_LAYOUT}) yet, so it is not compared")
+                f"({layout}) yet, so it is not compared")
         print(f"hybridcache replay: {note}", file=sys.stderr)
         release = None
     vllm_version = release.version if release is not None else None
@@ -69,10 +78,6 @@ def _replay(args: argparse.Namespace) -> int:
     else:
         print(f"{note}: ran hybridcache only")
     return 0
-
-
-# The layout of the embedded default trace (`releases.Release.layouts`).
-REPLAY_LAYOUT = "full"
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -1,8 +1,11 @@
 """Seeded scheduler-like traces replayed against KVCacheManager implementations.
 
 A small, deterministic scheduler simulation (not vLLM's scheduler, but driving
-the manager the way vLLM 0.23.0's ``Scheduler.schedule`` does) issues every
-public call of vLLM's v1 ``KVCacheManager`` API: prefix-cache lookups, chunked
+the manager the way vLLM's ``Scheduler.schedule`` does, with the calls
+spelled as the compared release's scheduler issues them: 0.23.0, or 0.33.0's
+3-tuple lookup, ``record_prefix_cache_stats``, ``has_scheduled_reqs`` and
+per-step drains, `testing.release_api`) issues every public call of vLLM's
+v1 ``KVCacheManager`` API: prefix-cache lookups, chunked
 prefill, speculative decoding with changing draft counts, EAGLE lookahead,
 external (connector) tokens, delayed caching, preemption, aborts, evictions
 and prefix-cache resets.
@@ -184,13 +187,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = _cli_config(args)
     except ValueError as e:
         parser.error(str(e))
+    factories, release_name = dict(_FACTORIES), "0.23.0"
+    if "vllm" in (args.impl, args.compare):
+        # vLLM's manager is the installed release's; hybridcache's is its facade for that release.
+        from .bench import tool_release
+
+        found, note = tool_release("python -m hybridcache.replay")
+        if found is None:
+            parser.error(note)
+        layout = format_mix(config.mix)
+        if not found.covers(layout):
+            parser.error(f"vLLM {found.version}: hybridcache's facade does not cover the mix {layout!r} yet "
+                         f"(it covers: {', '.join(found.layouts or ())})")
+        release_name = found.version
+        factories["vllm"], factories["hybridcache"] = release_factories(release_name)
     print(config.describe())
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         if args.compare:
-            factories = [_FACTORIES[args.compare], _FACTORIES[args.impl]]
-            summary = replay(config, seed, factories, [args.compare, args.impl])
+            pair = [factories[args.compare], factories[args.impl]]
+            summary = replay(config, seed, pair, [args.compare, args.impl], release_name)
         else:
-            summary = run_single(config, seed, _FACTORIES[args.impl])
+            summary = run_single(config, seed, factories[args.impl])
         print(summary.as_dict())
     return 0
 

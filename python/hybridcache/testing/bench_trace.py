@@ -3,7 +3,11 @@ model layout, batch size, trace shape) and `record`, which runs the shared
 scheduler loop (`scheduler.SchedulerSim`) over hybridcache's manager on the
 serving hot path (FCFS, recompute preemption, no connector, no encoder) and
 writes every manager call down, with the request's state at that moment and
-the result, for `timed_replay.replay_timed`."""
+the result, for `timed_replay.replay_timed`. `Workload.release` picks the
+vLLM release: hybridcache's facade for it is recorded, its scheduler's calls
+are the ones written down (`release_api`: 0.33.0 adds
+`record_prefix_cache_stats`, `has_scheduled_reqs`, the per-step drains and
+`cache_blocks` after outputs, and drops the common-prefix query)."""
 
 from __future__ import annotations
 

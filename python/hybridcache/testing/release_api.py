@@ -6,8 +6,11 @@ observable is read and normalized.
 
 `release(name)` gives the release's `ReleaseApi`; `fuzz.run_fuzz` and the
 tests ask it for setups, managers and the driver class (`fuzz_driver.Driver`
-for 0.23.0, `fuzz_driver033.Driver033` for 0.33.0). Nothing here imports
-vLLM or torch at import time.
+for 0.23.0, `fuzz_driver033.Driver033` for 0.33.0); `hybridcache replay` and
+`hybridcache bench` (`simulation`, `bench_trace`, `timed_replay`) ask it
+for the installed release's managers, requests and call spellings (the
+`tool_*` methods and the hooks after them). Nothing here imports vLLM or
+torch at import time.
 """
 
 from __future__ import annotations

@@ -5,7 +5,11 @@ lookups, chunked prefill, speculative decoding with changing draft counts,
 EAGLE lookahead, external (connector) tokens, delayed caching, preemption,
 aborts, evictions and prefix-cache resets. Every call goes through a
 `compare.Fanout`, so several managers see the same request objects and every
-output is compared."""
+output is compared. For a later release (`release_api`, e.g. 0.33.0) the
+requests are that release's own and the calls that changed are spelled as
+its scheduler issues them (3-tuple lookup, `record_prefix_cache_stats` at
+admission, `has_scheduled_reqs`, the per-step drains, events and stats
+compared in full)."""
 
 from __future__ import annotations
 
