@@ -378,6 +378,9 @@ class ReplaySimulation(SchedulerSim):
         cfg, req = self.cfg, seq.req
         room = min(seq.max_tokens - req.num_output_tokens, cfg.max_model_len - req.num_tokens)
         req.append_output_token_ids(self._tokens(min(num_sampled, room)))
+        if self.api.caches_after_output(cfg.max_drafts):
+            n = req.num_computed_tokens
+            self.fan.call(f"cache_blocks({seq.rid}, {n})", lambda m, i: m.cache_blocks(req, n))
         return (
             num_sampled >= room
             or req.num_tokens >= cfg.max_model_len
