@@ -98,3 +98,23 @@ def test_unsupported_vllm_lists_the_supported_releases(monkeypatch: pytest.Monke
     release, note = bench.tool_release("hybridcache bench")
     assert release is None
     assert "supports these vLLM releases only: 0.23.0, 0.33.0" in note and "0.99.0" in note
+
+
+def test_unsupported_vllm_replays_hybridcache_alone_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import vllm
+
+    monkeypatch.setattr(vllm, "__version__", "0.99.0")
+    assert main(["replay", "--requests", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "the installed vLLM is 0.99.0: ran hybridcache only" in out and "verified identical" not in out
+
+
+def test_replay_cli_refuses_a_mix_the_033_facade_does_not_cover(capsys: pytest.CaptureFixture[str]) -> None:
+    from hybridcache.replay import main as replay_main
+
+    with pytest.raises(SystemExit) as e:
+        replay_main(["--compare", "vllm", "--mix", "full-sw", "--requests", "10"])
+    assert e.value.code == 2
+    assert "does not cover the mix 'full,sw:64' yet (it covers: full)" in capsys.readouterr().err
