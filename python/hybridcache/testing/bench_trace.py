@@ -71,6 +71,7 @@ class Workload:
             raise ValueError(f"config must be one of {', '.join(CONFIGS)}, got {self.config!r}")
         if self.running <= 0 or self.steps <= 0:
             raise ValueError("running and steps must be positive")
+        release(self.release)  # ValueError naming the releases the tools know
 
     @property
     def max_num_batched_tokens(self) -> int:
@@ -205,7 +206,7 @@ class Recorder(SchedulerSim):
         self.w = w
         self.m = manager
         self.api = w.api
-        self.admit_kw = self.api.admission_kwargs(False) != {}
+        self.admit_kw = bool(self.api.admission_kwargs(False))
         self.drains = () if self.api.queries_common_prefix else self.api.step_drains()
         self.cache_after_output = self.api.caches_after_output(w.max_drafts)
         self._tokens = bit_tokens(self.rng)
