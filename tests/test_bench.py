@@ -18,21 +18,27 @@ from hybridcache.__main__ import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _release():
+    """The installed vLLM release the tools compare against, or None."""
+    release, _ = bench.tool_release("test")
+    return release
+
+
 def _vllm_ok() -> bool:
-    version, _ = bench.load_vllm()
-    return version is not None
+    return _release() is not None
 
 
 def test_bench_quick_json(capsys):
     assert main(["bench", "--quick", "--json", "--no-progress"]) == 0
     report = json.loads(capsys.readouterr().out)
-    with_vllm = _vllm_ok()
-    assert report["vllm"] == ("0.23.0" if with_vllm else None)
+    release = _release()
+    with_vllm = release is not None
+    assert report["vllm"] == (release.version if with_vllm else None)
     assert report["quick"] is True
     results = report["results"]
-    assert [(r["config"], r["running"]) for r in results] == [
-        (c, n) for c in bench.CONFIGS for n in (64, 256)
-    ]
+    covered = [c for c in bench.CONFIGS if release is None or release.covers(c)]
+    assert [(r["config"], r["running"]) for r in results] == [(c, n) for c in covered for n in (64, 256)]
+    assert [s["config"] for s in report["skipped"]] == [c for c in bench.CONFIGS if c not in covered]
     for r in results:
         assert r["verified"] is True, r.get("divergence")
         assert r["compared"] == (["hybridcache", "vllm"] if with_vllm else ["hybridcache"])
@@ -102,10 +108,11 @@ def test_replay_subcommand(capsys):
     assert main(["replay"]) == 0
     out = capsys.readouterr().out
     assert "ops" in out and "steps" in out and "preemptions" in out and "hit tokens" in out
-    if _vllm_ok():
-        assert "verified identical to vLLM 0.23.0" in out
-    else:  # no vLLM, or a release the tools do not compare against (0.33.0)
-        _, note = bench.load_vllm()
+    release = _release()
+    if release is not None:
+        assert f"verified identical to vLLM {release.version}" in out
+    else:  # no vLLM, or a release hybridcache does not support
+        _, note = bench.tool_release("hybridcache replay")
         assert "ran hybridcache only" in out
         assert ("vLLM not installed" if note.startswith("vLLM not installed") else f"{note}: ran") in out
 

@@ -1,8 +1,10 @@
 """The `hybridcache` command (also `python -m hybridcache`).
 
   hybridcache replay   replay the embedded default serving trace (checked
-                       call by call against vLLM 0.23.0 when it is importable)
-  hybridcache bench    scheduler-step latency next to vLLM 0.23.0's manager
+                       call by call against the installed vLLM release's
+                       manager when hybridcache supports it: 0.23.0, 0.33.0)
+  hybridcache bench    scheduler-step latency next to the installed vLLM
+                       release's manager
   hybridcache --version
                        hybridcache's version, the vLLM version it is a drop-in
                        for, and the vLLM installed here (if any)
@@ -21,8 +23,16 @@ from typing import Any
 
 def _replay(args: argparse.Namespace) -> int:
     from . import __version__
-    from .bench import load_vllm
-    from .replay import DEFAULT_CONFIG, ReplayDivergence, hybridcache_factory, replay, run_single, vllm_factory
+    from .bench import tool_release
+    from .replay import (
+        DEFAULT_CONFIG,
+        ReplayDivergence,
+        format_mix,
+        hybridcache_factory,
+        release_factories,
+        replay,
+        run_single,
+    )
 
     config = DEFAULT_CONFIG
     if args.requests is not None:
@@ -30,15 +40,24 @@ def _replay(args: argparse.Namespace) -> int:
             print("hybridcache replay: --requests must be positive", file=sys.stderr)
             return 2
         config = dataclasses.replace(config, num_requests=args.requests)
-    vllm_version, note = (None, "vLLM not used (--no-vllm)") if args.no_vllm else load_vllm()
+    release, note = tool_release("hybridcache replay", not args.no_vllm)
+    layout = format_mix(config.mix)
+    if release is not None and not release.covers(layout):
+        note = (f"vLLM {release.version}: hybridcache's facade does not cover the default trace's layout "
+                f"({layout}) yet, so it is not compared")
+        print(f"hybridcache replay: {note}", file=sys.stderr)
+        release = None
+    vllm_version = release.version if release is not None else None
     with contextlib.redirect_stdout(sys.stderr):
         hybridcache_factory(config)  # lazy imports (stats classes) out of the timed run
     start = time.perf_counter()
     try:
         # vLLM logs (prefix-cache resets) go to stderr, not into the summary.
         with contextlib.redirect_stdout(sys.stderr):
-            if vllm_version:
-                summary = replay(config, args.seed, [vllm_factory, hybridcache_factory], ["vllm", "hybridcache"])
+            if release is not None:
+                # That release's manager and hybridcache's facade for it, its scheduler's calls.
+                summary = replay(config, args.seed, list(release_factories(release.version)),
+                                 ["vllm", "hybridcache"], release.version)
             else:
                 summary = run_single(config, args.seed, hybridcache_factory)
     except ReplayDivergence as e:
@@ -118,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="number of requests in the trace (default: the embedded default)")
     p.add_argument("--no-vllm", action="store_true", help="run hybridcache only, even if vLLM is importable")
     p.set_defaults(func=_replay)
-    b = sub.add_parser("bench", help="scheduler-step latency vs vLLM 0.23.0 on a built-in trace")
+    b = sub.add_parser("bench", help="scheduler-step latency vs the installed vLLM's manager on a built-in trace")
     bench.add_arguments(b)
     step = b.add_argument_group("whole scheduler step (--step)")
     step.add_argument("--step", action="store_true",

@@ -1,10 +1,14 @@
 """`hybridcache bench`: scheduler-step latency of hybridcache's manager next to
-vLLM 0.23.0's, on a built-in, seeded serving trace.
+the installed vLLM release's (0.23.0 or 0.33.0: `releases`; layouts a
+release's facade does not cover are skipped with a note), on a built-in,
+seeded serving trace.
 
 How it measures
 ---------------
-1. *Record.* A scheduler simulation (vLLM 0.23.0's ``Scheduler.schedule``
-   loop, without the model) drives hybridcache's manager over a seeded
+1. *Record.* A scheduler simulation (vLLM's ``Scheduler.schedule`` loop,
+   without the model; the calls spelled as the installed release's scheduler
+   issues them, `testing.release_api`) drives hybridcache's facade for that
+   release over a seeded
    workload: arrivals with shared prefixes, chunked prefill (Mamba-align
    block-aligned chunks where the model has align-mode Mamba groups), decode
    with 0..16 draft tokens and random acceptance, preemption (recompute) when
@@ -43,6 +47,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import releases
 from .bench_batched import format_batched, run_batched
 from .bench_report import Progress, format_report, matplotlib_missing, plot
 from .testing.bench_trace import (
@@ -65,7 +70,6 @@ from .testing.bench_trace import (
     record,
     vllm_kv_cache_config,
 )
-from .testing.configs import hybridcache_manager, vllm_manager
 from .testing.oracle import load_vllm, quiet_logs
 from .testing.timed_replay import (
     CLOCKS,
@@ -79,6 +83,27 @@ from .testing.timed_replay import (
 
 RUNNING = (64, 256, 1024)
 SCALE_BLOCKS = 1_000_000
+BATCHED_NOTE = ("batched decode API: not run on vLLM {} (it is hybridcache's own extension, timed against "
+                "vLLM 0.23.0's per-request calls; no 0.33.0 scheduler calls it)")
+
+
+def tool_release(tool: str, use_vllm: bool = True) -> tuple[releases.Release | None, str]:
+    """(release, note): the installed vLLM's row of `hybridcache.releases`
+    when hybridcache supports it (the tools then compare against that
+    release's manager), else None and why, in one line: not used, not
+    installed, or `releases.require`'s message listing the supported releases."""
+    if not use_vllm:
+        return None, "vLLM not used (--no-vllm)"
+    version, note = load_vllm(releases.RELEASES)
+    if version is not None:
+        return releases.find(version), note
+    installed = getattr(sys.modules.get("vllm"), "__version__", None)
+    if installed is not None:  # imported, but not a release hybridcache supports
+        try:
+            releases.require(installed, tool)
+        except RuntimeError as e:
+            note = str(e)
+    return None, note
 
 
 def run_workload(
@@ -174,17 +199,19 @@ def pool_scale(factory: Callable[[Any], Any], config: Any, num_blocks: int) -> d
             "free_blocks": free}
 
 
-def scale_figures(use_vllm: bool, num_blocks: int = SCALE_BLOCKS) -> dict[str, Any]:
-    w = Workload(config="full")
-    kwargs = w.manager_kwargs()
+def scale_figures(use_vllm: bool, num_blocks: int = SCALE_BLOCKS, release: str = "0.23.0") -> dict[str, Any]:
+    """Build time and bytes per block of a `num_blocks` pool (full
+    attention), hybridcache's facade for vLLM `release` (and vLLM's manager)."""
+    w = Workload(config="full", release=release)
+    api, kwargs = w.api, w.manager_kwargs()
     out = {
         "hybridcache": pool_scale(
-            lambda c: hybridcache_manager(c, kwargs), hybridcache_kv_cache_config(w, num_blocks), num_blocks
+            lambda c: api.tool_facade(c, kwargs), hybridcache_kv_cache_config(w, num_blocks), num_blocks
         )
     }
     if use_vllm:
         out["vllm"] = pool_scale(
-            lambda c: vllm_manager(c, kwargs), vllm_kv_cache_config(w, num_blocks), num_blocks
+            lambda c: api.tool_vllm(c, kwargs), vllm_kv_cache_config(w, num_blocks), num_blocks
         )
     return out
 
@@ -212,8 +239,18 @@ def run_bench(
     from . import __version__
 
     start = time.perf_counter()
-    workloads = [Workload(config=c, running=r, steps=steps, seed=seed) for c in configs for r in runnings]
-    vllm_version, note = load_vllm() if use_vllm else (None, "vLLM not used (--no-vllm)")
+    release, note = tool_release("hybridcache bench", use_vllm)
+    vllm_version = release.version if release is not None else None
+    # The installed release's scheduler calls and facade (0.23.0's without vLLM).
+    name = vllm_version or "0.23.0"
+    skipped = [
+        {"config": c, "reason": f"hybridcache's vLLM {name} facade does not cover this layout yet "
+                                f"(it covers: {', '.join(release.layouts or ())})"}
+        for c in configs if release is not None and not release.covers(c)
+    ]
+    configs = [c for c in configs if release is None or release.covers(c)]
+    workloads = [Workload(config=c, running=r, steps=steps, seed=seed, release=name)
+                 for c in configs for r in runnings]
     total = sum(2 * (w.warmup_steps + w.steps) for w in workloads)
     progress = Progress(total, show_progress)
     # Everything alive now (vLLM, torch) is left out of later collections.
@@ -221,9 +258,10 @@ def run_bench(
     gc.freeze()
     try:
         progress.phase(f"pool of {scale_blocks:,} blocks")
-        scale = scale_figures(bool(vllm_version), scale_blocks) if scale_blocks else None
+        scale = scale_figures(bool(vllm_version), scale_blocks, name) if scale_blocks else None
         results = [run_workload(w, bool(vllm_version), progress, clock=clock) for w in workloads]
-        batched = _batched_rows(configs, runnings, min(steps, 100), seed) if vllm_version else None
+        # The batched decode API is hybridcache's own, timed against 0.23.0's per-request calls.
+        batched = _batched_rows(configs, runnings, min(steps, 100), seed) if vllm_version == "0.23.0" else None
     finally:
         progress.close()
         gc.unfreeze()
@@ -239,7 +277,9 @@ def run_bench(
         "cpu_count": os.cpu_count(),
         "scale": scale,
         "results": results,
+        "skipped": skipped,
         "batched": batched,
+        "batched_note": None if batched or vllm_version is None else BATCHED_NOTE.format(name),
         "seconds": time.perf_counter() - start,
     }
 
@@ -344,6 +384,14 @@ def main(args: Any) -> int:
         if report.get("batched"):
             print()
             print(format_batched(report["batched"]))
+        elif report.get("batched_note"):
+            print()
+            print(report["batched_note"])
+    for s in report["skipped"]:
+        print(f"hybridcache bench: {s['config']} skipped on vLLM {report['vllm']}: {s['reason']}", file=sys.stderr)
+    if not report["results"]:
+        print("hybridcache bench: nothing to run: every configuration asked for was skipped", file=sys.stderr)
+        return 2
     return 1 if any(r.get("verified") is False for r in report["results"]) else 0
 
 

@@ -24,19 +24,24 @@ class Release:
         facade: "module:Class" of the KVCacheManager subclass vLLM's scheduler
             builds after `install()` (argument names, tuple arities and the
             attributes that release's scheduler reads).
-        tools_oracle: whether `hybridcache replay` / `bench` / `fuzz`, which
-            build the default `hybridcache.KVCacheManager`, compare against
-            this release's manager.
+        tools_oracle: whether `hybridcache replay` / `bench` compare
+            hybridcache's facade for this release against this release's
+            manager when it is the installed vLLM.
         native_hasher: whether `install()` may rebind the engine's request
             block hasher to hybridcache's native one, i.e. whether that
             hasher is bit-identical to this release's hashing (NONE_HASH and
             extra keys changed after 0.23.0).
+        layouts: the benchmark layouts (`hybridcache bench`'s configs, `bench
+            --step`'s layouts, `replay`'s default trace: "full") this
+            release's facade covers; None: every layout. The tools skip the
+            others with a note.
     """
 
     version: str
     facade: str
     tools_oracle: bool = False
     native_hasher: bool = False
+    layouts: tuple[str, ...] | None = None
 
     @property
     def minor(self) -> str:
@@ -54,6 +59,10 @@ class Release:
         venv comes from `bash scripts/install_oracle.sh VERSION`)."""
         return f"pip install vllm=={self.version}"
 
+    def covers(self, layout: str) -> bool:
+        """Whether this release's facade covers the tools' layout `layout`."""
+        return self.layouts is None or layout in self.layouts
+
     def facade_class(self) -> type:
         """The facade class (imports its module, not vLLM)."""
         module, _, name = self.facade.partition(":")
@@ -63,7 +72,9 @@ class Release:
 
 RELEASES: tuple[Release, ...] = (
     Release("0.23.0", "hybridcache.vllm:VllmKVCacheManager", tools_oracle=True, native_hasher=True),
-    Release("0.33.0", "hybridcache.vllm033:VllmKVCacheManager033", native_hasher=True),
+    # 0.33.0: one full-attention group so far (manager033._check_layout).
+    Release("0.33.0", "hybridcache.vllm033:VllmKVCacheManager033", tools_oracle=True, native_hasher=True,
+            layouts=("full",)),
 )
 SUPPORTED_VLLM_VERSIONS: tuple[str, ...] = tuple(r.version for r in RELEASES)
 

@@ -1,8 +1,11 @@
 """Seeded scheduler-like traces replayed against KVCacheManager implementations.
 
 A small, deterministic scheduler simulation (not vLLM's scheduler, but driving
-the manager the way vLLM 0.23.0's ``Scheduler.schedule`` does) issues every
-public call of vLLM's v1 ``KVCacheManager`` API: prefix-cache lookups, chunked
+the manager the way vLLM's ``Scheduler.schedule`` does, with the calls
+spelled as the compared release's scheduler issues them: 0.23.0, or 0.33.0's
+3-tuple lookup, ``record_prefix_cache_stats``, ``has_scheduled_reqs`` and
+per-step drains, `testing.release_api`) issues every public call of vLLM's
+v1 ``KVCacheManager`` API: prefix-cache lookups, chunked
 prefill, speculative decoding with changing draft counts, EAGLE lookahead,
 external (connector) tokens, delayed caching, preemption, aborts, evictions
 and prefix-cache resets.
@@ -49,6 +52,7 @@ from .testing.configs import (
     vllm_manager,
 )
 from .testing.oracle import quiet_logs
+from .testing.release_api import ReleaseApi, release
 from .testing.replay_config import DEFAULT_CONFIG, MIX_PRESETS, ReplayConfig
 from .testing.simulation import ReplaySimulation, ReplaySummary
 
@@ -61,12 +65,12 @@ ManagerFactory = Callable[[ReplayConfig], Any]
 
 
 def _run(
-    config: ReplayConfig, seed: int, managers: Sequence[Any], names: Sequence[str]
+    config: ReplayConfig, seed: int, managers: Sequence[Any], names: Sequence[str], api: ReleaseApi | None = None
 ) -> ReplaySummary:
     fanout = Fanout(managers, names, seed, config.compare_pool_every_op)
     # vLLM warns on every refused prefix-cache reset, which the trace provokes.
     with quiet_logs():
-        return ReplaySimulation(config, seed, fanout).run()
+        return ReplaySimulation(config, seed, fanout, api).run()
 
 
 def replay(
@@ -74,16 +78,19 @@ def replay(
     seed: int,
     factories: Sequence[ManagerFactory],
     names: Sequence[str] | None = None,
+    release_name: str = "0.23.0",
 ) -> ReplaySummary:
     """Replay one seeded trace against every manager, comparing all outputs.
 
-    The first factory builds the reference manager. Raises ReplayDivergence on
-    the first operation whose normalized outputs differ.
+    The first factory builds the reference manager. The calls are spelled as
+    the scheduler of vLLM `release_name` issues them (`release_factories`
+    gives that release's managers). Raises ReplayDivergence on the first
+    operation whose normalized outputs differ.
     """
     if names is None:
         names = [f"manager{i}" for i in range(len(factories))]
     managers = [factory(config) for factory in factories]
-    return _run(config, seed, managers, names)
+    return _run(config, seed, managers, names, release(release_name))
 
 
 def run_single(config: ReplayConfig, seed: int, factory: ManagerFactory) -> ReplaySummary:
@@ -115,6 +122,16 @@ def hybridcache_factory(config: ReplayConfig) -> Any:
 def hybridcache_on_vllm_config_factory(config: ReplayConfig) -> Any:
     """hybridcache's KVCacheManager on vLLM's config classes (duck typing)."""
     return hybridcache_manager(config.vllm_kv_cache_config(), config.manager_kwargs())
+
+
+def release_factories(release_name: str) -> tuple[ManagerFactory, ManagerFactory]:
+    """(vLLM's manager, hybridcache's facade) for vLLM release `release_name`,
+    both on vLLM's config classes, as that release's scheduler builds them."""
+    if release_name == "0.23.0":
+        return vllm_factory, hybridcache_factory
+    api = release(release_name)
+    return (lambda c: api.tool_vllm(c.vllm_kv_cache_config(), c.manager_kwargs()),
+            lambda c: api.tool_facade(c.vllm_kv_cache_config(), c.manager_kwargs()))
 
 
 _FACTORIES: dict[str, ManagerFactory] = {"hybridcache": hybridcache_factory, "vllm": vllm_factory}
@@ -170,13 +187,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = _cli_config(args)
     except ValueError as e:
         parser.error(str(e))
+    factories, release_name = dict(_FACTORIES), "0.23.0"
+    if "vllm" in (args.impl, args.compare):
+        # vLLM's manager is the installed release's; hybridcache's is its facade for that release.
+        from .bench import tool_release
+
+        found, note = tool_release("python -m hybridcache.replay")
+        if found is None:
+            parser.error(note)
+        layout = format_mix(config.mix)
+        if not found.covers(layout):
+            parser.error(f"vLLM {found.version}: hybridcache's facade does not cover the mix {layout!r} yet "
+                         f"(it covers: {', '.join(found.layouts or ())})")
+        release_name = found.version
+        factories["vllm"], factories["hybridcache"] = release_factories(release_name)
     print(config.describe())
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         if args.compare:
-            factories = [_FACTORIES[args.compare], _FACTORIES[args.impl]]
-            summary = replay(config, seed, factories, [args.compare, args.impl])
+            pair = [factories[args.compare], factories[args.impl]]
+            summary = replay(config, seed, pair, [args.compare, args.impl], release_name)
         else:
-            summary = run_single(config, seed, _FACTORIES[args.impl])
+            summary = run_single(config, seed, factories[args.impl])
         print(summary.as_dict())
     return 0
 
@@ -202,6 +233,7 @@ __all__ = [
     "make_vllm_kv_cache_config",
     "mamba",
     "parse_mix",
+    "release_factories",
     "replay",
     "run_single",
     "sliding_window",

@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hybridcache import releases
+
 VARIANTS = ("stock", "hybridcache", "hc+native", "floor")
 LAYOUTS = ("full", "full+3xmamba-align")
 STOP_TOKEN_ID = 999
@@ -506,8 +508,11 @@ def main(args: Any) -> int:
         return _run(args, version)
 
 
-# The layouts each release's facade covers (0.33.0: one full-attention group).
-RELEASE_LAYOUTS: dict[str, tuple[str, ...]] = {"0.33.0": ("full",)}
+# The layouts each release's facade covers (`releases.Release.layouts`, one
+# table for every tool; a release not listed covers them all).
+RELEASE_LAYOUTS: dict[str, tuple[str, ...]] = {
+    r.version: r.layouts for r in releases.RELEASES if r.layouts is not None
+}
 
 
 def _run(args: Any, version: str) -> int:

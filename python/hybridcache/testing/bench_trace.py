@@ -3,7 +3,11 @@ model layout, batch size, trace shape) and `record`, which runs the shared
 scheduler loop (`scheduler.SchedulerSim`) over hybridcache's manager on the
 serving hot path (FCFS, recompute preemption, no connector, no encoder) and
 writes every manager call down, with the request's state at that moment and
-the result, for `timed_replay.replay_timed`."""
+the result, for `timed_replay.replay_timed`. `Workload.release` picks the
+vLLM release: hybridcache's facade for it is recorded, its scheduler's calls
+are the ones written down (`release_api`: 0.33.0 adds
+`record_prefix_cache_stats`, `has_scheduled_reqs`, the per-step drains and
+`cache_blocks` after outputs, and drops the common-prefix query)."""
 
 from __future__ import annotations
 
@@ -16,8 +20,9 @@ from typing import Any
 
 from ..request import Request
 from . import configs
-from .compare import norm_stats, norm_usage
+from .compare import norm_drained, norm_stats, norm_usage
 from .configs import GroupSpec
+from .release_api import ReleaseApi, release
 from .scheduler import SchedulerSim, mamba_block_aligned_split
 from .workload import Seq, bit_tokens, bursty_drafts, prompt_with_prefix, shared_prefix_len
 
@@ -57,12 +62,16 @@ class Workload:
     # runs dry now and then; None: 330 + 560 / sqrt(running) (usage spreads
     # less with more requests).
     pool_tokens_per_request: int | None = None
+    # The vLLM release whose manager is compared and whose scheduler's calls
+    # are recorded (`release_api`); hybridcache's facade for it is recorded.
+    release: str = "0.23.0"
 
     def __post_init__(self) -> None:
         if self.config not in CONFIGS:
             raise ValueError(f"config must be one of {', '.join(CONFIGS)}, got {self.config!r}")
         if self.running <= 0 or self.steps <= 0:
             raise ValueError("running and steps must be positive")
+        release(self.release)  # ValueError naming the releases the tools know
 
     @property
     def max_num_batched_tokens(self) -> int:
@@ -102,7 +111,13 @@ class Workload:
             groups += [configs.mamba("align", self.num_speculative_blocks, bs)] * self.num_mamba_groups
         return tuple(groups)
 
+    @property
+    def api(self) -> ReleaseApi:
+        return release(self.release)
+
     def manager_kwargs(self) -> dict[str, Any]:
+        """The constructor keywords, spelled as vLLM 0.23.0's (`ReleaseApi.tool_kwargs`
+        gives another release's form)."""
         return dict(
             max_model_len=self.max_model_len,
             scheduler_block_size=self.block_size,
@@ -126,11 +141,13 @@ def vllm_kv_cache_config(w: Workload, num_blocks: int | None = None) -> Any:
 
 
 def make_hybridcache_manager(w: Workload) -> Any:
-    return configs.hybridcache_manager(hybridcache_kv_cache_config(w), w.manager_kwargs())
+    """hybridcache's facade for `w.release`, on its own config classes."""
+    return w.api.tool_facade(hybridcache_kv_cache_config(w), w.manager_kwargs())
 
 
 def make_vllm_manager(w: Workload) -> Any:
-    return configs.vllm_manager(vllm_kv_cache_config(w), w.manager_kwargs())
+    """vLLM's own manager (the installed release, `w.release`)."""
+    return w.api.tool_vllm(vllm_kv_cache_config(w), w.manager_kwargs())
 
 
 # --------------------------------------------------------------------------
@@ -139,8 +156,13 @@ def make_vllm_manager(w: Workload) -> Any:
 
 # Operation codes; an op is (code, request index, a, b, state, expected).
 NEW_STEP, GET_COMPUTED, ALLOC_NEW, ALLOC_RUN, GET_BLOCKS, FREE, COMMON_PREFIX, TAKE_NEW_IDS, STATS = range(9)
+# Calls of later releases' schedulers: admission with its keywords
+# (b = (hit, has_scheduled_reqs)), record_prefix_cache_stats, the per-step
+# drains (`ReleaseApi.step_drains`), cache_blocks after a sampled output.
+ADMIT_KW, RECORD_STATS, DRAINS, CACHE_BLOCKS = range(9, 13)
 OP_NAMES = ("new_step_starts", "get_computed_blocks", "allocate_slots (admission)", "allocate_slots (running)",
-            "get_blocks", "free", "get_num_common_prefix_blocks", "take_new_block_ids", "stats/usage")
+            "get_blocks", "free", "get_num_common_prefix_blocks", "take_new_block_ids", "stats/usage",
+            "allocate_slots (admission)", "record_prefix_cache_stats", "per-step drains", "cache_blocks")
 Op = tuple[int, int, Any, Any, Any, Any]
 
 
@@ -183,6 +205,10 @@ class Recorder(SchedulerSim):
         super().__init__(random.Random(w.seed), w.max_num_batched_tokens, w.running, w.max_model_len)
         self.w = w
         self.m = manager
+        self.api = w.api
+        self.admit_kw = bool(self.api.admission_kwargs(False))
+        self.drains = () if self.api.queries_common_prefix else self.api.step_drains()
+        self.cache_after_output = self.api.caches_after_output(w.max_drafts)
         self._tokens = bit_tokens(self.rng)
         self.prefixes = [
             self._tokens(shared_prefix_len(self.rng, w.min_shared_prefix_len, w.max_shared_prefix_len, w.block_size))
@@ -258,6 +284,11 @@ class Recorder(SchedulerSim):
             self.counters["aborted"] += 1
 
     def after_schedule(self) -> None:
+        if self.drains:
+            # Later releases: no common-prefix query (always zeros); the drains every step.
+            got = tuple(norm_drained(getattr(self.m, name)()) for name in self.drains)
+            self._rec(DRAINS, -1, None, None, None, got)
+            return
         if self.running:
             head = self.running[0]
             self._rec(COMMON_PREFIX, head.index, None, None, None,
@@ -277,19 +308,26 @@ class Recorder(SchedulerSim):
     def admit(self, seq: Seq, budget: int) -> int | None:
         req = seq.req
         state = self._state(seq)
-        computed, hit = self.m.get_computed_blocks(req)
+        computed, hit = self.api.lookup(self.m, req)
         self._rec(GET_COMPUTED, seq.index, None, None, state, (_ids(computed), hit))
         n = min(req.num_tokens - hit, budget)
         if self.w.mamba_align:
             n = self.split(req, n, hit)
             if n == 0:
                 return None
+        kw = self.api.admission_kwargs(bool(self.running))
         blocks = self.m.allocate_slots(req, n, num_new_computed_tokens=hit, new_computed_blocks=computed,
-                                       num_lookahead_tokens=0)
-        self._rec(ALLOC_NEW, seq.index, n, hit, state, _ids(blocks))
+                                       num_lookahead_tokens=0, **kw)
+        if self.admit_kw:
+            self._rec(ADMIT_KW, seq.index, n, (hit, kw["has_scheduled_reqs"]), state, _ids(blocks))
+        else:
+            self._rec(ALLOC_NEW, seq.index, n, hit, state, _ids(blocks))
         if blocks is None:
             self.counters["failed_admissions"] += 1
             return None
+        if self.api.records_lookup_stats:
+            self.api.record_lookup(self.m, req, hit)
+            self._rec(RECORD_STATS, seq.index, hit, None, None, None)
         self._rec(GET_BLOCKS, seq.index, None, None, None, self.m.get_blocks(req.request_id).get_block_ids())
         req.num_computed_tokens = hit
         self.counters["admitted"] += 1
@@ -301,6 +339,10 @@ class Recorder(SchedulerSim):
         room = min(seq.max_tokens - req.num_output_tokens, w.max_model_len - 1 - w.max_drafts - req.num_tokens)
         sampled = min(num_sampled, room)
         req.append_output_token_ids(self._tokens(sampled))
+        if self.cache_after_output:
+            n = req.num_computed_tokens
+            self.m.cache_blocks(req, n)
+            self._rec(CACHE_BLOCKS, seq.index, n, None, self._state(seq), None)
         return sampled >= room
 
     def on_finished(self, seq: Seq) -> None:

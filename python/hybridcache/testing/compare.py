@@ -135,6 +135,17 @@ def norm_ids(ids: Sequence[int]) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def norm_drained(value: Any) -> tuple[Any, ...]:
+    """A per-step drain's result (`ReleaseApi.step_drains`): new block ids;
+    (copy-on-write copies, their retained blocks); boundary-state offloads."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, freeze(v)) for k, v in value.items()))
+    if isinstance(value, tuple) and len(value) == 2:
+        copies, kept = value
+        return (tuple((c.src_block_id, c.dst_block_id) for c in copies), tuple(b.block_id for b in kept))
+    return norm_ids(value)
+
+
 def same(value: Any) -> Any:
     return value
 

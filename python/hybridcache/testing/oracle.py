@@ -1,6 +1,6 @@
 """The vLLM side of the differential tools: importing vLLM (the oracle)
 quietly, checking that it is a release the tools compare against
-(`hybridcache.releases`, `tools_oracle`: 0.23.0), keeping its and torch's log lines out
+(`hybridcache.releases`, `tools_oracle`: 0.23.0 and 0.33.0), keeping its and torch's log lines out
 of a run, and the one-line message a tool gives when vLLM, torch or another
 optional package is missing.
 

@@ -6,8 +6,11 @@ observable is read and normalized.
 
 `release(name)` gives the release's `ReleaseApi`; `fuzz.run_fuzz` and the
 tests ask it for setups, managers and the driver class (`fuzz_driver.Driver`
-for 0.23.0, `fuzz_driver033.Driver033` for 0.33.0). Nothing here imports
-vLLM or torch at import time.
+for 0.23.0, `fuzz_driver033.Driver033` for 0.33.0); `hybridcache replay` and
+`hybridcache bench` (`simulation`, `bench_trace`, `timed_replay`) ask it
+for the installed release's managers, requests and call spellings (the
+`tool_*` methods and the hooks after them). Nothing here imports vLLM or
+torch at import time.
 """
 
 from __future__ import annotations
@@ -68,6 +71,63 @@ class ReleaseApi:
 
     def norm_stats(self, stats: Any) -> Any:
         return norm_stats(stats)
+
+    # -- the tools (`hybridcache replay`, `hybridcache bench`) -------------------
+    # They describe managers with 0.23.0's constructor keywords and drive them
+    # as this release's scheduler does; these spell what changed.
+
+    def tool_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The tools' (0.23.0-spelled) constructor keywords in this release's form."""
+        return dict(kwargs)
+
+    def tool_vllm(self, kv_cache_config: Any, kwargs: dict[str, Any]) -> Any:
+        """vLLM's own manager of this release (imports vLLM)."""
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+        return KVCacheManager(kv_cache_config, **self.tool_kwargs(kwargs))
+
+    def tool_facade(self, kv_cache_config: Any, kwargs: dict[str, Any]) -> Any:
+        """hybridcache's facade for this release (its own or vLLM's config classes)."""
+        module, cls = self.facade
+        return getattr(importlib.import_module(module), cls)(kv_cache_config, **self.tool_kwargs(kwargs))
+
+    def tool_request(self, request_id: str, tokens: Sequence[int], hash_block_size: int, max_model_len: int,
+                     lora_id: int | None = None, cache_salt: str | None = None,
+                     skip_reading_prefix_cache: bool = False) -> Any:
+        """A request as this release's engine makes it (hashed by its rules):
+        hybridcache's own `Request` for 0.23.0 (no vLLM needed)."""
+        from ..request import LoRARequest, Request
+
+        lora = None if lora_id is None else LoRARequest(f"lora{lora_id}", lora_id)
+        return Request(request_id, list(tokens), hash_block_size, lora_request=lora, cache_salt=cache_salt,
+                       skip_reading_prefix_cache=skip_reading_prefix_cache)
+
+    def lookup(self, m: Any, request: Any) -> tuple[Any, int]:
+        """The scheduler's local prefix-cache lookup: (blocks, hit tokens)."""
+        blocks, hit = m.get_computed_blocks(request)
+        return blocks, hit
+
+    # Whether the scheduler records a lookup's stats after admitting on it (0.27+).
+    records_lookup_stats = False
+    # Whether the scheduler reads get_num_common_prefix_blocks (until 0.32).
+    queries_common_prefix = True
+
+    def record_lookup(self, m: Any, request: Any, num_hits: int) -> None:
+        """`record_prefix_cache_stats(request, num_hits)` where the release has it."""
+
+    def admission_kwargs(self, has_running: bool) -> dict[str, Any]:
+        """The `allocate_slots` keywords a waiting request's admission adds."""
+        return {}
+
+    def step_drains(self) -> tuple[str, ...]:
+        """The manager's drain calls the scheduler makes every step, after
+        scheduling (in order; each takes no argument)."""
+        return ("take_new_block_ids",)
+
+    def caches_after_output(self, num_spec_tokens: int) -> bool:
+        """Whether the scheduler calls `cache_blocks(request, computed)` after
+        each running request's sampled output (0.33.0: with speculative tokens)."""
+        return False
 
 
 class V023(ReleaseApi):
@@ -236,6 +296,46 @@ class V033(ReleaseApi):
         from .fuzz_driver033 import Driver033
 
         return Driver033
+
+    def tool_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        kw = dict(kwargs)
+        # Renamed in 0.26; the scheduler passes max_concurrent_batches x max_num_batched_tokens.
+        kw["max_in_flight_tokens"] = kw.pop("max_num_batched_tokens", None)
+        defaults = dict(num_hash_lookahead_tokens=0, num_prefill_lookahead=0, dcp_world_size=1, pcp_world_size=1,
+                        metrics_collector=None, watermark=0.0, enable_mamba_shared_prefix_checkpoint=False)
+        return {**defaults, **kw}
+
+    def tool_request(self, request_id: str, tokens: Sequence[int], hash_block_size: int, max_model_len: int,
+                     lora_id: int | None = None, cache_salt: str | None = None,
+                     skip_reading_prefix_cache: bool = False) -> Any:
+        """vLLM 0.33.0's own `Request` (`make_request`; one LoRA adapter)."""
+        s = Setup(mix="tool", caching=True, groups=(), scheduler_block_size=hash_block_size,
+                  hash_block_size=hash_block_size, num_blocks=0, use_eagle=False, events=False, log_stats=False,
+                  max_model_len=max_model_len, release=self.name)
+        return self.make_request(s, request_id, tokens, lora=lora_id is not None, cache_salt=cache_salt,
+                                 skip_reading_prefix_cache=skip_reading_prefix_cache)
+
+    def lookup(self, m: Any, request: Any) -> tuple[Any, int]:
+        blocks, hit, boundary = m.get_computed_blocks(request)
+        if hasattr(request, "shared_prefix_boundary"):
+            request.shared_prefix_boundary = boundary  # as the scheduler stores it
+        return blocks, hit
+
+    records_lookup_stats = True
+    queries_common_prefix = False
+
+    def record_lookup(self, m: Any, request: Any, num_hits: int) -> None:
+        m.record_prefix_cache_stats(request, num_hits)
+
+    def admission_kwargs(self, has_running: bool) -> dict[str, Any]:
+        return {"has_scheduled_reqs": has_running}
+
+    def step_drains(self) -> tuple[str, ...]:
+        # scheduler.py L1681, L1699, L1794 (take_new_block_ids every step).
+        return ("take_boundary_state_offloads", "take_kv_cache_block_copies", "take_new_block_ids")
+
+    def caches_after_output(self, num_spec_tokens: int) -> bool:
+        return num_spec_tokens > 0  # scheduler.py L2407-2415
 
     # -- requests ----------------------------------------------------------------
 

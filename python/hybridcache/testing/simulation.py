@@ -5,7 +5,11 @@ lookups, chunked prefill, speculative decoding with changing draft counts,
 EAGLE lookahead, external (connector) tokens, delayed caching, preemption,
 aborts, evictions and prefix-cache resets. Every call goes through a
 `compare.Fanout`, so several managers see the same request objects and every
-output is compared."""
+output is compared. For a later release (`release_api`, e.g. 0.33.0) the
+requests are that release's own and the calls that changed are spelled as
+its scheduler issues them (3-tuple lookup, `record_prefix_cache_stats` at
+admission, `has_scheduled_reqs`, the per-step drains, events and stats
+compared in full)."""
 
 from __future__ import annotations
 
@@ -15,8 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..request import LoRARequest, Request
-from .compare import Fanout, freeze, norm_allocated, norm_computed, norm_events, norm_ids, norm_stats, norm_usage, pool_state
+from ..request import Request
+from .compare import Fanout, freeze, norm_allocated, norm_computed, norm_drained, norm_ids, norm_usage, pool_state
+from .release_api import ReleaseApi, release
 from .replay_config import ReplayConfig
 from .scheduler import SchedulerSim, mamba_block_aligned_split
 from .workload import Seq, drifting_drafts, prompt_with_prefix, shared_prefix_len, vocab_tokens
@@ -60,12 +65,16 @@ def _later_group_free_hit(blocks: Any) -> bool:
 
 
 class ReplaySimulation(SchedulerSim):
-    """One seeded trace of `config`, every call through `fanout`."""
+    """One seeded trace of `config`, every call through `fanout`, spelled as
+    the scheduler of vLLM release `api` issues it (default 0.23.0): its
+    requests, its lookup and admission calls, its per-step drains, its
+    events and stats."""
 
-    def __init__(self, config: ReplayConfig, seed: int, fanout: Fanout):
+    def __init__(self, config: ReplayConfig, seed: int, fanout: Fanout, api: ReleaseApi | None = None):
         super().__init__(random.Random(seed), config.max_num_batched_tokens, config.max_running, config.max_model_len)
         self.cfg = config
         self.fan = fanout
+        self.api = api or release("0.23.0")
         self._tokens = vocab_tokens(self.rng, config.vocab_size)
         self.summary = ReplaySummary(seed=seed)
         self.prefixes = [self._prefix() for _ in range(config.num_shared_prefixes)]
@@ -94,16 +103,14 @@ class ReplaySimulation(SchedulerSim):
 
     def _new_seq(self) -> Seq:
         cfg, rng = self.cfg, self.rng
-        lora = None
-        if rng.random() < cfg.lora_prob:
-            lora_id = rng.randint(1, 2)
-            lora = LoRARequest(f"lora{lora_id}", lora_id)
+        lora_id = rng.randint(1, 2) if rng.random() < cfg.lora_prob else None
         salt = f"salt{rng.randint(0, 1)}" if rng.random() < cfg.cache_salt_prob else None
-        req = Request(
+        req = self.api.tool_request(
             self._request_id(),
             self._prompt(),
             cfg.hash_block_size,
-            lora_request=lora,
+            cfg.max_model_len,
+            lora_id=lora_id,
             cache_salt=salt,
             skip_reading_prefix_cache=rng.random() < cfg.skip_prefix_cache_prob,
         )
@@ -283,7 +290,7 @@ class ReplaySimulation(SchedulerSim):
         if req.num_computed_tokens == 0:
             results = self.fan.call(
                 f"get_computed_blocks({seq.rid})",
-                lambda m, i: m.get_computed_blocks(req),
+                lambda m, i: self.api.lookup(m, req),
                 norm_computed,
             )
             computed = [blocks for blocks, _ in results]
@@ -324,9 +331,13 @@ class ReplaySimulation(SchedulerSim):
             num_encoder_tokens=encoder,
             full_sequence_must_fit=rng.random() < cfg.full_sequence_must_fit_prob,
             reserved_blocks=reserved,
+            **self.api.admission_kwargs(bool(self.running)),
         )
         if blocks is None:
             return None
+        if self.api.records_lookup_stats and req.num_computed_tokens == 0:
+            self.fan.call(f"record_prefix_cache_stats({seq.rid}, {hit})",
+                          lambda m, i: self.api.record_lookup(m, req, hit))
         self.summary.cache_hit_tokens += hit
         self.summary.hit_requests += hit > 0
         self.summary.external_tokens += external
@@ -367,6 +378,9 @@ class ReplaySimulation(SchedulerSim):
         cfg, req = self.cfg, seq.req
         room = min(seq.max_tokens - req.num_output_tokens, cfg.max_model_len - req.num_tokens)
         req.append_output_token_ids(self._tokens(min(num_sampled, room)))
+        if self.api.caches_after_output(cfg.max_drafts):
+            n = req.num_computed_tokens
+            self.fan.call(f"cache_blocks({seq.rid}, {n})", lambda m, i: m.cache_blocks(req, n))
         return (
             num_sampled >= room
             or req.num_tokens >= cfg.max_model_len
@@ -384,7 +398,8 @@ class ReplaySimulation(SchedulerSim):
                 lambda m, i: m.get_num_common_prefix_blocks(rid),
                 norm_ids,
             )
-        self.fan.call("take_new_block_ids", lambda m, i: m.take_new_block_ids(), norm_ids)
+        for drain in self.api.step_drains():
+            self.fan.call(drain, lambda m, i: getattr(m, drain)(), norm_drained)
         for seq in self._holders():
             self.fan.call(
                 f"get_block_ids({seq.rid})", lambda m, i: m.get_block_ids(seq.rid), freeze
@@ -399,10 +414,12 @@ class ReplaySimulation(SchedulerSim):
         self.fan.call("usage", lambda m, i: m.usage, norm_usage)
         if self.cfg.compare_pool_state:
             self.fan.call("block_pool state", lambda m, i: pool_state(m))
-        events = self.fan.call("take_events", lambda m, i: m.take_events(), norm_events)[0]
+        norm_event = self.api.norm_event
+        events = self.fan.call("take_events", lambda m, i: m.take_events(),
+                               lambda evs: tuple(norm_event(e) for e in evs))[0]
         self.summary.events += len(events)
         self.fan.call(
-            "make_prefix_cache_stats", lambda m, i: m.make_prefix_cache_stats(), norm_stats
+            "make_prefix_cache_stats", lambda m, i: m.make_prefix_cache_stats(), self.api.norm_stats
         )
 
     def _break_stalls(self, scheduled: dict[Seq, int]) -> None:

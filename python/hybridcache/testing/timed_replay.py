@@ -13,21 +13,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .bench_trace import (
+    ADMIT_KW,
     ALLOC_NEW,
     ALLOC_RUN,
+    CACHE_BLOCKS,
     COMMON_PREFIX,
+    DRAINS,
     FREE,
     GET_BLOCKS,
     GET_COMPUTED,
     NEW_STEP,
     NO_BLOCKS,
     OP_NAMES,
+    RECORD_STATS,
     TAKE_NEW_IDS,
     Op,
     Recording,
     Workload,
 )
-from .compare import norm_stats, norm_usage, same_ids
+from .compare import norm_drained, norm_stats, norm_usage, same_ids
 
 # Timing buckets.
 KINDS = (
@@ -47,7 +51,9 @@ class ReplayRequest:
 
     __slots__ = ("request_id", "num_tokens", "num_computed_tokens", "num_preemptions", "num_prompt_tokens",
                  "block_hashes", "_all_hashes", "all_token_ids", "prompt_token_ids", "lora_request",
-                 "cache_salt", "skip_reading_prefix_cache", "mm_features", "prompt_embeds", "spec_token_ids")
+                 "cache_salt", "skip_reading_prefix_cache", "mm_features", "prompt_embeds", "spec_token_ids",
+                 # read by vLLM 0.33.0's manager (no async steps, watermark 0, one lookup boundary)
+                 "num_in_flight_tokens", "shared_prefix_boundary", "status", "session_id")
 
     def __init__(self, rid: str, num_prompt_tokens: int, token_ids: list[int], hashes: list[bytes]):
         self.request_id = rid
@@ -65,6 +71,10 @@ class ReplayRequest:
         self.mm_features: list[Any] = []
         self.prompt_embeds = None
         self.spec_token_ids: list[int] = []
+        self.num_in_flight_tokens = 0
+        self.shared_prefix_boundary = 0
+        self.status = None
+        self.session_id = None
 
 
 class BenchDivergence(AssertionError):
@@ -127,6 +137,7 @@ def _replay_steps(
     admit_ns = kind["admit_allocate_slots"]
     gcb_ns, blocks_ns, free_ns, other_ns = kind["get_computed_blocks"], kind["get_blocks"], kind["free"], kind["other"]
     warmup = rec.workload.warmup_steps
+    drains = rec.workload.api.step_drains()
     for s in range(first, last):
         if s == warmup:
             impl.kind_warmup = {k: len(v) for k, v in kind.items()}
@@ -156,11 +167,13 @@ def _replay_steps(
                 got = None
             elif code == GET_COMPUTED:
                 t0 = clock()
-                blocks, hit = m.get_computed_blocks(req)
+                found = m.get_computed_blocks(req)  # 0.26+: and the shared-prefix boundary
                 dt = clock() - t0
                 bucket = gcb_ns
-                computed[idx] = blocks
-                got = (blocks.get_block_ids(), hit)
+                blocks = computed[idx] = found[0]
+                if len(found) > 2:
+                    req.shared_prefix_boundary = found[2]
+                got = (blocks.get_block_ids(), found[1])
             elif code == ALLOC_NEW:
                 hit_blocks = computed.pop(idx)
                 t0 = clock()
@@ -169,6 +182,32 @@ def _replay_steps(
                 dt = clock() - t0
                 got = NO_BLOCKS if blocks is None else blocks.get_block_ids()
                 bucket = admit_ns
+            elif code == ADMIT_KW:
+                hit_blocks = computed.pop(idx)
+                hit, has_running = b
+                t0 = clock()
+                blocks = m.allocate_slots(req, a, num_new_computed_tokens=hit, new_computed_blocks=hit_blocks,
+                                          num_lookahead_tokens=0, has_scheduled_reqs=has_running)
+                dt = clock() - t0
+                got = NO_BLOCKS if blocks is None else blocks.get_block_ids()
+                bucket = admit_ns
+            elif code == RECORD_STATS:
+                req = reqs[idx]
+                t0 = clock()
+                got = m.record_prefix_cache_stats(req, a)
+                dt = clock() - t0
+                bucket = other_ns
+            elif code == CACHE_BLOCKS:
+                t0 = clock()
+                got = m.cache_blocks(req, a)
+                dt = clock() - t0
+                bucket = other_ns
+            elif code == DRAINS:
+                t0 = clock()
+                results = [getattr(m, name)() for name in drains]
+                dt = clock() - t0
+                bucket = other_ns
+                got = tuple(norm_drained(r) for r in results)
             elif code == GET_BLOCKS:
                 rid = reqs[idx].request_id
                 t0 = clock()
