@@ -189,6 +189,9 @@ class KVCacheManager033(KVCacheManager):
             block size.
     """
 
+    # Multi-module MTP's re-prefillable tail (num_prefill_lookahead - 1).
+    num_reprefillable_tokens: int
+
     def __new__(
         cls,
         kv_cache_config: Any,

@@ -72,9 +72,10 @@ class Release:
 
 RELEASES: tuple[Release, ...] = (
     Release("0.23.0", "hybridcache.vllm:VllmKVCacheManager", tools_oracle=True, native_hasher=True),
-    # 0.33.0: one full-attention group so far (manager033._check_layout).
+    # 0.33.0: full attention, sliding window, chunked local so far
+    # (manager033._check_layout); Mamba align with prefix caching not yet.
     Release("0.33.0", "hybridcache.vllm033:VllmKVCacheManager033", tools_oracle=True, native_hasher=True,
-            layouts=("full",)),
+            layouts=("full", "full+swa")),
 )
 SUPPORTED_VLLM_VERSIONS: tuple[str, ...] = tuple(r.version for r in RELEASES)
 

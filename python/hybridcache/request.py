@@ -86,7 +86,9 @@ class Request:
     contract"): `num_computed_tokens` (tokens whose KV is computed, set
     after admission and advanced after every step, lowered by rejected
     drafts), output tokens through `append_output_token_ids` (which keeps
-    `block_hashes` current), `spec_token_ids` (this step's draft tokens,
+    `block_hashes` current), `num_in_flight_tokens` (scheduled tokens not
+    yet computed, with asynchronous scheduling; read by a 0.33.0 manager),
+    `spec_token_ids` (this step's draft tokens,
     read by the caller's scheduler to size `num_new_tokens`, never by the
     manager) and, on preemption, `num_computed_tokens = 0` and
     `num_preemptions += 1`.
@@ -119,6 +121,10 @@ class Request:
         self._prompt_embeds_per_block_hashes: dict[tuple[int, int], bytes] = {}
         self.skip_reading_prefix_cache = skip_reading_prefix_cache
         self.spec_token_ids: list[int] = []
+        # Tokens scheduled whose KV is not computed yet (vLLM 0.26+'s async
+        # scheduling): a 0.33.0 manager frees sliding-window blocks only
+        # behind the processed tokens. 0 for a synchronous loop.
+        self.num_in_flight_tokens = 0
         self._hash_block_size = hash_block_size
         self._block_hasher = block_hasher
         self.block_hashes: list[bytes] = []
