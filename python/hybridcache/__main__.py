@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     step.add_argument("--step", action="store_true",
                       help="time vLLM's whole Scheduler step: stock, hybridcache, native hashing and the floor")
     step.add_argument("--layout", action="append", dest="layouts", default=None,
-                      choices=("full", "full+3xmamba-align"), help="--step: layout (repeatable; default: both)")
+                      choices=("full", "full+swa", "full+3xmamba-align"),
+                      help="--step: layout (repeatable; default: all)")
     step.add_argument("--no-profile", action="store_true", help="--step: skip the profiled pass")
     b.set_defaults(func=_bench)
     return parser

@@ -42,7 +42,8 @@ from typing import Any
 from hybridcache import releases
 
 VARIANTS = ("stock", "hybridcache", "hc+native", "floor")
-LAYOUTS = ("full", "full+3xmamba-align")
+LAYOUTS = ("full", "full+swa", "full+3xmamba-align")
+SLIDING_WINDOW = 128  # tokens, as `hybridcache bench`'s full+swa
 STOP_TOKEN_ID = 999
 EOS_TOKEN_ID = 50256
 _STUB_ARCH = "HybridcacheStubForCausalLM"
@@ -64,9 +65,13 @@ class StepConfig:
         return 3 if self.layout == "full+3xmamba-align" else 0
 
     @property
+    def sliding_window(self) -> int:
+        return SLIDING_WINDOW if self.layout == "full+swa" else 0
+
+    @property
     def num_spec(self) -> int:
-        # EAGLE with two drafts on the hybrid layout, as the issue's table.
-        return 2 if self.mamba_groups else 0
+        # EAGLE with two drafts on the hybrid layouts, as the issue's table.
+        return 2 if self.mamba_groups or self.sliding_window else 0
 
     @property
     def max_num_batched_tokens(self) -> int:
@@ -159,7 +164,8 @@ def build_scheduler(cfg: StepConfig, variant: str) -> Any:
                              SpeculativeConfig, VllmConfig)
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec,
+                                            SlidingWindowSpec)
     from vllm.v1.structured_output import StructuredOutputManager
 
     import hybridcache.vllm as hc_vllm
@@ -187,7 +193,15 @@ def build_scheduler(cfg: StepConfig, variant: str) -> Any:
         groups.append(KVCacheGroupSpec([f"mamba{i}"], MambaSpec(
             block_size=bs, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align",
             num_speculative_blocks=cfg.num_spec)))
+    if cfg.sliding_window:
+        groups.append(KVCacheGroupSpec(["swa"], SlidingWindowSpec(
+            block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=cfg.sliding_window)))
     kv_cache_config = KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    if hasattr(kv_cache_config, "prefix_cache_retention_interval"):
+        # vLLM 0.30+: the engine copies the cache config's retention (0 by
+        # default: sparse, replay boundaries only) into the KV cache config.
+        kv_cache_config.prefix_cache_retention_interval = getattr(
+            cache_config, "prefix_cache_retention_interval", None)
     cache_config.num_gpu_blocks = cfg.num_blocks
     register_all_kvcache_specs(vllm_config)
     hybrid = variant in ("hybridcache", "hc+native")
