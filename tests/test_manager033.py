@@ -350,20 +350,24 @@ def test_bad_input_to_the_0_33_calls() -> None:
 
 
 @V033
+@pytest.mark.parametrize("eagle", ["off", "flagged-groups-off", "on"])
 @pytest.mark.parametrize("retention", [None, 0, 32])
-def test_sliding_window_mla_retention_and_junction(v33: Any, retention: int | None) -> None:
+def test_sliding_window_mla_retention_and_junction(v33: Any, retention: int | None, eagle: str) -> None:
     """Full attention + SlidingWindowMLASpec (0.33.0's sparse retention: the
-    replay boundary and a shared-prefix junction are kept): hits, the
+    replay boundaries and a shared-prefix junction are kept): hits, the
     junction `get_computed_blocks` reports, window frees, events and the
-    free queue, against vLLM."""
+    free queue, against vLLM; EAGLE off, groups flagged `is_eagle_group`
+    with `use_eagle` off (lookahead hashes: nothing dropped), and on."""
     import torch
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowMLASpec
 
     def config() -> Any:
         full = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
         swa = SlidingWindowMLASpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=20)
+        flagged = eagle != "off"
         return KVCacheConfig(num_blocks=40, kv_cache_tensors=[], prefix_cache_retention_interval=retention,
-                             kv_cache_groups=[KVCacheGroupSpec(["f"], full), KVCacheGroupSpec(["s"], swa)])
+                             kv_cache_groups=[KVCacheGroupSpec(["f"], full, is_eagle_group=flagged),
+                                              KVCacheGroupSpec(["s"], swa, is_eagle_group=flagged)])
 
     def script(m: Any, log: list[Any], seen: dict[str, list[int]]) -> None:
         c = m.coordinator
@@ -387,8 +391,8 @@ def test_sliding_window_mla_retention_and_junction(v33: Any, retention: int | No
             log.append((_free_queue(m), _events(m)))
 
     logs, seens = [], []
-    for m in (v33.Manager(config(), 400, BS, BS, enable_kv_cache_events=True),
-              KVCacheManager033(config(), 400, BS, BS, enable_kv_cache_events=True)):
+    kw = dict(enable_kv_cache_events=True, use_eagle=eagle == "on")
+    for m in (v33.Manager(config(), 400, BS, BS, **kw), KVCacheManager033(config(), 400, BS, BS, **kw)):
         log: list[Any] = []
         seen: dict[str, list[int]] = {"hits": [], "boundaries": [], "window_nulls": []}
         script(m, log, seen)
@@ -399,7 +403,7 @@ def test_sliding_window_mla_retention_and_junction(v33: Any, retention: int | No
     assert seens[0] == seens[1]
     # The windows freed blocks; the later requests hit the shared prefix.
     assert all(n > 0 for n in seens[0]["window_nulls"]) and seens[0]["hits"][0] == 0 and seens[0]["hits"][2] > 0, seens[0]
-    if retention == 0:
+    if retention == 0 and eagle != "on":
         # Only the replay boundary was kept: the second request misses, and
         # the junction it reports (96) is what lets the third one hit.
         assert seens[0]["hits"][1] == 0 and seens[0]["boundaries"][1] == 96, seens[0]
