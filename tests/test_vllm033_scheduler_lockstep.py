@@ -77,6 +77,14 @@ def helpers() -> Any:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ["HF_HOME"] = str(HF_HOME)
     os.environ["HF_HUB_OFFLINE"] = "1"
+    if "huggingface_hub" in sys.modules:
+        # Imported by an earlier test: its cache paths were read from the
+        # environment then; point them at the offline model configs too.
+        from huggingface_hub import constants
+
+        offline = {"HF_HOME": str(HF_HOME), "HF_HUB_CACHE": str(HF_HOME / "hub"), "HF_HUB_OFFLINE": True}
+        for name, value in offline.items():
+            setattr(constants, name, value)
     sys.path.insert(0, str(TESTS))
     try:
         from tests.v1.core import utils
