@@ -185,11 +185,6 @@ class NativeManager:
         """vLLM 0.24+'s watermark: `blocks` stay free when a request whose
         `status` equals one of `statuses` is admitted while others are
         scheduled (`allocate_slots(..., has_scheduled_reqs=True)`)."""
-    def _record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """0.33.0's `record_blocks_for_zeroing`: the request's blocks from
-        `start_token` (a multiple of each recording group's block size,
-        else ValueError) on are recorded for zeroing again, in the groups
-        that record new blocks; nothing for an unknown request."""
     def _pop_blocks_for_free(self, request_id: str) -> list[int]:
         """vLLM 0.24+'s `pop_blocks_for_free`, as block ids: the request is
         forgotten; its blocks (table order, leading null blocks left out)

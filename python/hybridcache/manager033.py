@@ -17,10 +17,9 @@ attention (ChunkedLocalAttentionSpec), one group or several, with 0.33.0's
 sparse retention (`prefix_cache_retention_interval`) for the
 sliding-window groups. Other layouts (Mamba, R-SWA, circular buffers,
 cross attention), full-attention blocks wider than the
-hash block with caching (0.33.0 caches partial tails there) and groups
-that are not prefix-cacheable (bounded replay) raise NotImplementedError
-naming them. A mixed-precision cache
-(`needs_kv_cache_zeroing`) records new blocks for worker-side zeroing.
+hash block with caching (0.33.0 caches partial tails there) and
+mixed-precision caches (which 0.33.0 zeroes) raise NotImplementedError
+naming them.
 """
 
 from __future__ import annotations
@@ -115,6 +114,11 @@ def _check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bo
                 "MTP) is not supported by hybridcache's vLLM 0.33.0 facade yet"
             )
         kinds.append(kind)
+    if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
+        raise NotImplementedError(
+            "a mixed-precision KV cache (vLLM 0.33.0 zeroes new blocks for it: needs_kv_cache_zeroing) "
+            "is not supported by hybridcache's vLLM 0.33.0 facade yet"
+        )
     return kinds
 
 
@@ -238,10 +242,8 @@ class KVCacheManager033(KVCacheManager):
                 f" (={scheduler_block_size}) >= num_speculative_tokens (={num_prefill_lookahead})."
             )
         # 0.33.0 records new block ids only for worker-side zeroing, which
-        # Mamba groups or a mixed-precision KV cache need
-        # (`needs_kv_cache_zeroing`); then every attention group records.
-        zeroing = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
-        groups = [type(g)(native=_recording_new_block_ids(g.native, zeroing), event_kind=g.event_kind,
+        # needs Mamba groups or mixed-precision KV (both refused above).
+        groups = [type(g)(native=_without_new_block_ids(g.native), event_kind=g.event_kind,
                           sliding_window=g.sliding_window) for g in groups]
         self = cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
                           enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE,
@@ -395,11 +397,8 @@ class KVCacheManager033(KVCacheManager):
         return self.create_kv_cache_blocks(tuple(out))
 
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """Re-records the request's blocks from `start_token` on (a
-        multiple of each recording group's block size) for worker-side
-        zeroing, e.g. blocks a failed async load left unwritten; only with
-        `needs_kv_cache_zeroing` does any group record."""
-        self._record_blocks_for_zeroing(request_id, start_token)
+        """Re-records blocks for worker-side zeroing: no group of a
+        full-attention model records new block ids in 0.33.0, so nothing."""
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[BlockView]]:
         """Copy-on-write copies of partial hits (none: a full-attention
@@ -427,10 +426,10 @@ class KVCacheManager033(KVCacheManager):
         return self._group_infos
 
 
-def _recording_new_block_ids(native: Any, zeroing: bool) -> Any:
+def _without_new_block_ids(native: Any) -> Any:
     from dataclasses import replace
 
-    return replace(native, reports_new_block_ids=zeroing)
+    return replace(native, reports_new_block_ids=False)
 
 
 class BlockPoolView033(BlockPoolView):

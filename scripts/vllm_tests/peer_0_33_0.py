@@ -106,8 +106,7 @@ NOT_IMPLEMENTED: tuple[str, ...] = ()
 # Not listed case by case (yet): a failure is expected when hybridcache
 # raised the NotImplementedError of what its 0.33.0 facade documents as not
 # ported (Mamba, R-SWA and circular-buffer layouts, full-attention blocks
-# wider than the hash block with caching, groups that are not prefix-cacheable
-# (bounded replay), dcp/pcp,
+# wider than the hash block with caching, mixed-precision zeroing, dcp/pcp,
 # multi-module MTP), or a read-only view's AttributeError naming a
 # vLLM internal it does not provide. Any other failure is a divergence.
 UNSUPPORTED_FEATURES: tuple[str, ...] = (

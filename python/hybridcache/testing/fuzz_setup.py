@@ -47,7 +47,6 @@ class Group:
     param: int = 0  # window / chunk size
     mode: str = "none"  # mamba cache mode
     num_spec: int = 0
-    half: bool = False  # bfloat16 layers (a mixed-precision cache with float32 ones)
 
 
 @dataclass
@@ -208,7 +207,6 @@ def group_specs(s: Setup) -> tuple[GroupSpec, ...]:
             attention_chunk_size=g.param if g.kind == "chunked" else None,
             mamba_cache_mode=g.mode if g.kind == "mamba" else None,
             num_speculative_blocks=g.num_spec if g.kind == "mamba" else 0,
-            half_precision=g.half,
         )
         for g in s.groups
     )

@@ -135,12 +135,10 @@ impl NativeManager {
         let py = slf.py();
         let rid = request_id(request)?;
         let new_computed = Self::computed_ids(slf, opt.new_computed_blocks)?;
-        let skip_zeroing_groups = match opt.skip_zeroing_group_ids {
-            Some(groups) => slf
-                .borrow()
-                .check_group_ids("skip_zeroing_group_ids", groups)?,
-            None => 0,
-        };
+        if let Some(groups) = opt.skip_zeroing_group_ids {
+            slf.borrow()
+                .check_group_ids("skip_zeroing_group_ids", groups)?;
+        }
         let watermark_blocks = if opt.has_scheduled_reqs {
             slf.borrow().watermark_for(request)?
         } else {
@@ -172,7 +170,6 @@ impl NativeManager {
             num_prompt_tokens: None,
             shared_prefix_boundary: None,
             num_in_flight_tokens: 0,
-            skip_zeroing_groups,
         };
         Self::allocation_result(slf, request, |this| this.allocate_one(request, &rid, args))
     }

@@ -51,11 +51,8 @@ impl NativeManager {
     }
 
     /// Checks that `groups` is an iterable of this manager's group indices.
-    /// The group indices `groups` names, as a bit set (bit g: group g);
-    /// a clear error for a bad one.
-    pub(crate) fn check_group_ids(&self, name: &str, groups: &Bound<'_, PyAny>) -> PyResult<u64> {
+    pub(crate) fn check_group_ids(&self, name: &str, groups: &Bound<'_, PyAny>) -> PyResult<()> {
         let n = self.inner.num_groups();
-        let mut set = 0u64;
         for g in groups.try_iter().map_err(|_| {
             pyo3::exceptions::PyTypeError::new_err(format!(
                 "{name} must be an iterable of group indices"
@@ -67,11 +64,8 @@ impl NativeManager {
                     "{name}: group {g} out of range: the manager has {n} groups"
                 )));
             }
-            if g < 64 {
-                set |= 1 << g;
-            }
         }
-        Ok(set)
+        Ok(())
     }
 
     /// `pop_blocks_for_free`: the request's block ids, still referenced.

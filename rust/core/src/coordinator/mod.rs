@@ -255,7 +255,6 @@ impl Coordinator {
         new_computed: &[Vec<BlockId>],
         num_local_computed_tokens: usize,
         num_external_computed_tokens: usize,
-        skip_zeroing_groups: u64,
     ) {
         let log = self.pool.records_metrics();
         let start = self.pool.metrics_len();
@@ -273,9 +272,8 @@ impl Coordinator {
                 ends.push(self.pool.metrics_len());
             }
         }
-        for (g, (m, &n)) in self.managers.iter_mut().zip(&external).enumerate() {
-            let record = g >= 64 || skip_zeroing_groups & (1 << g) == 0;
-            m.allocate_external_blocks(&mut self.pool, slot, n, record);
+        for (m, &n) in self.managers.iter_mut().zip(&external) {
+            m.allocate_external_blocks(&mut self.pool, slot, n);
             if log {
                 ends.push(self.pool.metrics_len());
             }

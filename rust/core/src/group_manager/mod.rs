@@ -251,22 +251,15 @@ impl SingleTypeManager {
         cdiv(total, bs).saturating_sub(len)
     }
 
-    /// Fresh blocks for external tokens (after `add_computed_blocks`);
-    /// `record`: unless a load writes them (recorded for zeroing then).
-    pub fn allocate_external_blocks(
-        &mut self,
-        pool: &mut BlockPool,
-        slot: ReqSlot,
-        n: usize,
-        record: bool,
-    ) {
+    /// Fresh blocks for external tokens (after `add_computed_blocks`).
+    pub fn allocate_external_blocks(&mut self, pool: &mut BlockPool, slot: ReqSlot, n: usize) {
         if n == 0 {
             return;
         }
         let blocks = &mut self.records.with_table(slot).blocks;
         let start = blocks.len();
         pool.get_new_blocks(n, blocks);
-        if self.records_new_block_ids && record {
+        if self.records_new_block_ids {
             self.new_block_ids.extend_from_slice(&blocks[start..]);
         }
     }
@@ -319,22 +312,6 @@ impl SingleTypeManager {
 
     pub fn take_new_block_ids(&mut self, out: &mut Vec<BlockId>) {
         out.append(&mut self.new_block_ids);
-    }
-
-    pub fn records_new_block_ids(&self) -> bool {
-        self.records_new_block_ids
-    }
-
-    /// Records the request's blocks from `start_token` on again (a
-    /// multiple of the block size), nulls included, as vLLM does.
-    pub fn record_blocks_for_zeroing(&mut self, slot: ReqSlot, start_token: usize) {
-        if !self.records_new_block_ids {
-            return;
-        }
-        let table = self.blocks(slot);
-        let start = (start_token / self.bs()).min(table.len());
-        let ids: Vec<BlockId> = table[start..].to_vec();
-        self.new_block_ids.extend(ids);
     }
 
     /// Hashes (at hash_block_size) that caching up to `num_tokens` reads,

@@ -83,10 +83,6 @@ pub struct AllocateArgs<'a> {
     /// `request.num_in_flight_tokens` (0.33.0: window frees stop that far
     /// below the computed tokens); pass it when `wants_num_in_flight_tokens`.
     pub num_in_flight_tokens: usize,
-    /// Groups whose external-token blocks are not recorded for zeroing
-    /// (0.33.0's `skip_zeroing_group_ids`, bit g for group g: an async load
-    /// writes them).
-    pub skip_zeroing_groups: u64,
 }
 
 impl AllocateArgs<'_> {
@@ -464,34 +460,6 @@ impl KvCacheManager {
             self.coord
                 .remove_skipped_blocks(slot, total_computed_tokens);
         }
-    }
-
-    /// Records the request's blocks from `start_token` on for zeroing again
-    /// (0.33.0's `record_blocks_for_zeroing`, e.g. after a failed load), in
-    /// each group that records new blocks; `start_token` must be a multiple
-    /// of their block sizes. Nothing for an unknown request.
-    pub fn record_blocks_for_zeroing(
-        &mut self,
-        request_id: &str,
-        start_token: usize,
-    ) -> CoreResult<()> {
-        if let Some(m) = self
-            .coord
-            .managers
-            .iter()
-            .find(|m| m.records_new_block_ids() && start_token % m.block_size as usize != 0)
-        {
-            return invalid(format!(
-                "start_token ({start_token}) is not a multiple of the block size {}",
-                m.block_size
-            ));
-        }
-        if let Some(slot) = self.slot(request_id) {
-            for m in self.coord.managers.iter_mut() {
-                m.record_blocks_for_zeroing(slot, start_token);
-            }
-        }
-        Ok(())
     }
 
     /// Caches the request's full blocks up to `num_computed_tokens`.
