@@ -34,22 +34,42 @@ _FULL_ATTENTION_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "HiddenStateCa
 
 def _spec_name(spec: Any) -> str | None:
     for cls in type(spec).__mro__:
-        if cls.__name__ in _FULL_ATTENTION_SPECS:
+        if cls.__name__ in _FULL_ATTENTION_SPECS or cls.__name__ == "MambaSpec":
             return cls.__name__
     return None
 
 
-def _check_layout(kv_cache_config: Any) -> None:
-    """One full-attention group: what the 0.33.0 facade covers so far."""
+# The layouts the 0.33.0 facade covers, one row each: (what it is, whether a
+# config's group spec names match it, prefix caching allowed). Anything else
+# raises NotImplementedError naming its groups.
+def _all_full(names: list[str]) -> bool:
+    return len(names) == 1 and names[0] in _FULL_ATTENTION_SPECS
+
+
+def _full_and_mamba(names: list[str]) -> bool:
+    return "MambaSpec" in names and all(n == "MambaSpec" or n in _FULL_ATTENTION_SPECS for n in names)
+
+
+_LAYOUTS: tuple[tuple[str, Any, bool], ...] = (
+    ("one full-attention group", _all_full, True),
+    ("full attention + Mamba (none / align) without prefix caching", _full_and_mamba, False),
+)
+
+
+def _check_layout(kv_cache_config: Any, enable_caching: bool) -> None:
+    """Refuses a layout no row of `_LAYOUTS` covers."""
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
-    specs = [getattr(g, "kv_cache_spec", None) for g in groups]
-    if len(groups) != 1 or _spec_name(specs[0]) is None:
-        names = ", ".join(type(s).__name__ for s in specs) or "none"
-        raise NotImplementedError(
-            "hybridcache's vLLM 0.33.0 support covers models whose KV cache is one full-attention "
-            f"group so far; this config has {len(groups)} group(s): {names}. Hybrid layouts "
-            "(sliding window, Mamba, chunked local) run on vLLM 0.23.0 with hybridcache"
-        )
+    names = [_spec_name(getattr(g, "kv_cache_spec", None)) or type(getattr(g, "kv_cache_spec", None)).__name__
+             for g in groups]
+    if any(match(names) and (caching_ok or not enable_caching) for _, match, caching_ok in _LAYOUTS):
+        return
+    covered = "; ".join(f"{what}{'' if ok else ' (prefix caching off)'}" for what, _, ok in _LAYOUTS)
+    raise NotImplementedError(
+        f"hybridcache's vLLM 0.33.0 support covers: {covered}. This config has {len(groups)} group(s): "
+        f"{', '.join(names) or 'none'} (enable_caching={enable_caching}). Mamba prefix caching "
+        "(align checkpoints, partial hash hits with copy-on-write, boundary-state offloads) and the "
+        "other hybrid layouts run on vLLM 0.23.0 with hybridcache"
+    )
 
 
 def _check_retention(kv_cache_config: Any, scheduler_block_size: int) -> None:
@@ -132,7 +152,7 @@ class KVCacheManager033(KVCacheManager):
             max_in_flight_tokens = max_model_len
         max_in_flight_tokens = _positive_int("max_in_flight_tokens", max_in_flight_tokens)
         scheduler_block_size = _positive_int("scheduler_block_size", scheduler_block_size)
-        _check_layout(kv_cache_config)
+        _check_layout(kv_cache_config, enable_caching)
         _check_retention(kv_cache_config, scheduler_block_size)
         for name, v in (("num_hash_lookahead_tokens", num_hash_lookahead_tokens),
                         ("num_prefill_lookahead", num_prefill_lookahead)):
@@ -154,11 +174,12 @@ class KVCacheManager033(KVCacheManager):
                 "multi-module MTP (num_prefill_lookahead > 1: the last tokens are re-prefilled and "
                 "not cached) is not supported by hybridcache's vLLM 0.33.0 facade yet"
             )
-        # 0.33.0 records new block ids only for worker-side zeroing, which
-        # needs Mamba groups or mixed-precision KV: never for one
-        # full-attention group.
-        groups = [type(g)(native=_without_new_block_ids(g.native), event_kind=g.event_kind,
-                          sliding_window=g.sliding_window) for g in groups]
+        # 0.33.0 records new block ids only for worker-side zeroing (Mamba
+        # groups or mixed-precision KV), and then for every attention group.
+        zeroing = _needs_kv_cache_zeroing(kv_cache_config)
+        specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+        groups = [type(g)(native=_records_new_block_ids(g.native, zeroing, spec), event_kind=g.event_kind,
+                          sliding_window=g.sliding_window) for g, spec in zip(groups, specs)]
         self = cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
                           enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE,
                           num_hash_lookahead_tokens=num_hash_lookahead_tokens,
@@ -171,6 +192,7 @@ class KVCacheManager033(KVCacheManager):
     def _init_033(self, groups: list[Any], hash_block_size: int, watermark: float,
                   num_hash_lookahead_tokens: int, log_stats: bool) -> None:
         self._group_infos = groups
+        self._specs = [g.kv_cache_spec for g in self.kv_cache_config.kv_cache_groups]
         self._hash_block_size = hash_block_size
         self._live_stats: Any = _prefix_cache_stats() if log_stats else None
         self.watermark_blocks = int(watermark * self.num_blocks)
@@ -267,9 +289,14 @@ class KVCacheManager033(KVCacheManager):
 
     def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
         """The request's block ids covering its first `num_computed_tokens`
-        tokens, per group."""
-        sizes = [g.native.block_size for g in self._groups]
-        return tuple(ids[: -(-num_computed_tokens // bs)] for ids, bs in zip(self.get_block_ids(request_id), sizes))
+        tokens, per group; all of them for a group whose blocks are not
+        token positions (Mamba state, cross-attention, encoder-only)."""
+        out = []
+        for ids, g, spec in zip(self.get_block_ids(request_id), self._groups, self._specs):
+            names = {cls.__name__ for cls in type(spec).__mro__}
+            positional = "AttentionSpec" in names and not names & {"CrossAttentionSpec", "EncoderOnlyAttentionSpec"}
+            out.append(ids[: -(-num_computed_tokens // g.native.block_size)] if positional else ids)
+        return tuple(out)
 
     def estimate_cached_tokens(self, request: Any) -> int:
         """Tokens of the request's prefix its cached blocks cover (the
@@ -298,8 +325,14 @@ class KVCacheManager033(KVCacheManager):
         return self.create_kv_cache_blocks(tuple(out))
 
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """Re-records blocks for worker-side zeroing: no group of a
-        full-attention model records new block ids in 0.33.0, so nothing."""
+        """Re-records blocks for worker-side zeroing (after a failed async
+        KV load): nothing to do when no group records new block ids (one
+        full-attention group); with a Mamba layout not ported yet."""
+        if any(g.native.reports_new_block_ids for g in self._groups):
+            raise NotImplementedError(
+                "record_blocks_for_zeroing (re-zeroing after a failed async KV load) for a model with "
+                "Mamba layers is not supported by hybridcache's vLLM 0.33.0 facade yet"
+            )
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[BlockView]]:
         """Copy-on-write copies of partial hits (none: a full-attention
@@ -327,10 +360,24 @@ class KVCacheManager033(KVCacheManager):
         return self._group_infos
 
 
-def _without_new_block_ids(native: Any) -> Any:
+def _needs_kv_cache_zeroing(kv_cache_config: Any) -> bool:
+    """0.33.0's `KVCacheConfig.needs_kv_cache_zeroing` (a Mamba group, or
+    KV caches of several precisions)."""
+    value = getattr(kv_cache_config, "needs_kv_cache_zeroing", None)
+    if value is not None:
+        return bool(value)
+    return any(_spec_name(g.kv_cache_spec) == "MambaSpec" for g in kv_cache_config.kv_cache_groups)
+
+
+def _records_new_block_ids(native: Any, zeroing: bool, spec: Any) -> Any:
+    """0.33.0's rule: a group records its new block ids for the worker to
+    zero when the config needs zeroing and its spec is an attention spec
+    (not a circular buffer)."""
     from dataclasses import replace
 
-    return replace(native, reports_new_block_ids=False)
+    names = {cls.__name__ for cls in type(spec).__mro__}
+    records = zeroing and "AttentionSpec" in names and "CircularBufferSpec" not in names
+    return replace(native, reports_new_block_ids=records)
 
 
 class BlockPoolView033(BlockPoolView):

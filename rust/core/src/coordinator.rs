@@ -245,6 +245,7 @@ impl Coordinator {
         new_computed: &[Vec<BlockId>],
         num_local_computed_tokens: usize,
         num_external_computed_tokens: usize,
+        skip_zeroing_groups: u64,
     ) {
         let log = self.pool.records_metrics();
         let start = self.pool.metrics_len();
@@ -262,8 +263,9 @@ impl Coordinator {
                 ends.push(self.pool.metrics_len());
             }
         }
-        for (m, &n) in self.managers.iter_mut().zip(&external) {
-            m.allocate_external_blocks(&mut self.pool, slot, n);
+        for (i, (m, &n)) in self.managers.iter_mut().zip(&external).enumerate() {
+            let record = skip_zeroing_groups.checked_shr(i as u32).unwrap_or(0) & 1 == 0;
+            m.allocate_external_blocks(&mut self.pool, slot, n, record);
             if log {
                 ends.push(self.pool.metrics_len());
             }

@@ -251,15 +251,22 @@ impl SingleTypeManager {
         cdiv(total, bs).saturating_sub(len)
     }
 
-    /// Fresh blocks for external tokens (after `add_computed_blocks`).
-    pub fn allocate_external_blocks(&mut self, pool: &mut BlockPool, slot: ReqSlot, n: usize) {
+    /// Fresh blocks for external tokens (after `add_computed_blocks`);
+    /// `record`: they are recorded for zeroing (when this group records).
+    pub fn allocate_external_blocks(
+        &mut self,
+        pool: &mut BlockPool,
+        slot: ReqSlot,
+        n: usize,
+        record: bool,
+    ) {
         if n == 0 {
             return;
         }
         let blocks = &mut self.records.with_table(slot).blocks;
         let start = blocks.len();
         pool.get_new_blocks(n, blocks);
-        if self.records_new_block_ids {
+        if self.records_new_block_ids && record {
             self.new_block_ids.extend_from_slice(&blocks[start..]);
         }
     }

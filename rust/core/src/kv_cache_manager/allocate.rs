@@ -290,6 +290,7 @@ impl KvCacheManager {
                 new_computed,
                 num_local_computed,
                 args.num_external_computed_tokens,
+                args.skip_zeroing_groups,
             );
         }
         self.coord.allocate_new_blocks(

@@ -76,6 +76,10 @@ pub struct AllocateArgs<'a> {
     /// `request.num_prompt_tokens`, kept for the request's lifetime; pass
     /// it when `wants_num_prompt_tokens` (None otherwise: nothing changes).
     pub num_prompt_tokens: Option<usize>,
+    /// Groups (bit i: group i) whose external-token blocks an async load
+    /// writes, so they are not recorded for zeroing (0.33.0's
+    /// `skip_zeroing_group_ids`).
+    pub skip_zeroing_groups: u64,
 }
 
 impl AllocateArgs<'_> {
