@@ -7,7 +7,7 @@ against vLLM 0.33.0, for the 0.33 venv:
 - perturbed candidates (vLLM's manager with one answer or one state change
   altered) must be caught, each by the observable that shows it;
 - hybridcache's 0.33.0 facade (`hybridcache.manager033`) on full attention,
-  once it exists.
+  sliding window, several full-attention groups and chunked local attention.
 """
 
 from __future__ import annotations
@@ -139,6 +139,24 @@ def test_hybridcache_facade_slice_full_attention() -> None:
                       candidate="hybridcache")
     _clean(f)
     assert f.allocations > 3000 and f.hit_tokens > 0 and f.events > 0
+
+
+@pytest.mark.skipif(FACADE_MISSING, reason="hybridcache's vLLM 0.33.0 facade (hybridcache.manager033) has not landed")
+@pytest.mark.parametrize(("mixes", "seed"), [(("sw", "full_sw"), 331), (("full_full", "full_full_sw", "full_fullbs"), 332),
+                                             (("full_chunked",), 333)],
+                         ids=["sliding-window", "several-full-attention", "chunked-local"])
+def test_hybridcache_facade_slice_hybrid_layouts(mixes: tuple[str, ...], seed: int) -> None:
+    """Sliding window (with 0.33.0's sparse retention: None, 0, N),
+    several full-attention groups and chunked local attention, against
+    vLLM 0.33.0."""
+    f = fuzz.run_fuzz(ops=16_000, seed=seed, mixes=mixes, ops_per_setup=400, release_name="0.33.0",
+                      candidate="hybridcache")
+    _clean(f)
+    assert f.allocations > 3000 and f.hit_tokens > 0 and f.events > 0 and f.evictions > 0
+    assert f.calls.get("unsupported_setups", 0) < f.setups // 3, f.summary()
+    assert f.calls.get("shared_prefix_boundaries", 0) > 0 and f.calls.get("in_flight_allocations", 0) > 0
+    if "sw" in mixes:
+        assert f.calls.get("sparse_retention_setups", 0) > 0
 
 
 def test_vllm_033_lookahead_hashes_crash_the_hit_search_without_full_attention() -> None:

@@ -12,9 +12,12 @@ from typing import Any
 import pytest
 
 from hybridcache import _native
+from hybridcache.config import ChunkedLocalAttentionSpec as HcChunkedLocalAttentionSpec
 from hybridcache.config import FullAttentionSpec as HcFullAttentionSpec
 from hybridcache.config import KVCacheConfig as HcKVCacheConfig
 from hybridcache.config import KVCacheGroupSpec as HcKVCacheGroupSpec
+from hybridcache.config import MambaSpec as HcMambaSpec
+from hybridcache.config import SlidingWindowSpec as HcSlidingWindowSpec
 from hybridcache.manager import KVCacheManager
 from hybridcache.manager033 import KVCacheManager033
 from hybridcache.request import Request as HcRequest
@@ -42,8 +45,27 @@ def test_0_23_manager_takes_only_0_23_arguments() -> None:
 
 
 def test_0_33_facade_refuses_what_it_does_not_cover() -> None:
-    with pytest.raises(NotImplementedError, match="one full-attention group"):
-        KVCacheManager033(_hc_config(10, groups=2), 200, BS, BS)
+    # Several full-attention groups and sliding windows are covered.
+    assert KVCacheManager033(_hc_config(10, groups=2), 200, BS, BS).num_kv_cache_groups == 2
+    sw = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
+        HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)),
+        HcKVCacheGroupSpec(["s"], HcSlidingWindowSpec(block_size=BS, sliding_window=8))])
+    assert KVCacheManager033(sw, 200, BS, BS).num_kv_cache_groups == 2
+    chunked = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
+        HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)),
+        HcKVCacheGroupSpec(["c"], HcChunkedLocalAttentionSpec(block_size=BS, attention_chunk_size=32))])
+    assert KVCacheManager033(chunked, 200, BS, BS).num_kv_cache_groups == 2
+    for spec, name in ((HcMambaSpec(block_size=BS), "Mamba"),):
+        cfg = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
+            HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)), HcKVCacheGroupSpec(["x"], spec)])
+        with pytest.raises(NotImplementedError, match=f"{name}.*not supported by hybridcache's vLLM 0.33.0 facade"):
+            KVCacheManager033(cfg, 200, BS, BS)
+    wide = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
+        HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)),
+        HcKVCacheGroupSpec(["g"], HcFullAttentionSpec(block_size=2 * BS))])
+    with pytest.raises(NotImplementedError, match="partial hash hits"):
+        KVCacheManager033(wide, 200, 2 * BS, BS)
+    assert KVCacheManager033(wide, 200, 2 * BS, BS, enable_caching=False).num_kv_cache_groups == 2
     with pytest.raises(NotImplementedError, match="context parallelism"):
         KVCacheManager033(_hc_config(10), 200, BS, BS, pcp_world_size=2)
     with pytest.raises(NotImplementedError, match="context parallelism"):
@@ -53,7 +75,8 @@ def test_0_33_facade_refuses_what_it_does_not_cover() -> None:
     with pytest.raises(ValueError, match="watermark must be non-negative"):
         KVCacheManager033(_hc_config(10), 200, BS, BS, watermark=-0.1)
     with pytest.raises(ValueError, match="Multi-module MTP with prefix caching requires"):
-        KVCacheManager033(_hc_config(10), 200, 4, 4, use_eagle=True, num_prefill_lookahead=8)
+        small = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=4))])
+        KVCacheManager033(small, 200, 4, 4, use_eagle=True, num_prefill_lookahead=8)
 
 
 def test_deferred_free_refuses_blocks_it_did_not_hand_out() -> None:

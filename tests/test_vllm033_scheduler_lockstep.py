@@ -42,6 +42,13 @@ class Case:
     num_blocks: int = 60
     steps: int = 160
     seed: int = 0
+    # "full": one full-attention group (the helper's); "full_sw": plus a
+    # sliding-window group; "sw": a sliding-window group alone;
+    # "full_chunked": plus a chunked local group (chunk `window`).
+    layout: str = "full"
+    window: int = 24
+    # KVCacheConfig.prefix_cache_retention_interval (0: the serving default).
+    retention: int | None = None
 
 
 CASES = [
@@ -51,6 +58,13 @@ CASES = [
     Case("async", async_scheduling=True, seed=2),
     Case("async-spec", async_scheduling=True, num_spec=2, seed=3),
     Case("preemption-storm", num_blocks=24, seed=4),
+    Case("full-swa-dense", layout="full_sw", seed=6),
+    Case("full-swa-retention0", layout="full_sw", retention=0, seed=7),
+    Case("full-swa-retention32-async-spec", layout="full_sw", retention=32, async_scheduling=True, num_spec=2,
+         window=40, seed=8),
+    Case("swa-retention0-async", layout="sw", retention=0, async_scheduling=True, seed=9),
+    Case("full-swa-storm", layout="full_sw", retention=0, num_blocks=40, window=17, seed=10),
+    Case("full-chunked-async", layout="full_chunked", window=32, async_scheduling=True, seed=11),
 ]
 
 
@@ -71,11 +85,34 @@ def helpers() -> Any:
     return utils
 
 
+def _layout(case: Case, make_config: Any) -> Any:
+    """The helper's KVCacheConfig class, wrapped to give `case`'s groups and
+    retention interval (the helper builds one full-attention group)."""
+    from vllm.v1 import kv_cache_interface as iface
+
+    def make(num_blocks: int, kv_cache_tensors: Any, kv_cache_groups: Any) -> Any:
+        full = kv_cache_groups[0]
+        sw = iface.SlidingWindowSpec(block_size=full.kv_cache_spec.block_size, num_kv_heads=1, head_size=1,
+                                     dtype=full.kv_cache_spec.dtype, sliding_window=case.window)
+        chunked = iface.ChunkedLocalAttentionSpec(block_size=full.kv_cache_spec.block_size, num_kv_heads=1,
+                                                  head_size=1, dtype=full.kv_cache_spec.dtype,
+                                                  attention_chunk_size=case.window)
+        groups = {"full": [full], "sw": [iface.KVCacheGroupSpec(["swa"], sw)],
+                  "full_sw": [full, iface.KVCacheGroupSpec(["swa"], sw)],
+                  "full_chunked": [full, iface.KVCacheGroupSpec(["chunked"], chunked)]}[case.layout]
+        return make_config(num_blocks=num_blocks, kv_cache_tensors=kv_cache_tensors, kv_cache_groups=groups,
+                           prefix_cache_retention_interval=case.retention)
+
+    return make
+
+
 def _scheduler(helpers: Any, case: Case, hybrid: bool) -> Any:
     import hybridcache.vllm as hc_vllm
 
     if hybrid:
         hc_vllm.install()
+    make_config = helpers.KVCacheConfig
+    helpers.KVCacheConfig = _layout(case, make_config)
     try:
         return helpers.create_scheduler(
             enable_prefix_caching=case.caching,
@@ -89,6 +126,7 @@ def _scheduler(helpers: Any, case: Case, hybrid: bool) -> Any:
             async_scheduling=case.async_scheduling,
         )
     finally:
+        helpers.KVCacheConfig = make_config
         if hybrid:
             hc_vllm.uninstall()
 
@@ -197,10 +235,18 @@ def run_lockstep(helpers: Any, case: Case) -> dict[str, int]:
 
     stock, hc = _scheduler(helpers, case, False), _scheduler(helpers, case, True)
     assert type(hc.kv_cache_manager).__name__ == "VllmKVCacheManager033"
+    groups = stock.kv_cache_config.kv_cache_groups
+    assert [type(g.kv_cache_spec).__name__ for g in groups] == [
+        {"full": "FullAttentionSpec", "sw": "SlidingWindowSpec", "chunked": "ChunkedLocalAttentionSpec"}[k]
+        for k in case.layout.split("_")]
+    assert stock.kv_cache_manager.coordinator.retention_interval == case.retention
     assert type(stock.kv_cache_manager).__module__.startswith("vllm.")
     plans = _requests(case, native=False), _requests(case, native=True)
     rng_model, rng_events = random.Random(case.seed + 100), random.Random(case.seed + 200)
-    seen = {"steps": 0, "tokens": 0, "hit_tokens": 0, "preempted": 0, "finished": 0, "drafts": 0}
+    seen = {"steps": 0, "tokens": 0, "hit_tokens": 0, "preempted": 0, "finished": 0, "drafts": 0,
+            "window_frees": 0}
+    kinds = case.layout.split("_")
+    sw_group = next((i for i, k in enumerate(kinds) if k in ("sw", "chunked")), None)
     for step in range(case.steps):
         for s, plan in zip((stock, hc), plans):
             for r in plan.get(step, ()):
@@ -229,6 +275,10 @@ def run_lockstep(helpers: Any, case: Case) -> dict[str, int]:
         if rng_events.random() < 0.02:
             assert stock.reset_prefix_cache() == hc.reset_prefix_cache()
         hc.kv_cache_manager.check_invariants()
+        if sw_group is not None:
+            # Running requests whose window (or chunk) left blocks behind.
+            seen["window_frees"] += sum(
+                0 in stock.kv_cache_manager.get_block_ids(r.request_id)[sw_group] for r in stock.running)
         seen["steps"] += 1
     return seen
 
@@ -242,8 +292,10 @@ def test_scheduler_lockstep(helpers: Any, case: Case) -> None:
     assert seen["hit_tokens"] > 0 if case.caching else seen["hit_tokens"] == 0
     if case.num_spec:
         assert seen["drafts"] > 0
-    if case.name == "preemption-storm":
+    if case.name.endswith("storm"):
         assert seen["preempted"] > 0
+    if case.layout != "full":
+        assert seen["window_frees"] > 0
 
 
 def test_lockstep_detects_a_divergence(helpers: Any, monkeypatch: Any) -> None:

@@ -167,6 +167,13 @@ class NativeManager:
 
         Raises ValueError for a request without tokens, TypeError /
         AttributeError for a request without the attributes of `_Request`."""
+    def _get_computed_blocks_033(
+        self, request: _Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int]:
+        """0.33.0's `get_computed_blocks`: `get_computed_blocks`' pair plus
+        `shared_prefix_boundary`, where the longest hit one attention type
+        found on its own ends when it passes the hit (a sparse-retention
+        group lags a shared prefix), else 0."""
     @property
     def release(self) -> str:
         """The vLLM release whose semantics this manager follows ("0.23.0", "0.33.0")."""

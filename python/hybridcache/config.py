@@ -285,7 +285,8 @@ def _admission_cap(spec: Any, kind: str, max_num_batched_tokens: int, max_model_
         return None
     method = getattr(spec, "max_admission_blocks_per_request", None)
     if method is not None:
-        return int(method(max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len))
+        # Positional: 0.33.0 names the first parameter max_in_flight_tokens.
+        return int(method(max_num_batched_tokens, max_model_len))
     if kind == "sliding_window":
         return _cdiv(min(int(spec.sliding_window) - 1 + max_num_batched_tokens, max_model_len), int(spec.block_size)) + 1
     return _cdiv(min(int(spec.attention_chunk_size) + max_num_batched_tokens, max_model_len), int(spec.block_size))

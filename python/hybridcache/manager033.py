@@ -9,10 +9,17 @@ shared_prefix_boundary)`, `record_prefix_cache_stats`, deferred frees
 (`pop_blocks_for_free`, then `block_pool.free_blocks`), the watermark and
 the new drains. The rules themselves are the core's.
 
-Supported so far: models whose KV cache is one full-attention group
+Supported so far: models whose KV cache groups are full attention
 (FullAttentionSpec, MLAAttentionSpec, HiddenStateCacheSpec, and
-SinkFullAttentionSpec, which 0.33.0 manages as plain full attention). Other
-layouts raise NotImplementedError naming them.
+SinkFullAttentionSpec, which 0.33.0 manages as plain full attention),
+sliding window (SlidingWindowSpec, SlidingWindowMLASpec) and chunked local
+attention (ChunkedLocalAttentionSpec), one group or several, with 0.33.0's
+sparse retention (`prefix_cache_retention_interval`) for the
+sliding-window groups. Other layouts (Mamba, R-SWA, circular buffers,
+cross attention), full-attention blocks wider than the
+hash block with caching (0.33.0 caches partial tails there) and
+mixed-precision caches (which 0.33.0 zeroes) raise NotImplementedError
+naming them.
 """
 
 from __future__ import annotations
@@ -28,61 +35,128 @@ from hybridcache.manager import KVCacheManager, _positive_int
 
 RELEASE = "0.33.0"
 
-# Spec classes 0.33.0 manages with its FullAttentionManager.
+# Spec classes by the 0.33.0 manager this facade runs them as, and the
+# classes refused (with what to call them). A spec's first class (in its
+# MRO) found here decides: RSWASpec is a FullAttentionSpec subclass.
 _FULL_ATTENTION_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "HiddenStateCacheSpec", "SinkFullAttentionSpec")
+_SLIDING_WINDOW_SPECS = ("SlidingWindowSpec", "SlidingWindowMLASpec")
+_CHUNKED_LOCAL_SPECS = ("ChunkedLocalAttentionSpec",)
+_MAMBA_SPECS = ("MambaSpec",)
+_REFUSED_SPECS = {
+    "RSWASpec": "R-SWA (RSWASpec)",
+    "CircularBufferSpec": "circular buffers (CircularBufferSpec)",
+    "CrossAttentionSpec": "cross attention (CrossAttentionSpec)",
+}
 
 
-def _spec_name(spec: Any) -> str | None:
+def _layout_kind(spec: Any) -> str | None:
+    """"full", "sliding_window", "chunked_local", "mamba", or None
+    (refused or unknown)."""
     for cls in type(spec).__mro__:
-        if cls.__name__ in _FULL_ATTENTION_SPECS or cls.__name__ == "MambaSpec":
-            return cls.__name__
+        if cls.__name__ in _REFUSED_SPECS:
+            return None
+        if cls.__name__ in _FULL_ATTENTION_SPECS:
+            return "full"
+        if cls.__name__ in _SLIDING_WINDOW_SPECS:
+            return "sliding_window"
+        if cls.__name__ in _CHUNKED_LOCAL_SPECS:
+            return "chunked_local"
+        if cls.__name__ in _MAMBA_SPECS:
+            return "mamba"
     return None
 
 
-# The layouts the 0.33.0 facade covers, one row each: (what it is, whether a
-# config's group spec names match it, prefix caching allowed). Anything else
-# raises NotImplementedError naming its groups.
-def _all_full(names: list[str]) -> bool:
-    return len(names) == 1 and names[0] in _FULL_ATTENTION_SPECS
+def _refused_name(spec: Any) -> str:
+    for cls in type(spec).__mro__:
+        if cls.__name__ in _REFUSED_SPECS:
+            return _REFUSED_SPECS[cls.__name__]
+    return type(spec).__name__
 
 
-def _full_and_mamba(names: list[str]) -> bool:
-    return "MambaSpec" in names and all(n == "MambaSpec" or n in _FULL_ATTENTION_SPECS for n in names)
-
-
-_LAYOUTS: tuple[tuple[str, Any, bool], ...] = (
-    ("one full-attention group", _all_full, True),
-    ("full attention + Mamba (none / align) without prefix caching", _full_and_mamba, False),
-)
-
-
-def _check_layout(kv_cache_config: Any, enable_caching: bool) -> None:
-    """Refuses a layout no row of `_LAYOUTS` covers."""
+def _check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bool) -> list[str]:
+    """The groups' kinds, if the 0.33.0 facade covers this layout: full
+    attention, sliding window and chunked local groups; NotImplementedError
+    naming what it does not cover."""
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
-    names = [_spec_name(getattr(g, "kv_cache_spec", None)) or type(getattr(g, "kv_cache_spec", None)).__name__
-             for g in groups]
-    if any(match(names) and (caching_ok or not enable_caching) for _, match, caching_ok in _LAYOUTS):
+    if not groups:
+        raise NotImplementedError(
+            "hybridcache's vLLM 0.33.0 support needs at least one KV cache group (attention-free "
+            "models are not supported yet)"
+        )
+    kinds = []
+    for i, g in enumerate(groups):
+        spec = getattr(g, "kv_cache_spec", None)
+        kind = _layout_kind(spec)
+        if kind is None:
+            raise NotImplementedError(
+                f"kv_cache_groups[{i}]: {_refused_name(spec)} is not supported by hybridcache's vLLM "
+                "0.33.0 facade yet (it covers full attention, sliding window and chunked local "
+                "groups, and Mamba beside full attention without prefix caching)"
+            )
+        block_size = getattr(spec, "block_size", None)
+        if kind == "full" and enable_caching and block_size != hash_block_size:
+            raise NotImplementedError(
+                f"kv_cache_groups[{i}]: a full-attention block of {block_size} tokens over hash blocks "
+                f"of {hash_block_size} (vLLM 0.33.0 caches partial tail blocks and serves partial hash "
+                "hits there) is not supported by hybridcache's vLLM 0.33.0 facade yet"
+            )
+        extra = getattr(spec, "extra_retained_tokens", None) or 0
+        if kind == "sliding_window" and extra:
+            raise NotImplementedError(
+                f"kv_cache_groups[{i}]: extra_retained_tokens={extra} (multi-module "
+                "MTP) is not supported by hybridcache's vLLM 0.33.0 facade yet"
+            )
+        kinds.append(kind)
+    _check_mamba_layout(kinds, enable_caching)
+    if getattr(kv_cache_config, "has_mixed_precision_kv_cache", False):
+        raise NotImplementedError(
+            "a mixed-precision KV cache (vLLM 0.33.0 zeroes new blocks for it: needs_kv_cache_zeroing) "
+            "is not supported by hybridcache's vLLM 0.33.0 facade yet"
+        )
+    return kinds
+
+
+def _check_mamba_layout(kinds: list[str], enable_caching: bool) -> None:
+    """Mamba groups are covered beside full-attention groups only, with
+    prefix caching off (0.33.0's KVCacheCoordinatorNoPrefixCache)."""
+    if "mamba" not in kinds:
         return
-    covered = "; ".join(f"{what}{'' if ok else ' (prefix caching off)'}" for what, _, ok in _LAYOUTS)
-    raise NotImplementedError(
-        f"hybridcache's vLLM 0.33.0 support covers: {covered}. This config has {len(groups)} group(s): "
-        f"{', '.join(names) or 'none'} (enable_caching={enable_caching}). Mamba prefix caching "
-        "(align checkpoints, partial hash hits with copy-on-write, boundary-state offloads) and the "
-        "other hybrid layouts run on vLLM 0.23.0 with hybridcache"
-    )
+    others = sorted(set(kinds) - {"mamba", "full"})
+    if others:
+        raise NotImplementedError(
+            f"Mamba groups beside {', '.join(others)} groups are not supported by hybridcache's vLLM "
+            "0.33.0 facade yet (it covers Mamba beside full attention, without prefix caching)"
+        )
+    if enable_caching:
+        raise NotImplementedError(
+            "Mamba prefix caching (align-mode prefill checkpoints in the cache, partial hash hits with "
+            "copy-on-write, boundary-state offloads) is not supported by hybridcache's vLLM 0.33.0 "
+            "facade yet; run with enable_prefix_caching=False, or on vLLM 0.23.0"
+        )
 
 
-def _check_retention(kv_cache_config: Any, scheduler_block_size: int) -> None:
-    """0.33.0's `prefix_cache_retention_interval` check: with only full
-    attention it must be unset or 0 (dense caching either way)."""
+def _check_retention(kv_cache_config: Any, scheduler_block_size: int, kinds: list[str]) -> int | None:
+    """0.33.0's `prefix_cache_retention_interval` check (ValueError, its
+    messages); the interval the core applies (None: dense; without a
+    sliding-window group 0 caches densely too)."""
     interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
-    if interval is None or interval == 0:
-        return
-    raise ValueError(
-        "prefix_cache_retention_interval is set but this model has no sliding-window or Mamba KV "
-        "cache group, so retention has no effect. Set it to 0 (it only applies to sliding-window "
-        "and Mamba attention)."
-    )
+    if interval is None:
+        return None
+    if "sliding_window" not in kinds and "mamba" not in kinds:
+        if interval == 0:
+            return None
+        raise ValueError(
+            "prefix_cache_retention_interval is set but this model has no sliding-window or Mamba KV "
+            "cache group, so retention has no effect. Set it to 0 (it only applies to sliding-window "
+            "and Mamba attention)."
+        )
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0 or interval % scheduler_block_size:
+        raise ValueError(
+            f"prefix_cache_retention_interval ({interval}) must be non-negative and a multiple of "
+            f"scheduler_block_size ({scheduler_block_size})."
+        )
+    # Mamba groups are covered without prefix caching only: nothing to retain.
+    return int(interval) if "sliding_window" in kinds else None
 
 
 def _check_supported_033(dcp_world_size: int, pcp_world_size: int) -> None:
@@ -119,8 +193,9 @@ class KVCacheManager033(KVCacheManager):
     by name). See the module docstring for the layouts covered.
 
     Raises:
-        NotImplementedError: a layout other than one full-attention group,
-            dcp/pcp > 1, multi-module MTP (`num_prefill_lookahead` > 1).
+        NotImplementedError: a layout other than full-attention and
+            sliding-window groups (see the module docstring), dcp/pcp > 1,
+            multi-module MTP (`num_prefill_lookahead` > 1).
         ValueError: a bad count, a negative watermark, a retention interval
             vLLM 0.33.0 refuses, MTP whose lookahead exceeds the scheduler
             block size.
@@ -152,8 +227,8 @@ class KVCacheManager033(KVCacheManager):
             max_in_flight_tokens = max_model_len
         max_in_flight_tokens = _positive_int("max_in_flight_tokens", max_in_flight_tokens)
         scheduler_block_size = _positive_int("scheduler_block_size", scheduler_block_size)
-        _check_layout(kv_cache_config, enable_caching)
-        _check_retention(kv_cache_config, scheduler_block_size)
+        kinds = _check_layout(kv_cache_config, hash_block_size, bool(enable_caching))
+        retention = _check_retention(kv_cache_config, scheduler_block_size, kinds)
         for name, v in (("num_hash_lookahead_tokens", num_hash_lookahead_tokens),
                         ("num_prefill_lookahead", num_prefill_lookahead)):
             # vLLM takes bools too (its tests pass use_eagle-style flags).
@@ -175,13 +250,15 @@ class KVCacheManager033(KVCacheManager):
                 "not cached) is not supported by hybridcache's vLLM 0.33.0 facade yet"
             )
         # 0.33.0 records new block ids only for worker-side zeroing (Mamba
-        # groups or mixed-precision KV), and then for every attention group.
-        zeroing = _needs_kv_cache_zeroing(kv_cache_config)
+        # groups; mixed-precision KV is refused above), then for every
+        # attention group.
+        zeroing = "mamba" in kinds
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
         groups = [type(g)(native=_records_new_block_ids(g.native, zeroing, spec), event_kind=g.event_kind,
                           sliding_window=g.sliding_window) for g, spec in zip(groups, specs)]
         self = cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
                           enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE,
+                          retention_interval=retention,
                           num_hash_lookahead_tokens=num_hash_lookahead_tokens,
                           # 0.33.0's pool calls the collector as 0.23.0's,
                           # except that the null block is never touched.
@@ -216,13 +293,14 @@ class KVCacheManager033(KVCacheManager):
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[Any, int, int]:
         """The longest prefix-cache hit: (KVCacheBlocks, hit tokens,
-        shared_prefix_boundary). The boundary is where a sparse-retention
-        group lags a longer hit; with one group there is none (0). Counts
-        nothing: the scheduler calls `record_prefix_cache_stats`."""
-        blocks, hit = super().get_computed_blocks(request, max_cache_hit_length)
+        shared_prefix_boundary). The boundary is where the longest hit one
+        attention type found ends when a sparse-retention group lags it
+        (else 0; the scheduler stores it in `request.shared_prefix_boundary`).
+        Counts nothing: the scheduler calls `record_prefix_cache_stats`."""
+        blocks, hit, boundary = self._get_computed_blocks_033(request, max_cache_hit_length)
         if hit and self._event_builder is not None and getattr(request, "kv_cache_report_mode", "incremental") == "full":
             self._report_reused_hit(request, blocks)
-        return blocks, hit, 0
+        return blocks, hit, boundary
 
     def _report_reused_hit(self, request: Any, blocks: Any) -> None:
         """0.33.0's `BlockStored` for the blocks of a hit, so external
@@ -233,7 +311,10 @@ class KVCacheManager033(KVCacheManager):
             n = len(group_blocks)
             if n:
                 bs = g.native.block_size
-                raw.append(("stored", list(hashes[:n]), None, 0, n * bs, bs, group, list(range(n))))
+                # One hash per block: the last hash block's in it.
+                scale = bs // self._hash_block_size
+                block_hashes = list(hashes[scale - 1::scale][:n])
+                raw.append(("stored", block_hashes, None, 0, n * bs, bs, group, list(range(n))))
         self._on_events(raw, request)
 
     def get_computed_blocks_for_connector(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int, bool]:
@@ -277,7 +358,8 @@ class KVCacheManager033(KVCacheManager):
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
-        """Frees blocks no attention reads any more (none for full
+        """Frees blocks no attention reads any more (sliding-window blocks
+        below the window of `processed_computed_tokens`; none for full
         attention); `num_prompt_tokens` only matters to R-SWA groups."""
         super().remove_skipped_blocks(request_id, processed_computed_tokens)
 
@@ -326,8 +408,8 @@ class KVCacheManager033(KVCacheManager):
 
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
         """Re-records blocks for worker-side zeroing (after a failed async
-        KV load): nothing to do when no group records new block ids (one
-        full-attention group); with a Mamba layout not ported yet."""
+        KV load): nothing to do when no group records new block ids (no
+        Mamba group); with Mamba groups not ported yet."""
         if any(g.native.reports_new_block_ids for g in self._groups):
             raise NotImplementedError(
                 "record_blocks_for_zeroing (re-zeroing after a failed async KV load) for a model with "
@@ -358,15 +440,6 @@ class KVCacheManager033(KVCacheManager):
     @property
     def _groups(self) -> list[Any]:
         return self._group_infos
-
-
-def _needs_kv_cache_zeroing(kv_cache_config: Any) -> bool:
-    """0.33.0's `KVCacheConfig.needs_kv_cache_zeroing` (a Mamba group, or
-    KV caches of several precisions)."""
-    value = getattr(kv_cache_config, "needs_kv_cache_zeroing", None)
-    if value is not None:
-        return bool(value)
-    return any(_spec_name(g.kv_cache_spec) == "MambaSpec" for g in kv_cache_config.kv_cache_groups)
 
 
 def _records_new_block_ids(native: Any, zeroing: bool, spec: Any) -> Any:
@@ -421,7 +494,7 @@ class CoordinatorView033(CoordinatorView):
             self.eagle_group_ids = set(range(len(groups)))
         self.drop_eagle_group_ids = self.eagle_group_ids if manager.use_eagle else set()
         self.num_reprefillable_tokens = 0
-        # 0.33.0's config field (None or 0 here: full attention caches densely).
+        # 0.33.0's config field (it sparsifies sliding-window groups only here).
         self.retention_interval = getattr(manager.kv_cache_config, "prefix_cache_retention_interval", None)
 
     def get_num_blocks_to_allocate(  # type: ignore[override]
@@ -476,7 +549,8 @@ class _NumCachedBlockView(Mapping):
 
 class _SingleTypeManagerView033(SingleTypeManagerView):
     """One group's manager as 0.33.0's scheduler, engine and connectors
-    read it: `block_size`, `kv_cache_spec`, `block_pool`, and the read-only
+    read it: `block_size`, `kv_cache_spec`, `block_pool`, `_null_block` (what
+    `req_to_blocks` lists outside a window), and the read-only
     `req_to_blocks` / `num_cached_block` views."""
 
     def __init__(self, manager: KVCacheManager033, group: int, spec: Any) -> None:
@@ -486,6 +560,8 @@ class _SingleTypeManagerView033(SingleTypeManagerView):
         self.block_size = int(spec.block_size)
         self.block_pool = manager.block_pool
         self.num_cached_block = _NumCachedBlockView(manager, group)
+        # The object `req_to_blocks` lists for blocks outside a window.
+        self._null_block = manager.block_pool.null_block
 
 
 __all__ = ["KVCacheManager033", "RELEASE", "KVCacheBlocks"]

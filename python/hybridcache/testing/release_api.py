@@ -156,8 +156,29 @@ class V023(ReleaseApi):
 
 
 # Mixes whose vLLM-vs-vLLM self-check the 0.33.0 driver passes (the facade
-# supports full attention first; the others follow as it grows).
-MIXES_033 = (*MIXES, "full_mamba_partial")
+# supports full attention and sliding window; the others follow as it
+# grows). 0.33.0's own: several full-attention groups (equal specs, one
+# with a sliding window, different block sizes) and partial Mamba hits.
+MIXES_033 = (*MIXES, "full_mamba_partial", "full_full", "full_full_sw", "full_fullbs")
+
+
+_MIXES_ONLY_033 = ("full_mamba_partial", "full_full", "full_full_sw", "full_fullbs")
+
+
+def _several_full_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
+    """The groups and block sizes of the mixes with several full-attention
+    groups: two equal ones (one spec group, looked up together), the same
+    with a sliding window, or block sizes 4 and 8 (0.33.0 truncates both
+    to the hit; with caching the wider one caches partial tails)."""
+    if mix == "full_full":
+        bs = rng.choice((4, 8))
+        return dict(groups=(Group("full", bs), Group("full", bs)), scheduler_block_size=bs, hash_block_size=bs)
+    if mix == "full_full_sw":
+        sw = Group("sw", rng.choice((4, 8)), rng.randint(3, 14))
+        return dict(groups=(Group("full", 4), Group("full", 4), sw), scheduler_block_size=8,
+                    hash_block_size=4 if caching else 8)
+    return dict(groups=(Group("full", 4), Group("full", 8)), scheduler_block_size=8,
+                hash_block_size=4 if caching else 8)
 
 
 class V033(ReleaseApi):
@@ -172,7 +193,7 @@ class V033(ReleaseApi):
     _hash_fn: Any = None
 
     def random_setup(self, rng: Any, mix: str, caching: bool) -> Setup:
-        s = random_setup(rng, "full" if mix == "full_mamba_partial" else mix, caching)
+        s = random_setup(rng, "full" if mix in _MIXES_ONLY_033 else mix, caching)
         if s.dcp * s.pcp > 1:
             # 0.23.0's context-parallel draw; 0.33.0's dcp rules differ (not driven yet).
             sbs = s.scheduler_block_size // (s.dcp * s.pcp)
@@ -183,6 +204,8 @@ class V033(ReleaseApi):
             mamba = Group("mamba", 8, mode="align" if caching else "none", num_spec=rng.randint(0, 2))
             s = dataclasses.replace(s, mix=mix, groups=(Group("full", 4), mamba), scheduler_block_size=8,
                                     hash_block_size=4 if caching else 8)
+        elif mix in _MIXES_ONLY_033:
+            s = dataclasses.replace(s, mix=mix, **_several_full_groups(rng, mix, caching))
         # Sparse retention is a KVCacheConfig field in 0.33.0 (the scheduler's
         # default 0: replay boundaries and shared-prefix junctions only), for
         # sliding window and Mamba groups.

@@ -3,6 +3,8 @@
 
 use std::borrow::Cow;
 
+use crate::profile::BlockHashView;
+
 /// Spare hashes a list gets room for when it must grow (see `extend`).
 const HASH_HEADROOM: usize = 8;
 
@@ -95,18 +97,33 @@ impl<T: AsRef<[u8]>> FromIterator<T> for HashList {
 }
 
 /// Hashes computed every `hash_block_size` tokens, read at a block size that
-/// is `scale` times larger: block i's hash is the concatenation of hashes
-/// `i*scale .. (i+1)*scale`, as vLLM's `BlockHashListWithBlockSize`.
+/// is `scale` times larger, as vLLM's `BlockHashListWithBlockSize`: block
+/// i's hash is the concatenation of hashes `i*scale .. (i+1)*scale`
+/// (0.23.0), or the last of them, which chains over the whole prefix
+/// already (`last_only`, 0.33.0; `profile::BlockHashView`).
 #[derive(Clone, Copy)]
 pub struct ScaledHashes<'a> {
     hashes: &'a HashList,
     scale: usize,
+    last_only: bool,
 }
 
 impl<'a> ScaledHashes<'a> {
     pub fn new(hashes: &'a HashList, scale: usize) -> Self {
         debug_assert!(scale >= 1);
-        ScaledHashes { hashes, scale }
+        ScaledHashes {
+            hashes,
+            scale,
+            last_only: false,
+        }
+    }
+
+    /// `new`, block hashes as `view` reads them.
+    pub fn viewed(hashes: &'a HashList, scale: usize, view: BlockHashView) -> Self {
+        ScaledHashes {
+            last_only: view == BlockHashView::LastHashBlock,
+            ..Self::new(hashes, scale)
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -114,7 +131,12 @@ impl<'a> ScaledHashes<'a> {
     }
 
     pub fn get(&self, i: usize) -> Cow<'a, [u8]> {
-        Cow::Borrowed(self.hashes.run(i * self.scale, (i + 1) * self.scale))
+        let first = if self.last_only {
+            (i + 1) * self.scale - 1
+        } else {
+            i * self.scale
+        };
+        Cow::Borrowed(self.hashes.run(first, (i + 1) * self.scale))
     }
 }
 
@@ -131,6 +153,8 @@ mod tests {
         let one = ScaledHashes::new(&h, 1);
         assert_eq!(one.len(), 5);
         assert_eq!(&*one.get(4), &[5, 5]);
+        let last = ScaledHashes::viewed(&h, 2, BlockHashView::LastHashBlock);
+        assert_eq!((last.len(), &*last.get(1)), (2, &[4u8, 4][..]));
     }
 
     #[test]

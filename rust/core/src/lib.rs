@@ -24,6 +24,7 @@ mod spec;
 
 pub use attention::mamba::AlignState;
 pub use block_pool::{BlockPool, NULL_BLOCK};
+pub use coordinator::CacheHit;
 pub use error::{CoreError, CoreResult};
 pub use events::{BlockMetric, PoolEvent};
 pub use hashes::{HashList, HashUpdate};

@@ -20,6 +20,13 @@
 //! - `retention`: `attention::sliding_window` (which blocks sparse
 //!   retention keeps: `reachable_blocks`, the replay boundary) and
 //!   `coordinator` (which configs accept a retention interval);
+//! - `hybrid_hit`: `coordinator` (the hybrid hit search: which groups are
+//!   truncated, the EAGLE margin's cap, one spec group allowed, the
+//!   uncached common prefix it reports);
+//! - `block_hash_view`: `hashes::ScaledHashes` (what a wide block's hash
+//!   is), through `coordinator` and the invariant check;
+//! - `frees_on_processed_tokens`: `kv_cache_manager::allocate` (window
+//!   frees lag the request's in-flight tokens);
 //! - `partial_hits`, `null_block_ref_counted`, `cache_cap_at_hashes`: the
 //!   pool's touch/free (null counting), the caching step (the cap); partial
 //!   hits are not ported (the 0.33.0 facade refuses the layouts using them).
@@ -178,6 +185,51 @@ pub enum Retention {
     /// groups only; the one replay boundary kept is the last
     /// scheduler-block boundary before the prompt's last token.
     SlidingWindowPromptTail,
+    /// 0.30+ (`KVCacheConfig.prefix_cache_retention_interval`): sliding
+    /// window (and Mamba, whose 0.33.0 rules are not ported) groups; the
+    /// tails kept are those ending at each of `replay_boundaries` (one
+    /// position, two with EAGLE) and at the request's shared-prefix
+    /// junction (`request.shared_prefix_boundary`, one block lower too for
+    /// an EAGLE group). A config without such a group accepts 0.
+    ReplayBoundaries,
+}
+
+impl Retention {
+    /// Whether a config with no group this rule sparsifies accepts
+    /// `interval` (0.33.0 takes 0 there: dense either way).
+    pub(crate) fn accepts_without_sparse_groups(self, interval: usize) -> bool {
+        match self {
+            Retention::SlidingWindowPromptTail => false,
+            Retention::ReplayBoundaries => interval == 0,
+        }
+    }
+}
+
+/// A block's hash in a group whose blocks span several hash blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BlockHashView {
+    /// 0.23.0: the concatenation of the block's hash-block hashes.
+    Concatenated,
+    /// 0.33.0: the last hash-block hash in the block (it chains over the
+    /// whole prefix already).
+    LastHashBlock,
+}
+
+/// The hybrid coordinator's hit search: what differs after its fixed point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HybridHit {
+    /// 0.23.0: only the first full-attention spec group is cut to the hit;
+    /// an EAGLE group's lookup may reach one block past the candidate but
+    /// not past `max_cache_hit_length`; two different specs at least.
+    FirstFullTruncated,
+    /// 0.29+: every full-attention group is cut to the hit; the EAGLE
+    /// lookup's cap is the tokens the request has hashes for; one spec
+    /// group suffices (several equal full-attention groups); the search
+    /// also reports the longest hit any type found (the uncached common
+    /// prefix behind `shared_prefix_boundary`).
+    EveryFullTruncated,
 }
 
 /// Which groups record the ids of new blocks (`take_new_block_ids`).
@@ -222,6 +274,20 @@ pub struct BehaviourProfile {
     /// `allocate_slots` may adopt prefix-cache hits with no new token
     /// (0.33.0); 0.23.0 needs new or external tokens.
     pub adopt_only_steps: bool,
+    pub hybrid_hit: HybridHit,
+    /// `allocate_slots` frees window blocks up to the processed tokens,
+    /// `total_computed - request.num_in_flight_tokens` (0.26+: async
+    /// steps still read the blocks below); 0.23.0 up to `total_computed`.
+    pub frees_on_processed_tokens: bool,
+    /// External tokens' blocks are allocated after every group touched its
+    /// hits, and a metrics collector sees it in that order (0.24+); 0.23.0
+    /// interleaves the two per group (its log order is kept).
+    pub two_phase_external: bool,
+    /// Groups flagged `is_eagle_group` drop their last hit block only when
+    /// `use_eagle` is on (0.28+'s `drop_eagle_group_ids`; with lookahead
+    /// hashes the scheduler turns it off); 0.23.0 drops for them always.
+    pub eagle_drop_needs_use_eagle: bool,
+    pub block_hash_view: BlockHashView,
 }
 
 impl BehaviourProfile {
@@ -237,6 +303,11 @@ impl BehaviourProfile {
         common_prefix: true,
         stats: StatsPolicy::CountedInLookup,
         adopt_only_steps: false,
+        hybrid_hit: HybridHit::FirstFullTruncated,
+        frees_on_processed_tokens: false,
+        two_phase_external: false,
+        eagle_drop_needs_use_eagle: false,
+        block_hash_view: BlockHashView::Concatenated,
     };
 
     /// vLLM 0.33.0 (reference §4.1's feature table, last row). Hashing's
@@ -247,11 +318,7 @@ impl BehaviourProfile {
         release: "0.33.0",
         free_policy: FreePolicy::UnhashedOrCachingOffFirst,
         hashing: Hashing::V0_33,
-        // Not consulted yet: the 0.33.0 facade admits full-attention
-        // layouts only, which retention never sparsifies. 0.33.0's rule
-        // (sliding window and Mamba, replay boundaries and shared-prefix
-        // junctions) is a variant to add with those layouts.
-        retention: Retention::SlidingWindowPromptTail,
+        retention: Retention::ReplayBoundaries,
         partial_hits: false,
         null_block_ref_counted: false,
         cache_cap_at_hashes: true,
@@ -259,6 +326,11 @@ impl BehaviourProfile {
         common_prefix: false,
         stats: StatsPolicy::RecordedByScheduler,
         adopt_only_steps: true,
+        hybrid_hit: HybridHit::EveryFullTruncated,
+        frees_on_processed_tokens: true,
+        two_phase_external: true,
+        eagle_drop_needs_use_eagle: true,
+        block_hash_view: BlockHashView::LastHashBlock,
     };
 
     /// Every profile, oldest release first.

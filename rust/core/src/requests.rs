@@ -54,6 +54,8 @@ struct ColdState {
     // `request.num_prompt_tokens`, when an allocation passed it (only
     // sparse retention reads it).
     num_prompt_tokens: Option<usize>,
+    // `request.shared_prefix_boundary` as last passed (0.33.0's retention).
+    shared_prefix_boundary: usize,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -78,6 +80,7 @@ impl RequestRegistry {
             id: id.clone(),
             hashes: HashList::new(),
             num_prompt_tokens: None,
+            shared_prefix_boundary: 0,
         };
         let s = match self.free_slots.pop() {
             Some(s) => {
@@ -133,6 +136,17 @@ impl RequestRegistry {
             .as_mut()
             .expect("live slot")
             .num_prompt_tokens = Some(n);
+    }
+
+    pub fn shared_prefix_boundary(&self, slot: ReqSlot) -> usize {
+        self.cold(slot).shared_prefix_boundary
+    }
+
+    pub fn set_shared_prefix_boundary(&mut self, slot: ReqSlot, n: usize) {
+        self.cold[slot as usize]
+            .as_mut()
+            .expect("live slot")
+            .shared_prefix_boundary = n;
     }
 
     /// `hashes(slot).len()`, from the hot line.

@@ -612,6 +612,7 @@ impl Machine {
                     reserved_blocks: reserved as usize,
                     watermark_blocks: 0,
                     num_prompt_tokens: Some(prompt),
+                    ..Default::default()
                 };
                 if ext > 0 {
                     self.stats.ext += 1;

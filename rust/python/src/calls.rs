@@ -89,6 +89,41 @@ pub(crate) fn prompt_len_if_wanted(
     count_obj("request.num_prompt_tokens", &n).map(Some)
 }
 
+/// The request fields 0.33.0's rules read at an allocation, when the core
+/// wants them: `shared_prefix_boundary` (sparse retention keeps it) and
+/// `num_in_flight_tokens` (window frees lag them); unread otherwise.
+#[inline]
+pub(crate) fn read_033_fields(
+    inner: &KvCacheManager,
+    request: &Bound<'_, PyAny>,
+    args: &mut AllocateArgs,
+) -> PyResult<()> {
+    let py = request.py();
+    if inner.wants_shared_prefix_boundary() {
+        let n = req_attr(request, intern!(py, "shared_prefix_boundary"))?;
+        args.shared_prefix_boundary = Some(count_obj("request.shared_prefix_boundary", &n)?);
+    }
+    if inner.wants_num_in_flight_tokens() {
+        let n = req_attr(request, intern!(py, "num_in_flight_tokens"))?;
+        args.num_in_flight_tokens = count_obj("request.num_in_flight_tokens", &n)?;
+    }
+    Ok(())
+}
+
+/// `request.shared_prefix_boundary` noted for a `cache_blocks` call, when
+/// the core wants it.
+pub(crate) fn note_shared_prefix_boundary(
+    inner: &mut KvCacheManager,
+    request: &Bound<'_, PyAny>,
+    rid: &str,
+) -> PyResult<()> {
+    if inner.wants_shared_prefix_boundary() {
+        let n = req_attr(request, intern!(request.py(), "shared_prefix_boundary"))?;
+        inner.set_shared_prefix_boundary(rid, count_obj("request.shared_prefix_boundary", &n)?);
+    }
+    Ok(())
+}
+
 impl NativeManager {
     /// `allocate_slots` after argument matching (both entries land here).
     pub(crate) fn allocate_slots_impl(
@@ -134,8 +169,10 @@ impl NativeManager {
             reserved_blocks: opt_count("reserved_blocks", opt.reserved_blocks)?,
             watermark_blocks,
             skip_zeroing_groups,
-            // Read in `allocate_general`, if the core wants it.
+            // Read in `allocate_general`, if the core wants them.
             num_prompt_tokens: None,
+            shared_prefix_boundary: None,
+            num_in_flight_tokens: 0,
         };
         Self::allocation_result(slf, request, |this| this.allocate_one(request, &rid, args))
     }
@@ -268,6 +305,7 @@ impl NativeManager {
             )?;
         }
         args.num_prompt_tokens = prompt_len_if_wanted(&self.inner, slot, request)?;
+        read_033_fields(&self.inner, request, &mut args)?;
         let has_update = self.update_if_needed(slot, request, &args)?;
         let (inner, out) = (&mut self.inner, &mut self.scratch);
         let update = has_update.then_some(&self.hash_buf);

@@ -13,7 +13,7 @@ pub(crate) fn computed_blocks<'py>(
     slf: &Bound<'py, NativeManager>,
     request: &Bound<'py, PyAny>,
     max_cache_hit_length: Option<&Bound<'py, PyAny>>,
-) -> PyResult<(PyObject, usize)> {
+) -> PyResult<(PyObject, usize, usize)> {
     let py = slf.py();
     let max_hit = match max_cache_hit_length.filter(|m| !m.is_none()) {
         Some(_) if slf.borrow().is_0_23() => {
@@ -30,7 +30,7 @@ pub(crate) fn computed_blocks<'py>(
         req_attr(request, intern!(py, "skip_reading_prefix_cache"))?.is_truthy()
     })?;
     if !reads {
-        return Ok((empty()?, 0));
+        return Ok((empty()?, 0, 0));
     }
     let rid = request_id(request)?;
     let rid = rid.to_str()?;
@@ -38,10 +38,10 @@ pub(crate) fn computed_blocks<'py>(
         "request.num_tokens",
         &req_attr(request, intern!(py, "num_tokens"))?,
     )?;
-    let (blocks, hit) = {
+    let (hit, boundary) = {
         let mut this = slf.borrow_mut();
         let update = this.pending_hashes(request, rid)?;
-        let (blocks, hit) = guard(|| {
+        let hit = guard(|| {
             if num_tokens == 0 {
                 return Err(CoreError::InvalidArgument(format!(
                     "request {rid:?} has no tokens"
@@ -50,16 +50,27 @@ pub(crate) fn computed_blocks<'py>(
             if let Some(u) = update {
                 this.inner.sync_update(rid, u)?;
             }
-            this.inner.get_computed_blocks(rid, num_tokens, max_hit)
+            this.inner.find_cache_hit(rid, num_tokens, max_hit)
         })?;
         if this.inner.counts_lookups() {
             let preempted = count_obj(
                 "request.num_preemptions",
                 &req_attr(request, intern!(py, "num_preemptions"))?,
             )? > 0;
-            this.inner.record_lookup(num_tokens, hit, preempted);
+            this.inner.record_lookup(num_tokens, hit.len, preempted);
         }
-        (blocks, hit)
+        // 0.33.0's junction: where the longest single-type hit ends, when
+        // it passes the hit (a sparse-retention group lags it); else 0.
+        let boundary = if hit.longest > hit.len {
+            hit.longest
+        } else {
+            0
+        };
+        (hit, boundary)
     };
-    Ok((NativeManager::make_blocks(slf, &blocks)?, hit))
+    Ok((
+        NativeManager::make_blocks(slf, &hit.blocks)?,
+        hit.len,
+        boundary,
+    ))
 }

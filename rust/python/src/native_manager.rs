@@ -183,6 +183,19 @@ impl NativeManager {
         request: &Bound<'py, PyAny>,
         max_cache_hit_length: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(PyObject, usize)> {
+        let (blocks, hit, _) = lookup::computed_blocks(slf, request, max_cache_hit_length)?;
+        Ok((blocks, hit))
+    }
+
+    /// 0.33.0's `get_computed_blocks`: (KVCacheBlocks, hit tokens,
+    /// shared_prefix_boundary), the boundary where the longest hit one
+    /// attention type found ends when it passes the hit, else 0.
+    #[pyo3(signature = (request, max_cache_hit_length=None))]
+    fn _get_computed_blocks_033<'py>(
+        slf: &Bound<'py, Self>,
+        request: &Bound<'py, PyAny>,
+        max_cache_hit_length: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(PyObject, usize, usize)> {
         lookup::computed_blocks(slf, request, max_cache_hit_length)
     }
 
@@ -380,6 +393,7 @@ impl NativeManager {
                 return Ok(());
             }
             let update = this.pending_hashes(request, rid)?;
+            crate::calls::note_shared_prefix_boundary(&mut this.inner, request, rid)?;
             guard(|| this.inner.cache_blocks(rid, n, update))?;
         }
         Self::flush_events(slf, Some(request))

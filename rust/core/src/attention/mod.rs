@@ -29,7 +29,7 @@ use crate::BlockId;
 pub(crate) use chunked_local::ChunkedLocal;
 pub(crate) use hit::HitSearch;
 pub(crate) use mamba::Mamba;
-pub(crate) use sliding_window::{ReachableBlocks, SlidingWindow};
+pub(crate) use sliding_window::{ReachableBlocks, ReplayTails, RetentionMarks, SlidingWindow};
 
 /// What a group's block count is sized by: `cdiv(tokens, block_size) +
 /// extra_blocks`, where `tokens` counts the tokens that need a slot
@@ -185,25 +185,31 @@ impl Attention {
     /// Which blocks caching keeps (None: all), for blocks of `bs` tokens,
     /// scheduler blocks of `sbs` and the retention interval, if any, with
     /// the profile's rule (a type the rule does not sparsify ignores it).
+    /// `any_eagle`: some group drops an EAGLE block (where 0.33.0 puts the
+    /// replay boundaries).
     pub fn reachable_blocks(
         &self,
         bs: u32,
         sbs: u32,
         eagle: bool,
+        any_eagle: bool,
         retention: Option<(usize, Retention)>,
     ) -> Option<ReachableBlocks> {
         let retention = retention.filter(|&(_, rule)| self.retains_sparsely(rule));
         match self {
-            Attention::SlidingWindow(t) => t.reachable_blocks(bs, sbs, eagle, retention),
+            Attention::SlidingWindow(t) => t.reachable_blocks(bs, sbs, eagle, any_eagle, retention),
             _ => None,
         }
     }
 
     /// Whether a retention interval under `rule` sparsifies this type
-    /// (0.23.0: sliding windows only).
+    /// (0.23.0: sliding windows only; 0.33.0 Mamba too, whose 0.33.0
+    /// rules are not ported: its facade refuses Mamba groups).
     pub fn retains_sparsely(&self, rule: Retention) -> bool {
         match rule {
-            Retention::SlidingWindowPromptTail => matches!(self, Attention::SlidingWindow(_)),
+            Retention::SlidingWindowPromptTail | Retention::ReplayBoundaries => {
+                matches!(self, Attention::SlidingWindow(_))
+            }
         }
     }
 

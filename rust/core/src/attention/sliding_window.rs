@@ -3,8 +3,6 @@
 //! that covers the window; only blocks a hit can ever use are cached; freed
 //! scratch blocks are reused first.
 
-use std::ops::Range;
-
 use super::HitSearch;
 use crate::profile::Retention;
 use crate::{cdiv, BlockId, NULL_BLOCK};
@@ -14,46 +12,109 @@ pub(crate) struct SlidingWindow {
     window: usize,
 }
 
+/// What places the tails sparse retention keeps besides the segment
+/// tails: the request's prompt length (its replay boundaries) and, under
+/// `Retention::ReplayBoundaries`, its shared-prefix junction (0: none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RetentionMarks {
+    pub num_prompt_tokens: Option<usize>,
+    pub shared_prefix_boundary: usize,
+}
+
 /// The blocks of a sliding-window group that caching keeps (vLLM's
 /// `reachable_block_mask`); the others are not cached. A hit ends on a
 /// segment boundary and needs the `need` blocks before it (one more past
 /// it with EAGLE, `shift`). Dense (no retention interval) the segments are
 /// scheduler blocks; a retention interval N makes them N tokens (0: none)
-/// and keeps the tail of the prompt's replay boundary as well.
+/// and keeps the tails ending at the request's replay boundaries as well.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReachableBlocks {
     shift: usize,
     need: usize,
     /// Blocks per segment; 0: no segment tails (retention interval 0).
     per_segment: usize,
-    /// Sparse retention: how the replay boundary is found.
-    replay: Option<(Retention, usize)>,
+    /// Sparse retention: the rule placing the replay boundaries, the hit
+    /// alignment (scheduler block) and whether any group drops an EAGLE
+    /// block (0.33.0's `replay_boundaries(..., use_eagle)`).
+    replay: Option<(Retention, usize, bool)>,
     block_size: usize,
 }
 
-impl ReachableBlocks {
-    /// Whether block `i` is cached; `replay_tail` from `replay_tail`.
-    #[inline]
-    pub fn keeps(&self, i: usize, replay_tail: &Range<usize>) -> bool {
-        let p = self.per_segment;
-        (p > 0 && i >= self.shift && (i - self.shift) % p >= p - self.need)
-            || replay_tail.contains(&i)
+/// The block ranges ending at a request's replay boundaries (at most
+/// four: two replay positions, the junction and the block below it).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ReplayTails {
+    ranges: [(usize, usize); 4],
+    len: usize,
+}
+
+impl ReplayTails {
+    fn push(&mut self, r: (usize, usize)) {
+        self.ranges[self.len] = r;
+        self.len += 1;
     }
 
-    /// The blocks ending at the boundary an exact replay of the prompt
-    /// hits (lookups cap a hit at `num_prompt_tokens - 1`): kept under
-    /// sparse retention, which would otherwise skip them. Empty when dense
-    /// or when the prompt length is unknown.
-    pub fn replay_tail(&self, num_prompt_tokens: Option<usize>) -> Range<usize> {
-        let (Some((rule, alignment)), Some(p)) = (self.replay, num_prompt_tokens) else {
-            return 0..0;
+    #[inline]
+    fn contains(&self, i: usize) -> bool {
+        self.ranges[..self.len]
+            .iter()
+            .any(|&(a, b)| a <= i && i < b)
+    }
+}
+
+impl ReachableBlocks {
+    /// Whether block `i` is cached; `tails` from `replay_tails`.
+    #[inline]
+    pub fn keeps(&self, i: usize, tails: &ReplayTails) -> bool {
+        let p = self.per_segment;
+        (p > 0 && i >= self.shift && (i - self.shift) % p >= p - self.need) || tails.contains(i)
+    }
+
+    /// The blocks ending at the positions a later request replaying this
+    /// one resumes at: kept under sparse retention, which would otherwise
+    /// skip them. Empty when dense or when the prompt length is unknown.
+    /// 0.23.0: the last aligned boundary before the prompt's last token
+    /// (lookups cap a hit at `num_prompt_tokens - 1`). 0.33.0: each of
+    /// `replay_boundaries` (that one; with EAGLE one block below the
+    /// resend's and the extension's boundaries) and the shared-prefix
+    /// junction (one block lower too for an EAGLE group).
+    pub fn replay_tails(&self, marks: RetentionMarks) -> ReplayTails {
+        let mut t = ReplayTails::default();
+        let (Some((rule, alignment, any_eagle)), Some(p)) = (self.replay, marks.num_prompt_tokens)
+        else {
+            return t;
         };
-        let latest = match rule {
-            Retention::SlidingWindowPromptTail if p > 0 => (p - 1) / alignment * alignment,
-            Retention::SlidingWindowPromptTail => return 0..0,
+        // The `need` blocks ending on the aligned boundary at or below `b`.
+        let tail = |b: usize| {
+            let end = b / alignment * alignment / self.block_size + self.shift;
+            (end.saturating_sub(self.need), end)
         };
-        let end = latest / self.block_size + self.shift;
-        end.saturating_sub(self.need)..end
+        match rule {
+            Retention::SlidingWindowPromptTail => {
+                if p > 0 {
+                    t.push(tail(p - 1));
+                }
+            }
+            Retention::ReplayBoundaries => {
+                if p > 0 && !any_eagle {
+                    t.push(tail(p - 1));
+                } else if p > 0 {
+                    let resend = (p - 1) / alignment * alignment;
+                    let extension = p / alignment * alignment;
+                    t.push(tail(resend.saturating_sub(alignment)));
+                    t.push(tail(extension.saturating_sub(alignment)));
+                }
+                let junction = marks.shared_prefix_boundary;
+                if junction > 0 {
+                    t.push(tail(junction));
+                    // Below 0 vLLM's range is empty.
+                    if self.shift == 1 && junction >= self.block_size {
+                        t.push(tail(junction - self.block_size));
+                    }
+                }
+            }
+        }
+        t
     }
 }
 
@@ -84,12 +145,13 @@ impl SlidingWindow {
     /// Which blocks caching keeps (None: all): those a hit can use at a
     /// scheduler-block aligned length, or, with a retention interval
     /// (`retention`: its value and rule), the segment tails it leaves and
-    /// the replay boundary's tail.
+    /// the replay boundaries' tails (`any_eagle`: see `ReachableBlocks`).
     pub fn reachable_blocks(
         &self,
         block_size: u32,
         scheduler_block_size: u32,
         use_eagle: bool,
+        any_eagle: bool,
         retention: Option<(usize, Retention)>,
     ) -> Option<ReachableBlocks> {
         let bs = block_size as usize;
@@ -107,7 +169,7 @@ impl SlidingWindow {
             shift: usize::from(use_eagle),
             need,
             per_segment,
-            replay: retention.map(|(_, rule)| (rule, scheduler_block_size as usize)),
+            replay: retention.map(|(_, rule)| (rule, scheduler_block_size as usize, any_eagle)),
             block_size: bs,
         })
     }
@@ -170,10 +232,32 @@ mod tests {
 
     /// The blocks below `end` caching keeps for a prompt of `prompt` tokens.
     fn kept(r: Option<ReachableBlocks>, end: usize, prompt: usize) -> Vec<usize> {
-        let tail = r.map_or(0..0, |r| r.replay_tail(Some(prompt)));
+        kept_with(r, end, prompt, 0)
+    }
+
+    fn kept_with(
+        r: Option<ReachableBlocks>,
+        end: usize,
+        prompt: usize,
+        junction: usize,
+    ) -> Vec<usize> {
+        let marks = RetentionMarks {
+            num_prompt_tokens: Some(prompt),
+            shared_prefix_boundary: junction,
+        };
+        let tails = r.map_or(ReplayTails::default(), |r| r.replay_tails(marks));
         (0..end)
-            .filter(|&i| r.is_none_or(|r| r.keeps(i, &tail)))
+            .filter(|&i| r.is_none_or(|r| r.keeps(i, &tails)))
             .collect()
+    }
+
+    fn tails(r: &ReachableBlocks, prompt: Option<usize>) -> Vec<(usize, usize)> {
+        let marks = RetentionMarks {
+            num_prompt_tokens: prompt,
+            shared_prefix_boundary: 0,
+        };
+        let t = r.replay_tails(marks);
+        t.ranges[..t.len].to_vec()
     }
 
     #[test]
@@ -182,20 +266,20 @@ mod tests {
         // prompt: tails of each 4-block segment, and block 14 before the
         // replay boundary 240.
         let sw = SlidingWindow::new(16);
-        let r = sw.reachable_blocks(16, 16, false, Some((64, RULE)));
+        let r = sw.reachable_blocks(16, 16, false, false, Some((64, RULE)));
         assert_eq!(kept(r, 16, 256), vec![3, 7, 11, 14, 15]);
         // Dense: every block can serve a hit of one 16-token block.
-        assert!(sw.reachable_blocks(16, 16, false, None).is_none());
+        assert!(sw.reachable_blocks(16, 16, false, false, None).is_none());
         // Interval 0: only the replay tail.
-        let r = sw.reachable_blocks(16, 16, false, Some((0, RULE)));
+        let r = sw.reachable_blocks(16, 16, false, false, Some((0, RULE)));
         assert_eq!(kept(r, 16, 256), vec![14]);
         // Hybrid (scheduler block 32, SWA blocks of 8, window 8), interval
         // 64, 128-token prompt: tails at 64 and 128, replay boundary 96.
         let sw = SlidingWindow::new(8);
-        let r = sw.reachable_blocks(8, 32, false, Some((64, RULE)));
+        let r = sw.reachable_blocks(8, 32, false, false, Some((64, RULE)));
         assert_eq!(kept(r, 16, 128), vec![7, 11, 15]);
         assert_eq!(
-            kept(sw.reachable_blocks(8, 32, false, None), 16, 128),
+            kept(sw.reachable_blocks(8, 32, false, false, None), 16, 128),
             vec![3, 7, 11, 15]
         );
     }
@@ -206,24 +290,43 @@ mod tests {
         // need = 1 + 1 (EAGLE) ending one block past the boundary: blocks
         // 7..9 for the 64-token segment, 11..13 for the replay boundary 96
         // (prompt of 100 tokens), 15 (and 16) for the boundary 128.
-        let r = sw.reachable_blocks(8, 32, true, Some((64, RULE)));
+        let r = sw.reachable_blocks(8, 32, true, true, Some((64, RULE)));
         assert_eq!(kept(r, 16, 100), vec![7, 8, 11, 12, 15]);
-        let r = sw.reachable_blocks(8, 32, true, Some((0, RULE)));
+        let r = sw.reachable_blocks(8, 32, true, true, Some((0, RULE)));
         assert_eq!(kept(r, 16, 100), vec![11, 12]);
         // A window that needs a whole segment: everything is cached.
         assert!(SlidingWindow::new(40)
-            .reachable_blocks(8, 32, false, Some((32, RULE)))
+            .reachable_blocks(8, 32, false, false, Some((32, RULE)))
             .is_none());
     }
 
     #[test]
     fn replay_tail_of_short_or_unknown_prompts_is_empty() {
         let r = SlidingWindow::new(8)
-            .reachable_blocks(8, 32, false, Some((0, RULE)))
+            .reachable_blocks(8, 32, false, false, Some((0, RULE)))
             .expect("sparse");
-        assert_eq!(r.replay_tail(None), 0..0);
-        assert_eq!(r.replay_tail(Some(0)), 0..0);
-        assert_eq!(r.replay_tail(Some(32)), 0..0);
-        assert_eq!(r.replay_tail(Some(33)), 3..4);
+        assert_eq!(tails(&r, None), vec![]);
+        assert_eq!(tails(&r, Some(0)), vec![]);
+        assert_eq!(tails(&r, Some(32)), vec![(0, 0)]);
+        assert_eq!(tails(&r, Some(33)), vec![(3, 4)]);
+    }
+
+    #[test]
+    fn replay_boundaries_rule_keeps_junctions_and_eagle_resend_tails() {
+        const NEW: Retention = Retention::ReplayBoundaries;
+        let sw = SlidingWindow::new(8);
+        // Without EAGLE the replay boundary is 0.23.0's; the junction at 64
+        // keeps the block before it.
+        let r = sw.reachable_blocks(8, 32, false, false, Some((0, NEW)));
+        assert_eq!(kept_with(r, 16, 100, 0), vec![11]);
+        assert_eq!(kept_with(r, 16, 100, 64), vec![7, 11]);
+        // EAGLE (need 2, shift 1): one scheduler block below the resend
+        // (96 - 32) and the extension (96 - 32) boundaries of a 100-token
+        // prompt; a 96-token one has resend 64 - 32 and extension 96 - 32;
+        // the junction 64 and the block below it (56 -> aligned 32).
+        let r = sw.reachable_blocks(8, 32, true, true, Some((0, NEW)));
+        assert_eq!(kept_with(r, 16, 100, 0), vec![7, 8]);
+        assert_eq!(kept_with(r, 16, 96, 0), vec![3, 4, 7, 8]);
+        assert_eq!(kept_with(r, 16, 100, 64), vec![3, 4, 7, 8]);
     }
 }

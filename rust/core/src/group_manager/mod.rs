@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use smallvec::SmallVec;
 
 use crate::attention::mamba::AlignState;
-use crate::attention::{Attention, HitSearch, ReachableBlocks};
+use crate::attention::{Attention, HitSearch, ReachableBlocks, ReplayTails, RetentionMarks};
 use crate::block_pool::{reserve_table, BlockPool, NULL_BLOCK};
 use crate::fast_hash::FxBuild;
 use crate::hashes::ScaledHashes;
@@ -352,25 +352,32 @@ impl SingleTypeManager {
 
     /// Fixes what follows from the spec, `use_eagle`, the pool's hash
     /// block size and the retention interval (called once they are set).
-    pub fn settle(&mut self, hash_block_size: u32, retention: Option<(usize, Retention)>) {
+    /// `any_eagle`: some group drops an EAGLE block.
+    pub fn settle(
+        &mut self,
+        hash_block_size: u32,
+        any_eagle: bool,
+        retention: Option<(usize, Retention)>,
+    ) {
         self.scale = (self.block_size / hash_block_size) as usize;
         self.reachable = self.attn.reachable_blocks(
             self.block_size,
             self.scheduler_block_size,
             self.use_eagle,
+            any_eagle,
             retention,
         );
     }
 
-    /// Caches the full blocks up to `num_tokens` the type keeps (the
-    /// prompt length: see `ReachableBlocks::replay_tail`).
+    /// Caches the full blocks up to `num_tokens` the type keeps (`marks`:
+    /// see `ReachableBlocks::replay_tails`).
     pub fn cache_blocks(
         &mut self,
         pool: &mut BlockPool,
         slot: ReqSlot,
         hashes: ScaledHashes<'_>,
         num_tokens: usize,
-        num_prompt_tokens: Option<usize>,
+        marks: RetentionMarks,
     ) {
         let num_cached = self.num_cached_blocks(slot);
         let mut num_full = num_tokens / self.bs();
@@ -382,7 +389,7 @@ impl SingleTypeManager {
             return;
         }
         let (reachable, block_size, group_id) = (self.reachable, self.block_size, self.group_id);
-        let replay_tail = reachable.map_or(0..0, |r| r.replay_tail(num_prompt_tokens));
+        let tails = reachable.map_or(ReplayTails::default(), |r| r.replay_tails(marks));
         let marks = self.attn.hits_wait_a_step();
         let r = self.records.with_table(slot);
         r.num_cached = Some(num_full);
@@ -393,7 +400,7 @@ impl SingleTypeManager {
             num_full,
             block_size,
             group_id,
-            |i| reachable.is_none_or(|r| r.keeps(i, &replay_tail)),
+            |i| reachable.is_none_or(|r| r.keeps(i, &tails)),
             |i| hashes.get(i),
         );
         if marks {

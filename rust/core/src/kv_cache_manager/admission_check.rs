@@ -11,6 +11,7 @@ use crate::block_pool::NULL_BLOCK;
 use crate::coordinator::Coordinator;
 use crate::error::{invalid, CoreResult};
 use crate::hashes::{HashList, HashUpdate};
+use crate::profile::BlockHashView;
 use crate::{BlockId, ReqSlot};
 
 /// The most blocks a pool may have: its bookkeeping (about 24 bytes a
@@ -279,7 +280,12 @@ fn check_hit(
             what()
         ));
     }
-    match hashes.matches(key, i * scale, scale) {
+    // The hashes a block's key is made of (see `profile::BlockHashView`).
+    let (from, n) = match m.coord.hash_view {
+        BlockHashView::Concatenated => (i * scale, scale),
+        BlockHashView::LastHashBlock => ((i + 1) * scale - 1, 1),
+    };
+    match hashes.matches(key, from, n) {
         Some(true) => Ok(()),
         Some(false) => invalid(format!(
             "{} is cached under another hash than request {request_id:?}'s at that position \

@@ -200,6 +200,9 @@ impl KvCacheManager {
         if let Some(n) = args.num_prompt_tokens {
             self.reqs.set_num_prompt_tokens(slot, n);
         }
+        if let Some(n) = args.shared_prefix_boundary {
+            self.reqs.set_shared_prefix_boundary(slot, n);
+        }
         if args.is_plain() && self.coord.runs_everywhere(slot) {
             // Debug builds check the compact path against the general one.
             #[cfg(debug_assertions)]
@@ -256,8 +259,10 @@ impl KvCacheManager {
         let num_tokens_need_slot =
             (num_tokens_main_model + args.num_lookahead_tokens).min(self.max_model_len);
 
-        // Blocks outside the window are freed even if the allocation fails.
-        self.coord.remove_skipped_blocks(slot, total_computed);
+        // Blocks outside the window are freed even if the allocation fails;
+        // 0.33.0 only below the processed tokens (see the profile).
+        let processed = total_computed.saturating_sub(args.num_in_flight_tokens);
+        self.coord.remove_skipped_blocks(slot, processed);
         let need_with_external = |external| {
             self.coord.get_num_blocks_to_allocate(
                 slot,
@@ -305,7 +310,7 @@ impl KvCacheManager {
                 slot,
                 self.reqs.hashes(slot),
                 num_tokens_to_cache,
-                self.prompt_len(slot),
+                self.retention_marks(slot),
             );
         }
         self.allocated(slot, total_computed, args.num_new_tokens);

@@ -208,13 +208,13 @@ impl KvCacheManager {
             args.num_lookahead_tokens,
             !args.delay_cache_blocks,
         );
-        let (hashes, prompt) = (self.reqs.hashes(slot), self.prompt_len(slot));
+        let (hashes, marks) = (self.reqs.hashes(slot), self.retention_marks(slot));
         if !self.coord.plain_decode(
             slot,
             &c,
             args.reserved_blocks + args.watermark_blocks,
             hashes,
-            prompt,
+            marks,
             out,
         ) {
             // A running request holds blocks: `release_if_idle` keeps it.

@@ -50,7 +50,7 @@ impl KvCacheManager {
                 // Without caching, hash_block_size may exceed a group's block
                 // size (scale 0); no block is cached then, so no hash is read.
                 let scale = ((m.block_size / hbs) as usize).max(1);
-                let hashes = ScaledHashes::new(self.hashes(slot), scale);
+                let hashes = ScaledHashes::viewed(self.hashes(slot), scale, self.coord.hash_view);
                 stamp += 1;
                 for (i, &b) in table.iter().enumerate() {
                     if b == NULL_BLOCK {

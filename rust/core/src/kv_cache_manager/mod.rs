@@ -14,14 +14,15 @@ mod stats;
 pub use batch::{BatchResult, BatchScratch, DecodeBatch};
 pub use stats::LookupStats;
 
+use crate::attention::RetentionMarks;
 use crate::block_pool::BlockPool;
-use crate::coordinator::Coordinator;
+use crate::coordinator::{CacheHit, Coordinator};
 use crate::decode_bounds::DecodeHorizon;
 use crate::error::{invalid, CoreError, CoreResult};
 use crate::events::{BlockMetric, PoolEvent};
 use crate::hashes::{HashList, HashUpdate};
 use crate::mamba_plan::PlannerState;
-use crate::profile::BehaviourProfile;
+use crate::profile::{BehaviourProfile, Retention};
 use crate::requests::RequestRegistry;
 use crate::spec::GroupSpec;
 use crate::{BlockId, ReqSlot};
@@ -76,6 +77,12 @@ pub struct AllocateArgs<'a> {
     /// `request.num_prompt_tokens`, kept for the request's lifetime; pass
     /// it when `wants_num_prompt_tokens` (None otherwise: nothing changes).
     pub num_prompt_tokens: Option<usize>,
+    /// `request.shared_prefix_boundary` (0.33.0), kept until the next call
+    /// passes it; pass it when `wants_shared_prefix_boundary`.
+    pub shared_prefix_boundary: Option<usize>,
+    /// `request.num_in_flight_tokens` (0.33.0: window frees stop that far
+    /// below the computed tokens); pass it when `wants_num_in_flight_tokens`.
+    pub num_in_flight_tokens: usize,
     /// Groups (bit i: group i) whose external-token blocks an async load
     /// writes, so they are not recorded for zeroing (0.33.0's
     /// `skip_zeroing_group_ids`).
@@ -91,6 +98,7 @@ impl AllocateArgs<'_> {
             && self.num_external_computed_tokens == 0
             && self.num_encoder_tokens == 0
             && !self.full_sequence_must_fit
+            && self.num_in_flight_tokens == 0
     }
 }
 
@@ -121,6 +129,11 @@ pub struct KvCacheManager {
     /// Caching places a replay boundary, from each request's prompt length
     /// (sparse retention with caching on).
     reads_prompt_len: bool,
+    /// Caching also keeps the request's shared-prefix junction (0.33.0's
+    /// retention rule, caching on).
+    reads_junction: bool,
+    /// Window frees lag the in-flight tokens (0.33.0, a group with a window).
+    reads_in_flight: bool,
 }
 
 impl KvCacheManager {
@@ -155,6 +168,7 @@ impl KvCacheManager {
             &cfg.profile,
         )?;
         let has_align_groups = coord.managers.iter().any(|m| m.is_mamba_align());
+        let has_window = coord.managers.iter().any(|m| m.attn.has_window());
         Ok(KvCacheManager {
             sizes_from_computed: admission_check::sizes_from_computed(&coord),
             coord,
@@ -169,6 +183,10 @@ impl KvCacheManager {
             ghost_entries: Vec::new(),
             handed_out: deferred_free::HandedOut::default(),
             reads_prompt_len: cfg.enable_caching && cfg.retention_interval.is_some(),
+            reads_junction: cfg.enable_caching
+                && cfg.retention_interval.is_some()
+                && cfg.profile.retention == Retention::ReplayBoundaries,
+            reads_in_flight: cfg.profile.frees_on_processed_tokens && has_window,
         })
     }
 
@@ -180,13 +198,39 @@ impl KvCacheManager {
         self.reads_prompt_len && slot.is_none_or(|s| self.reqs.num_prompt_tokens(s).is_none())
     }
 
-    /// The request's prompt length where caching reads it (sparse
-    /// retention); None, without touching the request's state, otherwise.
+    /// Whether allocations (and `cache_blocks`) should carry the request's
+    /// `shared_prefix_boundary` (0.33.0's sparse retention keeps it).
     #[inline]
-    fn prompt_len(&self, slot: ReqSlot) -> Option<usize> {
-        self.reads_prompt_len
-            .then(|| self.reqs.num_prompt_tokens(slot))
-            .flatten()
+    pub fn wants_shared_prefix_boundary(&self) -> bool {
+        self.reads_junction
+    }
+
+    /// Whether allocations should carry `request.num_in_flight_tokens`
+    /// (0.33.0 frees window blocks on the processed tokens only).
+    #[inline]
+    pub fn wants_num_in_flight_tokens(&self) -> bool {
+        self.reads_in_flight
+    }
+
+    /// Notes the request's `shared_prefix_boundary` for caching (see
+    /// `wants_shared_prefix_boundary`); nothing for an unknown request.
+    pub fn set_shared_prefix_boundary(&mut self, request_id: &str, boundary: usize) {
+        if let Some(slot) = self.slot(request_id) {
+            self.reqs.set_shared_prefix_boundary(slot, boundary);
+        }
+    }
+
+    /// What places the tails sparse retention keeps for the request (the
+    /// defaults, without touching the request's state, when not retaining).
+    #[inline]
+    fn retention_marks(&self, slot: ReqSlot) -> RetentionMarks {
+        if !self.reads_prompt_len {
+            return RetentionMarks::default();
+        }
+        RetentionMarks {
+            num_prompt_tokens: self.reqs.num_prompt_tokens(slot),
+            shared_prefix_boundary: self.reqs.shared_prefix_boundary(slot),
+        }
     }
 
     /// Prefix caching is on (vLLM's `enable_caching`).
@@ -309,6 +353,18 @@ impl KvCacheManager {
         num_tokens: usize,
         max_hit: Option<usize>,
     ) -> CoreResult<(Vec<Vec<BlockId>>, usize)> {
+        let hit = self.find_cache_hit(request_id, num_tokens, max_hit)?;
+        Ok((hit.blocks, hit.len))
+    }
+
+    /// `get_computed_blocks` with the longest hit one attention type found
+    /// (`CacheHit::longest`, behind 0.33.0's `shared_prefix_boundary`).
+    pub fn find_cache_hit(
+        &self,
+        request_id: &str,
+        num_tokens: usize,
+        max_hit: Option<usize>,
+    ) -> CoreResult<CacheHit> {
         if num_tokens == 0 {
             return invalid(format!("request {request_id:?} has no tokens"));
         }
@@ -440,7 +496,7 @@ impl KvCacheManager {
             slot,
             self.reqs.hashes(slot),
             num_computed_tokens,
-            self.prompt_len(slot),
+            self.retention_marks(slot),
         );
         Ok(())
     }

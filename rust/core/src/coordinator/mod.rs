@@ -2,30 +2,27 @@
 //! hits across them, as vLLM 0.23.0's `get_kv_cache_coordinator` chooses:
 //! no prefix cache, unitary (one group), or hybrid (several attention types).
 
-use crate::attention::Attention;
+use crate::attention::{Attention, RetentionMarks};
+
+mod hit_search;
+
 use crate::block_pool::BlockPool;
 use crate::decode_bounds::{DecodeCounts, DecodeHorizon};
 use crate::error::{CoreError, CoreResult};
 use crate::group_manager::SingleTypeManager;
 use crate::hashes::{HashList, ScaledHashes};
 use crate::new_blocks::NewBlocks;
-use crate::profile::BehaviourProfile;
+use crate::profile::{BehaviourProfile, BlockHashView, HybridHit};
 use crate::spec::{context_parallel_groups, GroupSpec, SpecKind};
 use crate::{cdiv, BlockId, ReqSlot};
+pub use hit_search::CacheHit;
+use hit_search::{split_spec_groups, SpecGroup};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CoordinatorKind {
     NoPrefixCache,
     Unitary,
     Hybrid,
-}
-
-/// Groups with one spec, looked up together (vLLM's `SpecGroup`).
-#[derive(Debug, Clone)]
-struct SpecGroup {
-    spec: GroupSpec,
-    group_ids: Vec<u32>,
-    use_eagle: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -37,13 +34,10 @@ pub struct Coordinator {
     eagle_groups: Vec<bool>,
     // Hybrid only: spec groups, full attention first.
     spec_groups: Vec<SpecGroup>,
-}
-
-fn same_spec(a: &GroupSpec, b: &GroupSpec) -> bool {
-    if a.spec_class != u32::MAX || b.spec_class != u32::MAX {
-        return a.spec_class == b.spec_class;
-    }
-    a.kind == b.kind && a.block_size == b.block_size
+    hybrid_hit: HybridHit,
+    pub hash_view: BlockHashView,
+    // External tokens' metrics logged after every group's touches.
+    two_phase_external: bool,
 }
 
 fn check_sizes(
@@ -81,6 +75,9 @@ fn check_retention(
         .iter()
         .any(|g| Attention::from_spec(&g.kind).retains_sparsely(rule))
     {
+        if rule.accepts_without_sparse_groups(n) {
+            return Ok(());
+        }
         return Err(CoreError::InvalidArgument(
             "a retention interval is set but this model has no sliding-window KV cache group, \
              so retention has no effect"
@@ -145,6 +142,10 @@ impl Coordinator {
         if use_eagle && !eagle_groups.iter().any(|&e| e) {
             eagle_groups.iter_mut().for_each(|e| *e = true);
         }
+        if !use_eagle && profile.eagle_drop_needs_use_eagle {
+            // Lookahead hashes clear use_eagle: flagged groups drop nothing.
+            eagle_groups.iter_mut().for_each(|e| *e = false);
+        }
         let mut managers: Vec<SingleTypeManager> = groups
             .iter()
             .enumerate()
@@ -162,7 +163,7 @@ impl Coordinator {
         match kind {
             CoordinatorKind::Unitary => managers[0].use_eagle = eagle_groups[0],
             CoordinatorKind::Hybrid => {
-                spec_groups = split_spec_groups(groups, &eagle_groups)?;
+                spec_groups = split_spec_groups(groups, &eagle_groups, profile.hybrid_hit)?;
                 for sg in spec_groups.iter().filter(|sg| sg.use_eagle) {
                     for &g in &sg.group_ids {
                         managers[g as usize].use_eagle = true;
@@ -172,8 +173,9 @@ impl Coordinator {
             CoordinatorKind::NoPrefixCache => {}
         }
         let retention = retention_interval.map(|n| (n, profile.retention));
+        let any_eagle = managers.iter().any(|m| m.use_eagle);
         for m in managers.iter_mut() {
-            m.settle(hash_block_size, retention);
+            m.settle(hash_block_size, any_eagle, retention);
         }
         Ok(Coordinator {
             kind,
@@ -182,6 +184,9 @@ impl Coordinator {
             scheduler_block_size,
             eagle_groups,
             spec_groups,
+            hybrid_hit: profile.hybrid_hit,
+            hash_view: profile.block_hash_view,
+            two_phase_external: profile.two_phase_external,
         })
     }
 
@@ -270,7 +275,10 @@ impl Coordinator {
                 ends.push(self.pool.metrics_len());
             }
         }
-        if log && self.pool.metrics_len() > ends[self.managers.len() - 1] {
+        if log
+            && !self.two_phase_external
+            && self.pool.metrics_len() > ends[self.managers.len() - 1]
+        {
             self.pool.interleave_metrics(start, &ends);
         }
     }
@@ -345,24 +353,23 @@ impl Coordinator {
     }
 
     /// Caches the request's blocks up to `num_tokens` computed tokens;
-    /// `num_prompt_tokens` (when known) places the replay boundary that
-    /// sparse retention keeps.
+    /// `marks` place the replay boundaries that sparse retention keeps.
     pub fn cache_blocks(
         &mut self,
         slot: ReqSlot,
         hashes: &HashList,
         num_tokens: usize,
-        num_prompt_tokens: Option<usize>,
+        marks: RetentionMarks,
     ) {
-        let (kind, sbs) = (self.kind, self.scheduler_block_size);
+        let (kind, sbs, view) = (self.kind, self.scheduler_block_size, self.hash_view);
         for m in self.managers.iter_mut() {
             let tokens = tokens_to_cache(kind, sbs, m, num_tokens);
             m.cache_blocks(
                 &mut self.pool,
                 slot,
-                ScaledHashes::new(hashes, m.scale),
+                ScaledHashes::viewed(hashes, m.scale, view),
                 tokens,
-                num_prompt_tokens,
+                marks,
             );
         }
     }
@@ -414,7 +421,7 @@ impl Coordinator {
         c: &DecodeCounts,
         reserved: usize,
         hashes: &HashList,
-        num_prompt_tokens: Option<usize>,
+        marks: RetentionMarks,
         out: &mut NewBlocks,
     ) -> bool {
         debug_assert!(self.runs_everywhere(slot));
@@ -436,7 +443,7 @@ impl Coordinator {
             out.ends.push(out.ids.len() as u32);
         }
         if let Some(t) = c.to_cache {
-            self.cache_blocks(slot, hashes, t, num_prompt_tokens);
+            self.cache_blocks(slot, hashes, t, marks);
         }
         true
     }
@@ -445,113 +452,6 @@ impl Coordinator {
         for m in self.managers.iter_mut() {
             m.remove_skipped_blocks(&mut self.pool, slot, total_computed_tokens);
         }
-    }
-
-    /// Longest cache hit: blocks per group and the hit length in tokens.
-    pub fn find_longest_cache_hit(
-        &self,
-        hashes: &HashList,
-        max_cache_hit_length: usize,
-    ) -> (Vec<Vec<BlockId>>, usize) {
-        let mut out = vec![Vec::new(); self.managers.len()];
-        match self.kind {
-            CoordinatorKind::NoPrefixCache => (out, 0),
-            CoordinatorKind::Unitary => {
-                let m = &self.managers[0];
-                SingleTypeManager::find_longest_cache_hit(
-                    &m.spec,
-                    &self.pool,
-                    ScaledHashes::new(hashes, 1),
-                    max_cache_hit_length,
-                    &[0],
-                    self.eagle_groups[0],
-                    m.block_size as usize,
-                    &mut out,
-                );
-                let len = out[0].len() * m.block_size as usize;
-                (out, len)
-            }
-            CoordinatorKind::Hybrid => self.hybrid_cache_hit(hashes, max_cache_hit_length),
-        }
-    }
-
-    /// Fixed point over attention types: each accepts the candidate length
-    /// or shortens it; any shortening restarts the round. Lengths only
-    /// decrease, so it ends.
-    fn hybrid_cache_hit(&self, hashes: &HashList, max_len: usize) -> (Vec<Vec<BlockId>>, usize) {
-        let hash_block_size = self.pool.hash_block_size();
-        let sbs = self.scheduler_block_size as usize;
-        let mut by_group: Vec<Option<Vec<BlockId>>> = vec![None; self.managers.len()];
-        let mut hit_length = max_len;
-        let simple = self.spec_groups.len() == 2 && self.spec_groups[0].spec.is_full_attention();
-        // Spec groups whose EAGLE drop is verified at the current length.
-        let mut eagle_verified = vec![false; self.spec_groups.len()];
-        let mut scratch: Vec<Vec<BlockId>> = Vec::new();
-        loop {
-            let mut curr = hit_length;
-            for (idx, sg) in self.spec_groups.iter().enumerate() {
-                let bs = sg.spec.block_size as usize;
-                if sg.spec.is_full_attention() && by_group[sg.group_ids[0] as usize].is_some() {
-                    // Full attention is downward closed: trim, no new lookup.
-                    curr = curr / bs * bs;
-                    continue;
-                }
-                let drop_eagle = sg.use_eagle && !eagle_verified[idx];
-                // EAGLE matches one more block, then drops it.
-                let max_length = if drop_eagle {
-                    (curr + bs).min(max_len)
-                } else {
-                    curr
-                };
-                scratch.resize(sg.group_ids.len(), Vec::new());
-                SingleTypeManager::find_longest_cache_hit(
-                    &sg.spec,
-                    &self.pool,
-                    ScaledHashes::new(hashes, (sg.spec.block_size / hash_block_size) as usize),
-                    max_length,
-                    &sg.group_ids,
-                    drop_eagle,
-                    sbs,
-                    &mut scratch,
-                );
-                let new_len = scratch[0].len() * bs;
-                if drop_eagle {
-                    eagle_verified[idx] = true;
-                } else if new_len < curr {
-                    eagle_verified.iter_mut().for_each(|v| *v = false);
-                }
-                curr = new_len;
-                for (&g, blocks) in sg.group_ids.iter().zip(scratch.iter_mut()) {
-                    by_group[g as usize] = Some(std::mem::take(blocks));
-                }
-            }
-            if curr >= hit_length {
-                break;
-            }
-            hit_length = curr;
-            if simple {
-                break;
-            }
-        }
-        if let Some(first) = self
-            .spec_groups
-            .first()
-            .filter(|sg| sg.spec.is_full_attention())
-        {
-            let n = hit_length / first.spec.block_size as usize;
-            for &g in &first.group_ids {
-                if let Some(b) = by_group[g as usize].as_mut() {
-                    b.truncate(n);
-                }
-            }
-        }
-        (
-            by_group
-                .into_iter()
-                .map(Option::unwrap_or_default)
-                .collect(),
-            hit_length,
-        )
     }
 
     pub fn new_step_starts(&mut self) {
@@ -580,30 +480,4 @@ fn tokens_to_cache(
     } else {
         aligned
     }
-}
-
-/// Groups with equal specs, in first-seen order, then full attention first
-/// (its left-to-right scan gives the tightest first bound).
-fn split_spec_groups(groups: &[GroupSpec], eagle: &[bool]) -> CoreResult<Vec<SpecGroup>> {
-    let mut out: Vec<SpecGroup> = Vec::new();
-    for (i, g) in groups.iter().enumerate() {
-        match out.iter_mut().find(|sg| same_spec(&sg.spec, g)) {
-            Some(sg) => {
-                sg.group_ids.push(i as u32);
-                sg.use_eagle |= eagle[i];
-            }
-            None => out.push(SpecGroup {
-                spec: g.clone(),
-                group_ids: vec![i as u32],
-                use_eagle: eagle[i],
-            }),
-        }
-    }
-    if out.len() < 2 {
-        return Err(CoreError::InvalidArgument(
-            "several KV cache groups with prefix caching need at least two different specs".into(),
-        ));
-    }
-    out.sort_by_key(|sg| !sg.spec.is_full_attention());
-    Ok(out)
 }
