@@ -101,6 +101,9 @@ impl Mamba {
     /// block and the speculative blocks of the previous round move forward
     /// for reuse. A shrinking draft count (vLLM #39271) needs nothing new.
     /// Appends the ids handed out (new or moved) to `out`.
+    /// `allocated_on_any_call` (0.29+): a call that needs no block marks
+    /// the request allocated too.
+    #[allow(clippy::too_many_arguments)]
     pub fn allocate_align_blocks(
         &self,
         pool: &mut BlockPool,
@@ -108,6 +111,7 @@ impl Mamba {
         blocks: &mut Vec<BlockId>,
         state: &mut Option<AlignState>,
         num_tokens_main_model: usize,
+        allocated_on_any_call: bool,
         out: &mut Vec<BlockId>,
     ) {
         let num_spec = self.num_spec;
@@ -115,6 +119,9 @@ impl Mamba {
             .sizing()
             .required_blocks(block_size, 0, num_tokens_main_model);
         if num_required <= blocks.len() {
+            if allocated_on_any_call {
+                state.get_or_insert_default().allocated = true;
+            }
             return;
         }
         let prev_len = blocks.len();

@@ -47,10 +47,13 @@ impl SingleTypeManager {
         };
         let bs = self.bs();
         let blocks = r.blocks.as_slice();
-        let total = c.total_computed.saturating_sub(self.attn.draft_tokens());
+        let total = c.total_computed.saturating_sub(self.window_drafts());
         if self.attn.has_window() {
             let n = (self.attn.skipped_tokens(total) / bs).min(blocks.len());
             if n > 0 && blocks[n - 1] != NULL_BLOCK {
+                return false;
+            }
+            if self.frees_skip_nulls() && r.first_real().is_some_and(|j| j < n) {
                 return false;
             }
         }
@@ -108,7 +111,7 @@ impl SingleTypeManager {
         let bs = self.bs();
         let sizing = self.attn.sizing();
         let room = sizing.max_tokens_within(bs, r.blocks.len())?;
-        let drafts = self.attn.draft_tokens();
+        let drafts = self.window_drafts();
         let mut h = DecodeHorizon::UNBOUNDED;
         if sizing.by_main_model {
             h.max_main = room;

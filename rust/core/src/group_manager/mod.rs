@@ -15,7 +15,7 @@ use crate::attention::{Attention, HitSearch, ReachableBlocks, ReplayTails, Reten
 use crate::block_pool::{reserve_table, BlockPool, NULL_BLOCK};
 use crate::fast_hash::FxBuild;
 use crate::hashes::ScaledHashes;
-use crate::profile::{BehaviourProfile, FreePolicy, Retention};
+use crate::profile::{BehaviourProfile, FreePolicy, MambaRules, Retention};
 use crate::spec::GroupSpec;
 use crate::{cdiv, BlockId, ReqSlot};
 use record::{GroupReq, Records};
@@ -40,6 +40,7 @@ pub(crate) struct SingleTypeManager {
     /// New block ids are recorded (spec and profile agree).
     records_new_block_ids: bool,
     free_policy: FreePolicy,
+    mamba_rules: MambaRules,
     /// Caching stops at the hashed blocks (0.33.0) instead of needing a
     /// hash for every full block.
     cap_at_hashes: bool,
@@ -62,6 +63,7 @@ impl SingleTypeManager {
         SingleTypeManager {
             records_new_block_ids: profile.records_new_block_ids(spec.reports_new_block_ids),
             free_policy: profile.free_policy,
+            mamba_rules: profile.mamba,
             cap_at_hashes: profile.cache_cap_at_hashes,
             block_size: spec.block_size,
             attn: Attention::from_spec(&spec.kind),
@@ -291,6 +293,7 @@ impl SingleTypeManager {
                 &mut r.blocks,
                 &mut r.align,
                 num_tokens_main_model,
+                self.mamba_rules.allocated_on_any_call(),
                 out,
             );
             // What the worker received: the whole table on the request's
@@ -499,9 +502,7 @@ impl SingleTypeManager {
     /// Frees blocks that fall outside the attention window, replacing them
     /// with the null block.
     pub fn remove_skipped_blocks(&mut self, pool: &mut BlockPool, slot: ReqSlot, total: usize) {
-        // With async scheduling `total` may count drafts that get
-        // rejected; assume they all are (vLLM subtracts the block count).
-        let total = total.saturating_sub(self.attn.draft_tokens());
+        let total = total.saturating_sub(self.window_drafts());
         self.remove_window_blocks(pool, slot, total);
         if self.attn.align().is_some() {
             self.free_old_state_block(pool, slot, total);
@@ -515,13 +516,20 @@ impl SingleTypeManager {
         }
         let n = skipped / self.bs();
         let scratch_first = self.free_policy.window_scratch_first();
-        let blocks = &mut self.records.with_table(slot).blocks;
-        let n = n.min(blocks.len());
+        let skip_nulls = self.frees_skip_nulls();
+        let r = self.records.with_table(slot);
+        let n = n.min(r.blocks.len());
+        // Everything before the first real block is null already.
+        let from = if skip_nulls { r.first_real().unwrap_or(n).min(n) } else { 0 };
+        let blocks = &mut r.blocks;
         let mut removed_cached: SmallVec<[BlockId; 8]> = SmallVec::new();
         let mut removed_uncached: SmallVec<[BlockId; 8]> = SmallVec::new();
-        for i in (0..n).rev() {
+        for i in (from..n).rev() {
             let b = blocks[i];
             if b == NULL_BLOCK {
+                if skip_nulls {
+                    continue;
+                }
                 // Earlier calls already nulled everything before it.
                 break;
             }
@@ -545,6 +553,24 @@ impl SingleTypeManager {
         if !removed_uncached.is_empty() {
             pool.free_blocks(removed_uncached.iter().copied(), true);
         }
+    }
+
+    /// Tokens at the end of the computed count window frees ignore: 0.23.0
+    /// takes a Mamba group's drafts as rejected under async scheduling (it
+    /// subtracts the block count); 0.33.0 frees on processed tokens instead.
+    #[inline]
+    pub(super) fn window_drafts(&self) -> usize {
+        if self.mamba_rules.drafts_rejected() {
+            self.attn.draft_tokens()
+        } else {
+            0
+        }
+    }
+
+    /// 0.33.0's align tables: window frees pass over prefill's null gaps.
+    #[inline]
+    pub(super) fn frees_skip_nulls(&self) -> bool {
+        self.attn.align().is_some() && self.mamba_rules.align_frees_skip_nulls()
     }
 
     /// The state block of two steps ago is no longer a copy source: free it.
