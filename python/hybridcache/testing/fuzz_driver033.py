@@ -100,6 +100,9 @@ class Driver033(Driver):
         self.f.setups += 1
         if setup.retention is not None:
             self.f.count("sparse_retention_setups")
+        for g in setup.groups:
+            if g.kind == "mamba":
+                self.f.count(f"mamba_{g.mode}_groups")
 
     # -- helpers --------------------------------------------------------------
 
