@@ -106,6 +106,19 @@ def _check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bo
                 f"kv_cache_groups[{i}]: extra_retained_tokens={extra} (multi-module "
                 "MTP) is not supported by hybridcache's vLLM 0.33.0 facade yet"
             )
+        if kind == "mamba" and getattr(spec, "mamba_cache_mode", "none") == "align":
+            if getattr(spec, "num_prefill_checkpoint_blocks", 0):
+                raise NotImplementedError(
+                    f"kv_cache_groups[{i}]: Mamba align prefill checkpoint blocks "
+                    f"(num_prefill_checkpoint_blocks={spec.num_prefill_checkpoint_blocks}) are not supported "
+                    "by hybridcache's vLLM 0.33.0 facade yet"
+                )
+            if enable_caching and block_size != hash_block_size:
+                raise NotImplementedError(
+                    f"kv_cache_groups[{i}]: a Mamba align block of {block_size} tokens over hash blocks of "
+                    f"{hash_block_size} (vLLM 0.33.0's partial hash hits with copy-on-write) is not "
+                    "supported by hybridcache's vLLM 0.33.0 facade yet"
+                )
         kinds.append(kind)
     _check_mamba_layout(kinds, enable_caching)
     if getattr(kv_cache_config, "has_mixed_precision_kv_cache", False):
