@@ -35,8 +35,10 @@ def test_mamba_needs_prefix_caching_off_and_full_attention_beside_it() -> None:
     cfg = _hc(HcMambaSpec(block_size=BS, mamba_cache_mode="align"))
     with pytest.raises(NotImplementedError, match="Mamba prefix caching .*partial hash hits.*not supported"):
         KVCacheManager033(cfg, 200, BS, BS)
-    ckpt = _hc(HcMambaSpec(block_size=BS, mamba_cache_mode="align"))
-    ckpt.kv_cache_groups[1].kv_cache_spec.num_prefill_checkpoint_blocks = 1  # type: ignore[attr-defined]
+    class CheckpointingMambaSpec(HcMambaSpec):  # vLLM 0.33.0's field, as Mamba2 / GDN layers set it
+        num_prefill_checkpoint_blocks = 1
+
+    ckpt = _hc(CheckpointingMambaSpec(block_size=BS, mamba_cache_mode="align"))
     with pytest.raises(NotImplementedError, match="prefill checkpoint blocks .*not supported"):
         KVCacheManager033(ckpt, 200, BS, BS, enable_caching=False)
     mixed = _hc(HcSlidingWindowSpec(block_size=BS, sliding_window=16), HcMambaSpec(block_size=BS))
