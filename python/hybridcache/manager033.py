@@ -107,10 +107,11 @@ def _check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bo
                 "MTP) is not supported by hybridcache's vLLM 0.33.0 facade yet"
             )
         if kind == "mamba" and getattr(spec, "mamba_cache_mode", "none") == "align":
-            if getattr(spec, "num_prefill_checkpoint_blocks", 0):
+            checkpoints = getattr(spec, "num_prefill_checkpoint_blocks", 0)
+            if checkpoints:
                 raise NotImplementedError(
                     f"kv_cache_groups[{i}]: Mamba align prefill checkpoint blocks "
-                    f"(num_prefill_checkpoint_blocks={spec.num_prefill_checkpoint_blocks}) are not supported "
+                    f"(num_prefill_checkpoint_blocks={checkpoints}) are not supported "
                     "by hybridcache's vLLM 0.33.0 facade yet"
                 )
             if enable_caching and block_size != hash_block_size:

@@ -10,6 +10,8 @@
 //! - `free_policy`: `group_manager` (window frees and request frees choose
 //!   the free-queue end through it);
 //! - `new_block_ids`: `group_manager` (which groups record new block ids);
+//! - `mamba`: `group_manager` (window frees, the no-op decode check and
+//!   horizon) and `attention::mamba` (`allocate_align_blocks`);
 //! - `common_prefix`: `kv_cache_manager` (`get_num_common_prefix_blocks`);
 //! - `stats`: `kv_cache_manager::stats` (which lookups are counted);
 //! - `hashing`: `block_hasher` (`extra_keys`: how LoRA / mm / cache salt

@@ -136,9 +136,7 @@ impl NativeManager {
         let rid = request_id(request)?;
         let new_computed = Self::computed_ids(slf, opt.new_computed_blocks)?;
         let skip_zeroing_groups = match opt.skip_zeroing_group_ids {
-            Some(groups) => slf
-                .borrow()
-                .group_mask("skip_zeroing_group_ids", groups)?,
+            Some(groups) => slf.borrow().group_mask("skip_zeroing_group_ids", groups)?,
             None => 0,
         };
         let watermark_blocks = if opt.has_scheduled_reqs {

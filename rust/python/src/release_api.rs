@@ -68,7 +68,9 @@ impl NativeManager {
             }
             // Masks hold 64 groups; no model comes near that.
             mask |= 1u64.checked_shl(g as u32).ok_or_else(|| {
-                PyValueError::new_err(format!("{name}: group {g}: at most 64 groups are supported"))
+                PyValueError::new_err(format!(
+                    "{name}: group {g}: at most 64 groups are supported"
+                ))
             })?;
         }
         Ok(mask)

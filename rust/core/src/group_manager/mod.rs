@@ -520,7 +520,11 @@ impl SingleTypeManager {
         let r = self.records.with_table(slot);
         let n = n.min(r.blocks.len());
         // Everything before the first real block is null already.
-        let from = if skip_nulls { r.first_real().unwrap_or(n).min(n) } else { 0 };
+        let from = if skip_nulls {
+            r.first_real().unwrap_or(n).min(n)
+        } else {
+            0
+        };
         let blocks = &mut r.blocks;
         let mut removed_cached: SmallVec<[BlockId; 8]> = SmallVec::new();
         let mut removed_uncached: SmallVec<[BlockId; 8]> = SmallVec::new();
