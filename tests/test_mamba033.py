@@ -84,6 +84,14 @@ def test_new_block_ids_for_zeroing_and_frees(vllm_available: Any, mode: str) -> 
         assert m.allocate_slots(r, 8) is not None
     assert ours.take_new_block_ids() == ref.take_new_block_ids() != []
     assert ours.take_new_block_ids() == ref.take_new_block_ids() == []
+    # A failed async load: the blocks past the valid prefix are zeroed again.
+    for m in (ref, ours):
+        m.record_blocks_for_zeroing("b", 8)
+        m.record_blocks_for_zeroing("unknown", 0)
+    assert ours.take_new_block_ids() == ref.take_new_block_ids() != []
+    with pytest.raises(ValueError, match="start_token 3 is not a multiple of group 0's block size 8"):
+        ours.record_blocks_for_zeroing("b", 3)
+    assert ours.take_new_block_ids() == []
     for rid in ("a", "b"):
         assert _ids(ours, rid) == _ids(ref, rid)
         assert ours.get_block_ids_for_computed_tokens(rid, 9) == tuple(ref.get_block_ids_for_computed_tokens(rid, 9))

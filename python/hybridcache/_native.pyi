@@ -188,6 +188,11 @@ class NativeManager:
     def _num_cached_blocks(self, request_id: str, group: int) -> int | None:
         """vLLM's `single_type_managers[group].num_cached_block.get(request_id)`:
         the group's blocks cached for a running request, None otherwise."""
+    def _record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """vLLM 0.33.0's `record_blocks_for_zeroing`: the request's blocks from
+        `start_token` on are recorded for zeroing again, in the groups that
+        record new block ids (ValueError if `start_token` is not a multiple
+        of their block size)."""
     def _free_handed_out(self, blocks: Iterable[Any]) -> None:
         """vLLM 0.28+'s `block_pool.free_blocks(blocks)` for blocks
         `_pop_blocks_for_free` handed out (objects with `block_id`, or ids),

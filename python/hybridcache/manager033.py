@@ -421,14 +421,11 @@ class KVCacheManager033(KVCacheManager):
         return self.create_kv_cache_blocks(tuple(out))
 
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """Re-records blocks for worker-side zeroing (after a failed async
-        KV load): nothing to do when no group records new block ids (no
-        Mamba group); with Mamba groups not ported yet."""
-        if any(g.native.reports_new_block_ids for g in self._groups):
-            raise NotImplementedError(
-                "record_blocks_for_zeroing (re-zeroing after a failed async KV load) for a model with "
-                "Mamba layers is not supported by hybridcache's vLLM 0.33.0 facade yet"
-            )
+        """Re-records the request's blocks from `start_token` on for
+        worker-side zeroing (a failed async KV load left them unwritten), in
+        the groups that record new block ids (none without Mamba groups).
+        ValueError if `start_token` is not block-aligned there."""
+        self._record_blocks_for_zeroing(request_id, start_token)
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[BlockView]]:
         """Copy-on-write copies of partial hits (none: a full-attention

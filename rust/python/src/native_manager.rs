@@ -226,6 +226,20 @@ impl NativeManager {
         self.pop_handed_out(request_id)
     }
 
+    /// 0.33.0's `record_blocks_for_zeroing(request_id, start_token)`: the
+    /// request's blocks from `start_token` on, recorded for zeroing again
+    /// in the groups that record new block ids.
+    fn _record_blocks_for_zeroing(
+        &mut self,
+        request_id: &str,
+        start_token: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let start = count_obj("start_token", start_token)?;
+        self.inner
+            .record_blocks_for_zeroing(request_id, start)
+            .map_err(to_py_err)
+    }
+
     /// 0.28+'s `block_pool.free_blocks(blocks)` for blocks
     /// `_pop_blocks_for_free` handed out (objects with `block_id`, or ids),
     /// in eviction order; ValueError (nothing freed) for any other block.

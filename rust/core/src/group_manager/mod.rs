@@ -324,6 +324,24 @@ impl SingleTypeManager {
         out.append(&mut self.new_block_ids);
     }
 
+    /// Whether this group records its new block ids (for zeroing).
+    pub fn records_new_block_ids(&self) -> bool {
+        self.records_new_block_ids
+    }
+
+    /// Records the request's blocks from index `from` on again (0.33.0's
+    /// `record_blocks_for_zeroing`), if this group records new block ids.
+    pub fn record_blocks_for_zeroing(&mut self, slot: ReqSlot, from: usize) {
+        if !self.records_new_block_ids {
+            return;
+        }
+        if let Some(r) = self.records.get(slot) {
+            if let Some(tail) = r.blocks.get(from..) {
+                self.new_block_ids.extend_from_slice(tail);
+            }
+        }
+    }
+
     /// Hashes (at hash_block_size) that caching up to `num_tokens` reads,
     /// given `num_cached` blocks already cached.
     pub fn hashes_needed_to_cache(&self, num_cached: usize, num_tokens: usize) -> usize {

@@ -501,6 +501,40 @@ impl KvCacheManager {
         Ok(())
     }
 
+    /// 0.33.0's `record_blocks_for_zeroing`: the request's blocks from
+    /// `start_token` on are handed to the worker for zeroing again (after a
+    /// failed async KV load), in each group that records new block ids.
+    /// `start_token` must be block-aligned in those groups (ValueError,
+    /// nothing recorded); an unknown request records nothing.
+    pub fn record_blocks_for_zeroing(
+        &mut self,
+        request_id: &str,
+        start_token: usize,
+    ) -> CoreResult<()> {
+        for m in self
+            .coord
+            .managers
+            .iter()
+            .filter(|m| m.records_new_block_ids())
+        {
+            if start_token % m.block_size as usize != 0 {
+                return invalid(format!(
+                    "record_blocks_for_zeroing: start_token {start_token} is not a multiple of group {}'s \
+                     block size {}",
+                    m.group_id, m.block_size
+                ));
+            }
+        }
+        let Some(slot) = self.slot(request_id) else {
+            return Ok(());
+        };
+        for m in self.coord.managers.iter_mut() {
+            let from = start_token / m.block_size as usize;
+            m.record_blocks_for_zeroing(slot, from);
+        }
+        Ok(())
+    }
+
     pub fn evict_blocks(&mut self, ids: &[u32]) -> CoreResult<()> {
         self.coord.pool.evict_blocks(ids)
     }
