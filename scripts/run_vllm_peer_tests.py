@@ -34,7 +34,10 @@ Such a case counts as expected when it fails with an AttributeError on one of
 its listed attributes (or the NotImplementedError of a documented-unsupported
 feature, NOT_IMPLEMENTED); failing any other way, e.g. an assertion on public
 data before the internal access, counts as a divergence. Every other case uses
-only the public manager API and must pass. Cases of features hybridcache
+only the public manager API and must pass. Cases that hand the manager a state
+only vLLM's internals make (BAD_INPUT, e.g. free blocks passed in as a cache
+hit) count as expected when hybridcache refuses it with the listed
+ValueError. Cases of features hybridcache
 documents as not implemented (UNSUPPORTED) are reported but only counted with
 --strict. Cases that cannot run on a CPU machine offline even under vLLM
 itself (OFFLINE: a model config that is not in the local cache, a platform
@@ -372,6 +375,11 @@ def main(argv: list[str] | None = None) -> int:
         hybrid = nodeid in rec.built_hybrid
         n_hybrid += hybrid
         listed, attrs = _lookup(tables.INTERNALS, nodeid) or (None, ())
+        # Cases that hand the manager a state vLLM's internals allow but its
+        # API does not (BAD_INPUT): expected when refused with that ValueError.
+        bad_input = _lookup(getattr(tables, "BAD_INPUT", {}), nodeid)
+        if bad_input:
+            listed, attrs = bad_input[0], ()
         unsupported = _lookup(tables.UNSUPPORTED, nodeid)
         view_reads = _lookup(tables.VIEWS, nodeid)
         offline = _lookup(tables.OFFLINE, nodeid)
@@ -411,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         feature = next((f for f in tables.NOT_IMPLEMENTED if f in (listed or unsupported or "")), None)
         touched = _expected_failure(msg, attrs, feature)
+        if bad_input and msg.startswith("ValueError") and bad_input[1] in msg:
+            touched = f"ValueError: {bad_input[1]}"
         if listed and not hybrid:
             reason = f"n/a: {listed}, no hybridcache manager built; failed under vLLM itself? {_shorten(msg, 100)}"
         elif (listed or unsupported) and touched:

@@ -2,7 +2,8 @@
 0.33.0's own `KVCacheManager`, call by call, on the scenarios where 0.33.0's
 semantics differ from 0.23.0's (reference §2.3): the free-queue rule,
 deferred frees, stats recorded by the scheduler, the watermark, adopt-only
-steps, lookahead hashes capping what is cached, reused-hit events. The
+steps, lookahead hashes capping what is cached, reused-hit events, a
+sliding window with sparse retention and its shared-prefix junction. The
 tests without vLLM check the release split of the native API."""
 
 from __future__ import annotations
@@ -346,3 +347,63 @@ def test_bad_input_to_the_0_33_calls() -> None:
         m.truncate_computed_blocks(m.get_blocks("a"), 17)
     assert m.get_block_ids("a") == ([1, 2, 3],) and m.num_free_blocks == 6
     m.check_invariants()
+
+
+@V033
+@pytest.mark.parametrize("eagle", ["off", "flagged-groups-off", "on"])
+@pytest.mark.parametrize("retention", [None, 0, 32])
+def test_sliding_window_mla_retention_and_junction(v33: Any, retention: int | None, eagle: str) -> None:
+    """Full attention + SlidingWindowMLASpec (0.33.0's sparse retention: the
+    replay boundaries and a shared-prefix junction are kept): hits, the
+    junction `get_computed_blocks` reports, window frees, events and the
+    free queue, against vLLM; EAGLE off, groups flagged `is_eagle_group`
+    with `use_eagle` off (lookahead hashes: nothing dropped), and on."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowMLASpec
+
+    def config() -> Any:
+        full = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        swa = SlidingWindowMLASpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=20)
+        flagged = eagle != "off"
+        return KVCacheConfig(num_blocks=40, kv_cache_tensors=[], prefix_cache_retention_interval=retention,
+                             kv_cache_groups=[KVCacheGroupSpec(["f"], full, is_eagle_group=flagged),
+                                              KVCacheGroupSpec(["s"], swa, is_eagle_group=flagged)])
+
+    def script(m: Any, log: list[Any], seen: dict[str, list[int]]) -> None:
+        c = m.coordinator
+        log.append((type(c).__name__, c.full_attention_group_id, c.group_block_sizes, c.retention_interval))
+        shared = list(range(100))
+        for i, tail in enumerate((list(range(500, 530)), list(range(600, 650)), list(range(700, 720)))):
+            r = v33.request(f"r{i}", shared + tail)
+            blocks, n, boundary = m.get_computed_blocks(r)
+            r.shared_prefix_boundary = boundary
+            seen["hits"].append(n)
+            seen["boundaries"].append(boundary)
+            log.append((_ids(blocks), n, boundary))
+            log.append(_ids(m.allocate_slots(r, len(r.all_token_ids) - n, n, blocks)))
+            r.num_computed_tokens = len(r.all_token_ids)
+            r.append_output_token_ids(1)
+            log.append(_ids(m.allocate_slots(r, 1)))
+            ids = m.get_block_ids(r.request_id)
+            seen["window_nulls"].append(list(ids[1]).count(0))
+            log.append((ids, _events(m), _free_queue(m)))
+            m.free(r)
+            log.append((_free_queue(m), _events(m)))
+
+    logs, seens = [], []
+    kw = dict(enable_kv_cache_events=True, use_eagle=eagle == "on")
+    for m in (v33.Manager(config(), 400, BS, BS, **kw), KVCacheManager033(config(), 400, BS, BS, **kw)):
+        log: list[Any] = []
+        seen: dict[str, list[int]] = {"hits": [], "boundaries": [], "window_nulls": []}
+        script(m, log, seen)
+        logs.append(log)
+        seens.append(seen)
+    for i, (a, b) in enumerate(zip(*logs)):
+        assert a == b, f"entry {i}: vLLM {a!r} != hybridcache {b!r}"
+    assert seens[0] == seens[1]
+    # The windows freed blocks; the later requests hit the shared prefix.
+    assert all(n > 0 for n in seens[0]["window_nulls"]) and seens[0]["hits"][0] == 0 and seens[0]["hits"][2] > 0, seens[0]
+    if retention == 0 and eagle != "on":
+        # Only the replay boundary was kept: the second request misses, and
+        # the junction it reports (96) is what lets the third one hit.
+        assert seens[0]["hits"][1] == 0 and seens[0]["boundaries"][1] == 96, seens[0]

@@ -295,7 +295,7 @@ class KVCacheManager033(KVCacheManager):
         self.mamba_shared_prefix_checkpoint = False
         self.kv_cache_event_metadata = tuple((g.event_kind, g.sliding_window) for g in groups)
         self.block_pool = BlockPoolView033(self)
-        self.coordinator = CoordinatorView033(self)
+        self.coordinator = _COORDINATOR_VIEWS[self.coordinator_kind](self)
 
     # -- lookups and stats ------------------------------------------------
 
@@ -505,6 +505,12 @@ class CoordinatorView033(CoordinatorView):
             self.eagle_group_ids = set(range(len(groups)))
         self.drop_eagle_group_ids = self.eagle_group_ids if manager.use_eagle else set()
         self.num_reprefillable_tokens = 0
+        self.group_block_sizes = tuple(int(g.kv_cache_spec.block_size) for g in groups)
+        if manager.coordinator_kind == "hybrid":
+            # The hybrid coordinator's dense reference group (full attention
+            # sorts first), None without one; other coordinators lack it.
+            self.full_attention_group_id = next(
+                (i for i, g in enumerate(groups) if _layout_kind(g.kv_cache_spec) == "full"), None)
         # 0.33.0's config field (it sparsifies sliding-window groups only here).
         self.retention_interval = getattr(manager.kv_cache_config, "prefix_cache_retention_interval", None)
 
@@ -534,6 +540,15 @@ class CoordinatorView033(CoordinatorView):
         """The manager's `pop_blocks_for_free` by request id."""
         native = self._manager._native
         return [BlockView(native, b) for b in native._pop_blocks_for_free(request_id)]
+
+
+# The coordinator view is named as the coordinator vLLM 0.33.0 builds for
+# the layout (its tests check the class name).
+_COORDINATOR_VIEWS: dict[str, type[CoordinatorView033]] = {
+    kind: type(name, (CoordinatorView033,), {"__doc__": f"`CoordinatorView033` of a layout vLLM serves with its {name}."})
+    for kind, name in (("no_prefix_cache", "KVCacheCoordinatorNoPrefixCache"),
+                       ("unitary", "UnitaryKVCacheCoordinator"), ("hybrid", "HybridKVCacheCoordinator"))
+}
 
 
 class _NumCachedBlockView(Mapping):

@@ -73,19 +73,41 @@ OFFLINE: dict[str, str] = {
         "the CPU platform rejects async scheduling with pipeline parallelism",
 }
 
+CACHE_POP = (
+    "mutates internals: pops entries of block_pool.cached_block_hash_to_block._cache "
+    "(hybridcache's map view is read-only)",
+    ("cached_block_hash_to_block",),
+)
 INTERNALS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "test_prefill_hybrid_model": CACHE_POP,
+    "test_prefill_hybrid_model_eagle": CACHE_POP,
+    "test_eagle_with_sliding_window": CACHE_POP,
     "test_block_stored_event_group_idx_out_of_bounds": (
         "appends to block_pool.kv_event_queue (a read-only view here), patches vllm kv_cache_manager.logger",
         ("kv_event_queue",),
     ),
+}
+# Regression tests of vLLM #33775 that take blocks off the free list
+# (`free_block_queue.fake_free_list_head`) and pass them to `allocate_slots` as
+# a cache hit: hybridcache's admission check refuses blocks that are not the
+# request's own prefix-cache hits (a clear ValueError, nothing changed). The
+# bug itself (an external allocation evicting another group's hit) is
+# covered by the two-phase allocation, run by the fuzz's external loads.
+FABRICATED_HIT = ("passes free-list blocks (fake_free_list_head) in as a cache hit", "not a cache hit of request")
+BAD_INPUT: dict[str, tuple[str, str]] = {
+    "test_cache_hit_local_and_external": FABRICATED_HIT,
+    "test_cache_hit_local_and_external_three_groups": FABRICATED_HIT,
+    "test_cache_hit_local_and_external_three_groups_preempt_and_reallocate": FABRICATED_HIT,
+    "test_cache_hit_local_and_external_two_groups_preempt_and_reallocate": FABRICATED_HIT,
 }
 UNSUPPORTED: dict[str, str] = {}
 VIEWS: dict[str, str] = {}
 NOT_IMPLEMENTED: tuple[str, ...] = ()
 # Not listed case by case (yet): a failure is expected when hybridcache
 # raised the NotImplementedError of what its 0.33.0 facade documents as not
-# ported (layouts beyond one full-attention group, dcp/pcp, the metrics
-# collector, multi-module MTP), or a read-only view's AttributeError naming a
+# ported (Mamba, R-SWA and circular-buffer layouts, full-attention blocks
+# wider than the hash block with caching, mixed-precision zeroing, dcp/pcp,
+# multi-module MTP), or a read-only view's AttributeError naming a
 # vLLM internal it does not provide. Any other failure is a divergence.
 # The Mamba files (test_mamba_align_chunk_split.py: 12 cases,
 # prefix_cache/test_mamba_eagle_resume_checkpoint.py: 13) that build a
@@ -94,7 +116,7 @@ NOT_IMPLEMENTED: tuple[str, ...] = ()
 # copy-on-write and prefill checkpoints, refused by name. The facade covers
 # Mamba without prefix caching, which none of their cases uses.
 UNSUPPORTED_FEATURES: tuple[str, ...] = (
-    "hybridcache's vLLM 0.33.0 support covers",
+    "hybridcache's vLLM 0.33.0 support needs at least one KV cache group",
     "not supported by hybridcache's vLLM 0.33.0 facade yet",
 )
 INTERNAL_MARK = "internal that hybridcache does not provide"

@@ -203,3 +203,64 @@ fn mamba_window_frees_count_drafts_as_rejected_only_in_0_23() {
 fn cdiv(a: usize, b: usize) -> usize {
     a.div_ceil(b)
 }
+
+fn hybrid(
+    profile: BehaviourProfile,
+    groups: Vec<GroupSpec>,
+    retention: Option<usize>,
+) -> Result<KvCacheManager, hybridcache_core::CoreError> {
+    KvCacheManager::new(ManagerConfig {
+        num_blocks: 40,
+        groups,
+        max_model_len: 1024,
+        scheduler_block_size: 16,
+        hash_block_size: 16,
+        profile,
+        dcp_world_size: 1,
+        pcp_world_size: 1,
+        retention_interval: retention,
+        enable_caching: true,
+        use_eagle: false,
+        enable_events: false,
+    })
+}
+
+#[test]
+fn equal_full_attention_groups_are_one_spec_group_in_0_33_only() {
+    let two = || vec![GroupSpec::full_attention(16), GroupSpec::full_attention(16)];
+    assert!(hybrid(BehaviourProfile::V0_23, two(), None).is_err());
+    let mut m = hybrid(BehaviourProfile::V0_33, two(), None).unwrap();
+    m.sync_hashes("a", 0, hashes(1, 3)).unwrap();
+    assert_eq!(prefill(&mut m, "a", 48), vec![vec![1, 2, 3], vec![4, 5, 6]]);
+    m.cache_blocks("a", 48, None).unwrap();
+    m.sync_hashes("b", 0, hashes(1, 3)).unwrap();
+    let (hit, n) = m.get_computed_blocks("b", 49, None).unwrap();
+    assert_eq!((hit, n), (vec![vec![1, 2, 3], vec![4, 5, 6]], 48));
+}
+
+#[test]
+fn a_sparse_window_behind_full_attention_reports_the_longer_hit() {
+    // Retention 0 keeps only the replay boundary's window: a sibling that
+    // shares 3 of the 4 cached blocks misses in the window group, and the
+    // search reports how far full attention alone reached.
+    let groups = || {
+        vec![
+            GroupSpec::full_attention(16),
+            GroupSpec::new(hybridcache_core::SpecKind::SlidingWindow { window: 8 }, 16),
+        ]
+    };
+    let mut m = hybrid(BehaviourProfile::V0_33, groups(), Some(0)).unwrap();
+    m.sync_hashes("a", 0, hashes(1, 4)).unwrap();
+    let args = AllocateArgs {
+        num_new_tokens: 70,
+        num_tokens: 70,
+        num_prompt_tokens: Some(70),
+        ..Default::default()
+    };
+    m.allocate_slots("a", &args, None).unwrap().unwrap();
+    let mut b = hashes(1, 3);
+    b.push(vec![9; 8].into_boxed_slice());
+    m.sync_hashes("b", 0, b).unwrap();
+    let hit = m.find_cache_hit("b", 64, None).unwrap();
+    assert_eq!((hit.len, hit.longest), (0, 48));
+}
