@@ -35,28 +35,30 @@ def test_mamba_needs_prefix_caching_off_and_full_attention_beside_it() -> None:
     cfg = _hc(HcMambaSpec(block_size=BS, mamba_cache_mode="align"))
     with pytest.raises(NotImplementedError, match="Mamba prefix caching .*partial hash hits.*not supported"):
         KVCacheManager033(cfg, 200, BS, BS)
-    class CheckpointingMambaSpec(HcMambaSpec):  # vLLM 0.33.0's field, as Mamba2 / GDN layers set it
-        num_prefill_checkpoint_blocks = 1
-
-    ckpt = _hc(CheckpointingMambaSpec(block_size=BS, mamba_cache_mode="align"))
-    with pytest.raises(NotImplementedError, match="prefill checkpoint blocks .*not supported"):
-        KVCacheManager033(ckpt, 200, BS, BS, enable_caching=False)
     mixed = _hc(HcSlidingWindowSpec(block_size=BS, sliding_window=16), HcMambaSpec(block_size=BS))
     with pytest.raises(NotImplementedError, match="Mamba groups beside sliding_window groups"):
         KVCacheManager033(mixed, 200, BS, BS, enable_caching=False)
 
 
-def _pair(mode: str, num_blocks: int, num_spec: int = 0) -> tuple[Any, Any, Any, Any]:
+def _pair(mode: str, num_blocks: int, num_spec: int = 0, checkpoint: int | None = None,
+          retention: int | None = None) -> tuple[Any, Any, Any, Any]:
     from hybridcache.testing import configs
     from hybridcache.testing.configs import GroupSpec
     from hybridcache.testing.fuzz_setup import Group, Setup
     from hybridcache.testing.release_api import V033 as Api
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
-    specs = (GroupSpec("full", BS), GroupSpec("mamba", BS, mamba_cache_mode=mode, num_speculative_blocks=num_spec))
+    specs = (GroupSpec("full", BS), GroupSpec("mamba", BS, mamba_cache_mode=mode, num_speculative_blocks=num_spec,
+                                               mamba_checkpoint_alignment=checkpoint))
     kw = dict(max_model_len=1024, scheduler_block_size=BS, hash_block_size=BS, enable_caching=False)
-    ref = KVCacheManager(kv_cache_config=configs.vllm_kv_cache_config(specs, num_blocks), **kw)
-    ours = KVCacheManager033(kv_cache_config=configs.vllm_kv_cache_config(specs, num_blocks), **kw)
+
+    def config() -> Any:
+        cfg = configs.vllm_kv_cache_config(specs, num_blocks)
+        cfg.prefix_cache_retention_interval = retention
+        return cfg
+
+    ref = KVCacheManager(kv_cache_config=config(), **kw)
+    ours = KVCacheManager033(kv_cache_config=config(), **kw)
     s = Setup(mix="full_mamba_align", caching=False, groups=(Group("full", BS), Group("mamba", BS, mode=mode)),
               scheduler_block_size=BS, hash_block_size=BS, num_blocks=num_blocks, use_eagle=False, events=False,
               log_stats=False, max_model_len=1024, release="0.33.0")
@@ -115,3 +117,35 @@ def test_align_external_tokens_under_count_answers_none(vllm_available: Any) -> 
     ours.check_invariants()
     with pytest.raises(ValueError, match="Cannot get 1 free blocks"):
         ref.allocate_slots(api.make_request(s, "x", list(range(40))), 8, num_external_computed_tokens=32)
+
+
+@V033
+@pytest.mark.parametrize("retention", [None, 0])
+def test_align_prefill_checkpoint_blocks(vllm_available: Any, retention: int | None) -> None:
+    """Mamba2 / GDN layers export a prefill checkpoint (0.29+): a chunk
+    keeps a real block just below its running state (not a null one) and a
+    speculative block there stays for it; with retention 0 only the chunk
+    reaching the prefill end does. Counts, tables and the pool as 0.33.0's,
+    the coordinator's count with `prefill_end` too."""
+    ref, ours, api, s = _pair("align", 60, num_spec=2, checkpoint=1, retention=retention)
+    seen: dict[str, list[Any]] = {"vllm": [], "hc": []}
+    reserved = []
+    for name, m in (("vllm", ref), ("hc", ours)):
+        r = api.make_request(s, "a", list(range(70)))
+        for n in (20, 20, 30):  # chunks ending mid-block, then the prompt's end
+            view = m.coordinator.get_num_blocks_to_allocate(
+                request_id="a", num_tokens=r.num_computed_tokens + n, new_computed_blocks=m.empty_kv_cache_blocks.blocks,
+                num_encoder_tokens=0, total_computed_tokens=r.num_computed_tokens,
+                num_local_computed_tokens=r.num_computed_tokens, num_tokens_main_model=r.num_computed_tokens + n,
+                apply_admission_cap=True, prefill_end=70)
+            assert m.allocate_slots(r, n) is not None
+            if m is ref:
+                reserved.append(bool(ref.coordinator.single_type_managers[1]._checkpoints))
+            r.num_computed_tokens += n
+            seen[name].append((view, _ids(m, "a")))
+    assert seen["hc"] == seen["vllm"]
+    # A chunk starting on the hash grid reserves one; with retention 0 only
+    # the chunk reaching the prefill end.
+    assert reserved == ([True, False, True] if retention is None else [False, False, True])
+    assert ours.block_pool.get_num_free_blocks() == ref.block_pool.get_num_free_blocks()
+    ours.check_invariants()

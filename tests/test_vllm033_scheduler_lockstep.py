@@ -49,6 +49,8 @@ class Case:
     # per draft token, as vLLM sizes it).
     layout: str = "full"
     mamba_mode: str = "none"
+    # MambaSpec.prefill_checkpoint_alignment with one checkpoint block (0.29+).
+    mamba_checkpoint: int | None = None
     window: int = 24
     # KVCacheConfig.prefix_cache_retention_interval (0: the serving default).
     retention: int | None = None
@@ -72,6 +74,8 @@ CASES = [
     Case("full-mamba-align-async-spec", caching=False, layout="full_mamba", mamba_mode="align",
          async_scheduling=True, num_spec=2, seed=13),
     Case("full-mamba-align-storm", caching=False, layout="full_mamba", mamba_mode="align", num_blocks=36, seed=14),
+    Case("full-mamba-align-checkpoints-spec", caching=False, layout="full_mamba", mamba_mode="align", num_spec=2,
+         mamba_checkpoint=1, seed=15),
 ]
 
 
@@ -106,7 +110,9 @@ def _layout(case: Case, make_config: Any) -> Any:
                                                   attention_chunk_size=case.window)
         mamba = iface.MambaSpec(block_size=full.kv_cache_spec.block_size, shapes=((1, 1),),
                                 dtypes=(full.kv_cache_spec.dtype,), mamba_cache_mode=case.mamba_mode,
-                                num_speculative_blocks=case.num_spec or 0)
+                                num_speculative_blocks=case.num_spec or 0,
+                                num_prefill_checkpoint_blocks=int(case.mamba_checkpoint is not None),
+                                prefill_checkpoint_alignment=case.mamba_checkpoint)
         groups = {"full": [full], "sw": [iface.KVCacheGroupSpec(["swa"], sw)],
                   "full_mamba": [full, iface.KVCacheGroupSpec(["mamba"], mamba)],
                   "full_sw": [full, iface.KVCacheGroupSpec(["swa"], sw)],

@@ -54,6 +54,8 @@ class _GroupArg(Protocol):
     def mamba_cache_mode(self) -> Literal["none", "all", "align"]: ...
     @property
     def num_speculative_blocks(self) -> int: ...
+    @property
+    def mamba_checkpoints(self) -> tuple[int, int, int, bool, bool] | None: ...
 
 class _Request(Protocol):
     """What the manager reads of a request: vLLM 0.23.0's `Request` and
@@ -357,8 +359,10 @@ class NativeManager:
         total_computed_tokens: int,
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
+        prefill_end: int | None = None,
     ) -> int:
-        """vLLM's `coordinator.get_num_blocks_to_allocate` (reads only)."""
+        """vLLM's `coordinator.get_num_blocks_to_allocate` (reads only);
+        `prefill_end` only matters to Mamba align checkpoints (None: 0)."""
     def align_state(self, request_id: str, group: int) -> tuple[int | None, bool] | None:
         """Mamba align state of a request in a group:
         (last_state_block_idx or None, allocated), or None."""

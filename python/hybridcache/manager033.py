@@ -25,12 +25,13 @@ naming them.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from hybridcache.block_pool import BlockPoolView
 from hybridcache.blocks import BlockView, KVCacheBlocks
 from hybridcache.config import read_groups
-from hybridcache.coordinator import CoordinatorView, SingleTypeManagerView
+from hybridcache.coordinator import CoordinatorView, SingleTypeManagerView, _group_block_ids
 from hybridcache.manager import KVCacheManager, _positive_int
 
 RELEASE = "0.33.0"
@@ -107,13 +108,6 @@ def _check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bo
                 "MTP) is not supported by hybridcache's vLLM 0.33.0 facade yet"
             )
         if kind == "mamba" and getattr(spec, "mamba_cache_mode", "none") == "align":
-            checkpoints = getattr(spec, "num_prefill_checkpoint_blocks", 0)
-            if checkpoints:
-                raise NotImplementedError(
-                    f"kv_cache_groups[{i}]: Mamba align prefill checkpoint blocks "
-                    f"(num_prefill_checkpoint_blocks={checkpoints}) are not supported "
-                    "by hybridcache's vLLM 0.33.0 facade yet"
-                )
             if enable_caching and block_size != hash_block_size:
                 raise NotImplementedError(
                     f"kv_cache_groups[{i}]: a Mamba align block of {block_size} tokens over hash blocks of "
@@ -268,8 +262,11 @@ class KVCacheManager033(KVCacheManager):
         # attention group.
         zeroing = "mamba" in kinds
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
-        groups = [type(g)(native=_records_new_block_ids(g.native, zeroing, spec), event_kind=g.event_kind,
-                          sliding_window=g.sliding_window) for g, spec in zip(groups, specs)]
+        checkpoints = _mamba_checkpoints(kv_cache_config, hash_block_size, num_hash_lookahead_tokens, use_eagle)
+        groups = [type(g)(native=replace(_records_new_block_ids(g.native, zeroing, spec),
+                                         mamba_checkpoints=checkpoints(spec)),
+                          event_kind=g.event_kind, sliding_window=g.sliding_window)
+                  for g, spec in zip(groups, specs)]
         self = cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
                           enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE,
                           retention_interval=retention,
@@ -453,12 +450,29 @@ class KVCacheManager033(KVCacheManager):
         return self._group_infos
 
 
+def _mamba_checkpoints(kv_cache_config: Any, hash_block_size: int, num_hash_lookahead_tokens: int,
+                       use_eagle: bool) -> Any:
+    """What decides a Mamba align group's prefill checkpoints, per spec
+    (None: it reserves none): the spec's `num_prefill_checkpoint_blocks` and
+    `prefill_checkpoint_alignment`, and the manager settings 0.33.0 reads
+    (`drop_eagle_checkpoint_block` is `use_eagle`; with retention 0 only
+    the chunk reaching the prefill end checkpoints)."""
+    only_at_end = getattr(kv_cache_config, "prefix_cache_retention_interval", None) == 0
+
+    def of(spec: Any) -> tuple[int, int, int, bool, bool] | None:
+        alignment = getattr(spec, "prefill_checkpoint_alignment", None)
+        if (getattr(spec, "mamba_cache_mode", None) != "align" or not getattr(spec, "num_prefill_checkpoint_blocks", 0)
+                or alignment is None):
+            return None
+        return (int(alignment), int(hash_block_size), int(num_hash_lookahead_tokens), bool(use_eagle), only_at_end)
+
+    return of
+
+
 def _records_new_block_ids(native: Any, zeroing: bool, spec: Any) -> Any:
     """0.33.0's rule: a group records its new block ids for the worker to
     zero when the config needs zeroing and its spec is an attention spec
     (not a circular buffer)."""
-    from dataclasses import replace
-
     names = {cls.__name__ for cls in type(spec).__mro__}
     records = zeroing and "AttentionSpec" in names and "CircularBufferSpec" not in names
     return replace(native, reports_new_block_ids=records)
@@ -526,11 +540,14 @@ class CoordinatorView033(CoordinatorView):
         apply_admission_cap: bool = False,
         prefill_end: int = 0,
     ) -> int:
-        """0.33.0's count (`prefill_end` only matters to Mamba align)."""
-        return super().get_num_blocks_to_allocate(
-            request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
-            total_computed_tokens, num_tokens_main_model, apply_admission_cap,
-        )
+        """0.33.0's count (`prefill_end` only matters to Mamba align
+        checkpoints; 0.33.0 ignores it unless the retention interval is 0)."""
+        if self.retention_interval != 0:
+            prefill_end = 0
+        return int(self._native.get_num_blocks_to_allocate(
+            request_id, num_tokens, _group_block_ids(new_computed_blocks, self._num_groups), num_encoder_tokens,
+            total_computed_tokens, num_tokens_main_model, bool(apply_admission_cap), prefill_end,
+        ))
 
     def reset_prefix_cache(self) -> bool:
         """Resets the pool's prefix cache (the manager's call)."""

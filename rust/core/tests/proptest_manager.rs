@@ -20,8 +20,8 @@
 //! `cargo test -p hybridcache-core` stays fast in debug builds).
 
 use hybridcache_core::{
-    AllocateArgs, BehaviourProfile, GroupSpec, HashUpdate, KvCacheManager, MambaMode,
-    ManagerConfig, SpecKind, NULL_BLOCK,
+    AllocateArgs, BehaviourProfile, GroupSpec, HashUpdate, KvCacheManager, MambaCheckpoints,
+    MambaMode, ManagerConfig, SpecKind, NULL_BLOCK,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};
@@ -43,9 +43,11 @@ enum Mix {
     /// speculative blocks, with or without caching (0.33.0 runs align
     /// without a prefix cache too).
     FullMambaAlign033,
+    /// The same with prefill checkpoint blocks (alignment 1).
+    FullMambaAlignCheckpoints033,
 }
 
-const ALL_MIXES: [Mix; 8] = [
+const ALL_MIXES: [Mix; 9] = [
     Mix::Full,
     Mix::FullSw,
     Mix::FullMambaAlignSpec,
@@ -54,6 +56,7 @@ const ALL_MIXES: [Mix; 8] = [
     Mix::FullChunked,
     Mix::FullContextParallel,
     Mix::FullMambaAlign033,
+    Mix::FullMambaAlignCheckpoints033,
 ];
 
 const MAX_MODEL_LEN: usize = 96;
@@ -127,6 +130,17 @@ fn mix_groups(mix: Mix, caching: bool) -> (Vec<GroupSpec>, u32, u32) {
             4,
             4,
         ),
+        Mix::FullMambaAlignCheckpoints033 => {
+            let mut m = mamba(MambaMode::Align, 2, 4);
+            m.mamba_checkpoints = Some(MambaCheckpoints {
+                alignment: 1,
+                hash_block_size: 4,
+                num_hash_lookahead_tokens: 0,
+                drop_eagle_block: false,
+                only_at_prefill_end: false,
+            });
+            (vec![GroupSpec::full_attention(4), m], 4, 4)
+        }
     }
 }
 
@@ -149,7 +163,10 @@ fn make_manager(
         max_model_len: MAX_MODEL_LEN,
         scheduler_block_size: sbs,
         hash_block_size: hbs,
-        profile: if mix == Mix::FullMambaAlign033 {
+        profile: if matches!(
+            mix,
+            Mix::FullMambaAlign033 | Mix::FullMambaAlignCheckpoints033
+        ) {
             BehaviourProfile::V0_33
         } else {
             Default::default()
@@ -458,6 +475,7 @@ impl Machine {
                     total_computed,
                     full,
                     true,
+                    0,
                 )
                 .map_err(|e| TestCaseError::fail(format!("get_num_blocks_to_allocate: {e}")))?;
             need > self.m.pool().num_free_blocks() as i64
@@ -492,6 +510,7 @@ impl Machine {
                         | Mix::FullMambaAlignSpec
                         | Mix::FullMamba3
                         | Mix::FullMambaAlign033
+                        | Mix::FullMambaAlignCheckpoints033
                 ) {
                     prop_assert_eq!(&after, &before, "Ok(None) changed state (full attention)");
                 }
@@ -948,6 +967,7 @@ mix_tests! {
     full_sw_retention_0: Mix::FullSw, true, Some(0);
     sw_mamba_retention_3: Mix::SwMamba, true, Some(12);
     full_mamba_align_0_33_no_caching: Mix::FullMambaAlign033, false;
+    full_mamba_align_checkpoints_0_33_no_caching: Mix::FullMambaAlignCheckpoints033, false;
 }
 
 #[test]
@@ -1054,7 +1074,7 @@ fn mamba_align_external_tokens_out_of_blocks_is_none() {
     let empty = vec![Vec::new(); 2];
     // Counted: 4 (full 3, mamba 1); taken: 5 (mamba: 1 for the external tokens + 1).
     assert_eq!(
-        m.get_num_blocks_to_allocate("r", 9, &empty, 0, 8, 9, false)
+        m.get_num_blocks_to_allocate("r", 9, &empty, 0, 8, 9, false, 0)
             .unwrap(),
         4
     );

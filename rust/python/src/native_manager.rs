@@ -465,7 +465,8 @@ impl NativeManager {
 
     /// vLLM's `coordinator.get_num_blocks_to_allocate` (reads only).
     #[pyo3(signature = (request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
-                        total_computed_tokens, num_tokens_main_model, apply_admission_cap=false))]
+                        total_computed_tokens, num_tokens_main_model, apply_admission_cap=false,
+                        prefill_end=None))]
     #[allow(clippy::too_many_arguments)]
     fn get_num_blocks_to_allocate(
         &self,
@@ -476,6 +477,7 @@ impl NativeManager {
         total_computed_tokens: &Bound<'_, PyAny>,
         num_tokens_main_model: &Bound<'_, PyAny>,
         apply_admission_cap: bool,
+        prefill_end: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<i64> {
         let nc = block_ids(
             new_computed_blocks,
@@ -488,9 +490,18 @@ impl NativeManager {
             count_obj("total_computed_tokens", total_computed_tokens)?,
             count_obj("num_tokens_main_model", num_tokens_main_model)?,
         );
+        let pe = prefill_end.map_or(Ok(0), |v| count_obj("prefill_end", v))?;
         guard(|| {
-            self.inner
-                .get_num_blocks_to_allocate(request_id, n, &nc, e, t, mm, apply_admission_cap)
+            self.inner.get_num_blocks_to_allocate(
+                request_id,
+                n,
+                &nc,
+                e,
+                t,
+                mm,
+                apply_admission_cap,
+                pe,
+            )
         })
     }
 

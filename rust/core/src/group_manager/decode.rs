@@ -31,7 +31,9 @@ impl SingleTypeManager {
     /// attention has no plain decode.
     #[inline]
     fn decodes_known(&self, slot: ReqSlot) -> Option<&GroupReq> {
-        if !self.attn.is_per_token() {
+        // A decode with many drafts may reserve a Mamba checkpoint block:
+        // such groups take the general path.
+        if !self.attn.is_per_token() || self.spec.mamba_checkpoints.is_some() {
             return None;
         }
         self.req(slot)
@@ -96,7 +98,8 @@ impl SingleTypeManager {
         let have = self.blocks(slot).len();
         if let (Some(m), Some(_)) = (self.attn.mamba(), self.attn.align()) {
             let allocated = self.align_state(slot).is_some_and(|a| a.allocated);
-            return m.align_blocks_to_allocate(self.bs(), c.main_model, have, allocated);
+            // Groups with checkpoints take no compact decode (`decodes_known`).
+            return m.align_blocks_to_allocate(self.bs(), c.main_model, have, allocated, false);
         }
         self.required_blocks(c.need_slot, c.main_model)
             .saturating_sub(have) as i64

@@ -137,6 +137,7 @@ impl SingleTypeManager {
         num_external_computed_tokens: usize,
         num_tokens_main_model: usize,
         apply_admission_cap: bool,
+        prefill_end: usize,
     ) -> i64 {
         if self.attn.hits_wait_a_step() {
             // A hit on a state cached this very step is not usable yet:
@@ -161,8 +162,19 @@ impl SingleTypeManager {
             );
             let have = new_computed.len() + self.blocks(slot).len();
             let allocated = self.align_state(slot).is_some_and(|a| a.allocated);
-            return m.align_blocks_to_allocate(self.bs(), num_tokens_main_model, have, allocated)
-                + evictable(pool, new_computed) as i64
+            let checkpoint = self.align_checkpoint(
+                slot,
+                total_computed_tokens,
+                num_tokens_main_model,
+                prefill_end,
+            );
+            return m.align_blocks_to_allocate(
+                self.bs(),
+                num_tokens_main_model,
+                have,
+                allocated,
+                checkpoint,
+            ) + evictable(pool, new_computed) as i64
                 + external as i64;
         }
         let mut num_required = self.required_blocks(num_tokens, num_tokens_main_model);
@@ -281,6 +293,7 @@ impl SingleTypeManager {
         slot: ReqSlot,
         num_tokens: usize,
         num_tokens_main_model: usize,
+        checkpoint: bool,
         out: &mut Vec<BlockId>,
     ) {
         let bs = self.bs();
@@ -294,6 +307,7 @@ impl SingleTypeManager {
                 &mut r.align,
                 num_tokens_main_model,
                 self.mamba_rules.allocated_on_any_call(),
+                checkpoint,
                 out,
             );
             // What the worker received: the whole table on the request's
@@ -575,6 +589,36 @@ impl SingleTypeManager {
         if !removed_uncached.is_empty() {
             pool.free_blocks(removed_uncached.iter().copied(), true);
         }
+    }
+
+    /// Mamba align (0.29+): whether an allocation for the chunk
+    /// `query_start..query_end` reserves a prefill checkpoint block, judged
+    /// on the table as it is before the call (`Mamba::needs_checkpoint`).
+    pub fn align_checkpoint(
+        &self,
+        slot: ReqSlot,
+        query_start: usize,
+        query_end: usize,
+        prefill_end: usize,
+    ) -> bool {
+        let (Some(m), Some(_), Some(c)) = (
+            self.attn.mamba(),
+            self.attn.align(),
+            self.spec.mamba_checkpoints,
+        ) else {
+            return false;
+        };
+        let allocated = self.align_state(slot).is_some_and(|a| a.allocated);
+        m.needs_checkpoint(
+            &c,
+            self.bs(),
+            self.scheduler_block_size as usize,
+            self.blocks(slot),
+            allocated,
+            query_start,
+            query_end,
+            prefill_end,
+        )
     }
 
     /// Tokens at the end of the computed count window frees ignore: 0.23.0

@@ -182,7 +182,12 @@ impl KvCacheManager {
             reqs: RequestRegistry::default(),
             ghost_entries: Vec::new(),
             handed_out: deferred_free::HandedOut::default(),
-            reads_prompt_len: cfg.enable_caching && cfg.retention_interval.is_some(),
+            // Sparse retention, or Mamba checkpoints that wait for the prefill end.
+            reads_prompt_len: cfg.enable_caching && cfg.retention_interval.is_some()
+                || cfg
+                    .groups
+                    .iter()
+                    .any(|g| g.mamba_checkpoints.is_some_and(|c| c.only_at_prefill_end)),
             reads_junction: cfg.enable_caching
                 && cfg.retention_interval.is_some()
                 && cfg.profile.retention == Retention::ReplayBoundaries,
