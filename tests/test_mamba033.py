@@ -2,8 +2,9 @@
 (0.33.0's KVCacheCoordinatorNoPrefixCache), against vLLM 0.33.0's own
 `KVCacheManager`: the new-block-id recording for worker-side zeroing
 (`needs_kv_cache_zeroing`, `skip_zeroing_group_ids`), Mamba tables in
-`get_block_ids_for_computed_tokens`, frees on processed tokens, and the
-align-mode under-count 0.33.0 still crashes on (hybridcache answers None)."""
+`get_block_ids_for_computed_tokens`, frees on processed tokens, align
+prefill checkpoint blocks, and the align-mode under-count 0.33.0 still
+crashes on (hybridcache answers None)."""
 
 from __future__ import annotations
 
