@@ -15,8 +15,10 @@ SinkFullAttentionSpec, which 0.33.0 manages as plain full attention),
 sliding window (SlidingWindowSpec, SlidingWindowMLASpec) and chunked local
 attention (ChunkedLocalAttentionSpec), one group or several, with 0.33.0's
 sparse retention (`prefix_cache_retention_interval`) for the
-sliding-window groups. Other layouts (Mamba, R-SWA, circular buffers,
-cross attention), full-attention blocks wider than the
+sliding-window groups; Mamba groups (none / align, with speculative and
+prefill checkpoint blocks) beside full attention with prefix caching off.
+Other layouts (Mamba with prefix caching, R-SWA, circular buffers, cross
+attention), full-attention blocks wider than the
 hash block with caching (0.33.0 caches partial tails there) and
 mixed-precision caches (which 0.33.0 zeroes) raise NotImplementedError
 naming them.
