@@ -159,6 +159,20 @@ def test_hybridcache_facade_slice_hybrid_layouts(mixes: tuple[str, ...], seed: i
         assert f.calls.get("sparse_retention_setups", 0) > 0
 
 
+@pytest.mark.skipif(FACADE_MISSING, reason="hybridcache's vLLM 0.33.0 facade (hybridcache.manager033) has not landed")
+def test_hybridcache_facade_slice_mamba_without_prefix_caching() -> None:
+    """Full attention + Mamba ("none" and "align", speculative blocks,
+    dynamic drafts, async steps, deferred frees, external tokens), prefix
+    caching off, against vLLM 0.33.0."""
+    f = fuzz.run_fuzz(ops=16_000, seed=334, mixes=("full_mamba_align", "full_mamba3"), caching=(False,),
+                      ops_per_setup=400, release_name="0.33.0", candidate="hybridcache")
+    _clean(f)
+    assert f.allocations > 3000 and f.evictions > 0 and f.preemptions > 0
+    assert f.calls.get("unsupported_setups", 0) < f.setups // 3, f.summary()
+    assert f.calls.get("mamba_align_groups", 0) > 0 and f.calls.get("mamba_none_groups", 0) > 0
+    assert f.calls.get("in_flight_allocations", 0) > 0 and f.calls.get("pop_blocks_for_free", 0) > 0
+
+
 def test_vllm_033_lookahead_hashes_crash_the_hit_search_without_full_attention() -> None:
     """Why the 0.33.0 setups use lookahead hashes only with a full-attention
     group: without one, vLLM 0.33.0's hit search reads past the request's

@@ -44,8 +44,13 @@ class Case:
     seed: int = 0
     # "full": one full-attention group (the helper's); "full_sw": plus a
     # sliding-window group; "sw": a sliding-window group alone;
-    # "full_chunked": plus a chunked local group (chunk `window`).
+    # "full_chunked": plus a chunked local group (chunk `window`);
+    # "full_mamba": plus a Mamba group (`mamba_mode`, one speculative block
+    # per draft token, as vLLM sizes it).
     layout: str = "full"
+    mamba_mode: str = "none"
+    # MambaSpec.prefill_checkpoint_alignment with one checkpoint block (0.29+).
+    mamba_checkpoint: int | None = None
     window: int = 24
     # KVCacheConfig.prefix_cache_retention_interval (0: the serving default).
     retention: int | None = None
@@ -65,6 +70,12 @@ CASES = [
     Case("swa-retention0-async", layout="sw", retention=0, async_scheduling=True, seed=9),
     Case("full-swa-storm", layout="full_sw", retention=0, num_blocks=40, window=17, seed=10),
     Case("full-chunked-async", layout="full_chunked", window=32, async_scheduling=True, seed=11),
+    Case("full-mamba-none-spec", caching=False, layout="full_mamba", num_spec=2, seed=12),
+    Case("full-mamba-align-async-spec", caching=False, layout="full_mamba", mamba_mode="align",
+         async_scheduling=True, num_spec=2, seed=13),
+    Case("full-mamba-align-storm", caching=False, layout="full_mamba", mamba_mode="align", num_blocks=36, seed=14),
+    Case("full-mamba-align-checkpoints-spec", caching=False, layout="full_mamba", mamba_mode="align", num_spec=2,
+         mamba_checkpoint=1, seed=15),
 ]
 
 
@@ -105,7 +116,13 @@ def _layout(case: Case, make_config: Any) -> Any:
         chunked = iface.ChunkedLocalAttentionSpec(block_size=full.kv_cache_spec.block_size, num_kv_heads=1,
                                                   head_size=1, dtype=full.kv_cache_spec.dtype,
                                                   attention_chunk_size=case.window)
+        mamba = iface.MambaSpec(block_size=full.kv_cache_spec.block_size, shapes=((1, 1),),
+                                dtypes=(full.kv_cache_spec.dtype,), mamba_cache_mode=case.mamba_mode,
+                                num_speculative_blocks=case.num_spec or 0,
+                                num_prefill_checkpoint_blocks=int(case.mamba_checkpoint is not None),
+                                prefill_checkpoint_alignment=case.mamba_checkpoint)
         groups = {"full": [full], "sw": [iface.KVCacheGroupSpec(["swa"], sw)],
+                  "full_mamba": [full, iface.KVCacheGroupSpec(["mamba"], mamba)],
                   "full_sw": [full, iface.KVCacheGroupSpec(["swa"], sw)],
                   "full_chunked": [full, iface.KVCacheGroupSpec(["chunked"], chunked)]}[case.layout]
         return make_config(num_blocks=num_blocks, kv_cache_tensors=kv_cache_tensors, kv_cache_groups=groups,
@@ -122,7 +139,7 @@ def _scheduler(helpers: Any, case: Case, hybrid: bool) -> Any:
     make_config = helpers.KVCacheConfig
     helpers.KVCacheConfig = _layout(case, make_config)
     try:
-        return helpers.create_scheduler(
+        sched = helpers.create_scheduler(
             enable_prefix_caching=case.caching,
             num_blocks=case.num_blocks,
             block_size=16,
@@ -133,6 +150,11 @@ def _scheduler(helpers: Any, case: Case, hybrid: bool) -> Any:
             speculative_method=("ngram_gpu" if case.async_scheduling else "ngram") if case.num_spec else None,
             async_scheduling=case.async_scheduling,
         )
+        # The scheduler reads the cache mode from its CacheConfig (the
+        # helper's has vLLM's default); align prefills end on block boundaries.
+        sched.cache_config.mamba_cache_mode = case.mamba_mode
+        sched.need_mamba_block_aligned_split = sched.has_mamba_layers and case.mamba_mode == "align"
+        return sched
     finally:
         helpers.KVCacheConfig = make_config
         if hybrid:
@@ -245,7 +267,8 @@ def run_lockstep(helpers: Any, case: Case) -> dict[str, int]:
     assert type(hc.kv_cache_manager).__name__ == "VllmKVCacheManager033"
     groups = stock.kv_cache_config.kv_cache_groups
     assert [type(g.kv_cache_spec).__name__ for g in groups] == [
-        {"full": "FullAttentionSpec", "sw": "SlidingWindowSpec", "chunked": "ChunkedLocalAttentionSpec"}[k]
+        {"full": "FullAttentionSpec", "sw": "SlidingWindowSpec", "chunked": "ChunkedLocalAttentionSpec",
+         "mamba": "MambaSpec"}[k]
         for k in case.layout.split("_")]
     assert stock.kv_cache_manager.coordinator.retention_interval == case.retention
     assert type(stock.kv_cache_manager).__module__.startswith("vllm.")
@@ -254,7 +277,7 @@ def run_lockstep(helpers: Any, case: Case) -> dict[str, int]:
     seen = {"steps": 0, "tokens": 0, "hit_tokens": 0, "preempted": 0, "finished": 0, "drafts": 0,
             "window_frees": 0}
     kinds = case.layout.split("_")
-    sw_group = next((i for i, k in enumerate(kinds) if k in ("sw", "chunked")), None)
+    sw_group = next((i for i, k in enumerate(kinds) if k in ("sw", "chunked", "mamba")), None)
     for step in range(case.steps):
         for s, plan in zip((stock, hc), plans):
             for r in plan.get(step, ()):

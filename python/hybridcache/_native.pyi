@@ -54,6 +54,8 @@ class _GroupArg(Protocol):
     def mamba_cache_mode(self) -> Literal["none", "all", "align"]: ...
     @property
     def num_speculative_blocks(self) -> int: ...
+    @property
+    def mamba_checkpoints(self) -> tuple[int, int, int, bool, bool] | None: ...
 
 class _Request(Protocol):
     """What the manager reads of a request: vLLM 0.23.0's `Request` and
@@ -192,6 +194,11 @@ class NativeManager:
     def _num_cached_blocks(self, request_id: str, group: int) -> int | None:
         """vLLM's `single_type_managers[group].num_cached_block.get(request_id)`:
         the group's blocks cached for a running request, None otherwise."""
+    def _record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """vLLM 0.33.0's `record_blocks_for_zeroing`: the request's blocks from
+        `start_token` on are recorded for zeroing again, in the groups that
+        record new block ids (ValueError if `start_token` is not a multiple
+        of their block size)."""
     def _free_handed_out(self, blocks: Iterable[Any]) -> None:
         """vLLM 0.28+'s `block_pool.free_blocks(blocks)` for blocks
         `_pop_blocks_for_free` handed out (objects with `block_id`, or ids),
@@ -356,8 +363,10 @@ class NativeManager:
         total_computed_tokens: int,
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
+        prefill_end: int | None = None,
     ) -> int:
-        """vLLM's `coordinator.get_num_blocks_to_allocate` (reads only)."""
+        """vLLM's `coordinator.get_num_blocks_to_allocate` (reads only);
+        `prefill_end` only matters to Mamba align checkpoints (None: 0)."""
     def align_state(self, request_id: str, group: int) -> tuple[int | None, bool] | None:
         """Mamba align state of a request in a group:
         (last_state_block_idx or None, allocated), or None."""

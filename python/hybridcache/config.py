@@ -247,6 +247,10 @@ class NativeGroup:
     window_or_chunk: int
     mamba_cache_mode: MambaCacheMode
     num_speculative_blocks: int
+    # Mamba align prefill checkpoints (vLLM 0.29+): (alignment,
+    # hash_block_size, num_hash_lookahead_tokens, drop_eagle_block,
+    # only_at_prefill_end), or None; set by the 0.33.0 facade.
+    mamba_checkpoints: tuple[int, int, int, bool, bool] | None = None
 
 
 @dataclass(frozen=True)

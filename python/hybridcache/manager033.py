@@ -15,8 +15,10 @@ SinkFullAttentionSpec, which 0.33.0 manages as plain full attention),
 sliding window (SlidingWindowSpec, SlidingWindowMLASpec) and chunked local
 attention (ChunkedLocalAttentionSpec), one group or several, with 0.33.0's
 sparse retention (`prefix_cache_retention_interval`) for the
-sliding-window groups. Other layouts (Mamba, R-SWA, circular buffers,
-cross attention), full-attention blocks wider than the
+sliding-window groups; Mamba groups (none / align, with speculative and
+prefill checkpoint blocks) beside full attention with prefix caching off.
+Other layouts (Mamba with prefix caching, R-SWA, circular buffers, cross
+attention), full-attention blocks wider than the
 hash block with caching (0.33.0 caches partial tails there) and
 mixed-precision caches (which 0.33.0 zeroes) raise NotImplementedError
 naming them.
@@ -25,12 +27,13 @@ naming them.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from hybridcache.block_pool import BlockPoolView
 from hybridcache.blocks import BlockView, KVCacheBlocks
 from hybridcache.config import read_groups
-from hybridcache.coordinator import CoordinatorView, SingleTypeManagerView
+from hybridcache.coordinator import CoordinatorView, SingleTypeManagerView, _group_block_ids
 from hybridcache.manager import KVCacheManager, _positive_int
 
 RELEASE = "0.33.0"
@@ -41,17 +44,17 @@ RELEASE = "0.33.0"
 _FULL_ATTENTION_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "HiddenStateCacheSpec", "SinkFullAttentionSpec")
 _SLIDING_WINDOW_SPECS = ("SlidingWindowSpec", "SlidingWindowMLASpec")
 _CHUNKED_LOCAL_SPECS = ("ChunkedLocalAttentionSpec",)
+_MAMBA_SPECS = ("MambaSpec",)
 _REFUSED_SPECS = {
     "RSWASpec": "R-SWA (RSWASpec)",
     "CircularBufferSpec": "circular buffers (CircularBufferSpec)",
-    "MambaSpec": "Mamba (MambaSpec)",
     "CrossAttentionSpec": "cross attention (CrossAttentionSpec)",
 }
 
 
 def _layout_kind(spec: Any) -> str | None:
-    """"full", "sliding_window", "chunked_local", or None (refused or
-    unknown)."""
+    """"full", "sliding_window", "chunked_local", "mamba", or None
+    (refused or unknown)."""
     for cls in type(spec).__mro__:
         if cls.__name__ in _REFUSED_SPECS:
             return None
@@ -61,6 +64,8 @@ def _layout_kind(spec: Any) -> str | None:
             return "sliding_window"
         if cls.__name__ in _CHUNKED_LOCAL_SPECS:
             return "chunked_local"
+        if cls.__name__ in _MAMBA_SPECS:
+            return "mamba"
     return None
 
 
@@ -89,7 +94,7 @@ def _check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bo
             raise NotImplementedError(
                 f"kv_cache_groups[{i}]: {_refused_name(spec)} is not supported by hybridcache's vLLM "
                 "0.33.0 facade yet (it covers full attention, sliding window and chunked local "
-                "groups); Mamba layouts run on vLLM 0.23.0 with hybridcache"
+                "groups, and Mamba beside full attention without prefix caching)"
             )
         if getattr(spec, "prefix_cacheable", True) is False:
             raise NotImplementedError(
@@ -113,13 +118,40 @@ def _check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bo
                 f"kv_cache_groups[{i}]: extra_retained_tokens={extra} (multi-module "
                 "MTP) is not supported by hybridcache's vLLM 0.33.0 facade yet"
             )
+        if kind == "mamba" and getattr(spec, "mamba_cache_mode", "none") == "align":
+            if enable_caching and block_size != hash_block_size:
+                raise NotImplementedError(
+                    f"kv_cache_groups[{i}]: a Mamba align block of {block_size} tokens over hash blocks of "
+                    f"{hash_block_size} (vLLM 0.33.0's partial hash hits with copy-on-write) is not "
+                    "supported by hybridcache's vLLM 0.33.0 facade yet"
+                )
         kinds.append(kind)
-    if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
+    _check_mamba_layout(kinds, enable_caching)
+    if getattr(kv_cache_config, "has_mixed_precision_kv_cache", False):
         raise NotImplementedError(
             "a mixed-precision KV cache (vLLM 0.33.0 zeroes new blocks for it: needs_kv_cache_zeroing) "
             "is not supported by hybridcache's vLLM 0.33.0 facade yet"
         )
     return kinds
+
+
+def _check_mamba_layout(kinds: list[str], enable_caching: bool) -> None:
+    """Mamba groups are covered beside full-attention groups only, with
+    prefix caching off (0.33.0's KVCacheCoordinatorNoPrefixCache)."""
+    if "mamba" not in kinds:
+        return
+    others = sorted(set(kinds) - {"mamba", "full"})
+    if others:
+        raise NotImplementedError(
+            f"Mamba groups beside {', '.join(others)} groups are not supported by hybridcache's vLLM "
+            "0.33.0 facade yet (it covers Mamba beside full attention, without prefix caching)"
+        )
+    if enable_caching:
+        raise NotImplementedError(
+            "Mamba prefix caching (align-mode prefill checkpoints in the cache, partial hash hits with "
+            "copy-on-write, boundary-state offloads) is not supported by hybridcache's vLLM 0.33.0 "
+            "facade yet; run with enable_prefix_caching=False, or on vLLM 0.23.0"
+        )
 
 
 def _check_retention(kv_cache_config: Any, scheduler_block_size: int, kinds: list[str]) -> int | None:
@@ -129,7 +161,7 @@ def _check_retention(kv_cache_config: Any, scheduler_block_size: int, kinds: lis
     interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
     if interval is None:
         return None
-    if "sliding_window" not in kinds:
+    if "sliding_window" not in kinds and "mamba" not in kinds:
         if interval == 0:
             return None
         raise ValueError(
@@ -142,7 +174,8 @@ def _check_retention(kv_cache_config: Any, scheduler_block_size: int, kinds: lis
             f"prefix_cache_retention_interval ({interval}) must be non-negative and a multiple of "
             f"scheduler_block_size ({scheduler_block_size})."
         )
-    return int(interval)
+    # Mamba groups are covered without prefix caching only: nothing to retain.
+    return int(interval) if "sliding_window" in kinds else None
 
 
 def _context_parallel_033(kv_cache_config: Any, dcp_world_size: int, pcp_world_size: int) -> tuple[int, int]:
@@ -241,10 +274,16 @@ class KVCacheManager033(KVCacheManager):
                 f"Multi-module MTP with prefix caching requires scheduler_block_size"
                 f" (={scheduler_block_size}) >= num_speculative_tokens (={num_prefill_lookahead})."
             )
-        # 0.33.0 records new block ids only for worker-side zeroing, which
-        # needs Mamba groups or mixed-precision KV (both refused above).
-        groups = [type(g)(native=_without_new_block_ids(g.native), event_kind=g.event_kind,
-                          sliding_window=g.sliding_window) for g in groups]
+        # 0.33.0 records new block ids only for worker-side zeroing (Mamba
+        # groups; mixed-precision KV is refused above), then for every
+        # attention group.
+        zeroing = "mamba" in kinds
+        specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+        checkpoints = _mamba_checkpoints(kv_cache_config, hash_block_size, num_hash_lookahead_tokens, use_eagle)
+        groups = [type(g)(native=replace(_records_new_block_ids(g.native, zeroing, spec),
+                                         mamba_checkpoints=checkpoints(spec)),
+                          event_kind=g.event_kind, sliding_window=g.sliding_window)
+                  for g, spec in zip(groups, specs)]
         self = cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
                           enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE,
                           retention_interval=retention,
@@ -263,6 +302,7 @@ class KVCacheManager033(KVCacheManager):
     def _init_033(self, groups: list[Any], hash_block_size: int, watermark: float,
                   num_hash_lookahead_tokens: int, log_stats: bool) -> None:
         self._group_infos = groups
+        self._specs = [g.kv_cache_spec for g in self.kv_cache_config.kv_cache_groups]
         self._hash_block_size = hash_block_size
         # Tokens per block of each group, as the core sizes them (dcp scales them).
         self._block_sizes = [g.native.block_size * self.dcp_world_size for g in groups]
@@ -365,11 +405,16 @@ class KVCacheManager033(KVCacheManager):
 
     def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
         """The request's block ids covering its first `num_computed_tokens`
-        tokens, per group."""
+        tokens, per group; all of them for a group whose blocks are not
+        token positions (Mamba state, cross-attention, encoder-only)."""
         # vLLM clips by the spec's own block size, not the dcp-scaled one
         # (kv_cache_manager.py L756): with dcp > 1 that keeps more ids.
-        sizes = [g.native.block_size for g in self._groups]
-        return tuple(ids[: -(-num_computed_tokens // bs)] for ids, bs in zip(self.get_block_ids(request_id), sizes))
+        out = []
+        for ids, g, spec in zip(self.get_block_ids(request_id), self._groups, self._specs):
+            names = {cls.__name__ for cls in type(spec).__mro__}
+            positional = "AttentionSpec" in names and not names & {"CrossAttentionSpec", "EncoderOnlyAttentionSpec"}
+            out.append(ids[: -(-num_computed_tokens // g.native.block_size)] if positional else ids)
+        return tuple(out)
 
     def estimate_cached_tokens(self, request: Any) -> int:
         """Tokens of the request's prefix its cached blocks cover (the
@@ -397,8 +442,11 @@ class KVCacheManager033(KVCacheManager):
         return self.create_kv_cache_blocks(tuple(out))
 
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """Re-records blocks for worker-side zeroing: no group of a
-        full-attention model records new block ids in 0.33.0, so nothing."""
+        """Re-records the request's blocks from `start_token` on for
+        worker-side zeroing (a failed async KV load left them unwritten), in
+        the groups that record new block ids (none without Mamba groups).
+        ValueError if `start_token` is not block-aligned there."""
+        self._record_blocks_for_zeroing(request_id, start_token)
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[BlockView]]:
         """Copy-on-write copies of partial hits (none: a full-attention
@@ -426,10 +474,32 @@ class KVCacheManager033(KVCacheManager):
         return self._group_infos
 
 
-def _without_new_block_ids(native: Any) -> Any:
-    from dataclasses import replace
+def _mamba_checkpoints(kv_cache_config: Any, hash_block_size: int, num_hash_lookahead_tokens: int,
+                       use_eagle: bool) -> Any:
+    """What decides a Mamba align group's prefill checkpoints, per spec
+    (None: it reserves none): the spec's `num_prefill_checkpoint_blocks` and
+    `prefill_checkpoint_alignment`, and the manager settings 0.33.0 reads
+    (`drop_eagle_checkpoint_block` is `use_eagle`; with retention 0 only
+    the chunk reaching the prefill end checkpoints)."""
+    only_at_end = getattr(kv_cache_config, "prefix_cache_retention_interval", None) == 0
 
-    return replace(native, reports_new_block_ids=False)
+    def of(spec: Any) -> tuple[int, int, int, bool, bool] | None:
+        alignment = getattr(spec, "prefill_checkpoint_alignment", None)
+        if (getattr(spec, "mamba_cache_mode", None) != "align" or not getattr(spec, "num_prefill_checkpoint_blocks", 0)
+                or alignment is None):
+            return None
+        return (int(alignment), int(hash_block_size), int(num_hash_lookahead_tokens), bool(use_eagle), only_at_end)
+
+    return of
+
+
+def _records_new_block_ids(native: Any, zeroing: bool, spec: Any) -> Any:
+    """0.33.0's rule: a group records its new block ids for the worker to
+    zero when the config needs zeroing and its spec is an attention spec
+    (not a circular buffer)."""
+    names = {cls.__name__ for cls in type(spec).__mro__}
+    records = zeroing and "AttentionSpec" in names and "CircularBufferSpec" not in names
+    return replace(native, reports_new_block_ids=records)
 
 
 class BlockPoolView033(BlockPoolView):
@@ -494,11 +564,14 @@ class CoordinatorView033(CoordinatorView):
         apply_admission_cap: bool = False,
         prefill_end: int = 0,
     ) -> int:
-        """0.33.0's count (`prefill_end` only matters to Mamba align)."""
-        return super().get_num_blocks_to_allocate(
-            request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
-            total_computed_tokens, num_tokens_main_model, apply_admission_cap,
-        )
+        """0.33.0's count (`prefill_end` only matters to Mamba align
+        checkpoints; 0.33.0 ignores it unless the retention interval is 0)."""
+        if self.retention_interval != 0:
+            prefill_end = 0
+        return int(self._native.get_num_blocks_to_allocate(
+            request_id, num_tokens, _group_block_ids(new_computed_blocks, self._num_groups), num_encoder_tokens,
+            total_computed_tokens, num_tokens_main_model, bool(apply_admission_cap), prefill_end,
+        ))
 
     def reset_prefix_cache(self) -> bool:
         """Resets the pool's prefix cache (the manager's call)."""

@@ -109,6 +109,12 @@ NOT_IMPLEMENTED: tuple[str, ...] = ()
 # wider than the hash block with caching, mixed-precision zeroing, dcp/pcp,
 # multi-module MTP), or a read-only view's AttributeError naming a
 # vLLM internal it does not provide. Any other failure is a divergence.
+# The Mamba files (test_mamba_align_chunk_split.py: 12 cases,
+# prefix_cache/test_mamba_eagle_resume_checkpoint.py: 13) that build a
+# manager all run Mamba align WITH prefix caching over hash blocks finer
+# than the Mamba (or full-attention) block: partial hash hits with
+# copy-on-write and prefill checkpoints, refused by name. The facade covers
+# Mamba without prefix caching, which none of their cases uses.
 UNSUPPORTED_FEATURES: tuple[str, ...] = (
     "hybridcache's vLLM 0.33.0 support needs at least one KV cache group",
     "not supported by hybridcache's vLLM 0.33.0 facade yet",

@@ -61,6 +61,9 @@ class GroupSpec:
     mamba_cache_mode: str | None = None
     num_speculative_blocks: int = 0
     is_eagle_group: bool = False
+    # vLLM 0.29+'s Mamba align prefill checkpoints (num_prefill_checkpoint_blocks
+    # = 1 with this prefill_checkpoint_alignment); None: none.
+    mamba_checkpoint_alignment: int | None = None
 
     def __post_init__(self) -> None:
         kind = _KIND_ALIASES.get(self.kind)
@@ -246,6 +249,8 @@ def vllm_kv_cache_config(groups: Sequence[GroupSpec], num_blocks: int) -> Any:
                 dtypes=(torch.float32,),
                 mamba_cache_mode=g.mamba_cache_mode,
                 num_speculative_blocks=g.num_speculative_blocks,
+                **({} if g.mamba_checkpoint_alignment is None else
+                   {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": g.mamba_checkpoint_alignment}),
             )
         specs.append(iface.KVCacheGroupSpec([f"layer{i}"], spec, is_eagle_group=g.is_eagle_group))
     return iface.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=specs)

@@ -103,6 +103,9 @@ class Driver033(Driver):
             self.f.count("sparse_retention_setups")
         if setup.prefill_lookahead > 1:
             self.f.count("mtp_setups")  # multi-module MTP: re-prefillable tokens
+        for g in setup.groups:
+            if g.kind == "mamba":
+                self.f.count(f"mamba_{g.mode}_groups")
 
     # -- helpers --------------------------------------------------------------
 
@@ -429,13 +432,23 @@ class Driver033(Driver):
         if q is None:
             return
         r: Any = q.req
-        if c.chance(0.3):
+        failed = c.chance(0.3)
+        zeroing = failed and any(g.kind == "mamba" for g in self.s.groups)
+        if failed:
             r.num_computed_tokens = c.randint(0, q.load_target) if c.chance(0.5) else 0
+            if zeroing:
+                # The valid prefix ends on a block boundary (the first invalid block).
+                r.num_computed_tokens -= r.num_computed_tokens % self.s.scheduler_block_size
             self.f.count("load_failures")
         n = r.num_computed_tokens
         self.note(f"finish_load {r.request_id} -> {n} of {q.load_target}")
         if n:
             self.both(f"cache_blocks({r.request_id}, {n})", lambda m: m.cache_blocks(r, n))
+            if zeroing:
+                # Models with Mamba layers zero what the load left unwritten (scheduler L3483-3489).
+                self.both(f"record_blocks_for_zeroing({r.request_id}, {n})",
+                          lambda m: m.record_blocks_for_zeroing(r.request_id, n))
+                self.f.count("zeroing_rerecords")
         else:
             # No valid computed tokens: the scheduler frees the blocks.
             self.both(f"free({r.request_id})", lambda m: m.free(r))

@@ -47,6 +47,7 @@ class Group:
     param: int = 0  # window / chunk size
     mode: str = "none"  # mamba cache mode
     num_spec: int = 0
+    checkpoint: int | None = None  # Mamba align prefill checkpoint alignment (0.29+)
 
 
 @dataclass
@@ -88,6 +89,7 @@ class Setup:
     def describe(self) -> str:
         gs = ",".join(
             f"{g.kind}@{g.block_size}" + (f":{g.param}" if g.param else "") + (f":{g.mode}/{g.num_spec}" if g.kind == "mamba" else "")
+            + (f"/ckpt{g.checkpoint}" if g.checkpoint else "")
             for g in self.groups
         )
         text = (
@@ -207,6 +209,7 @@ def group_specs(s: Setup) -> tuple[GroupSpec, ...]:
             attention_chunk_size=g.param if g.kind == "chunked" else None,
             mamba_cache_mode=g.mode if g.kind == "mamba" else None,
             num_speculative_blocks=g.num_spec if g.kind == "mamba" else 0,
+            mamba_checkpoint_alignment=g.checkpoint if g.kind == "mamba" else None,
         )
         for g in s.groups
     )

@@ -219,9 +219,21 @@ class V033(ReleaseApi):
         retention = None
         if caching and any(g.kind in ("sw", "mamba") for g in s.groups):
             retention = rng.choice((None, 0, 0, s.scheduler_block_size, 2 * s.scheduler_block_size))
+        elif any(g.kind == "mamba" for g in s.groups):
+            # Without caching retention only moves Mamba checkpoints (0: the prefill end's only).
+            retention = rng.choice((None, 0))
         s = dataclasses.replace(s, metrics_sample_rate=None, retention=retention)
-        # 0.33.0 knows Mamba cache modes "align" and "none" only ("all" is gone).
-        groups = tuple(dataclasses.replace(g, mode="align") if g.mode == "all" else g for g in s.groups)
+        # 0.33.0 knows Mamba cache modes "align" and "none" only ("all" is gone);
+        # without prefix caching either may be configured (align needs no cache).
+        has_mamba = any(g.kind == "mamba" for g in s.groups)
+        mamba_mode = "align" if caching or (has_mamba and rng.random() < 0.5) else "none"
+        # Mamba2 / GDN layers export prefill checkpoints (0.29+); others do not.
+        # Drawn without caching only: with it vLLM 0.33.0 can raise an
+        # AssertionError in cache_blocks (sw_mamba, self-check seed 33), and
+        # the facade covers Mamba without prefix caching.
+        checkpoint = rng.choice((None, 1, s.hash_block_size)) if mamba_mode == "align" and not caching else None
+        groups = tuple(dataclasses.replace(g, mode=mamba_mode, checkpoint=checkpoint) if g.kind == "mamba" else g
+                       for g in s.groups)
         s = dataclasses.replace(s, groups=groups)
         sbs = s.scheduler_block_size
         use_eagle, spec, hash_la, prefill_la = False, 0, 0, 0

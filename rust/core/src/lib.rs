@@ -35,7 +35,7 @@ pub use kv_cache_manager::{
 pub use mamba_plan::PreRow;
 pub use new_blocks::NewBlocks;
 pub use profile::BehaviourProfile;
-pub use spec::{GroupSpec, MambaMode, SpecKind};
+pub use spec::{GroupSpec, MambaCheckpoints, MambaMode, SpecKind};
 
 /// Block ids are u32; block 0 is the null block.
 pub type BlockId = u32;

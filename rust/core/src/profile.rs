@@ -10,6 +10,8 @@
 //! - `free_policy`: `group_manager` (window frees and request frees choose
 //!   the free-queue end through it);
 //! - `new_block_ids`: `group_manager` (which groups record new block ids);
+//! - `mamba`: `group_manager` (window frees, the no-op decode check and
+//!   horizon) and `attention::mamba` (`allocate_align_blocks`);
 //! - `common_prefix`: `kv_cache_manager` (`get_num_common_prefix_blocks`);
 //! - `stats`: `kv_cache_manager::stats` (which lookups are counted);
 //! - `hashing`: `block_hasher` (`extra_keys`: how LoRA / mm / cache salt
@@ -232,6 +234,43 @@ pub enum HybridHit {
     EveryFullTruncated,
 }
 
+/// Mamba's rules that changed between releases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MambaRules {
+    /// 0.23.0: window frees take every draft token as rejected (the
+    /// computed count less `num_speculative_blocks`); an align table's
+    /// frees stop at the first null block below the window.
+    DraftsRejected,
+    /// 0.29+ (0.33.0): window frees follow the processed tokens alone
+    /// (see `frees_on_processed_tokens`); an align table's frees pass over
+    /// the null gaps prefill leaves (`_remove_blocks_in_range` down to the
+    /// retired blocks); a request counts as allocated after its first
+    /// allocation call, even one that needed no block.
+    ProcessedTokensNullGaps,
+}
+
+impl MambaRules {
+    /// Window frees subtract the speculative block count from the tokens.
+    #[inline]
+    pub(crate) fn drafts_rejected(self) -> bool {
+        matches!(self, MambaRules::DraftsRejected)
+    }
+
+    /// Align frees pass over null blocks instead of stopping at one.
+    #[inline]
+    pub(crate) fn align_frees_skip_nulls(self) -> bool {
+        matches!(self, MambaRules::ProcessedTokensNullGaps)
+    }
+
+    /// An align allocation that needs no block still marks the request
+    /// allocated (its next round reuses the speculative blocks).
+    #[inline]
+    pub(crate) fn allocated_on_any_call(self) -> bool {
+        matches!(self, MambaRules::ProcessedTokensNullGaps)
+    }
+}
+
 /// Which groups record the ids of new blocks (`take_new_block_ids`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -288,6 +327,7 @@ pub struct BehaviourProfile {
     /// hashes the scheduler turns it off); 0.23.0 drops for them always.
     pub eagle_drop_needs_use_eagle: bool,
     pub block_hash_view: BlockHashView,
+    pub mamba: MambaRules,
 }
 
 impl BehaviourProfile {
@@ -308,6 +348,7 @@ impl BehaviourProfile {
         two_phase_external: false,
         eagle_drop_needs_use_eagle: false,
         block_hash_view: BlockHashView::Concatenated,
+        mamba: MambaRules::DraftsRejected,
     };
 
     /// vLLM 0.33.0 (reference §4.1's feature table, last row). Hashing's
@@ -331,6 +372,7 @@ impl BehaviourProfile {
         two_phase_external: true,
         eagle_drop_needs_use_eagle: true,
         block_hash_view: BlockHashView::LastHashBlock,
+        mamba: MambaRules::ProcessedTokensNullGaps,
     };
 
     /// Every profile, oldest release first.

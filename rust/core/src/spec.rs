@@ -47,6 +47,25 @@ pub struct GroupSpec {
     /// Per-request admission cap in blocks (sliding window, chunked local),
     /// as the spec's `max_admission_blocks_per_request` gives it.
     pub admission_cap: Option<usize>,
+    /// Mamba align prefill checkpoint blocks (vLLM 0.29+'s
+    /// `num_prefill_checkpoint_blocks > 0`, with an alignment): a chunk may
+    /// reserve the block before its running state for an exported state.
+    pub mamba_checkpoints: Option<MambaCheckpoints>,
+}
+
+/// What decides a Mamba align prefill checkpoint (vLLM 0.33.0's
+/// `_needs_internal_checkpoint` and `get_mamba_prefill_checkpoint_position`):
+/// the spec's alignment and the manager's settings it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MambaCheckpoints {
+    /// `prefill_checkpoint_alignment` (> 0).
+    pub alignment: u32,
+    pub hash_block_size: u32,
+    pub num_hash_lookahead_tokens: u32,
+    /// `drop_eagle_checkpoint_block` (the manager's `use_eagle`).
+    pub drop_eagle_block: bool,
+    /// Only the chunk reaching the prefill end checkpoints (retention 0).
+    pub only_at_prefill_end: bool,
 }
 
 impl GroupSpec {
@@ -59,6 +78,7 @@ impl GroupSpec {
             reports_new_block_ids,
             spec_class: u32::MAX,
             admission_cap: None,
+            mamba_checkpoints: None,
         }
     }
 

@@ -3,7 +3,9 @@
 //! scheduler-recorded stats and adopt-only steps. The same scenarios run
 //! against vLLM 0.33.0 itself in the Python differential tests.
 
-use hybridcache_core::{AllocateArgs, BehaviourProfile, GroupSpec, KvCacheManager, ManagerConfig};
+use hybridcache_core::{
+    AllocateArgs, BehaviourProfile, GroupSpec, KvCacheManager, MambaMode, ManagerConfig, SpecKind,
+};
 
 fn manager(num_blocks: u32, caching: bool) -> KvCacheManager {
     KvCacheManager::new(ManagerConfig {
@@ -144,6 +146,62 @@ fn watermark_keeps_blocks_free() {
         ..args
     };
     assert!(m.allocate_slots("r0", &args, None).unwrap().is_some());
+}
+
+fn full_and_mamba(
+    profile: BehaviourProfile,
+    mode: MambaMode,
+    num_speculative_blocks: u32,
+) -> KvCacheManager {
+    KvCacheManager::new(ManagerConfig {
+        num_blocks: 40,
+        groups: vec![
+            GroupSpec::full_attention(4),
+            GroupSpec::new(
+                SpecKind::Mamba {
+                    mode,
+                    num_speculative_blocks,
+                },
+                4,
+            ),
+        ],
+        max_model_len: 1024,
+        scheduler_block_size: 4,
+        hash_block_size: 4,
+        profile,
+        dcp_world_size: 1,
+        pcp_world_size: 1,
+        retention_interval: None,
+        enable_caching: false,
+        use_eagle: false,
+        enable_events: false,
+    })
+    .unwrap()
+}
+
+#[test]
+fn mamba_window_frees_count_drafts_as_rejected_only_in_0_23() {
+    // 13 computed tokens, 2 speculative blocks: 0.23.0 frees below
+    // (13 - 2 - 1) / 4 = 2 blocks, 0.33.0 below (13 - 1) / 4 = 3.
+    for (profile, freed) in [(BehaviourProfile::V0_23, 2), (BehaviourProfile::V0_33, 3)] {
+        let mut m = full_and_mamba(profile, MambaMode::None, 2);
+        prefill(&mut m, "r", 13);
+        let before = m.get_block_ids("r")[1].clone();
+        m.remove_skipped_blocks("r", 13);
+        let after = &m.get_block_ids("r")[1];
+        let nulls = after.iter().take_while(|&&b| b == 0).count();
+        assert_eq!(
+            (before.len(), nulls),
+            (cdiv(13, 4) + 2, freed),
+            "{}",
+            profile.release
+        );
+        m.check_invariants().unwrap();
+    }
+}
+
+fn cdiv(a: usize, b: usize) -> usize {
+    a.div_ceil(b)
 }
 
 fn hybrid(

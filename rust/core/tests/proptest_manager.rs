@@ -20,8 +20,8 @@
 //! `cargo test -p hybridcache-core` stays fast in debug builds).
 
 use hybridcache_core::{
-    AllocateArgs, GroupSpec, HashUpdate, KvCacheManager, MambaMode, ManagerConfig, SpecKind,
-    NULL_BLOCK,
+    AllocateArgs, BehaviourProfile, GroupSpec, HashUpdate, KvCacheManager, MambaCheckpoints,
+    MambaMode, ManagerConfig, SpecKind, NULL_BLOCK,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};
@@ -39,9 +39,15 @@ enum Mix {
     FullChunked,
     /// Full attention with dcp 2 x pcp 2: blocks of 16 tokens.
     FullContextParallel,
+    /// vLLM 0.33.0's profile: full attention + Mamba align with two
+    /// speculative blocks, with or without caching (0.33.0 runs align
+    /// without a prefix cache too).
+    FullMambaAlign033,
+    /// The same with prefill checkpoint blocks (alignment 1).
+    FullMambaAlignCheckpoints033,
 }
 
-const ALL_MIXES: [Mix; 7] = [
+const ALL_MIXES: [Mix; 9] = [
     Mix::Full,
     Mix::FullSw,
     Mix::FullMambaAlignSpec,
@@ -49,6 +55,8 @@ const ALL_MIXES: [Mix; 7] = [
     Mix::FullMamba3,
     Mix::FullChunked,
     Mix::FullContextParallel,
+    Mix::FullMambaAlign033,
+    Mix::FullMambaAlignCheckpoints033,
 ];
 
 const MAX_MODEL_LEN: usize = 96;
@@ -117,11 +125,28 @@ fn mix_groups(mix: Mix, caching: bool) -> (Vec<GroupSpec>, u32, u32) {
         Mix::FullChunked => (vec![GroupSpec::full_attention(4), chunked(8, 4)], 8, 4),
         // vLLM's scheduler passes block_size * dcp * pcp for both sizes.
         Mix::FullContextParallel => (vec![GroupSpec::full_attention(4)], 16, 16),
+        Mix::FullMambaAlign033 => (
+            vec![GroupSpec::full_attention(4), mamba(MambaMode::Align, 2, 4)],
+            4,
+            4,
+        ),
+        Mix::FullMambaAlignCheckpoints033 => {
+            let mut m = mamba(MambaMode::Align, 2, 4);
+            m.mamba_checkpoints = Some(MambaCheckpoints {
+                alignment: 1,
+                hash_block_size: 4,
+                num_hash_lookahead_tokens: 0,
+                drop_eagle_block: false,
+                only_at_prefill_end: false,
+            });
+            (vec![GroupSpec::full_attention(4), m], 4, 4)
+        }
     }
 }
 
 fn is_align_mix(mix: Mix, caching: bool) -> bool {
-    caching && matches!(mix, Mix::FullMambaAlignSpec | Mix::FullMamba3)
+    mix == Mix::FullMambaAlign033
+        || caching && matches!(mix, Mix::FullMambaAlignSpec | Mix::FullMamba3)
 }
 
 fn make_manager(
@@ -138,7 +163,14 @@ fn make_manager(
         max_model_len: MAX_MODEL_LEN,
         scheduler_block_size: sbs,
         hash_block_size: hbs,
-        profile: Default::default(),
+        profile: if matches!(
+            mix,
+            Mix::FullMambaAlign033 | Mix::FullMambaAlignCheckpoints033
+        ) {
+            BehaviourProfile::V0_33
+        } else {
+            Default::default()
+        },
         enable_caching: caching,
         use_eagle: eagle,
         enable_events: true,
@@ -443,6 +475,7 @@ impl Machine {
                     total_computed,
                     full,
                     true,
+                    0,
                 )
                 .map_err(|e| TestCaseError::fail(format!("get_num_blocks_to_allocate: {e}")))?;
             need > self.m.pool().num_free_blocks() as i64
@@ -476,6 +509,8 @@ impl Machine {
                         | Mix::FullChunked
                         | Mix::FullMambaAlignSpec
                         | Mix::FullMamba3
+                        | Mix::FullMambaAlign033
+                        | Mix::FullMambaAlignCheckpoints033
                 ) {
                     prop_assert_eq!(&after, &before, "Ok(None) changed state (full attention)");
                 }
@@ -931,6 +966,8 @@ mix_tests! {
     full_sw_retention_2: Mix::FullSw, true, Some(16);
     full_sw_retention_0: Mix::FullSw, true, Some(0);
     sw_mamba_retention_3: Mix::SwMamba, true, Some(12);
+    full_mamba_align_0_33_no_caching: Mix::FullMambaAlign033, false;
+    full_mamba_align_checkpoints_0_33_no_caching: Mix::FullMambaAlignCheckpoints033, false;
 }
 
 #[test]
@@ -1037,7 +1074,7 @@ fn mamba_align_external_tokens_out_of_blocks_is_none() {
     let empty = vec![Vec::new(); 2];
     // Counted: 4 (full 3, mamba 1); taken: 5 (mamba: 1 for the external tokens + 1).
     assert_eq!(
-        m.get_num_blocks_to_allocate("r", 9, &empty, 0, 8, 9, false)
+        m.get_num_blocks_to_allocate("r", 9, &empty, 0, 8, 9, false, 0)
             .unwrap(),
         4
     );

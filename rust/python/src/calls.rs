@@ -135,10 +135,10 @@ impl NativeManager {
         let py = slf.py();
         let rid = request_id(request)?;
         let new_computed = Self::computed_ids(slf, opt.new_computed_blocks)?;
-        if let Some(groups) = opt.skip_zeroing_group_ids {
-            slf.borrow()
-                .check_group_ids("skip_zeroing_group_ids", groups)?;
-        }
+        let skip_zeroing_groups = match opt.skip_zeroing_group_ids {
+            Some(groups) => slf.borrow().group_mask("skip_zeroing_group_ids", groups)?,
+            None => 0,
+        };
         let watermark_blocks = if opt.has_scheduled_reqs {
             slf.borrow().watermark_for(request)?
         } else {
@@ -166,6 +166,7 @@ impl NativeManager {
             full_sequence_must_fit: opt.full_sequence_must_fit,
             reserved_blocks: opt_count("reserved_blocks", opt.reserved_blocks)?,
             watermark_blocks,
+            skip_zeroing_groups,
             // Read in `allocate_general`, if the core wants them.
             num_prompt_tokens: None,
             shared_prefix_boundary: None,

@@ -1,7 +1,7 @@
 //! Conversions between Python objects and core arguments, with errors that
 //! name the offending argument. No allocation decision is made here.
 
-use hybridcache_core::{CoreError, GroupSpec, HashUpdate, MambaMode, SpecKind};
+use hybridcache_core::{CoreError, GroupSpec, HashUpdate, MambaCheckpoints, MambaMode, SpecKind};
 use pyo3::exceptions::{
     PyKeyError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError,
 };
@@ -149,6 +149,9 @@ pub struct GroupRecord {
     window_or_chunk: i64,
     mamba_cache_mode: String,
     num_speculative_blocks: i64,
+    /// (alignment, hash_block_size, num_hash_lookahead_tokens,
+    /// drop_eagle_block, only_at_prefill_end), or None.
+    mamba_checkpoints: Option<(i64, i64, i64, bool, bool)>,
 }
 
 pub fn parse_group(i: usize, g: GroupRecord) -> PyResult<GroupSpec> {
@@ -162,6 +165,7 @@ pub fn parse_group(i: usize, g: GroupRecord) -> PyResult<GroupSpec> {
         window_or_chunk: param,
         mamba_cache_mode: mode,
         num_speculative_blocks: num_spec,
+        mamba_checkpoints,
     } = g;
     let field = |f: &str| format!("kv_cache_groups[{i}].{f}");
     let kind = match kind.as_str() {
@@ -200,6 +204,29 @@ pub fn parse_group(i: usize, g: GroupRecord) -> PyResult<GroupSpec> {
         reports_new_block_ids,
         spec_class: u32_arg(&field("spec_class"), spec_class)?,
         admission_cap: cap.map(|c| count(&field("admission_cap"), c)).transpose()?,
+        mamba_checkpoints: mamba_checkpoints
+            .map(
+                |(alignment, hbs, lookahead, drop_eagle_block, only_at_prefill_end)| {
+                    let positive = |name: &str, v: i64| match u32_arg(&field(name), v)? {
+                        0 => Err(PyValueError::new_err(format!(
+                            "{} must be > 0",
+                            field(name)
+                        ))),
+                        v => Ok(v),
+                    };
+                    Ok::<_, PyErr>(MambaCheckpoints {
+                        alignment: positive("prefill_checkpoint_alignment", alignment)?,
+                        hash_block_size: positive("hash_block_size", hbs)?,
+                        num_hash_lookahead_tokens: u32_arg(
+                            &field("num_hash_lookahead_tokens"),
+                            lookahead,
+                        )?,
+                        drop_eagle_block,
+                        only_at_prefill_end,
+                    })
+                },
+            )
+            .transpose()?,
     })
 }
 

@@ -233,6 +233,20 @@ impl NativeManager {
         self.pop_handed_out(request_id)
     }
 
+    /// 0.33.0's `record_blocks_for_zeroing(request_id, start_token)`: the
+    /// request's blocks from `start_token` on, recorded for zeroing again
+    /// in the groups that record new block ids.
+    fn _record_blocks_for_zeroing(
+        &mut self,
+        request_id: &str,
+        start_token: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let start = count_obj("start_token", start_token)?;
+        self.inner
+            .record_blocks_for_zeroing(request_id, start)
+            .map_err(to_py_err)
+    }
+
     /// 0.28+'s `block_pool.free_blocks(blocks)` for blocks
     /// `_pop_blocks_for_free` handed out (objects with `block_id`, or ids),
     /// in eviction order; ValueError (nothing freed) for any other block.
@@ -458,7 +472,8 @@ impl NativeManager {
 
     /// vLLM's `coordinator.get_num_blocks_to_allocate` (reads only).
     #[pyo3(signature = (request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
-                        total_computed_tokens, num_tokens_main_model, apply_admission_cap=false))]
+                        total_computed_tokens, num_tokens_main_model, apply_admission_cap=false,
+                        prefill_end=None))]
     #[allow(clippy::too_many_arguments)]
     fn get_num_blocks_to_allocate(
         &self,
@@ -469,6 +484,7 @@ impl NativeManager {
         total_computed_tokens: &Bound<'_, PyAny>,
         num_tokens_main_model: &Bound<'_, PyAny>,
         apply_admission_cap: bool,
+        prefill_end: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<i64> {
         let nc = block_ids(
             new_computed_blocks,
@@ -481,9 +497,18 @@ impl NativeManager {
             count_obj("total_computed_tokens", total_computed_tokens)?,
             count_obj("num_tokens_main_model", num_tokens_main_model)?,
         );
+        let pe = prefill_end.map_or(Ok(0), |v| count_obj("prefill_end", v))?;
         guard(|| {
-            self.inner
-                .get_num_blocks_to_allocate(request_id, n, &nc, e, t, mm, apply_admission_cap)
+            self.inner.get_num_blocks_to_allocate(
+                request_id,
+                n,
+                &nc,
+                e,
+                t,
+                mm,
+                apply_admission_cap,
+                pe,
+            )
         })
     }
 

@@ -51,8 +51,10 @@ impl NativeManager {
     }
 
     /// Checks that `groups` is an iterable of this manager's group indices.
-    pub(crate) fn check_group_ids(&self, name: &str, groups: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Group indices, checked, as a bit mask (bit i: group i).
+    pub(crate) fn group_mask(&self, name: &str, groups: &Bound<'_, PyAny>) -> PyResult<u64> {
         let n = self.inner.num_groups();
+        let mut mask = 0u64;
         for g in groups.try_iter().map_err(|_| {
             pyo3::exceptions::PyTypeError::new_err(format!(
                 "{name} must be an iterable of group indices"
@@ -64,8 +66,14 @@ impl NativeManager {
                     "{name}: group {g} out of range: the manager has {n} groups"
                 )));
             }
+            // Masks hold 64 groups; no model comes near that.
+            mask |= 1u64.checked_shl(g as u32).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "{name}: group {g}: at most 64 groups are supported"
+                ))
+            })?;
         }
-        Ok(())
+        Ok(mask)
     }
 
     /// `pop_blocks_for_free`: the request's block ids, still referenced.

@@ -6,8 +6,8 @@
 
 use super::{HitSearch, Sizing};
 use crate::block_pool::{reserve_table, BlockPool};
-use crate::spec::MambaMode;
-use crate::{BlockId, NULL_BLOCK};
+use crate::spec::{MambaCheckpoints, MambaMode};
+use crate::{cdiv, BlockId, NULL_BLOCK};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Mamba {
@@ -72,8 +72,9 @@ impl Mamba {
 
     /// Align: blocks a (re)allocation takes, `have` held or hit: one new
     /// state block once the request got blocks before (later rounds reuse
-    /// the speculative blocks), all of them on its first. Negative when
-    /// drafts shrank (vLLM sums it as is with other groups).
+    /// the speculative blocks), all of them on its first, plus the
+    /// checkpoint block a chunk reserves. Negative when drafts shrank (vLLM
+    /// sums it as is with other groups).
     #[inline]
     pub fn align_blocks_to_allocate(
         &self,
@@ -81,6 +82,7 @@ impl Mamba {
         num_tokens_main_model: usize,
         have: usize,
         allocated: bool,
+        checkpoint: bool,
     ) -> i64 {
         let num_required = self
             .sizing()
@@ -89,11 +91,44 @@ impl Mamba {
         if num_new <= 0 {
             return num_new;
         }
-        if allocated {
-            1
-        } else {
-            1 + self.num_spec as i64
-        }
+        let cap = 1 + i64::from(checkpoint) + if allocated { 0 } else { self.num_spec as i64 };
+        num_new.min(cap)
+    }
+
+    /// Align (0.29+): whether a chunk computing `query_start..query_end`
+    /// reserves a checkpoint block (at index `cdiv(query_end, bs) - 2`) for
+    /// the state the worker exports at the prompt's reusable boundary.
+    /// `blocks`: the table before this call; `prefill_end` 0 lets every
+    /// chunk checkpoint.
+    #[allow(clippy::too_many_arguments)]
+    pub fn needs_checkpoint(
+        &self,
+        c: &MambaCheckpoints,
+        block_size: usize,
+        alignment_tokens: usize,
+        blocks: &[BlockId],
+        allocated: bool,
+        query_start: usize,
+        query_end: usize,
+        prefill_end: usize,
+    ) -> bool {
+        let position = checkpoint_position(c, query_end, alignment_tokens);
+        let hbs = c.hash_block_size as usize;
+        let Some(idx) = cdiv(query_end, block_size).checked_sub(2) else {
+            return false;
+        };
+        // The state before the chunk lives in column (query_start - 1) / bs.
+        let exports_later_column = query_start == 0 || idx > (query_start - 1) / block_size;
+        query_end >= prefill_end
+            && query_start % hbs == 0
+            && exports_later_column
+            && query_start + hbs <= position
+            && query_start < position
+            && position < query_end
+            && (position - query_start) % c.alignment as usize == 0
+            && (idx >= blocks.len()
+                || blocks[idx] == NULL_BLOCK
+                || (allocated && idx + self.num_spec >= blocks.len()))
     }
 
     /// Align: grows the table for `num_tokens_main_model` tokens. The
@@ -101,6 +136,11 @@ impl Mamba {
     /// block and the speculative blocks of the previous round move forward
     /// for reuse. A shrinking draft count (vLLM #39271) needs nothing new.
     /// Appends the ids handed out (new or moved) to `out`.
+    /// `allocated_on_any_call` (0.29+): a call that needs no block marks
+    /// the request allocated too. `checkpoint` (0.29+, `needs_checkpoint`):
+    /// the block before the running state is a real one, not null, and a
+    /// speculative block there stays for it.
+    #[allow(clippy::too_many_arguments)]
     pub fn allocate_align_blocks(
         &self,
         pool: &mut BlockPool,
@@ -108,13 +148,18 @@ impl Mamba {
         blocks: &mut Vec<BlockId>,
         state: &mut Option<AlignState>,
         num_tokens_main_model: usize,
+        allocated_on_any_call: bool,
+        checkpoint: bool,
         out: &mut Vec<BlockId>,
     ) {
         let num_spec = self.num_spec;
         let num_required = self
             .sizing()
             .required_blocks(block_size, 0, num_tokens_main_model);
-        if num_required <= blocks.len() {
+        if num_required <= blocks.len() && !checkpoint {
+            if allocated_on_any_call {
+                state.get_or_insert_default().allocated = true;
+            }
             return;
         }
         let prev_len = blocks.len();
@@ -126,14 +171,16 @@ impl Mamba {
             // A new request that hit the cache: its last block holds the hit state.
             state.last_state_block_idx = Some(prev_len - 1);
         }
-        reserve_table(blocks, num_required - prev_len);
+        reserve_table(blocks, num_required.saturating_sub(prev_len));
         let num_skipped = num_required - num_spec - 1;
-        if prev_len < num_skipped {
-            blocks.resize(num_skipped, NULL_BLOCK);
+        // The checkpoint block sits just below the running state.
+        let null_end = num_skipped - usize::from(checkpoint);
+        if prev_len < num_skipped && prev_len < null_end {
+            blocks.resize(null_end, NULL_BLOCK);
         }
         if state.allocated {
             for idx in prev_len.saturating_sub(num_spec)..prev_len {
-                if idx >= num_skipped {
+                if idx >= null_end {
                     break;
                 }
                 let b = std::mem::replace(&mut blocks[idx], NULL_BLOCK);
@@ -144,6 +191,23 @@ impl Mamba {
         pool.get_new_blocks(num_new, blocks);
         state.allocated = true;
         out.extend_from_slice(&blocks[prev_len..]);
+    }
+}
+
+/// 0.33.0's `get_mamba_prefill_checkpoint_position(num_tokens,
+/// alignment_tokens, drop_eagle_block, num_hash_lookahead_tokens)`: the last
+/// boundary that leaves tokens for the logits (and EAGLE's dropped block).
+fn checkpoint_position(c: &MambaCheckpoints, num_tokens: usize, alignment_tokens: usize) -> usize {
+    let proof_limit = if c.drop_eagle_block {
+        num_tokens
+    } else {
+        num_tokens.saturating_sub((c.num_hash_lookahead_tokens as usize).max(1))
+    };
+    let position = proof_limit / alignment_tokens * alignment_tokens;
+    if c.drop_eagle_block {
+        position.saturating_sub(alignment_tokens)
+    } else {
+        position
     }
 }
 

@@ -208,6 +208,7 @@ impl Coordinator {
         num_external_computed_tokens: usize,
         num_tokens_main_model: usize,
         apply_admission_cap: bool,
+        prefill_end: usize,
     ) -> i64 {
         self.managers
             .iter()
@@ -224,6 +225,7 @@ impl Coordinator {
                         0,
                         num_encoder_tokens,
                         apply_admission_cap,
+                        0,
                     )
                 } else {
                     m.get_num_blocks_to_allocate(
@@ -235,6 +237,7 @@ impl Coordinator {
                         num_external_computed_tokens,
                         num_tokens_main_model,
                         apply_admission_cap,
+                        prefill_end,
                     )
                 }
             })
@@ -255,6 +258,7 @@ impl Coordinator {
         new_computed: &[Vec<BlockId>],
         num_local_computed_tokens: usize,
         num_external_computed_tokens: usize,
+        skip_zeroing_groups: u64,
     ) {
         let log = self.pool.records_metrics();
         let start = self.pool.metrics_len();
@@ -272,8 +276,9 @@ impl Coordinator {
                 ends.push(self.pool.metrics_len());
             }
         }
-        for (m, &n) in self.managers.iter_mut().zip(&external) {
-            m.allocate_external_blocks(&mut self.pool, slot, n);
+        for (i, (m, &n)) in self.managers.iter_mut().zip(&external).enumerate() {
+            let record = skip_zeroing_groups.checked_shr(i as u32).unwrap_or(0) & 1 == 0;
+            m.allocate_external_blocks(&mut self.pool, slot, n, record);
             if log {
                 ends.push(self.pool.metrics_len());
             }
@@ -286,22 +291,59 @@ impl Coordinator {
         }
     }
 
+    /// Mamba align groups (bit i: group i) whose allocation for the chunk
+    /// `query_start..query_end` reserves a prefill checkpoint block, judged
+    /// before the call changes any table (as vLLM's count records it).
+    pub fn align_checkpoints(
+        &self,
+        slot: ReqSlot,
+        query_start: usize,
+        query_end: usize,
+        prefill_end: usize,
+    ) -> u64 {
+        let mut mask = 0u64;
+        for (i, m) in self.managers.iter().enumerate().take(64) {
+            if m.align_checkpoint(slot, query_start, query_end, prefill_end) {
+                mask |= 1 << i;
+            }
+        }
+        mask
+    }
+
+    /// Whether some group reserves Mamba prefill checkpoint blocks (no
+    /// compact decode then).
+    pub fn has_align_checkpoints(&self) -> bool {
+        self.managers
+            .iter()
+            .any(|m| m.spec.mamba_checkpoints.is_some())
+    }
+
+    /// `checkpoints`: `align_checkpoints` for this call.
     pub fn allocate_new_blocks(
         &mut self,
         slot: ReqSlot,
         num_tokens: usize,
         num_tokens_main_model: usize,
         num_encoder_tokens: usize,
+        checkpoints: u64,
         out: &mut NewBlocks,
     ) {
         out.clear();
-        for m in self.managers.iter_mut() {
+        for (i, m) in self.managers.iter_mut().enumerate() {
             let n = if m.spec.kind == SpecKind::CrossAttention {
                 num_encoder_tokens
             } else {
                 num_tokens
             };
-            m.allocate_new_blocks(&mut self.pool, slot, n, num_tokens_main_model, &mut out.ids);
+            let checkpoint = checkpoints.checked_shr(i as u32).unwrap_or(0) & 1 == 1;
+            m.allocate_new_blocks(
+                &mut self.pool,
+                slot,
+                n,
+                num_tokens_main_model,
+                checkpoint,
+                &mut out.ids,
+            );
             out.ends.push(out.ids.len() as u32);
         }
     }
@@ -455,6 +497,7 @@ impl Coordinator {
                 slot,
                 c.need_slot,
                 c.main_model,
+                false,
                 &mut out.ids,
             );
             out.ends.push(out.ids.len() as u32);

@@ -31,7 +31,9 @@ impl SingleTypeManager {
     /// attention has no plain decode.
     #[inline]
     fn decodes_known(&self, slot: ReqSlot) -> Option<&GroupReq> {
-        if !self.attn.is_per_token() {
+        // A decode with many drafts may reserve a Mamba checkpoint block:
+        // such groups take the general path.
+        if !self.attn.is_per_token() || self.spec.mamba_checkpoints.is_some() {
             return None;
         }
         self.req(slot)
@@ -47,10 +49,13 @@ impl SingleTypeManager {
         };
         let bs = self.bs();
         let blocks = r.blocks.as_slice();
-        let total = c.total_computed.saturating_sub(self.attn.draft_tokens());
+        let total = c.total_computed.saturating_sub(self.window_drafts());
         if self.attn.has_window() {
             let n = (self.attn.skipped_tokens(total) / bs).min(blocks.len());
             if n > 0 && blocks[n - 1] != NULL_BLOCK {
+                return false;
+            }
+            if self.frees_skip_nulls() && r.first_real().is_some_and(|j| j < n) {
                 return false;
             }
         }
@@ -93,7 +98,8 @@ impl SingleTypeManager {
         let have = self.blocks(slot).len();
         if let (Some(m), Some(_)) = (self.attn.mamba(), self.attn.align()) {
             let allocated = self.align_state(slot).is_some_and(|a| a.allocated);
-            return m.align_blocks_to_allocate(self.bs(), c.main_model, have, allocated);
+            // Groups with checkpoints take no compact decode (`decodes_known`).
+            return m.align_blocks_to_allocate(self.bs(), c.main_model, have, allocated, false);
         }
         self.required_blocks(c.need_slot, c.main_model)
             .saturating_sub(have) as i64
@@ -108,7 +114,7 @@ impl SingleTypeManager {
         let bs = self.bs();
         let sizing = self.attn.sizing();
         let room = sizing.max_tokens_within(bs, r.blocks.len())?;
-        let drafts = self.attn.draft_tokens();
+        let drafts = self.window_drafts();
         let mut h = DecodeHorizon::UNBOUNDED;
         if sizing.by_main_model {
             h.max_main = room;

@@ -15,7 +15,7 @@ use crate::attention::{Attention, HitSearch, ReachableBlocks, ReplayTails, Reten
 use crate::block_pool::{reserve_table, BlockPool, NULL_BLOCK};
 use crate::fast_hash::FxBuild;
 use crate::hashes::ScaledHashes;
-use crate::profile::{BehaviourProfile, FreePolicy, Retention};
+use crate::profile::{BehaviourProfile, FreePolicy, MambaRules, Retention};
 use crate::spec::GroupSpec;
 use crate::{cdiv, BlockId, ReqSlot};
 use record::{GroupReq, Records};
@@ -40,6 +40,7 @@ pub(crate) struct SingleTypeManager {
     /// New block ids are recorded (spec and profile agree).
     records_new_block_ids: bool,
     free_policy: FreePolicy,
+    mamba_rules: MambaRules,
     /// Caching stops at the hashed blocks (0.33.0) instead of needing a
     /// hash for every full block.
     cap_at_hashes: bool,
@@ -62,6 +63,7 @@ impl SingleTypeManager {
         SingleTypeManager {
             records_new_block_ids: profile.records_new_block_ids(spec.reports_new_block_ids),
             free_policy: profile.free_policy,
+            mamba_rules: profile.mamba,
             cap_at_hashes: profile.cache_cap_at_hashes,
             block_size: spec.block_size,
             attn: Attention::from_spec(&spec.kind),
@@ -135,6 +137,7 @@ impl SingleTypeManager {
         num_external_computed_tokens: usize,
         num_tokens_main_model: usize,
         apply_admission_cap: bool,
+        prefill_end: usize,
     ) -> i64 {
         if self.attn.hits_wait_a_step() {
             // A hit on a state cached this very step is not usable yet:
@@ -159,8 +162,19 @@ impl SingleTypeManager {
             );
             let have = new_computed.len() + self.blocks(slot).len();
             let allocated = self.align_state(slot).is_some_and(|a| a.allocated);
-            return m.align_blocks_to_allocate(self.bs(), num_tokens_main_model, have, allocated)
-                + evictable(pool, new_computed) as i64
+            let checkpoint = self.align_checkpoint(
+                slot,
+                total_computed_tokens,
+                num_tokens_main_model,
+                prefill_end,
+            );
+            return m.align_blocks_to_allocate(
+                self.bs(),
+                num_tokens_main_model,
+                have,
+                allocated,
+                checkpoint,
+            ) + evictable(pool, new_computed) as i64
                 + external as i64;
         }
         let mut num_required = self.required_blocks(num_tokens, num_tokens_main_model);
@@ -251,15 +265,22 @@ impl SingleTypeManager {
         cdiv(total, bs).saturating_sub(len)
     }
 
-    /// Fresh blocks for external tokens (after `add_computed_blocks`).
-    pub fn allocate_external_blocks(&mut self, pool: &mut BlockPool, slot: ReqSlot, n: usize) {
+    /// Fresh blocks for external tokens (after `add_computed_blocks`);
+    /// `record`: they are recorded for zeroing (when this group records).
+    pub fn allocate_external_blocks(
+        &mut self,
+        pool: &mut BlockPool,
+        slot: ReqSlot,
+        n: usize,
+        record: bool,
+    ) {
         if n == 0 {
             return;
         }
         let blocks = &mut self.records.with_table(slot).blocks;
         let start = blocks.len();
         pool.get_new_blocks(n, blocks);
-        if self.records_new_block_ids {
+        if self.records_new_block_ids && record {
             self.new_block_ids.extend_from_slice(&blocks[start..]);
         }
     }
@@ -272,6 +293,7 @@ impl SingleTypeManager {
         slot: ReqSlot,
         num_tokens: usize,
         num_tokens_main_model: usize,
+        checkpoint: bool,
         out: &mut Vec<BlockId>,
     ) {
         let bs = self.bs();
@@ -284,6 +306,8 @@ impl SingleTypeManager {
                 &mut r.blocks,
                 &mut r.align,
                 num_tokens_main_model,
+                self.mamba_rules.allocated_on_any_call(),
+                checkpoint,
                 out,
             );
             // What the worker received: the whole table on the request's
@@ -312,6 +336,24 @@ impl SingleTypeManager {
 
     pub fn take_new_block_ids(&mut self, out: &mut Vec<BlockId>) {
         out.append(&mut self.new_block_ids);
+    }
+
+    /// Whether this group records its new block ids (for zeroing).
+    pub fn records_new_block_ids(&self) -> bool {
+        self.records_new_block_ids
+    }
+
+    /// Records the request's blocks from index `from` on again (0.33.0's
+    /// `record_blocks_for_zeroing`), if this group records new block ids.
+    pub fn record_blocks_for_zeroing(&mut self, slot: ReqSlot, from: usize) {
+        if !self.records_new_block_ids {
+            return;
+        }
+        if let Some(r) = self.records.get(slot) {
+            if let Some(tail) = r.blocks.get(from..) {
+                self.new_block_ids.extend_from_slice(tail);
+            }
+        }
     }
 
     /// Hashes (at hash_block_size) that caching up to `num_tokens` reads,
@@ -492,9 +534,7 @@ impl SingleTypeManager {
     /// Frees blocks that fall outside the attention window, replacing them
     /// with the null block.
     pub fn remove_skipped_blocks(&mut self, pool: &mut BlockPool, slot: ReqSlot, total: usize) {
-        // With async scheduling `total` may count drafts that get
-        // rejected; assume they all are (vLLM subtracts the block count).
-        let total = total.saturating_sub(self.attn.draft_tokens());
+        let total = total.saturating_sub(self.window_drafts());
         self.remove_window_blocks(pool, slot, total);
         if self.attn.align().is_some() {
             self.free_old_state_block(pool, slot, total);
@@ -508,13 +548,24 @@ impl SingleTypeManager {
         }
         let n = skipped / self.bs();
         let scratch_first = self.free_policy.window_scratch_first();
-        let blocks = &mut self.records.with_table(slot).blocks;
-        let n = n.min(blocks.len());
+        let skip_nulls = self.frees_skip_nulls();
+        let r = self.records.with_table(slot);
+        let n = n.min(r.blocks.len());
+        // Everything before the first real block is null already.
+        let from = if skip_nulls {
+            r.first_real().unwrap_or(n).min(n)
+        } else {
+            0
+        };
+        let blocks = &mut r.blocks;
         let mut removed_cached: SmallVec<[BlockId; 8]> = SmallVec::new();
         let mut removed_uncached: SmallVec<[BlockId; 8]> = SmallVec::new();
-        for i in (0..n).rev() {
+        for i in (from..n).rev() {
             let b = blocks[i];
             if b == NULL_BLOCK {
+                if skip_nulls {
+                    continue;
+                }
                 // Earlier calls already nulled everything before it.
                 break;
             }
@@ -538,6 +589,54 @@ impl SingleTypeManager {
         if !removed_uncached.is_empty() {
             pool.free_blocks(removed_uncached.iter().copied(), true);
         }
+    }
+
+    /// Mamba align (0.29+): whether an allocation for the chunk
+    /// `query_start..query_end` reserves a prefill checkpoint block, judged
+    /// on the table as it is before the call (`Mamba::needs_checkpoint`).
+    pub fn align_checkpoint(
+        &self,
+        slot: ReqSlot,
+        query_start: usize,
+        query_end: usize,
+        prefill_end: usize,
+    ) -> bool {
+        let (Some(m), Some(_), Some(c)) = (
+            self.attn.mamba(),
+            self.attn.align(),
+            self.spec.mamba_checkpoints,
+        ) else {
+            return false;
+        };
+        let allocated = self.align_state(slot).is_some_and(|a| a.allocated);
+        m.needs_checkpoint(
+            &c,
+            self.bs(),
+            self.scheduler_block_size as usize,
+            self.blocks(slot),
+            allocated,
+            query_start,
+            query_end,
+            prefill_end,
+        )
+    }
+
+    /// Tokens at the end of the computed count window frees ignore: 0.23.0
+    /// takes a Mamba group's drafts as rejected under async scheduling (it
+    /// subtracts the block count); 0.33.0 frees on processed tokens instead.
+    #[inline]
+    pub(super) fn window_drafts(&self) -> usize {
+        if self.mamba_rules.drafts_rejected() {
+            self.attn.draft_tokens()
+        } else {
+            0
+        }
+    }
+
+    /// 0.33.0's align tables: window frees pass over prefill's null gaps.
+    #[inline]
+    pub(super) fn frees_skip_nulls(&self) -> bool {
+        self.attn.align().is_some() && self.mamba_rules.align_frees_skip_nulls()
     }
 
     /// The state block of two steps ago is no longer a copy source: free it.

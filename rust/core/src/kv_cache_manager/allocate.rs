@@ -203,7 +203,10 @@ impl KvCacheManager {
         if let Some(n) = args.shared_prefix_boundary {
             self.reqs.set_shared_prefix_boundary(slot, n);
         }
-        if args.is_plain() && self.coord.runs_everywhere(slot) {
+        if args.is_plain()
+            && self.coord.runs_everywhere(slot)
+            && !self.coord.has_align_checkpoints()
+        {
             // Debug builds check the compact path against the general one.
             #[cfg(debug_assertions)]
             let expected = {
@@ -263,16 +266,19 @@ impl KvCacheManager {
         // 0.33.0 only below the processed tokens (see the profile).
         let processed = total_computed.saturating_sub(args.num_in_flight_tokens);
         self.coord.remove_skipped_blocks(slot, processed);
+        let prefill_end = self.prefill_end(slot, args);
+        let query_start = num_local_computed + args.num_external_computed_tokens;
         let need_with_external = |external| {
             self.coord.get_num_blocks_to_allocate(
                 slot,
                 num_tokens_need_slot,
                 new_computed,
                 args.num_encoder_tokens,
-                num_local_computed + args.num_external_computed_tokens,
+                query_start,
                 external,
                 num_tokens_main_model,
                 false,
+                prefill_end,
             )
         };
         // vLLM's count decides, as in vLLM; the true count (which adds the
@@ -289,12 +295,17 @@ impl KvCacheManager {
             self.release_if_idle(slot);
             return false;
         }
+        // Decided on the tables before the hits and external blocks join.
+        let checkpoints =
+            self.coord
+                .align_checkpoints(slot, query_start, num_tokens_main_model, prefill_end);
         if adds_computed {
             self.coord.allocate_new_computed_blocks(
                 slot,
                 new_computed,
                 num_local_computed,
                 args.num_external_computed_tokens,
+                args.skip_zeroing_groups,
             );
         }
         self.coord.allocate_new_blocks(
@@ -302,6 +313,7 @@ impl KvCacheManager {
             num_tokens_need_slot,
             num_tokens_main_model,
             args.num_encoder_tokens,
+            checkpoints,
             out,
         );
         if caches {
@@ -351,6 +363,7 @@ impl KvCacheManager {
             0,
             full,
             true,
+            self.prefill_end(slot, args),
         );
         need + args.watermark_blocks as i64 <= self.coord.pool.num_free_blocks() as i64
     }
@@ -407,6 +420,7 @@ impl KvCacheManager {
         total_computed_tokens: usize,
         num_tokens_main_model: usize,
         apply_admission_cap: bool,
+        prefill_end: usize,
     ) -> CoreResult<i64> {
         if new_computed.len() != self.num_groups() {
             return invalid(format!(
@@ -429,6 +443,26 @@ impl KvCacheManager {
             0,
             num_tokens_main_model,
             apply_admission_cap,
+            prefill_end,
         ))
+    }
+
+    /// Where the request's prefill ends for Mamba checkpoints (vLLM 0.33.0:
+    /// `max(num_prompt_tokens, num_tokens - 1)`, read only where
+    /// checkpoints wait for it; 0 elsewhere: every chunk may checkpoint).
+    fn prefill_end(&self, slot: ReqSlot, args: &AllocateArgs) -> usize {
+        let waits = self.coord.managers.iter().any(|m| {
+            m.spec
+                .mamba_checkpoints
+                .is_some_and(|c| c.only_at_prefill_end)
+        });
+        if !waits {
+            return 0;
+        }
+        let prompt = args
+            .num_prompt_tokens
+            .or_else(|| self.reqs.num_prompt_tokens(slot))
+            .unwrap_or(0);
+        prompt.max(args.num_tokens.saturating_sub(1))
     }
 }

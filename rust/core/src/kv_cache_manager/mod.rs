@@ -83,6 +83,10 @@ pub struct AllocateArgs<'a> {
     /// `request.num_in_flight_tokens` (0.33.0: window frees stop that far
     /// below the computed tokens); pass it when `wants_num_in_flight_tokens`.
     pub num_in_flight_tokens: usize,
+    /// Groups (bit i: group i) whose external-token blocks an async load
+    /// writes, so they are not recorded for zeroing (0.33.0's
+    /// `skip_zeroing_group_ids`).
+    pub skip_zeroing_groups: u64,
 }
 
 impl AllocateArgs<'_> {
@@ -178,7 +182,12 @@ impl KvCacheManager {
             reqs: RequestRegistry::default(),
             ghost_entries: Vec::new(),
             handed_out: deferred_free::HandedOut::default(),
-            reads_prompt_len: cfg.enable_caching && cfg.retention_interval.is_some(),
+            // Sparse retention, or Mamba checkpoints that wait for the prefill end.
+            reads_prompt_len: cfg.enable_caching && cfg.retention_interval.is_some()
+                || cfg
+                    .groups
+                    .iter()
+                    .any(|g| g.mamba_checkpoints.is_some_and(|c| c.only_at_prefill_end)),
             reads_junction: cfg.enable_caching
                 && cfg.retention_interval.is_some()
                 && cfg.profile.retention == Retention::ReplayBoundaries,
@@ -505,6 +514,40 @@ impl KvCacheManager {
             num_computed_tokens,
             self.retention_marks(slot),
         );
+        Ok(())
+    }
+
+    /// 0.33.0's `record_blocks_for_zeroing`: the request's blocks from
+    /// `start_token` on are handed to the worker for zeroing again (after a
+    /// failed async KV load), in each group that records new block ids.
+    /// `start_token` must be block-aligned in those groups (ValueError,
+    /// nothing recorded); an unknown request records nothing.
+    pub fn record_blocks_for_zeroing(
+        &mut self,
+        request_id: &str,
+        start_token: usize,
+    ) -> CoreResult<()> {
+        for m in self
+            .coord
+            .managers
+            .iter()
+            .filter(|m| m.records_new_block_ids())
+        {
+            if start_token % m.block_size as usize != 0 {
+                return invalid(format!(
+                    "record_blocks_for_zeroing: start_token {start_token} is not a multiple of group {}'s \
+                     block size {}",
+                    m.group_id, m.block_size
+                ));
+            }
+        }
+        let Some(slot) = self.slot(request_id) else {
+            return Ok(());
+        };
+        for m in self.coord.managers.iter_mut() {
+            let from = start_token / m.block_size as usize;
+            m.record_blocks_for_zeroing(slot, from);
+        }
         Ok(())
     }
 
