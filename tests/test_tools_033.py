@@ -129,4 +129,4 @@ def test_replay_cli_refuses_a_mix_the_033_facade_does_not_cover(capsys: pytest.C
         replay_main(["--compare", "vllm", "--mix", "full-mamba", "--requests", "10"])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "does not cover the mix" in err and "MambaSpec" in err
+    assert "does not cover the mix 'full,mamba'" in err and "Mamba prefix caching" in err
