@@ -36,165 +36,9 @@ from hybridcache.config import read_groups
 from hybridcache.coordinator import CoordinatorView, SingleTypeManagerView, _group_block_ids
 from hybridcache.manager import KVCacheManager, _positive_int
 
+from hybridcache.layout033 import check_layout, check_retention, context_parallel, layout_kind
+
 RELEASE = "0.33.0"
-
-# Spec classes by the 0.33.0 manager this facade runs them as, and the
-# classes refused (with what to call them). A spec's first class (in its
-# MRO) found here decides: RSWASpec is a FullAttentionSpec subclass.
-_FULL_ATTENTION_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "HiddenStateCacheSpec", "SinkFullAttentionSpec")
-_SLIDING_WINDOW_SPECS = ("SlidingWindowSpec", "SlidingWindowMLASpec")
-_CHUNKED_LOCAL_SPECS = ("ChunkedLocalAttentionSpec",)
-_MAMBA_SPECS = ("MambaSpec",)
-_REFUSED_SPECS = {
-    "RSWASpec": "R-SWA (RSWASpec)",
-    "CircularBufferSpec": "circular buffers (CircularBufferSpec)",
-    "CrossAttentionSpec": "cross attention (CrossAttentionSpec)",
-}
-
-
-def _layout_kind(spec: Any) -> str | None:
-    """"full", "sliding_window", "chunked_local", "mamba", or None
-    (refused or unknown)."""
-    for cls in type(spec).__mro__:
-        if cls.__name__ in _REFUSED_SPECS:
-            return None
-        if cls.__name__ in _FULL_ATTENTION_SPECS:
-            return "full"
-        if cls.__name__ in _SLIDING_WINDOW_SPECS:
-            return "sliding_window"
-        if cls.__name__ in _CHUNKED_LOCAL_SPECS:
-            return "chunked_local"
-        if cls.__name__ in _MAMBA_SPECS:
-            return "mamba"
-    return None
-
-
-def _refused_name(spec: Any) -> str:
-    for cls in type(spec).__mro__:
-        if cls.__name__ in _REFUSED_SPECS:
-            return _REFUSED_SPECS[cls.__name__]
-    return type(spec).__name__
-
-
-def _check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bool, dcp: int = 1) -> list[str]:
-    """The groups' kinds, if the 0.33.0 facade covers this layout: full
-    attention, sliding window and chunked local groups; NotImplementedError
-    naming what it does not cover."""
-    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
-    if not groups:
-        raise NotImplementedError(
-            "hybridcache's vLLM 0.33.0 support needs at least one KV cache group (attention-free "
-            "models are not supported yet)"
-        )
-    kinds = []
-    for i, g in enumerate(groups):
-        spec = getattr(g, "kv_cache_spec", None)
-        kind = _layout_kind(spec)
-        if kind is None:
-            raise NotImplementedError(
-                f"kv_cache_groups[{i}]: {_refused_name(spec)} is not supported by hybridcache's vLLM "
-                "0.33.0 facade yet (it covers full attention, sliding window and chunked local "
-                "groups, and Mamba beside full attention without prefix caching)"
-            )
-        if getattr(spec, "prefix_cacheable", True) is False:
-            raise NotImplementedError(
-                f"kv_cache_groups[{i}]: a group that is not prefix-cacheable ({type(spec).__name__}"
-                f"{' with bounded_replay=True' if getattr(spec, 'bounded_replay', False) else ''}: vLLM 0.33.0 "
-                "skips it in hits and caching) is not supported by hybridcache's vLLM 0.33.0 facade yet"
-            )
-        # A block holds block_size * dcp tokens (dcp > 1 only with one group).
-        block_size = getattr(spec, "block_size", None)
-        if block_size is not None:
-            block_size *= dcp
-        if kind == "full" and enable_caching and block_size != hash_block_size:
-            raise NotImplementedError(
-                f"kv_cache_groups[{i}]: a full-attention block of {block_size} tokens over hash blocks "
-                f"of {hash_block_size} (vLLM 0.33.0 caches partial tail blocks and serves partial hash "
-                "hits there) is not supported by hybridcache's vLLM 0.33.0 facade yet"
-            )
-        extra = getattr(spec, "extra_retained_tokens", None) or 0
-        if kind == "sliding_window" and extra:
-            raise NotImplementedError(
-                f"kv_cache_groups[{i}]: extra_retained_tokens={extra} (multi-module "
-                "MTP) is not supported by hybridcache's vLLM 0.33.0 facade yet"
-            )
-        if kind == "mamba" and getattr(spec, "mamba_cache_mode", "none") == "align":
-            if enable_caching and block_size != hash_block_size:
-                raise NotImplementedError(
-                    f"kv_cache_groups[{i}]: a Mamba align block of {block_size} tokens over hash blocks of "
-                    f"{hash_block_size} (vLLM 0.33.0's partial hash hits with copy-on-write) is not "
-                    "supported by hybridcache's vLLM 0.33.0 facade yet"
-                )
-        kinds.append(kind)
-    _check_mamba_layout(kinds, enable_caching)
-    if getattr(kv_cache_config, "has_mixed_precision_kv_cache", False):
-        raise NotImplementedError(
-            "a mixed-precision KV cache (vLLM 0.33.0 zeroes new blocks for it: needs_kv_cache_zeroing) "
-            "is not supported by hybridcache's vLLM 0.33.0 facade yet"
-        )
-    return kinds
-
-
-def _check_mamba_layout(kinds: list[str], enable_caching: bool) -> None:
-    """Mamba groups are covered beside full-attention groups only, with
-    prefix caching off (0.33.0's KVCacheCoordinatorNoPrefixCache)."""
-    if "mamba" not in kinds:
-        return
-    others = sorted(set(kinds) - {"mamba", "full"})
-    if others:
-        raise NotImplementedError(
-            f"Mamba groups beside {', '.join(others)} groups are not supported by hybridcache's vLLM "
-            "0.33.0 facade yet (it covers Mamba beside full attention, without prefix caching)"
-        )
-    if enable_caching:
-        raise NotImplementedError(
-            "Mamba prefix caching (align-mode prefill checkpoints in the cache, partial hash hits with "
-            "copy-on-write, boundary-state offloads) is not supported by hybridcache's vLLM 0.33.0 "
-            "facade yet; run with enable_prefix_caching=False, or on vLLM 0.23.0"
-        )
-
-
-def _check_retention(kv_cache_config: Any, scheduler_block_size: int, kinds: list[str]) -> int | None:
-    """0.33.0's `prefix_cache_retention_interval` check (ValueError, its
-    messages); the interval the core applies (None: dense; without a
-    sliding-window group 0 caches densely too)."""
-    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
-    if interval is None:
-        return None
-    if "sliding_window" not in kinds and "mamba" not in kinds:
-        if interval == 0:
-            return None
-        raise ValueError(
-            "prefix_cache_retention_interval is set but this model has no sliding-window or Mamba KV "
-            "cache group, so retention has no effect. Set it to 0 (it only applies to sliding-window "
-            "and Mamba attention)."
-        )
-    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0 or interval % scheduler_block_size:
-        raise ValueError(
-            f"prefix_cache_retention_interval ({interval}) must be non-negative and a multiple of "
-            f"scheduler_block_size ({scheduler_block_size})."
-        )
-    # Mamba groups are covered without prefix caching only: nothing to retain.
-    return int(interval) if "sliding_window" in kinds else None
-
-
-def _context_parallel_033(kv_cache_config: Any, dcp_world_size: int, pcp_world_size: int) -> tuple[int, int]:
-    """The (dcp, pcp) the core scales blocks by, in 0.33.0's form: only dcp
-    scales a block, and only of a dcp-sharded spec (every attention spec by
-    default); pcp scales nothing (single_type_kv_cache_manager.py L107-109,
-    L761-765; the scheduler passes pcp_world_size=1)."""
-    dcp = _positive_int("dcp_world_size", dcp_world_size)
-    _positive_int("pcp_world_size", pcp_world_size)
-    if dcp == 1:
-        return 1, 1
-    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or ())
-    if len(groups) != 1:
-        raise NotImplementedError(
-            f"decode context parallelism (dcp_world_size={dcp}) with {len(groups)} KV cache groups is not "
-            "supported by hybridcache's vLLM 0.33.0 facade yet (one full-attention group is)"
-        )
-    return (dcp if getattr(groups[0].kv_cache_spec, "dcp_sharded", True) else 1), 1
-
 
 def _waiting_statuses() -> list[Any]:
     """The request statuses the watermark applies to (0.33.0's
@@ -256,9 +100,9 @@ class KVCacheManager033(KVCacheManager):
             max_in_flight_tokens = max_model_len
         max_in_flight_tokens = _positive_int("max_in_flight_tokens", max_in_flight_tokens)
         scheduler_block_size = _positive_int("scheduler_block_size", scheduler_block_size)
-        dcp_world_size, pcp_world_size = _context_parallel_033(kv_cache_config, dcp_world_size, pcp_world_size)
-        kinds = _check_layout(kv_cache_config, hash_block_size, bool(enable_caching), dcp_world_size)
-        retention = _check_retention(kv_cache_config, scheduler_block_size, kinds)
+        dcp_world_size, pcp_world_size = context_parallel(kv_cache_config, dcp_world_size, pcp_world_size)
+        kinds = check_layout(kv_cache_config, hash_block_size, bool(enable_caching), dcp_world_size)
+        retention = check_retention(kv_cache_config, scheduler_block_size, kinds)
         for name, v in (("num_hash_lookahead_tokens", num_hash_lookahead_tokens),
                         ("num_prefill_lookahead", num_prefill_lookahead)):
             # vLLM takes bools too (its tests pass use_eagle-style flags).
@@ -548,7 +392,7 @@ class CoordinatorView033(CoordinatorView):
             # The hybrid coordinator's dense reference group (full attention
             # sorts first), None without one; other coordinators lack it.
             self.full_attention_group_id = next(
-                (i for i, g in enumerate(groups) if _layout_kind(g.kv_cache_spec) == "full"), None)
+                (i for i, g in enumerate(groups) if layout_kind(g.kv_cache_spec) == "full"), None)
         # 0.33.0's config field (it sparsifies sliding-window groups only here).
         self.retention_interval = getattr(manager.kv_cache_config, "prefix_cache_retention_interval", None)
 

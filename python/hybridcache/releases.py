@@ -73,7 +73,7 @@ class Release:
 RELEASES: tuple[Release, ...] = (
     Release("0.23.0", "hybridcache.vllm:VllmKVCacheManager", tools_oracle=True, native_hasher=True),
     # 0.33.0: full attention, sliding window, chunked local so far
-    # (manager033._check_layout); Mamba align with prefix caching not yet.
+    # (layout033.check_layout); Mamba align with prefix caching not yet.
     Release("0.33.0", "hybridcache.vllm033:VllmKVCacheManager033", tools_oracle=True, native_hasher=True,
             layouts=("full", "full+swa")),
 )

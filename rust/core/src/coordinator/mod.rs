@@ -370,7 +370,9 @@ impl Coordinator {
             g.max_to_cache = match kind {
                 // Multi-module MTP's EAGLE rule has no closed form here: no
                 // horizon (the tables judge each decode).
-                CoordinatorKind::Hybrid if m.use_eagle && self.reprefillable_tokens > 0 => return None,
+                CoordinatorKind::Hybrid if m.use_eagle && self.reprefillable_tokens > 0 => {
+                    return None
+                }
                 CoordinatorKind::Hybrid if m.use_eagle => {
                     crate::decode_bounds::eagle_max_to_cache(limit, sbs, m.block_size as usize)
                 }
