@@ -1,7 +1,10 @@
 //! Conversions between Python objects and core arguments, with errors that
 //! name the offending argument. No allocation decision is made here.
 
-use hybridcache_core::{CoreError, GroupSpec, HashUpdate, MambaCheckpoints, MambaMode, SpecKind};
+use hybridcache_core::{
+    BehaviourProfile, CoreError, GroupSpec, HashUpdate, MambaCheckpoints, MambaMode, ManagerConfig,
+    SpecKind,
+};
 use pyo3::exceptions::{
     PyKeyError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError,
 };
@@ -397,4 +400,52 @@ pub fn u32_bytes<'py>(py: Python<'py>, values: &[u32]) -> Bound<'py, PyBytes> {
     }
     let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     PyBytes::new(py, &raw)
+}
+
+/// The core's configuration from `NativeManager(...)`'s arguments, each
+/// checked and named when it is wrong.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn manager_config(
+    num_blocks: &Bound<'_, PyAny>,
+    groups: &Bound<'_, PyAny>,
+    max_model_len: &Bound<'_, PyAny>,
+    (scheduler_block_size, hash_block_size): (&Bound<'_, PyAny>, &Bound<'_, PyAny>),
+    (enable_caching, use_eagle, enable_events): (bool, bool, bool),
+    retention_interval: &Bound<'_, PyAny>,
+    profile: &str,
+    (dcp_world_size, pcp_world_size): (u32, u32),
+) -> PyResult<ManagerConfig> {
+    let groups: Vec<GroupRecord> = groups.extract().map_err(|e| {
+        if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(groups.py()) {
+            PyValueError::new_err(format!("kv_cache_groups: a size is out of range ({e})"))
+        } else {
+            e
+        }
+    })?;
+    let u32_of = |name: &str, v: &Bound<'_, PyAny>| -> PyResult<u32> {
+        u32_arg(name, count_obj(name, v)? as i64)
+    };
+    let groups = groups
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| parse_group(i, g))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(ManagerConfig {
+        num_blocks: u32_of("num_blocks", num_blocks)?,
+        groups,
+        max_model_len: count_obj("max_model_len", max_model_len)?,
+        scheduler_block_size: u32_of("scheduler_block_size", scheduler_block_size)?,
+        hash_block_size: u32_of("hash_block_size", hash_block_size)?,
+        enable_caching,
+        use_eagle,
+        enable_events,
+        retention_interval: if retention_interval.is_none() {
+            None
+        } else {
+            Some(count_obj("retention_interval", retention_interval)?)
+        },
+        dcp_world_size,
+        pcp_world_size,
+        profile: BehaviourProfile::for_release(profile).map_err(to_py_err)?,
+    })
 }

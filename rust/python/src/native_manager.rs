@@ -1,17 +1,14 @@
 //! `NativeManager`, the Python class the facade extends: its state and
 //! its Python methods, each a conversion around one core call.
 
-use hybridcache_core::{
-    BatchScratch, BehaviourProfile, HashUpdate, KvCacheManager, ManagerConfig, NewBlocks,
-};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use hybridcache_core::{BatchScratch, HashUpdate, KvCacheManager, NewBlocks};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::convert::{
-    self, block_id_arg, block_ids, count_obj, guard, ids_tuple, int_list, parse_group, to_py_err,
-    u32_arg, GroupRecord,
+    self, block_id_arg, block_ids, count_obj, guard, ids_tuple, int_list, to_py_err, u32_arg,
 };
 use crate::{allocate_params, batch, lookup, request_id};
 
@@ -63,39 +60,16 @@ impl NativeManager {
         dcp_world_size: u32,
         pcp_world_size: u32,
     ) -> PyResult<Self> {
-        let groups: Vec<GroupRecord> = groups.extract().map_err(|e| {
-            if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(groups.py()) {
-                PyValueError::new_err(format!("kv_cache_groups: a size is out of range ({e})"))
-            } else {
-                e
-            }
-        })?;
-        let u32_of = |name: &str, v: &Bound<'_, PyAny>| -> PyResult<u32> {
-            u32_arg(name, count_obj(name, v)? as i64)
-        };
-        let groups = groups
-            .into_iter()
-            .enumerate()
-            .map(|(i, g)| parse_group(i, g))
-            .collect::<PyResult<Vec<_>>>()?;
-        let cfg = ManagerConfig {
-            num_blocks: u32_of("num_blocks", num_blocks)?,
+        let cfg = crate::convert::manager_config(
+            num_blocks,
             groups,
-            max_model_len: count_obj("max_model_len", max_model_len)?,
-            scheduler_block_size: u32_of("scheduler_block_size", scheduler_block_size)?,
-            hash_block_size: u32_of("hash_block_size", hash_block_size)?,
-            enable_caching,
-            use_eagle,
-            enable_events,
-            retention_interval: if retention_interval.is_none() {
-                None
-            } else {
-                Some(count_obj("retention_interval", retention_interval)?)
-            },
-            dcp_world_size,
-            pcp_world_size,
-            profile: BehaviourProfile::for_release(profile).map_err(to_py_err)?,
-        };
+            max_model_len,
+            (scheduler_block_size, hash_block_size),
+            (enable_caching, use_eagle, enable_events),
+            retention_interval,
+            profile,
+            (dcp_world_size, pcp_world_size),
+        )?;
         Ok(NativeManager {
             inner: guard(|| KvCacheManager::new(cfg))?,
             py_side: None,
