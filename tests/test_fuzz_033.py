@@ -142,7 +142,7 @@ def test_hybridcache_facade_slice_full_attention() -> None:
 
 
 @pytest.mark.skipif(FACADE_MISSING, reason="hybridcache's vLLM 0.33.0 facade (hybridcache.manager033) has not landed")
-@pytest.mark.parametrize(("mixes", "seed"), [(("sw", "full_sw"), 331), (("full_full", "full_full_sw", "full_fullbs"), 332),
+@pytest.mark.parametrize(("mixes", "seed"), [(("sw", "full_sw", "full_sw_mixed"), 331), (("full_full", "full_full_sw", "full_fullbs"), 332),
                                              (("full_chunked",), 333)],
                          ids=["sliding-window", "several-full-attention", "chunked-local"])
 def test_hybridcache_facade_slice_hybrid_layouts(mixes: tuple[str, ...], seed: int) -> None:

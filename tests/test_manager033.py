@@ -406,3 +406,42 @@ def test_sliding_window_mla_retention_and_junction(v33: Any, retention: int | No
         # Only the replay boundary was kept: the second request misses, and
         # the junction it reports (96) is what lets the third one hit.
         assert seens[0]["hits"][1] == 0 and seens[0]["boundaries"][1] == 96, seens[0]
+
+
+@V033
+def test_mixed_precision_cache_records_blocks_for_zeroing(v33: Any) -> None:
+    """A float32 full-attention group beside a bfloat16 sliding window:
+    0.33.0 records every attention group's new blocks for worker-side
+    zeroing (`take_new_block_ids`), skips the groups an async load writes
+    (`skip_zeroing_group_ids`) and re-records on `record_blocks_for_zeroing`."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+
+    def config() -> Any:
+        full = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        swa = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.bfloat16, sliding_window=20)
+        return KVCacheConfig(num_blocks=40, kv_cache_tensors=[],
+                             kv_cache_groups=[KVCacheGroupSpec(["f"], full), KVCacheGroupSpec(["s"], swa)])
+
+    def script(m: Any, log: list[Any]) -> None:
+        r0 = v33.request("r0", list(range(70)))
+        log.append(_ids(m.allocate_slots(r0, 70)))
+        log.append(m.take_new_block_ids())
+        m.record_blocks_for_zeroing("r0", 2 * BS)
+        log.append(m.take_new_block_ids())
+        # External tokens loaded asynchronously into group 1 only.
+        r1 = v33.request("r1", list(range(100, 164)))
+        log.append(_ids(m.allocate_slots(r1, 0, num_external_computed_tokens=48, delay_cache_blocks=True,
+                                         skip_zeroing_group_ids=(1,))))
+        log.append(m.take_new_block_ids())
+        m.record_blocks_for_zeroing("nobody", 0)
+        log.append(m.take_new_block_ids())
+
+    assert config().needs_kv_cache_zeroing
+    logs = []
+    for m in (v33.Manager(config(), 400, BS, BS), KVCacheManager033(config(), 400, BS, BS)):
+        log: list[Any] = []
+        script(m, log)
+        logs.append(log)
+    assert logs[0] == logs[1]
+    assert logs[0][1] and logs[0][2] and logs[0][4], logs[0]

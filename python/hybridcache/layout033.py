@@ -99,12 +99,15 @@ def check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: boo
                 )
         kinds.append(kind)
     _check_mamba_layout(kinds, enable_caching)
-    if getattr(kv_cache_config, "has_mixed_precision_kv_cache", False):
-        raise NotImplementedError(
-            "a mixed-precision KV cache (vLLM 0.33.0 zeroes new blocks for it: needs_kv_cache_zeroing) "
-            "is not supported by hybridcache's vLLM 0.33.0 facade yet"
-        )
     return kinds
+
+
+def needs_zeroing(kv_cache_config: Any, kinds: list[str]) -> bool:
+    """0.33.0's `KVCacheConfig.needs_kv_cache_zeroing`: Mamba layers, or
+    attention caches in more than one precision (a block reused across
+    groups would decode stale bytes); then new blocks are recorded for the
+    worker to zero."""
+    return "mamba" in kinds or bool(getattr(kv_cache_config, "has_mixed_precision_kv_cache", False))
 
 
 def _check_mamba_layout(kinds: list[str], enable_caching: bool) -> None:
@@ -168,4 +171,4 @@ def context_parallel(kv_cache_config: Any, dcp_world_size: int, pcp_world_size: 
     return (dcp if getattr(groups[0].kv_cache_spec, "dcp_sharded", True) else 1), 1
 
 
-__all__ = ["check_layout", "check_retention", "context_parallel", "layout_kind"]
+__all__ = ["check_layout", "check_retention", "context_parallel", "layout_kind", "needs_zeroing"]

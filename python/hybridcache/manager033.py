@@ -16,11 +16,11 @@ sliding window (SlidingWindowSpec, SlidingWindowMLASpec) and chunked local
 attention (ChunkedLocalAttentionSpec), one group or several, with 0.33.0's
 sparse retention (`prefix_cache_retention_interval`) for the
 sliding-window groups; Mamba groups (none / align, with speculative and
-prefill checkpoint blocks) beside full attention with prefix caching off.
-Other layouts (Mamba with prefix caching, R-SWA, circular buffers, cross
-attention), full-attention blocks wider than the
-hash block with caching (0.33.0 caches partial tails there) and
-mixed-precision caches (which 0.33.0 zeroes) raise NotImplementedError
+prefill checkpoint blocks) beside full attention with prefix caching off;
+mixed-precision caches (new blocks recorded for zeroing). Other layouts
+(Mamba with prefix caching, R-SWA, circular buffers, bounded replay, cross
+attention) and full-attention blocks wider than the hash block with
+caching (0.33.0 caches partial tails there) raise NotImplementedError
 naming them.
 """
 
@@ -36,7 +36,7 @@ from hybridcache.config import read_groups
 from hybridcache.coordinator import CoordinatorView, SingleTypeManagerView, _group_block_ids
 from hybridcache.manager import KVCacheManager, _positive_int
 
-from hybridcache.layout033 import check_layout, check_retention, context_parallel, layout_kind
+from hybridcache.layout033 import check_layout, check_retention, context_parallel, layout_kind, needs_zeroing
 
 RELEASE = "0.33.0"
 
@@ -119,9 +119,8 @@ class KVCacheManager033(KVCacheManager):
                 f" (={scheduler_block_size}) >= num_speculative_tokens (={num_prefill_lookahead})."
             )
         # 0.33.0 records new block ids only for worker-side zeroing (Mamba
-        # groups; mixed-precision KV is refused above), then for every
-        # attention group.
-        zeroing = "mamba" in kinds
+        # groups or a mixed-precision cache), then for every attention group.
+        zeroing = needs_zeroing(kv_cache_config, kinds)
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
         checkpoints = _mamba_checkpoints(kv_cache_config, hash_block_size, num_hash_lookahead_tokens, use_eagle)
         groups = [type(g)(native=replace(_records_new_block_ids(g.native, zeroing, spec),

@@ -64,6 +64,9 @@ class GroupSpec:
     # vLLM 0.29+'s Mamba align prefill checkpoints (num_prefill_checkpoint_blocks
     # = 1 with this prefill_checkpoint_alignment); None: none.
     mamba_checkpoint_alignment: int | None = None
+    # The layer dtype is bfloat16 instead of float32 (vLLM 0.33.0 zeroes new
+    # blocks of a cache mixing precisions).
+    half_precision: bool = False
 
     def __post_init__(self) -> None:
         kind = _KIND_ALIASES.get(self.kind)
@@ -103,6 +106,8 @@ class GroupSpec:
             text += f"@{self.block_size}"
         if self.is_eagle_group:
             text += "+eagle"
+        if self.half_precision:
+            text += "+bf16"
         return text
 
 
@@ -233,7 +238,8 @@ def vllm_kv_cache_config(groups: Sequence[GroupSpec], num_blocks: int) -> Any:
 
     specs = []
     for i, g in enumerate(groups):
-        attn: dict[str, Any] = dict(block_size=g.size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        dtype = torch.bfloat16 if g.half_precision else torch.float32
+        attn: dict[str, Any] = dict(block_size=g.size, num_kv_heads=1, head_size=1, dtype=dtype)
         if g.kind == "full":
             spec = iface.FullAttentionSpec(**attn)
         elif g.kind == "sliding_window":

@@ -48,6 +48,7 @@ class Group:
     mode: str = "none"  # mamba cache mode
     num_spec: int = 0
     checkpoint: int | None = None  # Mamba align prefill checkpoint alignment (0.29+)
+    half: bool = False  # bfloat16 layers (a mixed-precision cache with float32 ones)
 
 
 @dataclass
@@ -210,6 +211,7 @@ def group_specs(s: Setup) -> tuple[GroupSpec, ...]:
             mamba_cache_mode=g.mode if g.kind == "mamba" else None,
             num_speculative_blocks=g.num_spec if g.kind == "mamba" else 0,
             mamba_checkpoint_alignment=g.checkpoint if g.kind == "mamba" else None,
+            half_precision=g.half,
         )
         for g in s.groups
     )

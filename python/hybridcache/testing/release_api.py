@@ -159,20 +159,26 @@ class V023(ReleaseApi):
 # supports full attention and sliding window; the others follow as it
 # grows). 0.33.0's own: several full-attention groups (equal specs, one
 # with a sliding window, different block sizes) and partial Mamba hits.
-MIXES_033 = (*MIXES, "full_mamba_partial", "full_full", "full_full_sw", "full_fullbs")
+MIXES_033 = (*MIXES, "full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed")
 
 
-_MIXES_ONLY_033 = ("full_mamba_partial", "full_full", "full_full_sw", "full_fullbs")
+_MIXES_ONLY_033 = ("full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed")
 
 
 def _several_full_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
-    """The groups and block sizes of the mixes with several full-attention
-    groups: two equal ones (one spec group, looked up together), the same
-    with a sliding window, or block sizes 4 and 8 (0.33.0 truncates both
-    to the hit; with caching the wider one caches partial tails)."""
+    """The groups and block sizes of 0.33.0's own mixes: two equal
+    full-attention groups (one spec group, looked up together), the same
+    with a sliding window, block sizes 4 and 8 (0.33.0 truncates both to
+    the hit; with caching the wider one caches partial tails), or full
+    attention and sliding window in two precisions."""
     if mix == "full_full":
         bs = rng.choice((4, 8))
         return dict(groups=(Group("full", bs), Group("full", bs)), scheduler_block_size=bs, hash_block_size=bs)
+    if mix == "full_sw_mixed":
+        # float32 full attention, bfloat16 sliding window: new blocks are
+        # recorded for zeroing (take_new_block_ids, skip_zeroing_group_ids).
+        sw = Group("sw", rng.choice((4, 8)), rng.randint(3, 14), half=True)
+        return dict(groups=(Group("full", 4), sw), scheduler_block_size=8, hash_block_size=4 if caching else 8)
     if mix == "full_full_sw":
         sw = Group("sw", rng.choice((4, 8)), rng.randint(3, 14))
         return dict(groups=(Group("full", 4), Group("full", 4), sw), scheduler_block_size=8,
