@@ -15,11 +15,10 @@ import pytest
 
 pytestmark = pytest.mark.vllm("0.33.0")
 
-vllm = pytest.importorskip("vllm")
-if vllm.__version__.split("+", 1)[0] != "0.33.0":
-    pytest.skip(f"needs vLLM 0.33.0 (the 0.33 venv); installed: {vllm.__version__}", allow_module_level=True)
+from hybridcache.testing.oracle import module_needs_vllm  # noqa: E402
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+vllm = module_needs_vllm("0.33.0")
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # 0.33.0 infers no device on a CPU machine
 
 from hybridcache import fuzz  # noqa: E402
 from hybridcache.testing.fuzz_setup import RngChooser  # noqa: E402

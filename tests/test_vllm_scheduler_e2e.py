@@ -30,9 +30,9 @@ import pytest
 # Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
 pytestmark = pytest.mark.vllm("0.23.0")
 
-vllm = pytest.importorskip("vllm")
-if vllm.__version__.split("+")[0] != "0.23.0":  # pragma: no cover
-    pytest.skip(f"needs vLLM 0.23.0, found {vllm.__version__}", allow_module_level=True)
+from hybridcache.testing.oracle import module_needs_vllm  # noqa: E402
+
+vllm = module_needs_vllm("0.23.0")
 
 import torch  # noqa: E402
 from vllm.config import (  # noqa: E402

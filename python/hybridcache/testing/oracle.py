@@ -106,3 +106,15 @@ def vllm_missing(tool: str, accepted: Any = None) -> str | None:
     rows = ORACLE_RELEASES if accepted is None else tuple(accepted)
     hint = " or ".join(r.install_hint for r in rows)
     return missing(tool, f"vLLM {_oracle_text(rows)} and torch", hint, note)
+
+
+def module_needs_vllm(version: str) -> Any:
+    """For a test module that compares against vLLM `version`: the vLLM
+    module, or the whole module skipped (with the installed version named)
+    where another release or none is installed."""
+    import pytest
+
+    vllm = pytest.importorskip("vllm", reason=f"needs vLLM {version}")
+    if vllm.__version__.split("+", 1)[0] != version:
+        pytest.skip(f"needs vLLM {version}, found {vllm.__version__}", allow_module_level=True)
+    return vllm
