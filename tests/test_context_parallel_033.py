@@ -21,7 +21,6 @@ vllm = module_needs_vllm("0.33.0")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # 0.33.0 infers no device on a CPU machine
 
 from hybridcache import fuzz  # noqa: E402
-from hybridcache.testing.fuzz_setup import RngChooser  # noqa: E402
 from hybridcache.testing.release_api import release  # noqa: E402
 
 API = release("0.33.0")
@@ -42,14 +41,7 @@ def _setup(dcp: int, pcp: int, caching: bool, seed: int) -> fuzz.Setup:
 @pytest.mark.parametrize("dcp,pcp", WORLDS)
 @pytest.mark.parametrize("caching", [True, False])
 def test_random_operations_match_vllm(dcp: int, pcp: int, caching: bool) -> None:
-    f = fuzz.Figures()
-    for seed in range(3):
-        s = _setup(dcp, pcp, caching, seed + 10 * dcp + 3 * pcp)
-        d = API.driver_class()(s, False, f)
-        c = RngChooser(random.Random(seed))
-        for _ in range(700):
-            d.step_random(c)
-        d.drain()
+    f = API.drive([_setup(dcp, pcp, caching, seed + 10 * dcp + 3 * pcp) for seed in range(3)], 700)
     assert (f.divergences, f.invariant_violations, f.reference_errors) == (0, 0, 0), f.reports
     assert f.context_parallel_setups == 3 and f.allocations > 300 and f.none_allocations > 0
     if caching:

@@ -20,7 +20,6 @@ vllm = module_needs_vllm("0.33.0")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # 0.33.0 infers no device on a CPU machine
 
 from hybridcache import fuzz  # noqa: E402
-from hybridcache.testing.fuzz_setup import RngChooser  # noqa: E402
 from hybridcache.testing.release_api import release  # noqa: E402
 
 API = release("0.33.0")
@@ -41,14 +40,7 @@ def _mtp_setup(mix: str, seed: int, lookahead_hashes: bool) -> fuzz.Setup:
 def test_random_operations_match_vllm(mix: str, lookahead_hashes: bool) -> None:
     if mix == "full_chunked" and not lookahead_hashes:
         pytest.skip("vLLM 0.33.0 refuses EAGLE's block drop with chunked local attention (an assert)")
-    f = fuzz.Figures()
-    for seed in range(3):
-        s = _mtp_setup(mix, seed * 7 + len(mix), lookahead_hashes)
-        d = API.driver_class()(s, False, f)
-        c = RngChooser(random.Random(seed))
-        for _ in range(800):
-            d.step_random(c)
-        d.drain()
+    f = API.drive([_mtp_setup(mix, seed * 7 + len(mix), lookahead_hashes) for seed in range(3)], 800)
     assert (f.divergences, f.invariant_violations, f.reference_errors) == (0, 0, 0), f.reports
     assert f.calls["mtp_setups"] == 3 and f.allocations > 300 and f.hit_tokens > 0
 

@@ -66,6 +66,23 @@ class ReleaseApi:
     def driver_class(self) -> type:
         raise NotImplementedError
 
+    def drive(self, setups: Sequence[Setup], ops: int) -> Any:
+        """Random legal operations on each setup (the i-th with seed i),
+        vLLM's manager against hybridcache's facade: the figures, every
+        finding in them (for tests that draw their own setups)."""
+        import random
+
+        from .fuzz_setup import Figures, RngChooser
+
+        f = Figures()
+        for i, s in enumerate(setups):
+            d = self.driver_class()(s, False, f)
+            c = RngChooser(random.Random(i))
+            for _ in range(ops):
+                d.step_random(c)
+            d.drain()
+        return f
+
     def norm_event(self, event: Any) -> Any:
         return norm_event(event)
 
