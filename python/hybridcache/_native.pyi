@@ -176,6 +176,13 @@ class NativeManager:
         `shared_prefix_boundary`, where the longest hit one attention type
         found on its own ends when it passes the hit (a sparse-retention
         group lags a shared prefix), else 0."""
+    def _find_longest_cache_hit_per_group(
+        self, block_hashes: list[bytes], max_cache_hit_length: int
+    ) -> tuple[KVCacheBlocks, list[int]]:
+        """0.33.0's `HybridKVCacheCoordinator.find_longest_cache_hit_per_group`:
+        each group's own hit over `block_hashes`, not reconciled with the
+        others (blocks, hit tokens per group). ValueError for other
+        coordinators (one group, or no prefix caching) and for 0.23.0."""
     @property
     def release(self) -> str:
         """The vLLM release whose semantics this manager follows ("0.23.0", "0.33.0")."""

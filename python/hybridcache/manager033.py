@@ -26,6 +26,7 @@ naming them.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
@@ -35,6 +36,7 @@ from hybridcache.blocks import BlockView, KVCacheBlocks
 from hybridcache.config import read_groups
 from hybridcache.coordinator import CoordinatorView, SingleTypeManagerView, _group_block_ids
 from hybridcache.manager import KVCacheManager, _positive_int
+from hybridcache.releases import release_version
 
 from hybridcache.layout033 import check_layout, check_retention, context_parallel, layout_kind, needs_zeroing
 
@@ -139,6 +141,7 @@ class KVCacheManager033(KVCacheManager):
         # re-prefilled, so they are not cached (0.33.0's num_reprefillable_tokens).
         self.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
         self._set_reprefillable_tokens(self.num_reprefillable_tokens)
+        self._kinds = tuple(kinds)
         self._init_033(groups, hash_block_size, watermark, num_hash_lookahead_tokens, log_stats)
         return self
 
@@ -195,10 +198,26 @@ class KVCacheManager033(KVCacheManager):
         self._on_events(raw, request)
 
     def get_computed_blocks_for_connector(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int, bool]:
-        """0.33.0's lookup for requests with a KV connector: for models
-        without Mamba layers it is `get_computed_blocks` plus
-        `hit_diverged=False`."""
-        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        """0.33.0's lookup for requests with a KV connector: `get_computed_blocks`
+        plus `hit_diverged=False`, except for a hybrid model with Mamba and
+        full-attention layers and prefix caching. There the full-attention
+        group's own hit is the local prefix (the connector moves the rest
+        and the Mamba state), with `hit_diverged` when another group's hit
+        is shorter; if a group's hit runs deeper than full attention's
+        (its full-attention blocks were evicted), the reconciled lookup."""
+        coordinator = self.coordinator
+        fa_group = getattr(coordinator, "full_attention_group_id", None)
+        if "mamba" not in self._kinds or self.coordinator_kind != "hybrid" or fa_group is None:
+            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0, False
+        if max_cache_hit_length is None:
+            max_cache_hit_length = request.num_tokens - 1
+        blocks, hits = self._native._find_longest_cache_hit_per_group(request.block_hashes, max_cache_hit_length)
+        if any(hit > hits[fa_group] for hit in hits):
+            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        # Per-group lookups detect no uncached shared prefix (boundary 0).
+        return blocks, hits[fa_group], 0, min(hits) < hits[fa_group]
 
     def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
         """Counts one admission's lookup (the scheduler's call), unless
@@ -426,12 +445,44 @@ class CoordinatorView033(CoordinatorView):
         return [BlockView(native, b) for b in native._pop_blocks_for_free(request_id)]
 
 
+class HybridKVCacheCoordinator(CoordinatorView033):
+    """`CoordinatorView033` of a layout vLLM serves with its
+    HybridKVCacheCoordinator (several groups, prefix caching), with that
+    class's per-group hit search. Registered as a virtual subclass of
+    vLLM's class, so the offloading connector's `isinstance` check passes."""
+
+    def __init__(self, manager: KVCacheManager033) -> None:
+        """The coordinator view of `manager`."""
+        super().__init__(manager)
+        _register_as_vllm_hybrid_coordinator()
+
+    def find_longest_cache_hit_per_group(
+        self, block_hashes: list[bytes], max_cache_hit_length: int
+    ) -> tuple[tuple[list[BlockView], ...], tuple[int, ...]]:
+        """vLLM 0.33.0's per-group lookup: each group's own hit over
+        `block_hashes`, not reconciled with the other groups (blocks per
+        group, hit tokens per group)."""
+        blocks, hits = self._manager._native._find_longest_cache_hit_per_group(block_hashes, max_cache_hit_length)
+        return tuple(list(g) for g in blocks.blocks), tuple(hits)
+
+
+def _register_as_vllm_hybrid_coordinator() -> None:
+    """Registers `HybridKVCacheCoordinator` with vLLM 0.33.0's class of that
+    name when vLLM has loaded it (its scheduler has, before it builds the
+    manager); vLLM is never imported here."""
+    module = sys.modules.get("vllm.v1.core.kv_cache_coordinator")
+    vllm_cls = getattr(module, "HybridKVCacheCoordinator", None)
+    version = getattr(sys.modules.get("vllm"), "__version__", None)
+    if vllm_cls is not None and isinstance(version, str) and release_version(version) == RELEASE and not issubclass(HybridKVCacheCoordinator, vllm_cls):
+        vllm_cls.register(HybridKVCacheCoordinator)
+
+
 # The coordinator view is named as the coordinator vLLM 0.33.0 builds for
 # the layout (its tests check the class name).
 _COORDINATOR_VIEWS: dict[str, type[CoordinatorView033]] = {
-    kind: type(name, (CoordinatorView033,), {"__doc__": f"`CoordinatorView033` of a layout vLLM serves with its {name}."})
-    for kind, name in (("no_prefix_cache", "KVCacheCoordinatorNoPrefixCache"),
-                       ("unitary", "UnitaryKVCacheCoordinator"), ("hybrid", "HybridKVCacheCoordinator"))
+    **{kind: type(name, (CoordinatorView033,), {"__doc__": f"`CoordinatorView033` of a layout vLLM serves with its {name}."})
+       for kind, name in (("no_prefix_cache", "KVCacheCoordinatorNoPrefixCache"), ("unitary", "UnitaryKVCacheCoordinator"))},
+    "hybrid": HybridKVCacheCoordinator,
 }
 
 

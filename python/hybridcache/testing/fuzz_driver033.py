@@ -43,6 +43,7 @@ from typing import Any
 
 from .compare import _first_difference, freeze, norm_allocated, norm_blocks, norm_usage, pool_state
 from .fuzz_driver import Driver, Seq
+from .fuzz_queries033 import Queries033
 from .fuzz_setup import Divergence, Figures, InvariantViolation, ReferenceError_, Setup
 from .release_api import V033, norm_block_list, release
 
@@ -63,7 +64,7 @@ class Deferred:
     blocks: tuple[list[Any], list[Any]] = field(default_factory=lambda: ([], []))
 
 
-class Driver033(Driver):
+class Driver033(Queries033, Driver):
     """One setup: vLLM 0.33.0's manager (reference) and a candidate, same requests."""
 
     api: V033
@@ -579,24 +580,6 @@ class Driver033(Driver):
         self.both(f"remove_skipped_blocks({r.request_id}, {n}, {prompt})",
                   lambda m: m.remove_skipped_blocks(r.request_id, n, prompt))
 
-    def op_common_prefix(self, c: Any) -> None:
-        q = self.pick(c, "running")
-        rid = q.req.request_id if q is not None else "nobody"
-        self.both(f"get_num_common_prefix_blocks({rid})", lambda m: list(m.get_num_common_prefix_blocks(rid)))
-
-    def op_queries(self, c: Any) -> None:
-        self.both("make_prefix_cache_stats", lambda m: m.make_prefix_cache_stats(), self.api.norm_stats)
-        rid = c.choice(self.rids() + ["nobody"])
-        self.both(f"get_blocks({rid})", lambda m: m.get_blocks(rid), norm_blocks)
-        q = self.pick(c, "running")
-        if q is not None:
-            r: Any = q.req
-            self.both(f"estimate_cached_tokens({r.request_id})", lambda m: m.estimate_cached_tokens(r))
-            n = c.randint(0, r.num_computed_tokens)
-            self.both(f"get_block_ids_for_computed_tokens({r.request_id}, {n})",
-                      lambda m: m.get_block_ids_for_computed_tokens(request_id=r.request_id, num_computed_tokens=n),
-                      lambda x: tuple(map(tuple, x)))
-
     OPS: tuple[tuple[str, int], ...] = (
         ("arrive", 8),
         ("lookup", 3),
@@ -616,6 +599,7 @@ class Driver033(Driver):
         ("cache_blocks", 3),
         ("common_prefix", 1),
         ("queries", 3),
+        ("per_group_hits", 1),
     )
 
     def drain(self) -> None:

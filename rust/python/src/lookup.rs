@@ -5,7 +5,7 @@ use hybridcache_core::CoreError;
 use pyo3::intern;
 use pyo3::prelude::*;
 
-use crate::convert::{count_obj, guard, req_attr};
+use crate::convert::{count_obj, guard, hash_update, req_attr};
 use crate::native_manager::NativeManager;
 use crate::request_id;
 
@@ -73,4 +73,21 @@ pub(crate) fn computed_blocks<'py>(
         hit.len,
         boundary,
     ))
+}
+
+/// vLLM 0.33.0's `coordinator.find_longest_cache_hit_per_group`: each
+/// group's own hit over `block_hashes` (a list of bytes), not reconciled
+/// with the others: (KVCacheBlocks, hit tokens per group).
+pub(crate) fn per_group_hits<'py>(
+    slf: &Bound<'py, NativeManager>,
+    block_hashes: &Bound<'py, PyAny>,
+    max_cache_hit_length: &Bound<'py, PyAny>,
+) -> PyResult<(PyObject, Vec<usize>)> {
+    let max_hit = count_obj("max_cache_hit_length", max_cache_hit_length)?;
+    let hashes = hash_update(block_hashes, 0)?.unwrap_or_default().hashes;
+    let (blocks, lens) = {
+        let this = slf.borrow();
+        guard(|| this.inner.find_cache_hit_per_group(&hashes, max_hit))?
+    };
+    Ok((NativeManager::make_blocks(slf, &blocks)?, lens))
 }

@@ -173,6 +173,16 @@ impl NativeManager {
         lookup::computed_blocks(slf, request, max_cache_hit_length)
     }
 
+    /// 0.33.0's `find_longest_cache_hit_per_group` (hybrid coordinators):
+    /// (KVCacheBlocks, hit tokens per group).
+    fn _find_longest_cache_hit_per_group<'py>(
+        slf: &Bound<'py, Self>,
+        block_hashes: &Bound<'py, PyAny>,
+        max_cache_hit_length: &Bound<'py, PyAny>,
+    ) -> PyResult<(PyObject, Vec<usize>)> {
+        lookup::per_group_hits(slf, block_hashes, max_cache_hit_length)
+    }
+
     /// The release whose semantics this manager follows ("0.23.0", ...).
     #[getter]
     fn release(&self) -> &'static str {

@@ -75,7 +75,6 @@ impl Coordinator {
     /// decrease, so it ends.
     fn hybrid_cache_hit(&self, hashes: &HashList, max_len: usize) -> CacheHit {
         let hash_block_size = self.pool.hash_block_size();
-        let sbs = self.scheduler_block_size as usize;
         let every_full = self.hybrid_hit == HybridHit::EveryFullTruncated;
         // How far an EAGLE lookup may reach past the candidate.
         let eagle_cap = match self.hybrid_hit {
@@ -99,28 +98,8 @@ impl Coordinator {
                     continue;
                 }
                 let drop_eagle = sg.use_eagle && !eagle_verified[idx];
-                // EAGLE matches one more block, then drops it.
-                let max_length = if drop_eagle {
-                    (curr + bs).min(eagle_cap)
-                } else {
-                    curr
-                };
-                scratch.resize(sg.group_ids.len(), Vec::new());
-                SingleTypeManager::find_longest_cache_hit(
-                    &sg.spec,
-                    &self.pool,
-                    ScaledHashes::viewed(
-                        hashes,
-                        (sg.spec.block_size / hash_block_size) as usize,
-                        self.hash_view,
-                    ),
-                    max_length,
-                    &sg.group_ids,
-                    drop_eagle,
-                    sbs,
-                    &mut scratch,
-                );
-                let new_len = scratch[0].len() * bs;
+                let new_len =
+                    self.spec_group_hit(sg, hashes, curr, eagle_cap, drop_eagle, &mut scratch);
                 if drop_eagle {
                     eagle_verified[idx] = true;
                 } else if new_len < curr {
@@ -161,6 +140,73 @@ impl Coordinator {
             len: hit_length,
             longest: if every_full { longest } else { hit_length },
         }
+    }
+
+    /// One spec group's lookup of at most `max_len` tokens into `out` (one
+    /// list per member group); its hit length. With `drop_eagle`, EAGLE
+    /// matches one more block (at most `eagle_cap` tokens), then drops it.
+    fn spec_group_hit(
+        &self,
+        sg: &SpecGroup,
+        hashes: &HashList,
+        max_len: usize,
+        eagle_cap: usize,
+        drop_eagle: bool,
+        out: &mut Vec<Vec<BlockId>>,
+    ) -> usize {
+        let bs = sg.spec.block_size as usize;
+        let max_length = if drop_eagle {
+            (max_len + bs).min(eagle_cap)
+        } else {
+            max_len
+        };
+        out.resize(sg.group_ids.len(), Vec::new());
+        SingleTypeManager::find_longest_cache_hit(
+            &sg.spec,
+            &self.pool,
+            ScaledHashes::viewed(
+                hashes,
+                (sg.spec.block_size / self.pool.hash_block_size()) as usize,
+                self.hash_view,
+            ),
+            max_length,
+            &sg.group_ids,
+            drop_eagle,
+            self.scheduler_block_size as usize,
+            out,
+        );
+        out[0].len() * bs
+    }
+
+    /// vLLM 0.33.0's `find_longest_cache_hit_per_group`: every spec group's
+    /// own hit, not reconciled with the others (the offloading connector
+    /// bounds its loads by the groups it does not offload): blocks and hit
+    /// tokens per group; empty for groups outside the hit search. Hybrid
+    /// coordinators only (vLLM's other coordinators lack it).
+    pub fn find_longest_cache_hit_per_group(
+        &self,
+        hashes: &HashList,
+        max_len: usize,
+    ) -> CoreResult<(Vec<Vec<BlockId>>, Vec<usize>)> {
+        if self.kind != CoordinatorKind::Hybrid || self.hybrid_hit != HybridHit::EveryFullTruncated {
+            return Err(CoreError::InvalidArgument(
+                "find_longest_cache_hit_per_group is vLLM 0.33.0's HybridKVCacheCoordinator's \
+                 (several KV cache groups with prefix caching)"
+                    .into(),
+            ));
+        }
+        let eagle_cap = hashes.len() * self.pool.hash_block_size() as usize;
+        let mut blocks = vec![Vec::new(); self.managers.len()];
+        let mut lens = vec![0; self.managers.len()];
+        let mut scratch = Vec::new();
+        for sg in &self.spec_groups {
+            let len = self.spec_group_hit(sg, hashes, max_len, eagle_cap, sg.use_eagle, &mut scratch);
+            for (&g, b) in sg.group_ids.iter().zip(scratch.iter_mut()) {
+                blocks[g as usize] = std::mem::take(b);
+                lens[g as usize] = len;
+            }
+        }
+        Ok((blocks, lens))
     }
 }
 

@@ -314,6 +314,16 @@ impl KvCacheManager {
         Ok(self.coord.find_longest_cache_hit(hashes, max_hit))
     }
 
+    /// Every spec group's own hit over `hashes` (at most `max_hit` tokens),
+    /// not reconciled: see `Coordinator::find_longest_cache_hit_per_group`.
+    pub fn find_cache_hit_per_group(
+        &self,
+        hashes: &HashList,
+        max_hit: usize,
+    ) -> CoreResult<(Vec<Vec<BlockId>>, Vec<usize>)> {
+        self.coord.find_longest_cache_hit_per_group(hashes, max_hit)
+    }
+
     /// The behaviour profile fixed at construction.
     pub fn profile(&self) -> &BehaviourProfile {
         &self.profile
