@@ -118,16 +118,42 @@ def test_reused_hit_events_with_dcp_where_vllm_asserts() -> None:
     assert list(stored.token_ids) == tokens[: 2 * bs]
 
 
-def test_several_groups_with_dcp_say_so() -> None:
-    from vllm.v1.kv_cache_interface import KVCacheConfig
+def _hybrid_dcp_setups(n: int) -> list[fuzz.Setup]:
+    """The fuzz's draws of context parallelism on several groups."""
+    out = []
+    for seed in range(500):
+        mix = ("full_sw", "full_full", "full_full_sw", "full_chunked")[seed % 4]
+        s = API.random_setup(random.Random(seed), mix, seed % 3 != 0)
+        if s.dcp > 1:
+            out.append(s)
+        if len(out) == n:
+            return out
+    raise AssertionError("too few draws with dcp > 1")
+
+
+def test_several_groups_with_dcp_match_vllm() -> None:
+    """Full attention (dcp-sharded: blocks of block_size * dcp tokens) beside
+    replicated sliding-window / chunked-local / full-attention groups."""
+    setups = _hybrid_dcp_setups(6)
+    f = API.drive(setups, 600)
+    assert (f.divergences, f.invariant_violations, f.reference_errors) == (0, 0, 0), f.reports
+    assert f.context_parallel_setups == 6 and f.allocations > 500
+    assert any(len(s.groups) > 1 and s.replicated and s.caching for s in setups)
+
+
+def test_several_groups_with_dcp_where_vllm_asserts() -> None:
+    """A dcp-sharded sliding-window group beside full attention, with prefix
+    caching: vLLM 0.33.0's hybrid coordinator asserts; hybridcache says why."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
 
     from hybridcache.manager033 import KVCacheManager033
 
-    s, _, _ = _pair(2, 1)
-    cfg = API.kv_cache_config(s)
-    two = KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[],
-                        kv_cache_groups=[cfg.kv_cache_groups[0], cfg.kv_cache_groups[0]])
-    with pytest.raises(NotImplementedError, match="dcp_world_size=2"):
-        KVCacheManager033(kv_cache_config=two, **API.manager_kwargs(s))
+    s = next(s for s in _hybrid_dcp_setups(12) if s.caching and s.mix == "full_sw")
+    s = dataclasses.replace(s, replicated=(), dcp=2, pcp=1)
+    cfg, kw = API.kv_cache_config(s), API.manager_kwargs(s)
+    with pytest.raises(AssertionError, match="DCP with hybrid"):
+        KVCacheManager(kv_cache_config=cfg, **kw)
+    with pytest.raises(ValueError, match=r"kv_cache_groups\[1\].*dcp_world_size=.*SlidingWindowSpec"):
+        KVCacheManager033(kv_cache_config=cfg, **kw)
     with pytest.raises(ValueError, match="dcp_world_size"):
-        KVCacheManager033(kv_cache_config=cfg, **{**API.manager_kwargs(s), "dcp_world_size": 0})
+        KVCacheManager033(kv_cache_config=cfg, **{**kw, "dcp_world_size": 0})

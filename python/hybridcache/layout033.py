@@ -48,7 +48,8 @@ def _refused_name(spec: Any) -> str:
     return type(spec).__name__
 
 
-def check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bool, dcp: int = 1) -> list[str]:
+def check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bool,
+                 scales: tuple[int, ...] = ()) -> list[str]:
     """The groups' kinds, if the 0.33.0 facade covers this layout: full
     attention, sliding window and chunked local groups; NotImplementedError
     naming what it does not cover."""
@@ -74,10 +75,10 @@ def check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: boo
                 f"{' with bounded_replay=True' if getattr(spec, 'bounded_replay', False) else ''}: vLLM 0.33.0 "
                 "skips it in hits and caching) is not supported by hybridcache's vLLM 0.33.0 facade yet"
             )
-        # A block holds block_size * dcp tokens (dcp > 1 only with one group).
+        # A block holds block_size * its dcp scale tokens (`context_parallel`).
         block_size = getattr(spec, "block_size", None)
-        if block_size is not None:
-            block_size *= dcp
+        if block_size is not None and i < len(scales):
+            block_size *= scales[i]
         if kind == "full" and enable_caching and block_size != hash_block_size:
             raise NotImplementedError(
                 f"kv_cache_groups[{i}]: a full-attention block of {block_size} tokens over hash blocks "
@@ -153,22 +154,40 @@ def check_retention(kv_cache_config: Any, scheduler_block_size: int, kinds: list
     return int(interval) if "sliding_window" in kinds else None
 
 
-def context_parallel(kv_cache_config: Any, dcp_world_size: int, pcp_world_size: int) -> tuple[int, int]:
-    """The (dcp, pcp) the core scales blocks by, in 0.33.0's form: only dcp
-    scales a block, and only of a dcp-sharded spec (every attention spec by
-    default); pcp scales nothing (single_type_kv_cache_manager.py L107-109,
-    L761-765; the scheduler passes pcp_world_size=1)."""
+def context_parallel(kv_cache_config: Any, dcp_world_size: int, pcp_world_size: int,
+                     enable_caching: bool) -> tuple[int, ...]:
+    """How many times its spec's `block_size` tokens each group's block
+    holds, in 0.33.0's form: dcp for a dcp-sharded spec (every attention spec
+    by default), 1 for a replicated one (Mamba); pcp scales nothing (the
+    0.33.0 scheduler passes pcp_world_size=1): single_type_kv_cache_manager.py
+    L107-109, kv_cache_utils.resolve_dcp_kv_block_size. The facade scales
+    the groups by these before the core sees them (0.23.0's rule, every group
+    times dcp * pcp, is the core's `context_parallel_groups`). ValueError
+    where 0.33.0 asserts: its hybrid coordinator takes context parallelism
+    for full attention and replicated groups only, and its sliding-window,
+    chunked-local and Mamba hit searches assert dcp == 1 for a dcp-sharded
+    group."""
     dcp = _positive_int("dcp_world_size", dcp_world_size)
-    _positive_int("pcp_world_size", pcp_world_size)
-    if dcp == 1:
-        return 1, 1
+    pcp = _positive_int("pcp_world_size", pcp_world_size)
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or ())
-    if len(groups) != 1:
-        raise NotImplementedError(
-            f"decode context parallelism (dcp_world_size={dcp}) with {len(groups)} KV cache groups is not "
-            "supported by hybridcache's vLLM 0.33.0 facade yet (one full-attention group is)"
-        )
-    return (dcp if getattr(groups[0].kv_cache_spec, "dcp_sharded", True) else 1), 1
+    specs = [getattr(g, "kv_cache_spec", None) for g in groups]
+    sharded = [bool(getattr(spec, "dcp_sharded", True)) for spec in specs]
+    if enable_caching and dcp * pcp > 1:
+        for i, (spec, shard) in enumerate(zip(specs, sharded)):
+            kind = layout_kind(spec)
+            if len(groups) > 1 and kind != "full" and (shard or (pcp > 1 and kind == "mamba")):
+                raise ValueError(
+                    f"kv_cache_groups[{i}]: dcp_world_size={dcp}, pcp_world_size={pcp} with a "
+                    f"{type(spec).__name__} group: vLLM 0.33.0's hybrid coordinator supports context "
+                    "parallelism only for full-attention and replicated (dcp_sharded=False) groups "
+                    "(and replicated attention groups only under pcp)"
+                )
+            if dcp > 1 and shard and kind != "full":
+                raise ValueError(
+                    f"kv_cache_groups[{i}]: dcp_world_size={dcp} with a dcp-sharded {type(spec).__name__} "
+                    "group and prefix caching: vLLM 0.33.0's hit search for it asserts dcp == 1"
+                )
+    return tuple(dcp if shard else 1 for shard in sharded)
 
 
 __all__ = ["check_layout", "check_retention", "context_parallel", "layout_kind", "needs_zeroing"]

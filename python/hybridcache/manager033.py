@@ -102,8 +102,8 @@ class KVCacheManager033(KVCacheManager):
             max_in_flight_tokens = max_model_len
         max_in_flight_tokens = _positive_int("max_in_flight_tokens", max_in_flight_tokens)
         scheduler_block_size = _positive_int("scheduler_block_size", scheduler_block_size)
-        dcp_world_size, pcp_world_size = context_parallel(kv_cache_config, dcp_world_size, pcp_world_size)
-        kinds = check_layout(kv_cache_config, hash_block_size, bool(enable_caching), dcp_world_size)
+        dcp_scales = context_parallel(kv_cache_config, dcp_world_size, pcp_world_size, bool(enable_caching))
+        kinds = check_layout(kv_cache_config, hash_block_size, bool(enable_caching), dcp_scales)
         retention = check_retention(kv_cache_config, scheduler_block_size, kinds)
         for name, v in (("num_hash_lookahead_tokens", num_hash_lookahead_tokens),
                         ("num_prefill_lookahead", num_prefill_lookahead)):
@@ -125,15 +125,19 @@ class KVCacheManager033(KVCacheManager):
         zeroing = needs_zeroing(kv_cache_config, kinds)
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
         checkpoints = _mamba_checkpoints(kv_cache_config, hash_block_size, num_hash_lookahead_tokens, use_eagle)
+        # Each group's block holds its dcp scale times the spec's tokens
+        # (0.33.0's managers; the admission caps above keep the spec's size).
         groups = [type(g)(native=replace(_records_new_block_ids(g.native, zeroing, spec),
-                                         mamba_checkpoints=checkpoints(spec)),
+                                         mamba_checkpoints=checkpoints(spec),
+                                         block_size=g.native.block_size * scale),
                           event_kind=g.event_kind, sliding_window=g.sliding_window)
-                  for g, spec in zip(groups, specs)]
+                  for g, spec, scale in zip(groups, specs, dcp_scales)]
         self = cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
                           enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE,
                           retention_interval=retention,
                           num_hash_lookahead_tokens=num_hash_lookahead_tokens,
-                          dcp_world_size=dcp_world_size, pcp_world_size=pcp_world_size,
+                          # The groups are scaled already (0.33.0's rule, above).
+                          dcp_world_size=1, pcp_world_size=1,
                           # 0.33.0's pool calls the collector as 0.23.0's,
                           # except that the null block is never touched.
                           metrics_collector=metrics_collector)
@@ -142,6 +146,7 @@ class KVCacheManager033(KVCacheManager):
         self.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
         self._set_reprefillable_tokens(self.num_reprefillable_tokens)
         self._kinds = tuple(kinds)
+        self.dcp_world_size, self.pcp_world_size = int(dcp_world_size), int(pcp_world_size)
         self._init_033(groups, hash_block_size, watermark, num_hash_lookahead_tokens, log_stats)
         return self
 
@@ -151,7 +156,7 @@ class KVCacheManager033(KVCacheManager):
         self._specs = [g.kv_cache_spec for g in self.kv_cache_config.kv_cache_groups]
         self._hash_block_size = hash_block_size
         # Tokens per block of each group, as the core sizes them (dcp scales them).
-        self._block_sizes = [g.native.block_size * self.dcp_world_size for g in groups]
+        self._block_sizes = [g.native.block_size for g in groups]
         self._live_stats: Any = _prefix_cache_stats() if log_stats else None
         self.watermark_blocks = int(watermark * self.num_blocks)
         self._set_watermark(self.watermark_blocks, _waiting_statuses())
@@ -272,10 +277,10 @@ class KVCacheManager033(KVCacheManager):
         # vLLM clips by the spec's own block size, not the dcp-scaled one
         # (kv_cache_manager.py L756): with dcp > 1 that keeps more ids.
         out = []
-        for ids, g, spec in zip(self.get_block_ids(request_id), self._groups, self._specs):
+        for ids, spec in zip(self.get_block_ids(request_id), self._specs):
             names = {cls.__name__ for cls in type(spec).__mro__}
             positional = "AttentionSpec" in names and not names & {"CrossAttentionSpec", "EncoderOnlyAttentionSpec"}
-            out.append(ids[: -(-num_computed_tokens // g.native.block_size)] if positional else ids)
+            out.append(ids[: -(-num_computed_tokens // int(spec.block_size))] if positional else ids)
         return tuple(out)
 
     def estimate_cached_tokens(self, request: Any) -> int:
@@ -519,7 +524,8 @@ class _SingleTypeManagerView033(SingleTypeManagerView):
         super().__init__(manager, group)
         self.kv_cache_spec = spec
         # vLLM's manager holds block_size * dcp tokens per block (dcp-sharded specs).
-        self.block_size = int(spec.block_size) * manager.dcp_world_size
+        self.block_size = manager._block_sizes[group]
+        self.dcp_world_size = self.block_size // int(spec.block_size)
         self.block_pool = manager.block_pool
         self.num_cached_block = _NumCachedBlockView(manager, group)
         # The object `req_to_blocks` lists for blocks outside a window.

@@ -66,6 +66,7 @@ class Setup:
     # Context parallelism (single full-attention group only, as vLLM 0.23.0).
     dcp: int = 1
     pcp: int = 1
+    replicated: tuple[int, ...] = ()  # groups whose spec is not dcp-sharded (0.33.0)
     # A recording metrics collector on each manager at this sample rate.
     metrics_sample_rate: float | None = None
     # VLLM_PREFIX_CACHE_RETENTION_INTERVAL while the managers are built
@@ -96,7 +97,7 @@ class Setup:
         text = (
             f"{self.mix} [{gs}] caching={self.caching} num_blocks={self.num_blocks} sbs={self.scheduler_block_size} "
             f"hbs={self.hash_block_size} eagle={self.use_eagle} events={self.events} stats={self.log_stats}"
-            f" dcp={self.dcp} pcp={self.pcp} metrics={self.metrics_sample_rate}"
+            f" dcp={self.dcp} pcp={self.pcp} replicated={list(self.replicated)} metrics={self.metrics_sample_rate}"
             f" retention={self.retention}"
         )
         if self.release != "0.23.0":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -182,6 +183,26 @@ MIXES_033 = (*MIXES, "full_mamba_partial", "full_full", "full_full_sw", "full_fu
 _MIXES_ONLY_033 = ("full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed")
 
 
+def _hybrid_context_parallel(rng: Any, s: Setup) -> Setup:
+    """Context parallelism on several attention groups, as 0.33.0 sizes it
+    (kv_cache_utils.resolve_kv_cache_block_sizes): dcp scales the
+    full-attention (dcp-sharded) blocks, the other groups are replicated
+    (its hybrid coordinator takes no other), the scheduler block is the
+    LCM of the scaled blocks and the hash block their GCD. Drawn on a
+    quarter of the attention-only multi-group setups; none where a
+    full-attention block would outgrow the hash block (partial tails)."""
+    if len(s.groups) < 2 or s.dcp * s.pcp > 1 or any(g.kind == "mamba" for g in s.groups) or rng.random() >= 0.25:
+        return s
+    dcp, pcp = rng.choice(((2, 1), (2, 2), (1, 2), (4, 1)))
+    scaled = [g.block_size * (dcp if g.kind == "full" else 1) for g in s.groups]
+    sbs, hbs = math.lcm(*scaled), math.gcd(*scaled)
+    if s.caching and any(b != hbs for g, b in zip(s.groups, scaled) if g.kind == "full"):
+        return s
+    retention = s.retention if not s.retention else rng.choice((sbs, 2 * sbs))
+    return dataclasses.replace(s, dcp=dcp, pcp=pcp, scheduler_block_size=sbs, hash_block_size=hbs if s.caching else sbs,
+                               retention=retention, replicated=tuple(i for i, g in enumerate(s.groups) if g.kind != "full"))
+
+
 def _several_full_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
     """The groups and block sizes of 0.33.0's own mixes: two equal
     full-attention groups (one spec group, looked up together), the same
@@ -276,6 +297,7 @@ class V033(ReleaseApi):
                 use_eagle = True
         elif rng.random() < 0.3:
             spec = rng.randint(1, 3)  # draft-model / n-gram drafts: no EAGLE rules
+        s = _hybrid_context_parallel(rng, s)
         return dataclasses.replace(
             s,
             release=self.name,
@@ -314,6 +336,9 @@ class V033(ReleaseApi):
     def kv_cache_config(self, s: Setup) -> Any:
         cfg = configs.vllm_kv_cache_config(group_specs(s), s.num_blocks)
         cfg.prefix_cache_retention_interval = s.retention
+        for i in s.replicated:
+            g = cfg.kv_cache_groups[i]
+            g.kv_cache_spec = dataclasses.replace(g.kv_cache_spec, dcp_sharded=False)
         return cfg
 
     def build_reference(self, s: Setup) -> Any:
