@@ -17,16 +17,18 @@ _FULL_ATTENTION_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "HiddenStateCa
 _SLIDING_WINDOW_SPECS = ("SlidingWindowSpec", "SlidingWindowMLASpec")
 _CHUNKED_LOCAL_SPECS = ("ChunkedLocalAttentionSpec",)
 _MAMBA_SPECS = ("MambaSpec",)
+# Encoder-decoder models (Whisper): the states of the encoder, one static
+# allocation per request, never cached (prefix caching is refused).
+_CROSS_ATTENTION_SPECS = ("CrossAttentionSpec",)
 _REFUSED_SPECS = {
     "RSWASpec": "R-SWA (RSWASpec)",
     "CircularBufferSpec": "circular buffers (CircularBufferSpec)",
-    "CrossAttentionSpec": "cross attention (CrossAttentionSpec)",
 }
 
 
 def layout_kind(spec: Any) -> str | None:
-    """"full", "sliding_window", "chunked_local", "mamba", or None
-    (refused or unknown)."""
+    """"full", "sliding_window", "chunked_local", "mamba", "cross_attention",
+    or None (refused or unknown)."""
     for cls in type(spec).__mro__:
         if cls.__name__ in _REFUSED_SPECS:
             return None
@@ -38,6 +40,8 @@ def layout_kind(spec: Any) -> str | None:
             return "chunked_local"
         if cls.__name__ in _MAMBA_SPECS:
             return "mamba"
+        if cls.__name__ in _CROSS_ATTENTION_SPECS:
+            return "cross_attention"
     return None
 
 

@@ -403,7 +403,8 @@ class CoordinatorView033(CoordinatorView):
         super().__init__(manager)
         groups = list(manager.kv_cache_config.kv_cache_groups)
         self.single_type_managers = tuple(
-            _SingleTypeManagerView033(manager, g, groups[g].kv_cache_spec) for g in range(self._num_groups)
+            _manager_view_class(groups[g].kv_cache_spec)(manager, g, groups[g].kv_cache_spec)
+            for g in range(self._num_groups)
         )
         self.eagle_group_ids = {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)}
         if manager.use_eagle and not self.eagle_group_ids:
@@ -459,7 +460,9 @@ class HybridKVCacheCoordinator(CoordinatorView033):
     def __init__(self, manager: KVCacheManager033) -> None:
         """The coordinator view of `manager`."""
         super().__init__(manager)
-        _register_as_vllm_hybrid_coordinator()
+        vllm_cls = _loaded_vllm_033("vllm.v1.core.kv_cache_coordinator", "HybridKVCacheCoordinator")
+        if vllm_cls is not None and not issubclass(HybridKVCacheCoordinator, vllm_cls):
+            vllm_cls.register(HybridKVCacheCoordinator)
 
     def find_longest_cache_hit_per_group(
         self, block_hashes: list[bytes], max_cache_hit_length: int
@@ -471,15 +474,15 @@ class HybridKVCacheCoordinator(CoordinatorView033):
         return tuple(list(g) for g in blocks.blocks), tuple(hits)
 
 
-def _register_as_vllm_hybrid_coordinator() -> None:
-    """Registers `HybridKVCacheCoordinator` with vLLM 0.33.0's class of that
-    name when vLLM has loaded it (its scheduler has, before it builds the
-    manager); vLLM is never imported here."""
-    module = sys.modules.get("vllm.v1.core.kv_cache_coordinator")
-    vllm_cls = getattr(module, "HybridKVCacheCoordinator", None)
+def _loaded_vllm_033(module_name: str, name: str) -> Any:
+    """`name` of vLLM 0.33.0's module `module_name`, if vLLM has loaded it
+    (its scheduler has, before it builds the manager); vLLM is never
+    imported here. The views register with vLLM's abstract classes, so
+    `isinstance` checks on them (connectors, vLLM's tests) pass."""
     version = getattr(sys.modules.get("vllm"), "__version__", None)
-    if vllm_cls is not None and isinstance(version, str) and release_version(version) == RELEASE and not issubclass(HybridKVCacheCoordinator, vllm_cls):
-        vllm_cls.register(HybridKVCacheCoordinator)
+    if not isinstance(version, str) or release_version(version) != RELEASE:
+        return None
+    return getattr(sys.modules.get(module_name), name, None)
 
 
 # The coordinator view is named as the coordinator vLLM 0.33.0 builds for
@@ -530,6 +533,26 @@ class _SingleTypeManagerView033(SingleTypeManagerView):
         self.num_cached_block = _NumCachedBlockView(manager, group)
         # The object `req_to_blocks` lists for blocks outside a window.
         self._null_block = manager.block_pool.null_block
+
+
+_MANAGER_VIEWS: dict[type, type[_SingleTypeManagerView033]] = {}
+
+
+def _manager_view_class(spec: Any) -> type[_SingleTypeManagerView033]:
+    """The per-group view class for `spec`: named as, and registered with,
+    the `SingleTypeKVCacheManager` class vLLM 0.33.0 would run the group
+    with (its spec registry's choice), when vLLM has loaded it."""
+    registry = _loaded_vllm_033("vllm.v1.kv_cache_spec_registry", "KVCacheSpecRegistry")
+    vllm_cls = registry.get_manager_class(spec) if registry is not None else None
+    if vllm_cls is None:
+        return _SingleTypeManagerView033
+    view = _MANAGER_VIEWS.get(vllm_cls)
+    if view is None:
+        view = type(vllm_cls.__name__, (_SingleTypeManagerView033,),
+                    {"__doc__": f"`_SingleTypeManagerView033` of a group vLLM runs with its {vllm_cls.__name__}."})
+        vllm_cls.register(view)
+        _MANAGER_VIEWS[vllm_cls] = view
+    return view
 
 
 __all__ = ["KVCacheManager033", "RELEASE", "KVCacheBlocks"]

@@ -135,9 +135,11 @@ impl Coordinator {
             CoordinatorKind::Hybrid
         };
         if enable_caching && groups.iter().any(|g| g.kind == SpecKind::CrossAttention) {
-            // vLLM 0.23.0 accepts this config but fails on the first lookup.
+            // vLLM accepts this config but fails on the first lookup (0.23.0
+            // and 0.33.0: CrossAttentionManager's hit search raises).
             return Err(CoreError::Unsupported(
-                "prefix caching with cross-attention groups (vLLM 0.23.0 cannot serve it either)"
+                "prefix caching with cross-attention groups (vLLM cannot serve it either: its \
+                 cross-attention hit search raises; encoder-decoder models run without it)"
                     .into(),
             ));
         }
