@@ -17,19 +17,21 @@ _FULL_ATTENTION_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "HiddenStateCa
 _SLIDING_WINDOW_SPECS = ("SlidingWindowSpec", "SlidingWindowMLASpec")
 _CHUNKED_LOCAL_SPECS = ("ChunkedLocalAttentionSpec",)
 _MAMBA_SPECS = ("MambaSpec",)
+# 0.33.0's RSWAManager and CircularBufferManager (new kinds of the core).
+_OWN_KIND_SPECS = {"RSWASpec": "rswa", "CircularBufferSpec": "circular_buffer"}
 _REFUSED_SPECS = {
-    "RSWASpec": "R-SWA (RSWASpec)",
-    "CircularBufferSpec": "circular buffers (CircularBufferSpec)",
     "CrossAttentionSpec": "cross attention (CrossAttentionSpec)",
 }
 
 
 def layout_kind(spec: Any) -> str | None:
-    """"full", "sliding_window", "chunked_local", "mamba", or None
-    (refused or unknown)."""
+    """"full", "rswa", "circular_buffer", "sliding_window",
+    "chunked_local", "mamba", or None (refused or unknown)."""
     for cls in type(spec).__mro__:
         if cls.__name__ in _REFUSED_SPECS:
             return None
+        if cls.__name__ in _OWN_KIND_SPECS:
+            return _OWN_KIND_SPECS[cls.__name__]
         if cls.__name__ in _FULL_ATTENTION_SPECS:
             return "full"
         if cls.__name__ in _SLIDING_WINDOW_SPECS:
@@ -50,8 +52,9 @@ def _refused_name(spec: Any) -> str:
 
 def check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bool, dcp: int = 1) -> list[str]:
     """The groups' kinds, if the 0.33.0 facade covers this layout: full
-    attention, sliding window and chunked local groups; NotImplementedError
-    naming what it does not cover."""
+    attention (R-SWA too), circular buffers, sliding window (bounded replay
+    and extra retained tokens too) and chunked local groups, Mamba beside
+    full attention; NotImplementedError naming what it does not cover."""
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
     if not groups:
         raise NotImplementedError(
@@ -65,30 +68,18 @@ def check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: boo
         if kind is None:
             raise NotImplementedError(
                 f"kv_cache_groups[{i}]: {_refused_name(spec)} is not supported by hybridcache's vLLM "
-                "0.33.0 facade yet (it covers full attention, sliding window and chunked local "
-                "groups, and Mamba beside full attention without prefix caching)"
-            )
-        if getattr(spec, "prefix_cacheable", True) is False:
-            raise NotImplementedError(
-                f"kv_cache_groups[{i}]: a group that is not prefix-cacheable ({type(spec).__name__}"
-                f"{' with bounded_replay=True' if getattr(spec, 'bounded_replay', False) else ''}: vLLM 0.33.0 "
-                "skips it in hits and caching) is not supported by hybridcache's vLLM 0.33.0 facade yet"
+                "0.33.0 facade yet (it covers full attention, R-SWA, circular buffers, sliding window "
+                "and chunked local groups, and Mamba beside full attention without prefix caching)"
             )
         # A block holds block_size * dcp tokens (dcp > 1 only with one group).
         block_size = getattr(spec, "block_size", None)
         if block_size is not None:
             block_size *= dcp
-        if kind == "full" and enable_caching and block_size != hash_block_size:
+        if kind in ("full", "rswa") and enable_caching and block_size != hash_block_size:
             raise NotImplementedError(
                 f"kv_cache_groups[{i}]: a full-attention block of {block_size} tokens over hash blocks "
                 f"of {hash_block_size} (vLLM 0.33.0 caches partial tail blocks and serves partial hash "
                 "hits there) is not supported by hybridcache's vLLM 0.33.0 facade yet"
-            )
-        extra = getattr(spec, "extra_retained_tokens", None) or 0
-        if kind == "sliding_window" and extra:
-            raise NotImplementedError(
-                f"kv_cache_groups[{i}]: extra_retained_tokens={extra} (multi-module "
-                "MTP) is not supported by hybridcache's vLLM 0.33.0 facade yet"
             )
         if kind == "mamba" and getattr(spec, "mamba_cache_mode", "none") == "align":
             if enable_caching and block_size != hash_block_size:
