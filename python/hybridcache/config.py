@@ -202,6 +202,10 @@ class KVCacheConfig:
 # class's MRO, most derived first, so vLLM's subclasses and ours both resolve.
 _SPEC_KINDS: dict[str, tuple[str | None, str]] = {
     "SlidingWindowMLASpec": ("sliding_window", "sliding_window_mla"),
+    # vLLM 0.33.0's (0.23.0 has neither): R-SWA is a FullAttentionSpec
+    # subclass, events report it as full attention; a ring has no kind.
+    "RSWASpec": ("rswa", "full_attention"),
+    "CircularBufferSpec": ("circular_buffer", "unknown"),
     "HiddenStateCacheSpec": ("full_attention", "mla_attention"),
     "MLAAttentionSpec": ("full_attention", "mla_attention"),
     "TQFullAttentionSpec": ("full_attention", "full_attention"),
@@ -221,7 +225,8 @@ _SPEC_KINDS: dict[str, tuple[str | None, str]] = {
 _REPORTS_NEW_BLOCK_IDS = frozenset({"FullAttentionSpec", "TQFullAttentionSpec", "MLAAttentionSpec"})
 
 
-NativeKind = Literal["full_attention", "sliding_window", "chunked_local", "cross_attention", "mamba"]
+NativeKind = Literal["full_attention", "sliding_window", "chunked_local", "cross_attention", "mamba", "rswa",
+                     "circular_buffer"]
 MambaCacheMode = Literal["none", "all", "align"]
 
 
@@ -231,7 +236,8 @@ class NativeGroup:
     _native.pyi; the binding reads these attributes by name).
 
     kind: "full_attention", "sliding_window", "chunked_local",
-    "cross_attention" or "mamba" (any other raises NotImplementedError);
+    "cross_attention", "mamba", "rswa" or "circular_buffer" (any other
+    raises NotImplementedError);
     spec_class: index of the first group with an equal spec (looked up
     together, as vLLM does); admission_cap: the spec's per-request block cap
     (sliding window, chunked local), else None; window_or_chunk: the sliding

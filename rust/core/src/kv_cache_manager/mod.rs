@@ -444,7 +444,11 @@ impl KvCacheManager {
             self.coord
                 .managers
                 .iter()
-                .all(|m| m.blocks(s).len() >= num_computed_tokens / m.block_size as usize)
+                // Groups out of prefix caching cache nothing (a ring holds one block).
+                .all(|m| {
+                    !m.spec.prefix_cacheable
+                        || m.blocks(s).len() >= num_computed_tokens / m.block_size as usize
+                })
         });
         if slot.is_none() || !holds {
             return invalid(format!(
