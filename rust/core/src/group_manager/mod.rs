@@ -428,6 +428,11 @@ impl SingleTypeManager {
     ) {
         let num_cached = self.num_cached_blocks(slot);
         let mut num_full = num_tokens / self.bs();
+        if num_cached >= num_full {
+            // Nothing to cache (always so out of prefix caching, where the
+            // hash view may not fit the block size).
+            return;
+        }
         if self.cap_at_hashes {
             // Lookahead hashes arrive after their block is full.
             num_full = num_full.min(hashes.len());
