@@ -202,6 +202,10 @@ class KVCacheConfig:
 # class's MRO, most derived first, so vLLM's subclasses and ours both resolve.
 _SPEC_KINDS: dict[str, tuple[str | None, str]] = {
     "SlidingWindowMLASpec": ("sliding_window", "sliding_window_mla"),
+    # vLLM 0.33.0's (0.23.0 has neither): R-SWA is a FullAttentionSpec
+    # subclass, events report it as full attention; a ring has no kind.
+    "RSWASpec": ("rswa", "full_attention"),
+    "CircularBufferSpec": ("circular_buffer", "unknown"),
     "HiddenStateCacheSpec": ("full_attention", "mla_attention"),
     "MLAAttentionSpec": ("full_attention", "mla_attention"),
     "TQFullAttentionSpec": ("full_attention", "full_attention"),
@@ -221,7 +225,8 @@ _SPEC_KINDS: dict[str, tuple[str | None, str]] = {
 _REPORTS_NEW_BLOCK_IDS = frozenset({"FullAttentionSpec", "TQFullAttentionSpec", "MLAAttentionSpec"})
 
 
-NativeKind = Literal["full_attention", "sliding_window", "chunked_local", "cross_attention", "mamba"]
+NativeKind = Literal["full_attention", "sliding_window", "chunked_local", "cross_attention", "mamba", "rswa",
+                     "circular_buffer"]
 MambaCacheMode = Literal["none", "all", "align"]
 
 
@@ -231,11 +236,12 @@ class NativeGroup:
     _native.pyi; the binding reads these attributes by name).
 
     kind: "full_attention", "sliding_window", "chunked_local",
-    "cross_attention" or "mamba" (any other raises NotImplementedError);
+    "cross_attention", "mamba", "rswa" or "circular_buffer" (any other
+    raises NotImplementedError);
     spec_class: index of the first group with an equal spec (looked up
     together, as vLLM does); admission_cap: the spec's per-request block cap
     (sliding window, chunked local), else None; window_or_chunk: the sliding
-    window or attention chunk size (ignored by other kinds);
+    window, attention chunk size or R-SWA window (ignored by other kinds);
     mamba_cache_mode: "none", "all" or "align" (read for "mamba" only)."""
 
     kind: NativeKind
@@ -251,6 +257,10 @@ class NativeGroup:
     # hash_block_size, num_hash_lookahead_tokens, drop_eagle_block,
     # only_at_prefill_end), or None; set by the 0.33.0 facade.
     mamba_checkpoints: tuple[int, int, int, bool, bool] | None = None
+    # vLLM 0.33.0's spec.prefix_cacheable (False: no hits, no caching) and a
+    # sliding window's extra_retained_tokens; their defaults before 0.33.0.
+    prefix_cacheable: bool = True
+    extra_retained_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -303,16 +313,22 @@ def _native_group(spec: Any, kind: str, index: int, spec_class: int, is_eagle: b
         param = _int_field(spec, "sliding_window", index)
     elif kind == "chunked_local":
         param = _int_field(spec, "attention_chunk_size", index)
+    elif kind == "rswa":
+        param = _int_field(spec, "rswa_window", index, minimum=0)
     elif kind == "mamba":
         mode = getattr(spec, "mamba_cache_mode", "none")
         if mode not in ("none", "all", "align"):
             raise ValueError(f"kv_cache_groups[{index}].kv_cache_spec.mamba_cache_mode must be none/all/align, got {mode!r}")
         num_spec = _int_field(spec, "num_speculative_blocks", index, minimum=0)
     reports_new = type(spec).__name__ in _REPORTS_NEW_BLOCK_IDS
+    cacheable = bool(getattr(spec, "prefix_cacheable", True))
+    extra = 0
+    if kind == "sliding_window" and getattr(spec, "extra_retained_tokens", None) is not None:
+        extra = _int_field(spec, "extra_retained_tokens", index, minimum=0)
     return NativeGroup(kind=cast(NativeKind, kind), block_size=block_size, is_eagle_group=is_eagle,
                        reports_new_block_ids=reports_new, spec_class=spec_class, admission_cap=cap,
                        window_or_chunk=param, mamba_cache_mode=cast(MambaCacheMode, mode),
-                       num_speculative_blocks=num_spec)
+                       num_speculative_blocks=num_spec, prefix_cacheable=cacheable, extra_retained_tokens=extra)
 
 
 def read_groups(kv_cache_config: Any, max_num_batched_tokens: int, max_model_len: int) -> list[GroupInfo]:

@@ -20,18 +20,16 @@ _MAMBA_SPECS = ("MambaSpec",)
 # Encoder-decoder models (Whisper): the states of the encoder, one static
 # allocation per request, never cached (prefix caching is refused).
 _CROSS_ATTENTION_SPECS = ("CrossAttentionSpec",)
-_REFUSED_SPECS = {
-    "RSWASpec": "R-SWA (RSWASpec)",
-    "CircularBufferSpec": "circular buffers (CircularBufferSpec)",
-}
+# 0.33.0's RSWAManager and CircularBufferManager (new kinds of the core).
+_OWN_KIND_SPECS = {"RSWASpec": "rswa", "CircularBufferSpec": "circular_buffer"}
 
 
 def layout_kind(spec: Any) -> str | None:
-    """"full", "sliding_window", "chunked_local", "mamba", "cross_attention",
-    or None (refused or unknown)."""
+    """"full", "rswa", "circular_buffer", "sliding_window", "chunked_local",
+    "mamba", "cross_attention", or None (refused or unknown)."""
     for cls in type(spec).__mro__:
-        if cls.__name__ in _REFUSED_SPECS:
-            return None
+        if cls.__name__ in _OWN_KIND_SPECS:
+            return _OWN_KIND_SPECS[cls.__name__]
         if cls.__name__ in _FULL_ATTENTION_SPECS:
             return "full"
         if cls.__name__ in _SLIDING_WINDOW_SPECS:
@@ -45,18 +43,12 @@ def layout_kind(spec: Any) -> str | None:
     return None
 
 
-def _refused_name(spec: Any) -> str:
-    for cls in type(spec).__mro__:
-        if cls.__name__ in _REFUSED_SPECS:
-            return _REFUSED_SPECS[cls.__name__]
-    return type(spec).__name__
-
-
 def check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bool,
                  scales: tuple[int, ...] = ()) -> list[str]:
     """The groups' kinds, if the 0.33.0 facade covers this layout: full
-    attention, sliding window and chunked local groups; NotImplementedError
-    naming what it does not cover."""
+    attention (R-SWA too), circular buffers, sliding window (bounded replay
+    and extra retained tokens too) and chunked local groups, Mamba beside
+    full attention; NotImplementedError naming what it does not cover."""
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
     if not groups:
         raise NotImplementedError(
@@ -69,31 +61,19 @@ def check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: boo
         kind = layout_kind(spec)
         if kind is None:
             raise NotImplementedError(
-                f"kv_cache_groups[{i}]: {_refused_name(spec)} is not supported by hybridcache's vLLM "
-                "0.33.0 facade yet (it covers full attention, sliding window and chunked local "
-                "groups, and Mamba beside full attention without prefix caching)"
-            )
-        if getattr(spec, "prefix_cacheable", True) is False:
-            raise NotImplementedError(
-                f"kv_cache_groups[{i}]: a group that is not prefix-cacheable ({type(spec).__name__}"
-                f"{' with bounded_replay=True' if getattr(spec, 'bounded_replay', False) else ''}: vLLM 0.33.0 "
-                "skips it in hits and caching) is not supported by hybridcache's vLLM 0.33.0 facade yet"
+                f"kv_cache_groups[{i}]: {type(spec).__name__} is not supported by hybridcache's vLLM "
+                "0.33.0 facade yet (it covers full attention, R-SWA, circular buffers, sliding window, "
+                "chunked local and cross-attention groups, and Mamba beside full attention)"
             )
         # A block holds block_size * its dcp scale tokens (`context_parallel`).
         block_size = getattr(spec, "block_size", None)
         if block_size is not None and i < len(scales):
             block_size *= scales[i]
-        if kind == "full" and enable_caching and block_size != hash_block_size:
+        if kind in ("full", "rswa") and enable_caching and block_size != hash_block_size:
             raise NotImplementedError(
                 f"kv_cache_groups[{i}]: a full-attention block of {block_size} tokens over hash blocks "
                 f"of {hash_block_size} (vLLM 0.33.0 caches partial tail blocks and serves partial hash "
                 "hits there) is not supported by hybridcache's vLLM 0.33.0 facade yet"
-            )
-        extra = getattr(spec, "extra_retained_tokens", None) or 0
-        if kind == "sliding_window" and extra:
-            raise NotImplementedError(
-                f"kv_cache_groups[{i}]: extra_retained_tokens={extra} (multi-module "
-                "MTP) is not supported by hybridcache's vLLM 0.33.0 facade yet"
             )
         if kind == "mamba" and getattr(spec, "mamba_cache_mode", "none") == "align":
             if enable_caching and block_size != hash_block_size:
@@ -179,14 +159,15 @@ def context_parallel(kv_cache_config: Any, dcp_world_size: int, pcp_world_size: 
     if enable_caching and dcp * pcp > 1:
         for i, (spec, shard) in enumerate(zip(specs, sharded)):
             kind = layout_kind(spec)
-            if len(groups) > 1 and kind != "full" and (shard or (pcp > 1 and kind == "mamba")):
+            full = kind in ("full", "rswa")  # RSWASpec is a FullAttentionSpec
+            if len(groups) > 1 and not full and (shard or (pcp > 1 and kind == "mamba")):
                 raise ValueError(
                     f"kv_cache_groups[{i}]: dcp_world_size={dcp}, pcp_world_size={pcp} with a "
                     f"{type(spec).__name__} group: vLLM 0.33.0's hybrid coordinator supports context "
                     "parallelism only for full-attention and replicated (dcp_sharded=False) groups "
                     "(and replicated attention groups only under pcp)"
                 )
-            if dcp > 1 and shard and kind != "full":
+            if dcp > 1 and shard and not full:
                 raise ValueError(
                     f"kv_cache_groups[{i}]: dcp_world_size={dcp} with a dcp-sharded {type(spec).__name__} "
                     "group and prefix caching: vLLM 0.33.0's hit search for it asserts dcp == 1"

@@ -15,13 +15,15 @@ SinkFullAttentionSpec, which 0.33.0 manages as plain full attention),
 sliding window (SlidingWindowSpec, SlidingWindowMLASpec) and chunked local
 attention (ChunkedLocalAttentionSpec), one group or several, with 0.33.0's
 sparse retention (`prefix_cache_retention_interval`) for the
-sliding-window groups; Mamba groups (none / align, with speculative and
-prefill checkpoint blocks) beside full attention with prefix caching off;
-mixed-precision caches (new blocks recorded for zeroing). Other layouts
-(Mamba with prefix caching, R-SWA, circular buffers, bounded replay, cross
-attention) and full-attention blocks wider than the hash block with
-caching (0.33.0 caches partial tails there) raise NotImplementedError
-naming them.
+sliding-window groups; R-SWA (RSWASpec: gap frees after the prompt),
+circular buffers (CircularBufferSpec: one ring block per request) and other
+groups out of prefix caching (bounded-replay sliding windows), sliding
+windows with `extra_retained_tokens`; Mamba groups (none / align, with
+speculative and prefill checkpoint blocks) beside full attention with prefix
+caching off; mixed-precision caches (new blocks recorded for zeroing). Other
+layouts (Mamba with prefix caching, cross attention) and full-attention
+blocks wider than the hash block with caching (0.33.0 caches partial tails
+there) raise NotImplementedError naming them.
 """
 
 from __future__ import annotations
@@ -65,10 +67,8 @@ class KVCacheManager033(KVCacheManager):
     by name). See the module docstring for the layouts covered.
 
     Raises:
-        NotImplementedError: a layout other than full-attention, sliding-window
-            and chunked-local groups (see the module docstring), dcp > 1 with
-            several groups, multi-module MTP (`num_prefill_lookahead` > 1)
-            with a sliding-window group's `extra_retained_tokens`.
+        NotImplementedError: a layout the module docstring does not list,
+            dcp > 1 with several groups.
         ValueError: a bad count, a negative watermark, a retention interval
             vLLM 0.33.0 refuses, MTP whose lookahead exceeds the scheduler
             block size.
@@ -261,8 +261,9 @@ class KVCacheManager033(KVCacheManager):
     ) -> None:
         """Frees blocks no attention reads any more (sliding-window blocks
         below the window of `processed_computed_tokens`; none for full
-        attention); `num_prompt_tokens` only matters to R-SWA groups."""
-        super().remove_skipped_blocks(request_id, processed_computed_tokens)
+        attention); given `num_prompt_tokens`, R-SWA groups free the decode
+        blocks between the prompt and their window."""
+        super().remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
 
     # -- new drains and queries --------------------------------------------
 
@@ -285,10 +286,12 @@ class KVCacheManager033(KVCacheManager):
 
     def estimate_cached_tokens(self, request: Any) -> int:
         """Tokens of the request's prefix its cached blocks cover (the
-        fewest over the groups): a full block's hash covers the tokens up
-        to its end."""
+        fewest over the prefix-cacheable groups): a full block's hash covers
+        the tokens up to its end."""
         cached: int | None = None
-        for ids, bs in zip(self.get_block_ids(request.request_id), self._block_sizes):
+        for ids, bs, g in zip(self.get_block_ids(request.request_id), self._block_sizes, self._groups):
+            if not g.native.prefix_cacheable:
+                continue
             unhashed = self.unhashed(ids)
             covered = max((i + 1 for i, u in enumerate(unhashed) if not u and ids[i] != 0), default=0)
             tokens = covered * bs
@@ -297,9 +300,15 @@ class KVCacheManager033(KVCacheManager):
 
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
         """`blocks` (a lookup result) cut to `num_computed_tokens` tokens, a
-        multiple of each group's block size. References are untouched."""
+        multiple of each prefix-cacheable group's block size (the others
+        never have hit blocks). References are untouched."""
         out = []
-        for bs, group_blocks in zip(self._block_sizes, blocks.blocks):
+        for bs, group_blocks, g in zip(self._block_sizes, blocks.blocks, self._groups):
+            if not g.native.prefix_cacheable:
+                if len(group_blocks):
+                    raise ValueError("a group out of prefix caching has no computed blocks")
+                out.append([])
+                continue
             if num_computed_tokens % bs:
                 raise ValueError(f"num_computed_tokens ({num_computed_tokens}) is not a multiple of the block size {bs}")
             n = num_computed_tokens // bs
@@ -416,7 +425,8 @@ class CoordinatorView033(CoordinatorView):
             # The hybrid coordinator's dense reference group (full attention
             # sorts first), None without one; other coordinators lack it.
             self.full_attention_group_id = next(
-                (i for i, g in enumerate(groups) if layout_kind(g.kv_cache_spec) == "full"), None)
+                (i for i, g in enumerate(groups) if layout_kind(g.kv_cache_spec) in ("full", "rswa")
+                 and getattr(g.kv_cache_spec, "prefix_cacheable", True)), None)
         # 0.33.0's config field (it sparsifies sliding-window groups only here).
         self.retention_interval = getattr(manager.kv_cache_config, "prefix_cache_retention_interval", None)
 
@@ -440,6 +450,12 @@ class CoordinatorView033(CoordinatorView):
             request_id, num_tokens, _group_block_ids(new_computed_blocks, self._num_groups), num_encoder_tokens,
             total_computed_tokens, num_tokens_main_model, bool(apply_admission_cap), prefill_end,
         ))
+
+    def remove_skipped_blocks(  # type: ignore[override]
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """The manager's `remove_skipped_blocks` (R-SWA gaps given the prompt length)."""
+        self._manager.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
 
     def reset_prefix_cache(self) -> bool:
         """Resets the pool's prefix cache (the manager's call)."""

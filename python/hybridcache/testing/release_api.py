@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from . import configs
+from . import configs, scratch_groups033
 from .compare import freeze, norm_event, norm_stats
 from .fuzz_setup import MIXES, Group, Setup, _manager_kwargs, build_hybridcache, build_vllm, group_specs, random_setup
 
@@ -177,10 +177,12 @@ class V023(ReleaseApi):
 # supports full attention and sliding window; the others follow as it
 # grows). 0.33.0's own: several full-attention groups (equal specs, one
 # with a sliding window, different block sizes) and partial Mamba hits.
-MIXES_033 = (*MIXES, "full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed")
+MIXES_033 = (*MIXES, "full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
+             *scratch_groups033.MIXES)
 
 
-_MIXES_ONLY_033 = ("full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed")
+_MIXES_ONLY_033 = ("full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
+                   *scratch_groups033.MIXES)
 
 
 def _hybrid_context_parallel(rng: Any, s: Setup) -> Setup:
@@ -255,13 +257,15 @@ class V033(ReleaseApi):
             mamba = Group("mamba", 8, mode="align" if caching else "none", num_spec=rng.randint(0, 2))
             s = dataclasses.replace(s, mix=mix, groups=(Group("full", 4), mamba), scheduler_block_size=8,
                                     hash_block_size=4 if caching else 8)
+        elif mix in scratch_groups033.MIXES:
+            s = dataclasses.replace(s, mix=mix, **scratch_groups033.random_groups(rng, mix, caching))
         elif mix in _MIXES_ONLY_033:
             s = dataclasses.replace(s, mix=mix, **_several_full_groups(rng, mix, caching))
         # Sparse retention is a KVCacheConfig field in 0.33.0 (the scheduler's
         # default 0: replay boundaries and shared-prefix junctions only), for
         # sliding window and Mamba groups.
         retention = None
-        if caching and any(g.kind in ("sw", "mamba") for g in s.groups):
+        if caching and any(g.kind in ("sw", "mamba", *scratch_groups033.SPARSE_KINDS) for g in s.groups):
             retention = rng.choice((None, 0, 0, s.scheduler_block_size, 2 * s.scheduler_block_size))
         elif any(g.kind == "mamba" for g in s.groups):
             # Without caching retention only moves Mamba checkpoints (0: the prefill end's only).
@@ -334,6 +338,8 @@ class V033(ReleaseApi):
         )
 
     def kv_cache_config(self, s: Setup) -> Any:
+        if scratch_groups033.covers(s):
+            return scratch_groups033.kv_cache_config(s)
         cfg = configs.vllm_kv_cache_config(group_specs(s), s.num_blocks)
         cfg.prefix_cache_retention_interval = s.retention
         for i in s.replicated:

@@ -30,6 +30,13 @@ pub enum SpecKind {
     },
     /// Cross attention of encoder-decoder models (per-request encoder states).
     CrossAttention,
+    /// Reference sliding window attention (vLLM 0.33.0's `RSWASpec`): full
+    /// attention whose decode blocks older than `window` tokens past the
+    /// prompt are freed.
+    Rswa { window: u32 },
+    /// One ring block per request, never cached (vLLM 0.33.0's
+    /// `CircularBufferSpec`).
+    CircularBuffer,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +58,14 @@ pub struct GroupSpec {
     /// `num_prefill_checkpoint_blocks > 0`, with an alignment): a chunk may
     /// reserve the block before its running state for an exported state.
     pub mamba_checkpoints: Option<MambaCheckpoints>,
+    /// The group takes part in prefix caching (vLLM 0.33.0's
+    /// `spec.prefix_cacheable`: false for circular buffers and bounded-replay
+    /// sliding windows); a group that does not is left out of hit searches
+    /// and never caches.
+    pub prefix_cacheable: bool,
+    /// Sliding window: tokens kept below the window (vLLM 0.33.0's
+    /// `extra_retained_tokens`, the multi-module MTP lag); 0 elsewhere.
+    pub extra_retained_tokens: u32,
 }
 
 /// What decides a Mamba align prefill checkpoint (vLLM 0.33.0's
@@ -71,6 +86,7 @@ pub struct MambaCheckpoints {
 impl GroupSpec {
     pub fn new(kind: SpecKind, block_size: u32) -> Self {
         let reports_new_block_ids = kind == SpecKind::FullAttention;
+        let kind_is_cacheable = kind != SpecKind::CircularBuffer;
         GroupSpec {
             kind,
             block_size,
@@ -79,6 +95,8 @@ impl GroupSpec {
             spec_class: u32::MAX,
             admission_cap: None,
             mamba_checkpoints: None,
+            prefix_cacheable: kind_is_cacheable,
+            extra_retained_tokens: 0,
         }
     }
 
@@ -86,8 +104,10 @@ impl GroupSpec {
         Self::new(SpecKind::FullAttention, block_size)
     }
 
+    /// Full attention as vLLM's hit search sees it (`FullAttentionSpec`
+    /// and its subclass `RSWASpec`).
     pub fn is_full_attention(&self) -> bool {
-        self.kind == SpecKind::FullAttention
+        matches!(self.kind, SpecKind::FullAttention | SpecKind::Rswa { .. })
     }
 
     pub(crate) fn validate(&self, index: usize) -> CoreResult<()> {
@@ -102,6 +122,14 @@ impl GroupSpec {
         match self.kind {
             SpecKind::SlidingWindow { window: 0 } => bad("sliding_window must be > 0"),
             SpecKind::ChunkedLocal { chunk: 0 } => bad("attention_chunk_size must be > 0"),
+            SpecKind::CircularBuffer if self.prefix_cacheable => {
+                bad("a circular buffer is never prefix-cacheable")
+            }
+            _ if self.extra_retained_tokens > 0
+                && !matches!(self.kind, SpecKind::SlidingWindow { .. }) =>
+            {
+                bad("extra_retained_tokens applies to sliding-window groups only")
+            }
             _ => Ok(()),
         }
     }

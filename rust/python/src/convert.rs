@@ -155,6 +155,10 @@ pub struct GroupRecord {
     /// (alignment, hash_block_size, num_hash_lookahead_tokens,
     /// drop_eagle_block, only_at_prefill_end), or None.
     mamba_checkpoints: Option<(i64, i64, i64, bool, bool)>,
+    /// The spec's `prefix_cacheable` (vLLM 0.33.0; True before).
+    prefix_cacheable: bool,
+    /// A sliding window's `extra_retained_tokens` (vLLM 0.33.0; 0 before).
+    extra_retained_tokens: i64,
 }
 
 pub fn parse_group(i: usize, g: GroupRecord) -> PyResult<GroupSpec> {
@@ -169,6 +173,8 @@ pub fn parse_group(i: usize, g: GroupRecord) -> PyResult<GroupSpec> {
         mamba_cache_mode: mode,
         num_speculative_blocks: num_spec,
         mamba_checkpoints,
+        prefix_cacheable,
+        extra_retained_tokens,
     } = g;
     let field = |f: &str| format!("kv_cache_groups[{i}].{f}");
     let kind = match kind.as_str() {
@@ -180,6 +186,10 @@ pub fn parse_group(i: usize, g: GroupRecord) -> PyResult<GroupSpec> {
             chunk: u32_arg(&field("attention_chunk_size"), param)?,
         },
         "cross_attention" => SpecKind::CrossAttention,
+        "rswa" => SpecKind::Rswa {
+            window: u32_arg(&field("rswa_window"), param)?,
+        },
+        "circular_buffer" => SpecKind::CircularBuffer,
         "mamba" => SpecKind::Mamba {
             mode: match mode.as_str() {
                 "none" => MambaMode::None,
@@ -207,6 +217,8 @@ pub fn parse_group(i: usize, g: GroupRecord) -> PyResult<GroupSpec> {
         reports_new_block_ids,
         spec_class: u32_arg(&field("spec_class"), spec_class)?,
         admission_cap: cap.map(|c| count(&field("admission_cap"), c)).transpose()?,
+        prefix_cacheable,
+        extra_retained_tokens: u32_arg(&field("extra_retained_tokens"), extra_retained_tokens)?,
         mamba_checkpoints: mamba_checkpoints
             .map(
                 |(alignment, hbs, lookahead, drop_eagle_block, only_at_prefill_end)| {

@@ -404,14 +404,22 @@ impl NativeManager {
         Self::flush_events(slf, Some(request))
     }
 
+    /// `num_prompt_tokens` (vLLM 0.33.0's, None: not passed) frees R-SWA gaps.
+    #[pyo3(signature = (request_id, total_computed_tokens, num_prompt_tokens=None))]
     fn remove_skipped_blocks(
         &mut self,
         request_id: &str,
         total_computed_tokens: &Bound<'_, PyAny>,
+        num_prompt_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let total = count_obj("total_computed_tokens", total_computed_tokens)?;
+        let prompt = num_prompt_tokens
+            .filter(|p| !p.is_none())
+            .map(|p| count_obj("num_prompt_tokens", p))
+            .transpose()?;
         guard(|| {
-            self.inner.remove_skipped_blocks(request_id, total);
+            self.inner
+                .remove_skipped_blocks_of_prompt(request_id, total, prompt);
             Ok(())
         })
     }

@@ -16,19 +16,22 @@
 //! restates a type's rule.
 
 mod chunked_local;
+mod circular_buffer;
 mod cross;
 mod full;
 pub(crate) mod hit;
 pub(crate) mod mamba;
+mod rswa;
 pub(crate) mod sliding_window;
 
 use crate::profile::Retention;
-use crate::spec::{MambaMode, SpecKind};
+use crate::spec::{GroupSpec, MambaMode, SpecKind};
 use crate::BlockId;
 
 pub(crate) use chunked_local::ChunkedLocal;
 pub(crate) use hit::HitSearch;
 pub(crate) use mamba::Mamba;
+pub(crate) use rswa::Rswa;
 pub(crate) use sliding_window::{ReachableBlocks, ReplayTails, RetentionMarks, SlidingWindow};
 
 /// What a group's block count is sized by: `cdiv(tokens, block_size) +
@@ -73,6 +76,8 @@ pub(crate) enum Attention {
     ChunkedLocal(ChunkedLocal),
     Mamba(Mamba),
     Cross,
+    Rswa(Rswa),
+    CircularBuffer,
 }
 
 impl Attention {
@@ -88,6 +93,19 @@ impl Attention {
                 num_speculative_blocks,
             } => Attention::Mamba(Mamba::new(mode, num_speculative_blocks)),
             SpecKind::CrossAttention => Attention::Cross,
+            SpecKind::Rswa { window } => Attention::Rswa(Rswa::new(window)),
+            SpecKind::CircularBuffer => Attention::CircularBuffer,
+        }
+    }
+
+    /// The group's type with the spec's own settings beside its kind (a
+    /// sliding window's `extra_retained_tokens`).
+    pub fn of(spec: &GroupSpec) -> Self {
+        match Self::from_spec(&spec.kind) {
+            Attention::SlidingWindow(t) => {
+                Attention::SlidingWindow(t.retaining(spec.extra_retained_tokens))
+            }
+            t => t,
         }
     }
 
@@ -95,7 +113,10 @@ impl Attention {
     #[inline]
     pub fn skipped_tokens(&self, n: usize) -> usize {
         match self {
-            Attention::Full => full::skipped_tokens(n),
+            // R-SWA frees a gap after the prompt instead (`freed_blocks`).
+            Attention::Full | Attention::Rswa(_) | Attention::CircularBuffer => {
+                full::skipped_tokens(n)
+            }
             Attention::Cross => cross::skipped_tokens(n),
             Attention::SlidingWindow(t) => t.skipped_tokens(n),
             Attention::ChunkedLocal(t) => t.skipped_tokens(n),
@@ -108,7 +129,9 @@ impl Attention {
     #[inline]
     pub fn max_computed_skipping_below(&self, limit: usize) -> usize {
         match self {
-            Attention::Full | Attention::Cross => usize::MAX,
+            Attention::Full | Attention::Cross | Attention::Rswa(_) | Attention::CircularBuffer => {
+                usize::MAX
+            }
             Attention::SlidingWindow(t) => t.max_computed_skipping_below(limit),
             Attention::ChunkedLocal(t) => t.max_computed_skipping_below(limit),
             Attention::Mamba(t) => t.max_computed_skipping_below(limit),
@@ -119,7 +142,44 @@ impl Attention {
     /// always 0): the decode paths skip the window for the others.
     #[inline]
     pub fn has_window(&self) -> bool {
-        !matches!(self, Attention::Full | Attention::Cross)
+        !matches!(
+            self,
+            Attention::Full | Attention::Cross | Attention::Rswa(_) | Attention::CircularBuffer
+        )
+    }
+
+    /// The table blocks `[first, last)` a window free at `n` processed
+    /// tokens drops (the caller caps `last` at the table): those before
+    /// the window, or, R-SWA given the prompt length, the gap after it.
+    #[inline]
+    pub fn freed_blocks(&self, n: usize, num_prompt_tokens: Option<usize>, bs: usize) -> (usize, usize) {
+        match (self, num_prompt_tokens) {
+            (Attention::Rswa(t), Some(p)) => t.gap_blocks(n, p, bs),
+            _ => (0, self.skipped_tokens(n) / bs),
+        }
+    }
+
+    /// Window frees may drop blocks (a window, or R-SWA's gap).
+    #[inline]
+    pub fn frees_blocks(&self) -> bool {
+        self.has_window() || matches!(self, Attention::Rswa(_))
+    }
+
+    /// A plain decode can be judged and sized from the table alone (R-SWA's
+    /// gap frees need the prompt length: its decodes take the general path).
+    #[inline]
+    pub fn decodes_compactly(&self) -> bool {
+        !matches!(self, Attention::Rswa(_))
+    }
+
+    /// Blocks a request holds whatever its token counts (a circular
+    /// buffer's ring); None: sized by `sizing`.
+    #[inline]
+    pub fn fixed_blocks(&self) -> Option<usize> {
+        match self {
+            Attention::CircularBuffer => Some(circular_buffer::RING_BLOCKS),
+            _ => None,
+        }
     }
 
     /// Tokens at the end of the computed count the window ignores.
@@ -222,11 +282,15 @@ impl Attention {
         out: &mut [Vec<BlockId>],
     ) {
         match self {
-            Attention::Full => full::find_hit(search, max_length, drop_eagle, out),
+            // R-SWA's hits are full attention's (vLLM: a FullAttentionManager).
+            Attention::Full | Attention::Rswa(_) => {
+                full::find_hit(search, max_length, drop_eagle, out)
+            }
             Attention::SlidingWindow(t) => t.find_hit(search, max_length, drop_eagle, out),
             Attention::ChunkedLocal(t) => t.find_hit(search, max_length, out),
             Attention::Mamba(_) => mamba::find_hit(search, max_length, out),
             Attention::Cross => cross::find_hit(out),
+            Attention::CircularBuffer => circular_buffer::find_hit(out),
         }
     }
 }
@@ -245,6 +309,10 @@ mod tests {
             Attention::SlidingWindow(SlidingWindow::new(1)),
             Attention::SlidingWindow(SlidingWindow::new(5)),
             Attention::SlidingWindow(SlidingWindow::new(32)),
+            Attention::SlidingWindow(SlidingWindow::new(5).retaining(3)),
+            Attention::SlidingWindow(SlidingWindow::new(1).retaining(7)),
+            Attention::Rswa(Rswa::new(8)),
+            Attention::CircularBuffer,
             Attention::ChunkedLocal(ChunkedLocal::new(1)),
             Attention::ChunkedLocal(ChunkedLocal::new(7)),
             Attention::ChunkedLocal(ChunkedLocal::new(16)),

@@ -10,6 +10,9 @@ use crate::{cdiv, BlockId, NULL_BLOCK};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SlidingWindow {
     window: usize,
+    /// Tokens kept below the window, never attended (vLLM 0.33.0's
+    /// `extra_retained_tokens`: multi-module MTP may re-prefill them).
+    extra: usize,
 }
 
 /// What places the tails sparse retention keeps besides the segment
@@ -122,19 +125,28 @@ impl SlidingWindow {
     pub fn new(window: u32) -> Self {
         SlidingWindow {
             window: window as usize,
+            extra: 0,
         }
     }
 
-    /// All but the last `window - 1` computed tokens (and the new one).
-    #[inline]
-    pub fn skipped_tokens(&self, n: usize) -> usize {
-        (n + 1).saturating_sub(self.window)
+    /// The same window keeping `extra` more tokens below it.
+    pub fn retaining(self, extra: u32) -> Self {
+        SlidingWindow {
+            extra: extra as usize,
+            ..self
+        }
     }
 
-    /// n + 1 - window < limit  <=>  n <= limit + window - 2.
+    /// All but the last `window - 1 + extra` computed tokens (and the new one).
+    #[inline]
+    pub fn skipped_tokens(&self, n: usize) -> usize {
+        (n + 1).saturating_sub(self.window + self.extra)
+    }
+
+    /// n + 1 - window - extra < limit  <=>  n <= limit + window + extra - 2.
     #[inline]
     pub fn max_computed_skipping_below(&self, limit: usize) -> usize {
-        limit + self.window - 2
+        limit + self.window + self.extra - 2
     }
 
     /// Blocks in a row a hit needs (one more to drop for EAGLE).

@@ -219,6 +219,10 @@ pub(super) fn split_spec_groups(
 ) -> CoreResult<Vec<SpecGroup>> {
     let mut out: Vec<SpecGroup> = Vec::new();
     for (i, g) in groups.iter().enumerate() {
+        if !g.prefix_cacheable {
+            // Scratch groups take no part in hits: their slot stays empty.
+            continue;
+        }
         match out.iter_mut().find(|sg| same_spec(&sg.spec, g)) {
             Some(sg) => {
                 sg.group_ids.push(i as u32);
@@ -236,9 +240,12 @@ pub(super) fn split_spec_groups(
         HybridHit::EveryFullTruncated => 1,
     };
     if out.len() < fewest {
-        return Err(CoreError::InvalidArgument(
-            "several KV cache groups with prefix caching need at least two different specs".into(),
-        ));
+        return Err(CoreError::InvalidArgument(if fewest == 1 {
+            "several KV cache groups with prefix caching need at least one prefix-cacheable group"
+                .into()
+        } else {
+            "several KV cache groups with prefix caching need at least two different specs".into()
+        }));
     }
     out.sort_by_key(|sg| !sg.spec.is_full_attention());
     Ok(out)

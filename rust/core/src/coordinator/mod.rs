@@ -126,7 +126,11 @@ impl Coordinator {
             }
             CoordinatorKind::Unitary
         } else {
-            if let Some(g) = groups.iter().find(|g| g.block_size % hash_block_size != 0) {
+            // Groups out of prefix caching hash nothing (vLLM 0.33.0).
+            if let Some(g) = groups
+                .iter()
+                .find(|g| g.prefix_cacheable && g.block_size % hash_block_size != 0)
+            {
                 return Err(CoreError::InvalidArgument(format!(
                     "block_size {} must be divisible by hash_block_size {hash_block_size}",
                     g.block_size
@@ -179,7 +183,11 @@ impl Coordinator {
             CoordinatorKind::NoPrefixCache => {}
         }
         let retention = retention_interval.map(|n| (n, profile.retention));
-        let any_eagle = managers.iter().any(|m| m.use_eagle);
+        // Replay boundaries follow every EAGLE group, cacheable or not
+        // (0.33.0's `drop_eagle_group_ids`); a group outside the hit search
+        // never gets `use_eagle` itself.
+        let any_eagle = managers.iter().any(|m| m.use_eagle)
+            || (kind != CoordinatorKind::NoPrefixCache && eagle_groups.iter().any(|&e| e));
         for m in managers.iter_mut() {
             m.settle(hash_block_size, any_eagle, retention);
         }
@@ -370,6 +378,8 @@ impl Coordinator {
             // tokens_to_cache(t) / bs <= cached  <=>  tokens_to_cache(t) < limit
             let limit = (m.num_cached_blocks(slot) + 1) * m.block_size as usize;
             g.max_to_cache = match kind {
+                // Caches nothing, ever (`tokens_to_cache` is 0).
+                _ if !m.spec.prefix_cacheable => usize::MAX,
                 // Multi-module MTP's EAGLE rule has no closed form here: no
                 // horizon (the tables judge each decode).
                 CoordinatorKind::Hybrid if m.use_eagle && self.reprefillable_tokens > 0 => {
@@ -467,9 +477,11 @@ impl Coordinator {
     /// Whether the request runs in every group (then a call without
     /// computed blocks, external or encoder tokens is a plain decode).
     pub fn runs_everywhere(&self, slot: ReqSlot) -> bool {
-        self.managers
-            .iter()
-            .all(|m| m.is_running(slot) && m.spec.kind != SpecKind::CrossAttention)
+        self.managers.iter().all(|m| {
+            // A ring never counts cached blocks: it runs once it holds its block.
+            let runs = m.is_running(slot) || (m.attn.fixed_blocks().is_some() && !m.blocks(slot).is_empty());
+            runs && m.spec.kind != SpecKind::CrossAttention && m.attn.decodes_compactly()
+        })
     }
 
     /// A plain decode of a request that `runs_everywhere`: the window
@@ -512,9 +524,15 @@ impl Coordinator {
         true
     }
 
-    pub fn remove_skipped_blocks(&mut self, slot: ReqSlot, total_computed_tokens: usize) {
+    /// `num_prompt_tokens`: as vLLM 0.33.0's (R-SWA frees its gap given it).
+    pub fn remove_skipped_blocks(
+        &mut self,
+        slot: ReqSlot,
+        total_computed_tokens: usize,
+        num_prompt_tokens: Option<usize>,
+    ) {
         for m in self.managers.iter_mut() {
-            m.remove_skipped_blocks(&mut self.pool, slot, total_computed_tokens);
+            m.remove_skipped_blocks(&mut self.pool, slot, total_computed_tokens, num_prompt_tokens);
         }
     }
 
@@ -536,6 +554,10 @@ struct Cacheable {
 /// Tokens `m` caches for `num_tokens` computed tokens (vLLM 0.33.0's
 /// `get_num_cacheable_tokens`; with no re-prefillable tokens, 0.23.0's rule).
 fn tokens_to_cache(rule: Cacheable, m: &SingleTypeManager, num_tokens: usize) -> usize {
+    if !m.spec.prefix_cacheable {
+        // Out of prefix caching (vLLM 0.33.0's `cache_blocks` returns).
+        return 0;
+    }
     // KV the next step may re-prefill (multi-module MTP) is not final.
     let finalized = num_tokens.saturating_sub(rule.reprefillable);
     if rule.kind != CoordinatorKind::Hybrid {

@@ -33,11 +33,16 @@ impl SingleTypeManager {
     fn decodes_known(&self, slot: ReqSlot) -> Option<&GroupReq> {
         // A decode with many drafts may reserve a Mamba checkpoint block:
         // such groups take the general path.
-        if !self.attn.is_per_token() || self.spec.mamba_checkpoints.is_some() {
+        if !self.attn.is_per_token()
+            || !self.attn.decodes_compactly()
+            || self.spec.mamba_checkpoints.is_some()
+        {
             return None;
         }
+        // A ring never counts cached blocks: its table is what it holds.
+        let tabled = !self.enable_caching || self.attn.fixed_blocks().is_some();
         self.req(slot)
-            .filter(|r| r.num_cached.is_some() || (!self.enable_caching && r.has_blocks))
+            .filter(|r| r.num_cached.is_some() || (tabled && r.has_blocks))
     }
 
     /// Whether a plain decode step changes nothing in this group: no block
@@ -69,12 +74,7 @@ impl SingleTypeManager {
                 }
             }
         }
-        if self
-            .attn
-            .sizing()
-            .required_blocks(bs, c.need_slot, c.main_model)
-            > blocks.len()
-        {
+        if self.required_blocks(c.need_slot, c.main_model) > blocks.len() {
             return false;
         }
         c.to_cache
@@ -93,7 +93,7 @@ impl SingleTypeManager {
         c: &DecodeCounts,
     ) -> i64 {
         if self.attn.has_window() {
-            self.remove_skipped_blocks(pool, slot, c.total_computed);
+            self.remove_skipped_blocks(pool, slot, c.total_computed, None);
         }
         let have = self.blocks(slot).len();
         if let (Some(m), Some(_)) = (self.attn.mamba(), self.attn.align()) {
@@ -113,7 +113,11 @@ impl SingleTypeManager {
         let r = self.decodes_known(slot)?;
         let bs = self.bs();
         let sizing = self.attn.sizing();
-        let room = sizing.max_tokens_within(bs, r.blocks.len())?;
+        let room = match self.attn.fixed_blocks() {
+            // A held ring covers any count.
+            Some(n) => (r.blocks.len() >= n).then_some(usize::MAX)?,
+            None => sizing.max_tokens_within(bs, r.blocks.len())?,
+        };
         let drafts = self.window_drafts();
         let mut h = DecodeHorizon::UNBOUNDED;
         if sizing.by_main_model {

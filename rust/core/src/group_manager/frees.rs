@@ -66,21 +66,35 @@ impl SingleTypeManager {
     }
 
     /// Frees blocks that fall outside the attention window, replacing them
-    /// with the null block.
-    pub fn remove_skipped_blocks(&mut self, pool: &mut BlockPool, slot: ReqSlot, total: usize) {
+    /// with the null block; `num_prompt_tokens`: the request's, where the
+    /// caller passes it (R-SWA frees the gap after the prompt then).
+    pub fn remove_skipped_blocks(
+        &mut self,
+        pool: &mut BlockPool,
+        slot: ReqSlot,
+        total: usize,
+        num_prompt_tokens: Option<usize>,
+    ) {
         let total = total.saturating_sub(self.window_drafts());
-        self.remove_window_blocks(pool, slot, total);
+        self.remove_window_blocks(pool, slot, total, num_prompt_tokens);
         if self.attn.align().is_some() {
             self.free_old_state_block(pool, slot, total);
         }
     }
 
-    fn remove_window_blocks(&mut self, pool: &mut BlockPool, slot: ReqSlot, total: usize) {
-        let skipped = self.attn.skipped_tokens(total);
-        if skipped == 0 {
+    fn remove_window_blocks(
+        &mut self,
+        pool: &mut BlockPool,
+        slot: ReqSlot,
+        total: usize,
+        num_prompt_tokens: Option<usize>,
+    ) {
+        let (first, n) = self.attn.freed_blocks(total, num_prompt_tokens, self.bs());
+        if n <= first || (!self.attn.has_window() && self.req(slot).is_none_or(|r| !r.has_blocks)) {
+            // R-SWA's gap free leaves a request without a table alone (a
+            // window free makes vLLM's defaultdict entry).
             return;
         }
-        let n = skipped / self.bs();
         let scratch_first = self.free_policy.window_scratch_first();
         let skip_nulls = self.frees_skip_nulls();
         let r = self.records.with_table(slot);
@@ -89,7 +103,7 @@ impl SingleTypeManager {
         let from = if skip_nulls {
             r.first_real().unwrap_or(n).min(n)
         } else {
-            0
+            first.min(n)
         };
         let blocks = &mut r.blocks;
         let mut removed_cached: SmallVec<[BlockId; 8]> = SmallVec::new();

@@ -65,7 +65,7 @@ impl SingleTypeManager {
             mamba_rules: profile.mamba,
             cap_at_hashes: profile.cache_cap_at_hashes,
             block_size: spec.block_size,
-            attn: Attention::from_spec(&spec.kind),
+            attn: Attention::of(&spec),
             scheduler_block_size,
             spec,
             group_id,
@@ -120,6 +120,9 @@ impl SingleTypeManager {
     /// Blocks required for an allocation of `num_tokens` (tokens that need
     /// a slot) and `num_tokens_main_model`.
     fn required_blocks(&self, num_tokens: usize, num_tokens_main_model: usize) -> usize {
+        if let Some(n) = self.attn.fixed_blocks() {
+            return n;
+        }
         self.attn
             .sizing()
             .required_blocks(self.bs(), num_tokens, num_tokens_main_model)
@@ -238,6 +241,16 @@ impl SingleTypeManager {
     ) -> usize {
         if self.is_running(slot) || !self.attn.is_per_token() {
             return 0;
+        }
+        if self.attn.fixed_blocks().is_some() {
+            // A ring takes no hits and no count of cached blocks; external
+            // tokens claim it (vLLM 0.33.0's `allocate_external_computed_blocks`).
+            let held = self.blocks(slot).len();
+            return if num_external_computed_tokens > 0 {
+                self.required_blocks(0, 0).saturating_sub(held)
+            } else {
+                0
+            };
         }
         let total = num_local_computed_tokens + num_external_computed_tokens;
         let skipped_tokens = self.attn.skipped_tokens(total);
@@ -415,6 +428,11 @@ impl SingleTypeManager {
     ) {
         let num_cached = self.num_cached_blocks(slot);
         let mut num_full = num_tokens / self.bs();
+        if num_cached >= num_full {
+            // Nothing to cache (always so out of prefix caching, where the
+            // hash view may not fit the block size).
+            return;
+        }
         if self.cap_at_hashes {
             // Lookahead hashes arrive after their block is full.
             num_full = num_full.min(hashes.len());

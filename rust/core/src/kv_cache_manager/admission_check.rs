@@ -387,6 +387,7 @@ pub(crate) fn check_resend(
         .coord
         .managers
         .iter()
+        .filter(|g| g.spec.prefix_cacheable)
         .map(|g| g.num_cached_blocks(s) * (g.block_size as usize / hash_block_size).max(1))
         .max()
         .unwrap_or(0);

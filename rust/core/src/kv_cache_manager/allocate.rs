@@ -265,7 +265,8 @@ impl KvCacheManager {
         // Blocks outside the window are freed even if the allocation fails;
         // 0.33.0 only below the processed tokens (see the profile).
         let processed = total_computed.saturating_sub(args.num_in_flight_tokens);
-        self.coord.remove_skipped_blocks(slot, processed);
+        let prompt = self.gap_prompt_len(slot, args);
+        self.coord.remove_skipped_blocks(slot, processed, prompt);
         let prefill_end = self.prefill_end(slot, args);
         let query_start = num_local_computed + args.num_external_computed_tokens;
         let need_with_external = |external| {
@@ -445,6 +446,16 @@ impl KvCacheManager {
             apply_admission_cap,
             prefill_end,
         ))
+    }
+
+    /// The prompt length 0.33.0's `allocate_slots` hands the window frees
+    /// (R-SWA frees its gap by it): known where some group frees gaps.
+    fn gap_prompt_len(&self, slot: ReqSlot, args: &AllocateArgs) -> Option<usize> {
+        if !self.reads_gap_prompt {
+            return None;
+        }
+        args.num_prompt_tokens
+            .or_else(|| self.reqs.num_prompt_tokens(slot))
     }
 
     /// Where the request's prefill ends for Mamba checkpoints (vLLM 0.33.0:

@@ -135,6 +135,9 @@ pub struct KvCacheManager {
     reads_junction: bool,
     /// Window frees lag the in-flight tokens (0.33.0, a group with a window).
     reads_in_flight: bool,
+    /// Window frees read the prompt length (an R-SWA group frees the gap
+    /// after the prompt: 0.33.0 passes `num_prompt_tokens`).
+    reads_gap_prompt: bool,
 }
 
 impl KvCacheManager {
@@ -169,7 +172,11 @@ impl KvCacheManager {
             &cfg.profile,
         )?;
         let has_align_groups = coord.managers.iter().any(|m| m.is_mamba_align());
-        let has_window = coord.managers.iter().any(|m| m.attn.has_window());
+        let has_window = coord.managers.iter().any(|m| m.attn.frees_blocks());
+        let reads_gap_prompt = coord
+            .managers
+            .iter()
+            .any(|m| m.attn.frees_blocks() && !m.attn.has_window());
         Ok(KvCacheManager {
             sizes_from_computed: admission_check::sizes_from_computed(&coord),
             coord,
@@ -184,7 +191,9 @@ impl KvCacheManager {
             ghost_entries: Vec::new(),
             handed_out: deferred_free::HandedOut::default(),
             // Sparse retention, or Mamba checkpoints that wait for the prefill end.
-            reads_prompt_len: cfg.enable_caching && cfg.retention_interval.is_some()
+            reads_gap_prompt,
+            reads_prompt_len: reads_gap_prompt
+                || cfg.enable_caching && cfg.retention_interval.is_some()
                 || cfg
                     .groups
                     .iter()
@@ -407,10 +416,21 @@ impl KvCacheManager {
     }
 
     pub fn remove_skipped_blocks(&mut self, request_id: &str, total_computed_tokens: usize) {
+        self.remove_skipped_blocks_of_prompt(request_id, total_computed_tokens, None);
+    }
+
+    /// `remove_skipped_blocks` with vLLM 0.33.0's `num_prompt_tokens` (R-SWA
+    /// groups free the gap after the prompt given it; None: window frees only).
+    pub fn remove_skipped_blocks_of_prompt(
+        &mut self,
+        request_id: &str,
+        total_computed_tokens: usize,
+        num_prompt_tokens: Option<usize>,
+    ) {
         if let Some(slot) = self.slot(request_id) {
             self.set_horizon(slot, None);
             self.coord
-                .remove_skipped_blocks(slot, total_computed_tokens);
+                .remove_skipped_blocks(slot, total_computed_tokens, num_prompt_tokens);
         }
     }
 
@@ -434,7 +454,11 @@ impl KvCacheManager {
             self.coord
                 .managers
                 .iter()
-                .all(|m| m.blocks(s).len() >= num_computed_tokens / m.block_size as usize)
+                // Groups out of prefix caching cache nothing (a ring holds one block).
+                .all(|m| {
+                    !m.spec.prefix_cacheable
+                        || m.blocks(s).len() >= num_computed_tokens / m.block_size as usize
+                })
         });
         if slot.is_none() || !holds {
             return invalid(format!(
