@@ -196,13 +196,14 @@ def _hybrid_context_parallel(rng: Any, s: Setup) -> Setup:
     if len(s.groups) < 2 or s.dcp * s.pcp > 1 or any(g.kind == "mamba" for g in s.groups) or rng.random() >= 0.25:
         return s
     dcp, pcp = rng.choice(((2, 1), (2, 2), (1, 2), (4, 1)))
-    scaled = [g.block_size * (dcp if g.kind == "full" else 1) for g in s.groups]
+    full = [g.kind in ("full", "rswa") for g in s.groups]  # RSWASpec is a FullAttentionSpec
+    scaled = [g.block_size * (dcp if f else 1) for g, f in zip(s.groups, full)]
     sbs, hbs = math.lcm(*scaled), math.gcd(*scaled)
-    if s.caching and any(b != hbs for g, b in zip(s.groups, scaled) if g.kind == "full"):
+    if s.caching and any(b != hbs for f, b in zip(full, scaled) if f):
         return s
     retention = s.retention if not s.retention else rng.choice((sbs, 2 * sbs))
     return dataclasses.replace(s, dcp=dcp, pcp=pcp, scheduler_block_size=sbs, hash_block_size=hbs if s.caching else sbs,
-                               retention=retention, replicated=tuple(i for i, g in enumerate(s.groups) if g.kind != "full"))
+                               retention=retention, replicated=tuple(i for i, f in enumerate(full) if not f))
 
 
 def _several_full_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
@@ -339,9 +340,10 @@ class V033(ReleaseApi):
 
     def kv_cache_config(self, s: Setup) -> Any:
         if scratch_groups033.covers(s):
-            return scratch_groups033.kv_cache_config(s)
-        cfg = configs.vllm_kv_cache_config(group_specs(s), s.num_blocks)
-        cfg.prefix_cache_retention_interval = s.retention
+            cfg = scratch_groups033.kv_cache_config(s)
+        else:
+            cfg = configs.vllm_kv_cache_config(group_specs(s), s.num_blocks)
+            cfg.prefix_cache_retention_interval = s.retention
         for i in s.replicated:
             g = cfg.kv_cache_groups[i]
             g.kv_cache_spec = dataclasses.replace(g.kv_cache_spec, dcp_sharded=False)
