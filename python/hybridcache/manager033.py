@@ -261,13 +261,12 @@ class KVCacheManager033(KVCacheManager):
 
     def estimate_cached_tokens(self, request: Any) -> int:
         """Tokens of the request's prefix its cached blocks cover (the
-        fewest over the groups): a full block's hash covers the tokens up
-        to its end."""
+        fewest over the groups): the most any of a group's blocks' hash
+        covers (`block_hash_num_tokens`: a full block's end, or a partial
+        entry's boundary inside the block)."""
         cached: int | None = None
-        for ids, bs in zip(self.get_block_ids(request.request_id), self._block_sizes):
-            unhashed = self.unhashed(ids)
-            covered = max((i + 1 for i, u in enumerate(unhashed) if not u and ids[i] != 0), default=0)
-            tokens = covered * bs
+        for ids in self.get_block_ids(request.request_id):
+            tokens = max((n or 0 for n in self.block_hash_num_tokens(list(ids))), default=0)
             cached = tokens if cached is None else min(cached, tokens)
         return cached or 0
 

@@ -214,20 +214,23 @@ impl Attention {
     }
 
     /// The type's cache-hit search into `out` (one list per group).
+    /// The longest hit into `out`; returns its tokens (a multiple of the
+    /// block size except for a fine-grained full-attention hit).
     pub fn find_hit(
         &self,
         search: &HitSearch<'_>,
         max_length: usize,
         drop_eagle: bool,
         out: &mut [Vec<BlockId>],
-    ) {
+    ) -> usize {
         match self {
-            Attention::Full => full::find_hit(search, max_length, drop_eagle, out),
+            Attention::Full => return full::find_hit(search, max_length, drop_eagle, out),
             Attention::SlidingWindow(t) => t.find_hit(search, max_length, drop_eagle, out),
             Attention::ChunkedLocal(t) => t.find_hit(search, max_length, out),
             Attention::Mamba(_) => mamba::find_hit(search, max_length, out),
             Attention::Cross => cross::find_hit(out),
         }
+        out.first().map_or(0, |o| o.len() * search.block_size)
     }
 }
 

@@ -33,7 +33,8 @@ impl SingleTypeManager {
     fn decodes_known(&self, slot: ReqSlot) -> Option<&GroupReq> {
         // A decode with many drafts may reserve a Mamba checkpoint block:
         // such groups take the general path.
-        if !self.attn.is_per_token() || self.spec.mamba_checkpoints.is_some() {
+        // A partial tail may be (re)registered on any call: general path.
+        if !self.attn.is_per_token() || self.spec.mamba_checkpoints.is_some() || self.partial_tails {
             return None;
         }
         self.req(slot)
