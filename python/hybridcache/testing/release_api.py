@@ -176,10 +176,12 @@ class V023(ReleaseApi):
 # supports full attention and sliding window; the others follow as it
 # grows). 0.33.0's own: several full-attention groups (equal specs, one
 # with a sliding window, different block sizes) and partial Mamba hits.
-MIXES_033 = (*MIXES, "full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed")
+MIXES_033 = (*MIXES, "full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
+             "full_wide_sw", "full_fullbs4")
 
 
-_MIXES_ONLY_033 = ("full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed")
+_MIXES_ONLY_033 = ("full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
+                   "full_wide_sw", "full_fullbs4")
 
 
 def _several_full_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
@@ -187,7 +189,17 @@ def _several_full_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
     full-attention groups (one spec group, looked up together), the same
     with a sliding window, block sizes 4 and 8 (0.33.0 truncates both to
     the hit; with caching the wider one caches partial tails), or full
-    attention and sliding window in two precisions."""
+    attention and sliding window in two precisions. Partial tails (a
+    full-attention block wider than the hash block): full attention of 8
+    beside a sliding window of 4 (`full_wide_sw`), and full attention of 16
+    beside 4 (`full_fullbs4`: three inner hash boundaries per block, so a
+    block can carry several partial keys)."""
+    if mix == "full_wide_sw":
+        sw = Group("sw", 4, rng.randint(3, 14))
+        return dict(groups=(Group("full", 8), sw), scheduler_block_size=8, hash_block_size=4 if caching else 8)
+    if mix == "full_fullbs4":
+        return dict(groups=(Group("full", 16), Group("full", 4)), scheduler_block_size=16,
+                    hash_block_size=4 if caching else 16)
     if mix == "full_full":
         bs = rng.choice((4, 8))
         return dict(groups=(Group("full", bs), Group("full", bs)), scheduler_block_size=bs, hash_block_size=bs)
