@@ -145,11 +145,12 @@ def test_hybridcache_facade_slice_full_attention() -> None:
 
 @pytest.mark.skipif(FACADE_MISSING, reason="hybridcache's vLLM 0.33.0 facade (hybridcache.manager033) has not landed")
 @pytest.mark.parametrize(("mixes", "seed"), [(("sw", "full_sw", "full_sw_mixed"), 331), (("full_full", "full_full_sw", "full_fullbs"), 332),
-                                             (("full_chunked",), 333)],
-                         ids=["sliding-window", "several-full-attention", "chunked-local"])
+                                             (("full_chunked",), 333), (("full_fullbs4", "full_wide_sw"), 335)],
+                         ids=["sliding-window", "several-full-attention", "chunked-local", "partial-tails"])
 def test_hybridcache_facade_slice_hybrid_layouts(mixes: tuple[str, ...], seed: int) -> None:
     """Sliding window (with 0.33.0's sparse retention: None, 0, N),
-    several full-attention groups and chunked local attention, against
+    several full-attention groups, chunked local attention and full
+    attention over smaller hash blocks (partial-tail entries), against
     vLLM 0.33.0."""
     f = fuzz.run_fuzz(ops=16_000, seed=seed, mixes=mixes, ops_per_setup=400, release_name="0.33.0",
                       candidate="hybridcache")

@@ -399,6 +399,10 @@ class NativeManager:
         """How many requests hold the block."""
     def block_hash(self, block_id: int) -> tuple[bytes, int] | None:
         """(hash bytes, group id) of a cached block, else None."""
+    def block_hash_num_tokens(self, block_ids: Sequence[int]) -> list[int | None]:
+        """vLLM 0.33.0's `block_hash_num_tokens` of each block: the prefix
+        tokens its hash covers (a full block's end or a partial entry's
+        boundary), None without a hash."""
     def unhashed(self, block_ids: Sequence[int]) -> list[bool]:
         """Which of the given blocks carry no cached hash."""
     def cached_block_ids(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None:
@@ -501,6 +505,9 @@ class BlockView:
     @property
     def block_hash(self) -> bytes | None:
         """vLLM's `BlockHashWithGroupId`: hash bytes + 4-byte big-endian group."""
+    @property
+    def block_hash_num_tokens(self) -> int | None:
+        """vLLM 0.33.0's: prefix tokens the block's hash covers, or None."""
     @property
     def next_free_block(self) -> Any:
         """vLLM's free-list links: the next / previous block in the free queue

@@ -151,6 +151,17 @@ def external_hash(h: bytes) -> bytes | int:
     return int.from_bytes(h, "big") & ((1 << 64) - 1)
 
 
+def _set_order(keys: list[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
+    """A block's extra keys (vLLM 0.33.0's partial-block entries), added in
+    this order, in the order vLLM's pool emits their `BlockRemoved`: it
+    keeps them in a `set` of `hash + group (4 bytes, big-endian)` keys, so
+    the same set built the same way here iterates the same way."""
+    held: set[bytes] = set()
+    for h, g in keys:
+        held.add(h + g.to_bytes(4, "big", signed=False))
+    return [(k[:-4], int.from_bytes(k[-4:], "big", signed=False)) for k in held]
+
+
 class EventBuilder:
     """Turns the core's event tuples into event objects of one vLLM
     release's shape, reading from the request of the call that produced
@@ -188,7 +199,8 @@ class EventBuilder:
         """Event objects for the core's raw event tuples of one call on
         `request` (its tokens, LoRA and extra keys fill `BlockStored`):
         ("stored", hashes, parent, start, end, block_size, group, positions),
-        ("removed", hash, group), ("cleared",)."""
+        ("removed", hash, group), ("removed_set", [(hash, group), ...]),
+        ("cleared",)."""
         out = []
         for ev in raw:
             tag = ev[0]
@@ -196,6 +208,8 @@ class EventBuilder:
                 out.append(self._build_stored(ev, request))
             elif tag == "removed":
                 out.append(self._build_removed(ev[1], ev[2]))
+            elif tag == "removed_set":
+                out.extend(self._build_removed(h, g) for h, g in _set_order(ev[1]))
             else:
                 out.append(self._cleared())
         return out

@@ -69,12 +69,9 @@ def check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: boo
         block_size = getattr(spec, "block_size", None)
         if block_size is not None and i < len(scales):
             block_size *= scales[i]
-        if kind in ("full", "rswa") and enable_caching and block_size != hash_block_size:
-            raise NotImplementedError(
-                f"kv_cache_groups[{i}]: a full-attention block of {block_size} tokens over hash blocks "
-                f"of {hash_block_size} (vLLM 0.33.0 caches partial tail blocks and serves partial hash "
-                "hits there) is not supported by hybridcache's vLLM 0.33.0 facade yet"
-            )
+        # A full-attention block wider than the hash block (several groups,
+        # hash block = their gcd) needs no refusal: it caches the prompt's
+        # partial tail (the core's `profile.partial_block_entries`).
         if kind == "mamba" and getattr(spec, "mamba_cache_mode", "none") == "align":
             if enable_caching and block_size != hash_block_size:
                 raise NotImplementedError(

@@ -286,15 +286,14 @@ class KVCacheManager033(KVCacheManager):
 
     def estimate_cached_tokens(self, request: Any) -> int:
         """Tokens of the request's prefix its cached blocks cover (the
-        fewest over the prefix-cacheable groups): a full block's hash covers
-        the tokens up to its end."""
+        fewest over the prefix-cacheable groups): the most any of a group's
+        blocks' hash covers (`block_hash_num_tokens`: a full block's end, or a
+        partial entry's boundary inside the block)."""
         cached: int | None = None
-        for ids, bs, g in zip(self.get_block_ids(request.request_id), self._block_sizes, self._groups):
+        for ids, g in zip(self.get_block_ids(request.request_id), self._groups):
             if not g.native.prefix_cacheable:
                 continue
-            unhashed = self.unhashed(ids)
-            covered = max((i + 1 for i, u in enumerate(unhashed) if not u and ids[i] != 0), default=0)
-            tokens = covered * bs
+            tokens = max((n or 0 for n in self.block_hash_num_tokens(list(ids))), default=0)
             cached = tokens if cached is None else min(cached, tokens)
         return cached or 0
 

@@ -82,6 +82,7 @@ INTERNALS: dict[str, tuple[str, tuple[str, ...]]] = {
     "test_prefill_hybrid_model": CACHE_POP,
     "test_prefill_hybrid_model_eagle": CACHE_POP,
     "test_eagle_with_sliding_window": CACHE_POP,
+    "test_different_block_size": CACHE_POP,
     "test_block_stored_event_group_idx_out_of_bounds": (
         "appends to block_pool.kv_event_queue (a read-only view here), patches vllm kv_cache_manager.logger",
         ("kv_event_queue",),
@@ -105,8 +106,7 @@ VIEWS: dict[str, str] = {}
 NOT_IMPLEMENTED: tuple[str, ...] = ()
 # Not listed case by case (yet): a failure is expected when hybridcache
 # raised the NotImplementedError of what its 0.33.0 facade documents as not
-# ported (Mamba, R-SWA and circular-buffer layouts, full-attention blocks
-# wider than the hash block with caching, mixed-precision zeroing, dcp/pcp,
+# ported (Mamba, R-SWA and circular-buffer layouts, mixed-precision zeroing, dcp/pcp,
 # multi-module MTP), or a read-only view's AttributeError naming a
 # vLLM internal it does not provide. Any other failure is a divergence.
 # The Mamba files (test_mamba_align_chunk_split.py: 12 cases,

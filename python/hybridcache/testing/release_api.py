@@ -178,11 +178,11 @@ class V023(ReleaseApi):
 # grows). 0.33.0's own: several full-attention groups (equal specs, one
 # with a sliding window, different block sizes) and partial Mamba hits.
 MIXES_033 = (*MIXES, "full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
-             *scratch_groups033.MIXES)
+             *scratch_groups033.MIXES, "full_wide_sw", "full_fullbs4")
 
 
 _MIXES_ONLY_033 = ("full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
-                   *scratch_groups033.MIXES)
+                   *scratch_groups033.MIXES, "full_wide_sw", "full_fullbs4")
 
 
 def _hybrid_context_parallel(rng: Any, s: Setup) -> Setup:
@@ -190,17 +190,15 @@ def _hybrid_context_parallel(rng: Any, s: Setup) -> Setup:
     (kv_cache_utils.resolve_kv_cache_block_sizes): dcp scales the
     full-attention (dcp-sharded) blocks, the other groups are replicated
     (its hybrid coordinator takes no other), the scheduler block is the
-    LCM of the scaled blocks and the hash block their GCD. Drawn on a
-    quarter of the attention-only multi-group setups; none where a
-    full-attention block would outgrow the hash block (partial tails)."""
+    LCM of the scaled blocks and the hash block their GCD (a scaled
+    full-attention block may outgrow it: partial tails). Drawn on a quarter
+    of the attention-only multi-group setups."""
     if len(s.groups) < 2 or s.dcp * s.pcp > 1 or any(g.kind == "mamba" for g in s.groups) or rng.random() >= 0.25:
         return s
     dcp, pcp = rng.choice(((2, 1), (2, 2), (1, 2), (4, 1)))
     full = [g.kind in ("full", "rswa") for g in s.groups]  # RSWASpec is a FullAttentionSpec
     scaled = [g.block_size * (dcp if f else 1) for g, f in zip(s.groups, full)]
     sbs, hbs = math.lcm(*scaled), math.gcd(*scaled)
-    if s.caching and any(b != hbs for f, b in zip(full, scaled) if f):
-        return s
     retention = s.retention if not s.retention else rng.choice((sbs, 2 * sbs))
     return dataclasses.replace(s, dcp=dcp, pcp=pcp, scheduler_block_size=sbs, hash_block_size=hbs if s.caching else sbs,
                                retention=retention, replicated=tuple(i for i, f in enumerate(full) if not f))
@@ -211,7 +209,17 @@ def _several_full_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
     full-attention groups (one spec group, looked up together), the same
     with a sliding window, block sizes 4 and 8 (0.33.0 truncates both to
     the hit; with caching the wider one caches partial tails), or full
-    attention and sliding window in two precisions."""
+    attention and sliding window in two precisions. Partial tails (a
+    full-attention block wider than the hash block): full attention of 8
+    beside a sliding window of 4 (`full_wide_sw`), and full attention of 16
+    beside 4 (`full_fullbs4`: three inner hash boundaries per block, so a
+    block can carry several partial keys)."""
+    if mix == "full_wide_sw":
+        sw = Group("sw", 4, rng.randint(3, 14))
+        return dict(groups=(Group("full", 8), sw), scheduler_block_size=8, hash_block_size=4 if caching else 8)
+    if mix == "full_fullbs4":
+        return dict(groups=(Group("full", 16), Group("full", 4)), scheduler_block_size=16,
+                    hash_block_size=4 if caching else 16)
     if mix == "full_full":
         bs = rng.choice((4, 8))
         return dict(groups=(Group("full", bs), Group("full", bs)), scheduler_block_size=bs, hash_block_size=bs)

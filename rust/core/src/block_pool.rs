@@ -1,5 +1,6 @@
 //! The block pool: ref counts, cached-block hashes, the free queue and the
-//! prefix-cache map, with vLLM 0.23.0's `BlockPool` semantics.
+//! prefix-cache map, with vLLM 0.23.0's `BlockPool` semantics; 0.33.0's
+//! extra keys per block (partial-block entries) are in `block_pool_keys.rs`.
 
 use crate::error::{invalid, CoreResult};
 use crate::events::{BlockMetric, PoolEvent};
@@ -8,6 +9,10 @@ use smallvec::SmallVec;
 
 use crate::prefix_map::{PrefixMap, NO_ENTRY};
 use crate::BlockId;
+
+#[path = "block_pool_keys.rs"]
+mod keys;
+pub(crate) use keys::PartialEntry;
 
 pub const NULL_BLOCK: BlockId = 0;
 
@@ -22,6 +27,9 @@ struct BlockMeta {
     // Prefix-map entry (the interned hash) of a cached block, or NO_ENTRY.
     entry: u32,
     group: u32,
+    // Prefix tokens the primary hash covers (vLLM's `block_hash_num_tokens`):
+    // a full block's end, or a partial entry's boundary; 0 without a hash.
+    num_tokens: u32,
 }
 
 impl BlockMeta {
@@ -29,6 +37,7 @@ impl BlockMeta {
         ref_cnt: 0,
         entry: NO_ENTRY,
         group: 0,
+        num_tokens: 0,
     };
 }
 
@@ -40,6 +49,10 @@ pub struct BlockPool {
     meta: Vec<BlockMeta>,
     queue: FreeQueue,
     map: PrefixMap,
+    // 0.33.0: a cached block's keys beyond its primary hash, (entry, group)
+    // in the order added (vLLM's `cached_block_hashes_by_block`); empty in
+    // 0.23.0, which has one hash per block.
+    extra_keys: std::collections::HashMap<BlockId, SmallVec<[(u32, u32); 2]>>,
     enable_caching: bool,
     enable_events: bool,
     hash_block_size: u32,
@@ -47,6 +60,8 @@ pub struct BlockPool {
     /// The null block's count moves with touches and frees (0.23.0); later
     /// releases skip the null block in both.
     null_ref_counted: bool,
+    /// 0.33.0's partial-block entries are on (`profile.partial_block_entries`).
+    partial_entries: bool,
     // vLLM's metrics-collector calls, in order; only when a collector is set.
     record_metrics: bool,
     metrics: Vec<BlockMetric>,
@@ -85,11 +100,13 @@ impl BlockPool {
             meta: vec![BlockMeta::FREE; num_blocks as usize],
             queue,
             map: PrefixMap::new(),
+            extra_keys: std::collections::HashMap::new(),
             enable_caching,
             enable_events,
             hash_block_size,
             events: Vec::new(),
             null_ref_counted,
+            partial_entries: false,
             record_metrics: false,
             metrics: Vec::new(),
         })
@@ -101,6 +118,15 @@ impl BlockPool {
 
     pub fn hash_block_size(&self) -> u32 {
         self.hash_block_size
+    }
+
+    /// Turns on 0.33.0's partial-block entries (fine-grained lookups read it).
+    pub fn set_partial_entries(&mut self, on: bool) {
+        self.partial_entries = on;
+    }
+
+    pub fn partial_entries(&self) -> bool {
+        self.partial_entries
     }
 
     pub fn enable_caching(&self) -> bool {
@@ -205,20 +231,10 @@ impl BlockPool {
         if self.record_metrics {
             self.metrics.push(BlockMetric::Evicted(b));
         }
-        let entry = self.meta[b as usize].entry;
-        if entry == NO_ENTRY {
+        if self.meta[b as usize].entry == NO_ENTRY {
             return false;
         }
-        let group = self.meta[b as usize].group;
-        if self.enable_events {
-            self.record_removed(entry, group);
-        }
-        // A cached block is always held by its entry (checked by
-        // `check_invariants`), so the pop succeeds.
-        let popped = self.map.pop(entry, group, b);
-        debug_assert!(popped);
-        self.meta[b as usize].entry = NO_ENTRY;
-        popped
+        self.drop_block_keys(b)
     }
 
     // Event recording stays out of line: with events off (the common
@@ -329,9 +345,17 @@ impl BlockPool {
                 continue;
             }
             let b = blocks[i];
-            debug_assert_eq!(self.meta[b as usize].entry, NO_ENTRY);
-            self.meta[b as usize].entry = self.map.insert(&hash_of(i), group, b);
-            self.meta[b as usize].group = group;
+            let num_tokens = ((i + 1) * block_size as usize) as u32;
+            if self.meta[b as usize].entry != NO_ENTRY {
+                // Only a partial entry of this block (0.33.0) is promoted:
+                // its keys go (with events) before the full hash comes.
+                debug_assert!(self.meta[b as usize].num_tokens < num_tokens);
+                self.drop_block_keys(b);
+            }
+            let m = &mut self.meta[b as usize];
+            m.entry = self.map.insert(&hash_of(i), group, b);
+            m.group = group;
+            m.num_tokens = num_tokens;
         }
         if self.enable_events {
             let positions: Vec<u32> = (num_cached..end)
@@ -383,7 +407,11 @@ impl BlockPool {
             return false;
         }
         self.map.clear();
-        self.meta.iter_mut().for_each(|m| m.entry = NO_ENTRY);
+        self.extra_keys.clear();
+        self.meta.iter_mut().for_each(|m| {
+            m.entry = NO_ENTRY;
+            m.num_tokens = 0;
+        });
         if self.record_metrics {
             self.metrics.push(BlockMetric::Reset);
         }
@@ -481,20 +509,34 @@ impl BlockPool {
         if self.meta[NULL_BLOCK as usize].entry != NO_ENTRY {
             return Err("null block is cached".into());
         }
-        let mut in_map = vec![false; nb];
+        let mut in_map = vec![0usize; nb];
         let mut keys: std::collections::HashSet<(&[u8], u32)> = std::collections::HashSet::new();
+        let mut pairs: std::collections::HashSet<(&[u8], u32, BlockId)> =
+            std::collections::HashSet::new();
         for (h, g, b) in self.map.iter() {
             if b >= self.num_blocks {
                 return Err(format!("prefix map holds block id {b} out of range"));
             }
-            if std::mem::replace(&mut in_map[b as usize], true) {
-                return Err(format!("block {b} is in the prefix map twice"));
+            if !pairs.insert((h, g, b)) {
+                return Err(format!("block {b} is in the prefix map twice under one key"));
             }
-            match self.block_hash(b) {
-                Some((bh, bg)) if bh == h && bg == g => {}
-                _ => return Err(format!("prefix map holds block {b} under a hash it lacks")),
+            in_map[b as usize] += 1;
+            if !self.block_keys(b).any(|(bh, bg)| bh == h && bg == g) {
+                return Err(format!("prefix map holds block {b} under a hash it lacks"));
             }
             keys.insert((h, g));
+        }
+        for b in 0..nb {
+            let n = self.block_keys(b as BlockId).count();
+            if n != in_map[b] {
+                return Err(format!(
+                    "block {b} carries {n} keys but the prefix map holds it under {}",
+                    in_map[b]
+                ));
+            }
+        }
+        if let Some(b) = self.extra_keys.keys().find(|&&b| self.meta[b as usize].entry == NO_ENTRY) {
+            return Err(format!("block {b} has extra keys but no primary hash"));
         }
         if keys.len() != self.map.len() {
             return Err(format!(
@@ -503,108 +545,10 @@ impl BlockPool {
                 keys.len()
             ));
         }
-        if let Some(b) = (0..nb).find(|&b| self.meta[b].entry != NO_ENTRY && !in_map[b]) {
-            return Err(format!(
-                "block {b} carries a hash but is not in the prefix map"
-            ));
-        }
         Ok(())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::borrow::Cow;
-
-    fn pool(n: u32, events: bool) -> BlockPool {
-        BlockPool::new(n, true, 4, events, true).unwrap()
-    }
-
-    fn new_blocks(p: &mut BlockPool, n: usize) -> Vec<u32> {
-        let mut out = Vec::new();
-        p.get_new_blocks(n, &mut out);
-        out
-    }
-
-    #[test]
-    fn null_block_is_reserved() {
-        let p = pool(4, false);
-        assert_eq!(p.num_free_blocks(), 3);
-        assert!(!p.is_free(NULL_BLOCK));
-        assert_eq!(p.usage(), 0.0);
-        assert!(BlockPool::new(0, true, 4, false, true).is_err());
-        p.check_invariants().unwrap();
-    }
-
-    #[test]
-    fn alloc_free_order_and_usage() {
-        let mut p = pool(5, false);
-        let a = new_blocks(&mut p, 3);
-        assert_eq!(a, vec![1, 2, 3]);
-        assert_eq!(p.usage(), 0.75);
-        p.free_blocks(a.iter().rev().copied(), false);
-        assert_eq!(p.free_queue().collect::<Vec<_>>(), vec![4, 3, 2, 1]);
-        let b = new_blocks(&mut p, 1);
-        p.free_blocks(b.iter().copied(), true);
-        assert_eq!(p.free_queue().collect::<Vec<_>>(), vec![4, 3, 2, 1]);
-        p.check_invariants().unwrap();
-    }
-
-    #[test]
-    fn cache_hit_touch_and_eviction_event() {
-        let mut p = pool(4, true);
-        let a = new_blocks(&mut p, 2);
-        p.cache_full_blocks(
-            &a,
-            0,
-            2,
-            4,
-            0,
-            |_| true,
-            |i| Cow::Owned(vec![i as u8 + 1; 8]),
-        );
-        assert_eq!(p.block_hash(a[0]).unwrap().0, &[1u8; 8][..]);
-        p.free_blocks(a.iter().rev().copied(), false);
-        let mut hit = Vec::new();
-        assert!(p.get_cached_block(&[1u8; 8], &[0], &mut hit));
-        assert_eq!(hit, vec![a[0]]);
-        p.touch(&hit);
-        assert_eq!(p.ref_cnt(a[0]), 1);
-        assert!(!p.is_free(a[0]));
-        // Reusing the free cached block a[1] drops its hash with an event.
-        let got = new_blocks(&mut p, 2);
-        assert_eq!(got, vec![3, a[1]]);
-        assert!(p.block_hash(a[1]).is_none());
-        let ev = p.take_events();
-        assert!(matches!(ev[0], PoolEvent::Stored { ref hashes, .. } if hashes.len() == 2));
-        assert_eq!(
-            ev[1],
-            PoolEvent::Removed {
-                hash: vec![2u8; 8].into(),
-                group: 0
-            }
-        );
-        p.check_invariants().unwrap();
-    }
-
-    #[test]
-    fn evict_and_reset() {
-        let mut p = pool(4, true);
-        let a = new_blocks(&mut p, 1);
-        p.cache_full_blocks(&a, 0, 1, 4, 0, |_| true, |_| Cow::Owned(vec![9; 8]));
-        assert!(p.evict_blocks(&[7]).is_err());
-        assert!(
-            p.block_hash(a[0]).is_some(),
-            "rejected call changed nothing"
-        );
-        assert!(!p.reset_prefix_cache(), "refused while a block is held");
-        p.evict_blocks(&[a[0]]).unwrap();
-        assert!(p.block_hash(a[0]).is_none());
-        assert_eq!(p.ref_cnt(a[0]), 1, "eviction keeps holders");
-        p.free_blocks(a.clone(), false);
-        assert!(p.reset_prefix_cache());
-        assert_eq!(p.take_events().last(), Some(&PoolEvent::AllCleared));
-        p.check_invariants().unwrap();
-    }
-}
+#[path = "block_pool_tests.rs"]
+mod tests;

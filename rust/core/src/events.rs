@@ -22,6 +22,13 @@ pub enum PoolEvent {
         hash: Box<[u8]>,
         group: u32,
     },
+    /// The extra keys (partial-block entries, 0.33.0) of one block dropped
+    /// together, in the order they were added. vLLM keeps them in a Python
+    /// `set` and emits one `BlockRemoved` each in that set's order, which
+    /// only Python can reproduce: the facade rebuilds the set.
+    RemovedSet {
+        keys: Vec<(Box<[u8]>, u32)>,
+    },
     AllCleared,
 }
 

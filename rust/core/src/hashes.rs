@@ -130,6 +130,17 @@ impl<'a> ScaledHashes<'a> {
         self.hashes.len() / self.scale
     }
 
+    /// The hashes at hash-block granularity (fine-grained lookups and
+    /// partial-block entries read boundaries inside a block).
+    pub fn raw(&self) -> &'a HashList {
+        self.hashes
+    }
+
+    /// Hash blocks per block.
+    pub fn scale(&self) -> usize {
+        self.scale
+    }
+
     pub fn get(&self, i: usize) -> Cow<'a, [u8]> {
         let first = if self.last_only {
             (i + 1) * self.scale - 1

@@ -114,7 +114,8 @@ impl PrefixMap {
         self.num_keys = 0;
     }
 
-    fn find(&self, hash: &[u8]) -> Option<u32> {
+    /// The entry id of `hash`, if some block is cached under it.
+    pub fn find(&self, hash: &[u8]) -> Option<u32> {
         let entries = &self.entries;
         self.index
             .find(key_hash(hash), |&e| {
@@ -136,6 +137,14 @@ impl PrefixMap {
             .iter()
             .find(|(g, _)| *g == group)
             .map(|&(_, b)| b)
+    }
+
+    /// Whether `block` of `group` is cached under entry `entry` (vLLM's
+    /// `BlockHashToBlockMap.contain`).
+    pub fn holds(&self, entry: u32, group: u32, block: BlockId) -> bool {
+        self.entries
+            .get(entry as usize)
+            .is_some_and(|e| e.holders.contains(&(group, block)))
     }
 
     /// Caches `block` under (hash, group); returns the hash's entry id.

@@ -29,6 +29,10 @@
 //!   is), through `coordinator` and the invariant check;
 //! - `frees_on_processed_tokens`: `kv_cache_manager::allocate` (window
 //!   frees lag the request's in-flight tokens);
+//! - `partial_block_entries`: `block_pool` (`block_pool_keys.rs`: several
+//!   keys per block), `group_manager/partial_tail.rs` (which full-attention
+//!   groups cache the prompt's partial tail) and `attention::full` (the
+//!   fine-grained phase of a hit, when hits align on hash blocks);
 //! - `partial_hits`, `null_block_ref_counted`, `cache_cap_at_hashes`: the
 //!   pool's touch/free (null counting), the caching step (the cap); partial
 //!   hits are not ported (the 0.33.0 facade refuses the layouts using them).
@@ -301,6 +305,12 @@ pub struct BehaviourProfile {
     pub retention: Retention,
     /// Sub-block hash hits with copy-on-write of the partial block.
     pub partial_hits: bool,
+    /// Partial-block prefix-cache entries (0.24+, used from 0.26): a block
+    /// may carry several keys, full attention over smaller hash blocks
+    /// caches the prompt's partial tail, and a full-attention hit aligned
+    /// to hash blocks probes the boundaries inside its next block. 0.23.0:
+    /// one hash per block.
+    pub partial_block_entries: bool,
     /// The null block's ref count is maintained.
     pub null_block_ref_counted: bool,
     /// Caching stops at the tokens that have hashes.
@@ -337,6 +347,7 @@ impl BehaviourProfile {
         hashing: Hashing::V0_23,
         retention: Retention::SlidingWindowPromptTail,
         partial_hits: false,
+        partial_block_entries: false,
         null_block_ref_counted: true,
         cache_cap_at_hashes: false,
         new_block_ids: NewBlockIds::BySpec,
@@ -361,6 +372,7 @@ impl BehaviourProfile {
         hashing: Hashing::V0_33,
         retention: Retention::ReplayBoundaries,
         partial_hits: false,
+        partial_block_entries: true,
         null_block_ref_counted: false,
         cache_cap_at_hashes: true,
         new_block_ids: NewBlockIds::BySpec,

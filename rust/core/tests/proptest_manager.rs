@@ -45,9 +45,12 @@ enum Mix {
     FullMambaAlign033,
     /// The same with prefill checkpoint blocks (alignment 1).
     FullMambaAlignCheckpoints033,
+    /// vLLM 0.33.0's profile: full attention of 8 over hash blocks of 4
+    /// (partial-tail entries) beside a sliding window of 4.
+    FullWideSw033,
 }
 
-const ALL_MIXES: [Mix; 9] = [
+const ALL_MIXES: [Mix; 10] = [
     Mix::Full,
     Mix::FullSw,
     Mix::FullMambaAlignSpec,
@@ -57,6 +60,7 @@ const ALL_MIXES: [Mix; 9] = [
     Mix::FullContextParallel,
     Mix::FullMambaAlign033,
     Mix::FullMambaAlignCheckpoints033,
+    Mix::FullWideSw033,
 ];
 
 const MAX_MODEL_LEN: usize = 96;
@@ -141,6 +145,7 @@ fn mix_groups(mix: Mix, caching: bool) -> (Vec<GroupSpec>, u32, u32) {
             });
             (vec![GroupSpec::full_attention(4), m], 4, 4)
         }
+        Mix::FullWideSw033 => (vec![GroupSpec::full_attention(8), sw(7, 4)], 8, 4),
     }
 }
 
@@ -165,7 +170,7 @@ fn make_manager(
         hash_block_size: hbs,
         profile: if matches!(
             mix,
-            Mix::FullMambaAlign033 | Mix::FullMambaAlignCheckpoints033
+            Mix::FullMambaAlign033 | Mix::FullMambaAlignCheckpoints033 | Mix::FullWideSw033
         ) {
             BehaviourProfile::V0_33
         } else {
@@ -511,6 +516,7 @@ impl Machine {
                         | Mix::FullMamba3
                         | Mix::FullMambaAlign033
                         | Mix::FullMambaAlignCheckpoints033
+                        | Mix::FullWideSw033
                 ) {
                     prop_assert_eq!(&after, &before, "Ok(None) changed state (full attention)");
                 }
@@ -981,6 +987,8 @@ mix_tests! {
     sw_mamba_retention_3: Mix::SwMamba, true, Some(12);
     full_mamba_align_0_33_no_caching: Mix::FullMambaAlign033, false;
     full_mamba_align_checkpoints_0_33_no_caching: Mix::FullMambaAlignCheckpoints033, false;
+    full_wide_sw_0_33_caching: Mix::FullWideSw033, true;
+    full_wide_sw_0_33_no_caching: Mix::FullWideSw033, false;
 }
 
 #[test]

@@ -76,6 +76,16 @@ impl BlockView {
         Ok(Some(PyBytes::new(py, &key)))
     }
 
+    /// vLLM 0.33.0's `block_hash_num_tokens`: prefix tokens the block's
+    /// hash covers, None without one.
+    #[getter]
+    fn block_hash_num_tokens(&self, py: Python<'_>) -> PyResult<Option<u32>> {
+        let n = self
+            .owner
+            .call_method1(py, "block_hash_num_tokens", (vec![self.block_id],))?;
+        Ok(n.extract::<Vec<Option<u32>>>(py)?.into_iter().next().flatten())
+    }
+
     /// vLLM's free-list links: the next / previous block in the free queue
     /// (the queue's fake head / tail at its ends), or None if not free.
     /// Served by `block_pool.free_block_queue` of the owning manager.

@@ -68,6 +68,10 @@ pub(crate) fn raw_events<'py>(
             PoolEvent::Removed { hash, group } => {
                 ("removed", bytes(&hash), group).into_pyobject(py)
             }
+            PoolEvent::RemovedSet { keys } => {
+                let keys = keys.iter().map(|(h, g)| (bytes(h), *g));
+                ("removed_set", PyList::new(py, keys)?).into_pyobject(py)
+            }
             PoolEvent::AllCleared => ("cleared",).into_pyobject(py),
         })
         .collect::<PyResult<Vec<_>>>()?;

@@ -582,6 +582,12 @@ impl NativeManager {
             .map(|(h, g)| (PyBytes::new(py, h), g)))
     }
 
+    /// vLLM 0.33.0's `block_hash_num_tokens` of each block: the prefix
+    /// tokens its primary hash covers, None without a hash.
+    fn block_hash_num_tokens(&self, block_ids: &Bound<'_, PyAny>) -> PyResult<Vec<Option<u32>>> {
+        self.hash_num_tokens(block_ids)
+    }
+
     /// Which of the given blocks carry no cached hash.
     fn unhashed(&self, block_ids: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
         int_list("block_ids", block_ids, false)?

@@ -96,4 +96,13 @@ impl NativeManager {
         }
         guard(|| self.inner.free_handed_out(&ids))
     }
+
+    /// `block_hash_num_tokens` for a list of block ids.
+    pub(crate) fn hash_num_tokens(&self, block_ids: &Bound<'_, PyAny>) -> PyResult<Vec<Option<u32>>> {
+        let pool = self.inner.pool();
+        crate::convert::int_list("block_ids", block_ids, false)?
+            .into_iter()
+            .map(|b| Ok(pool.block_hash_num_tokens(self.block_id(b)?)))
+            .collect()
+    }
 }

@@ -23,6 +23,16 @@ impl HitSearch<'_> {
                 .get_cached_block(&self.hashes.get(i), self.groups, hit)
     }
 
+    /// Hits land on hash-block boundaries inside blocks (0.33.0's partial
+    /// hash hits: the coordinator aligns hits to the hash block size).
+    pub fn fine_grained(&self) -> bool {
+        let unit = self.alignment_tokens;
+        self.pool.partial_entries()
+            && unit == self.pool.hash_block_size() as usize
+            && unit < self.block_size
+            && self.block_size % unit == 0
+    }
+
     pub fn pop_all(out: &mut [Vec<BlockId>]) {
         out.iter_mut().for_each(|o| {
             o.pop();

@@ -273,18 +273,20 @@ impl Attention {
         }
     }
 
-    /// The type's cache-hit search into `out` (one list per group).
+    /// The type's cache-hit search into `out` (one list per group); returns
+    /// the hit's tokens (a multiple of the
+    /// block size except for a fine-grained full-attention hit).
     pub fn find_hit(
         &self,
         search: &HitSearch<'_>,
         max_length: usize,
         drop_eagle: bool,
         out: &mut [Vec<BlockId>],
-    ) {
+    ) -> usize {
         match self {
             // R-SWA's hits are full attention's (vLLM: a FullAttentionManager).
             Attention::Full | Attention::Rswa(_) => {
-                full::find_hit(search, max_length, drop_eagle, out)
+                return full::find_hit(search, max_length, drop_eagle, out)
             }
             Attention::SlidingWindow(t) => t.find_hit(search, max_length, drop_eagle, out),
             Attention::ChunkedLocal(t) => t.find_hit(search, max_length, out),
@@ -292,6 +294,7 @@ impl Attention {
             Attention::Cross => cross::find_hit(out),
             Attention::CircularBuffer => circular_buffer::find_hit(out),
         }
+        out.first().map_or(0, |o| o.len() * search.block_size)
     }
 }
 

@@ -161,6 +161,7 @@ impl Coordinator {
             max_len
         };
         out.resize(sg.group_ids.len(), Vec::new());
+        // The finder's own length: a fine-grained hit can end inside a block.
         SingleTypeManager::find_longest_cache_hit(
             &sg.spec,
             &self.pool,
@@ -174,8 +175,7 @@ impl Coordinator {
             drop_eagle,
             self.scheduler_block_size as usize,
             out,
-        );
-        out[0].len() * bs
+        )
     }
 
     /// vLLM 0.33.0's `find_longest_cache_hit_per_group`: every spec group's

@@ -33,9 +33,11 @@ impl SingleTypeManager {
     fn decodes_known(&self, slot: ReqSlot) -> Option<&GroupReq> {
         // A decode with many drafts may reserve a Mamba checkpoint block:
         // such groups take the general path.
+        // A partial tail may be (re)registered on any call: general path.
         if !self.attn.is_per_token()
             || !self.attn.decodes_compactly()
             || self.spec.mamba_checkpoints.is_some()
+            || self.partial_tails
         {
             return None;
         }

@@ -5,6 +5,7 @@
 
 mod decode;
 mod frees;
+mod partial_tail;
 mod record;
 
 use std::collections::HashSet;
@@ -43,6 +44,9 @@ pub(crate) struct SingleTypeManager {
     /// Caching stops at the hashed blocks (0.33.0) instead of needing a
     /// hash for every full block.
     cap_at_hashes: bool,
+    /// 0.33.0 full attention over smaller hash blocks: the prompt tail that
+    /// ends inside a block is cached as a partial entry (`partial_tail.rs`).
+    partial_tails: bool,
     enable_caching: bool,
     // Mamba: blocks cached during this step cannot serve hits until the
     // next. vLLM keeps (hash, group) keys; a prefix-map entry stands for
@@ -64,6 +68,7 @@ impl SingleTypeManager {
             free_policy: profile.free_policy,
             mamba_rules: profile.mamba,
             cap_at_hashes: profile.cache_cap_at_hashes,
+            partial_tails: profile.partial_block_entries,
             block_size: spec.block_size,
             attn: Attention::of(&spec),
             scheduler_block_size,
@@ -407,6 +412,7 @@ impl SingleTypeManager {
         retention: Option<(usize, Retention)>,
     ) {
         self.scale = (self.block_size / hash_block_size) as usize;
+        self.partial_tails &= self.enable_caching && self.scale > 1 && self.attn == Attention::Full;
         self.reachable = self.attn.reachable_blocks(
             self.block_size,
             self.scheduler_block_size,
@@ -419,6 +425,20 @@ impl SingleTypeManager {
     /// Caches the full blocks up to `num_tokens` the type keeps (`marks`:
     /// see `ReachableBlocks::replay_tails`).
     pub fn cache_blocks(
+        &mut self,
+        pool: &mut BlockPool,
+        slot: ReqSlot,
+        hashes: ScaledHashes<'_>,
+        num_tokens: usize,
+        marks: RetentionMarks,
+    ) {
+        self.cache_full_blocks(pool, slot, hashes, num_tokens, marks);
+        if self.partial_tails {
+            self.cache_partial_tail(pool, slot, hashes, num_tokens, marks.num_prompt_tokens);
+        }
+    }
+
+    fn cache_full_blocks(
         &mut self,
         pool: &mut BlockPool,
         slot: ReqSlot,
@@ -528,7 +548,8 @@ impl SingleTypeManager {
     }
 
     /// Longest prefix of `hashes` cached in every group of `groups`, at most
-    /// `max_length` tokens, for a group of `spec`. Fills `out[k]` for `groups[k]`.
+    /// `max_length` tokens, for a group of `spec`. Fills `out[k]` for `groups[k]`;
+    /// returns the hit's tokens.
     #[allow(clippy::too_many_arguments)]
     pub fn find_longest_cache_hit(
         spec: &GroupSpec,
@@ -539,7 +560,7 @@ impl SingleTypeManager {
         drop_eagle_block: bool,
         alignment_tokens: usize,
         out: &mut [Vec<BlockId>],
-    ) {
+    ) -> usize {
         for o in out.iter_mut() {
             o.clear();
         }
@@ -550,7 +571,7 @@ impl SingleTypeManager {
             block_size: spec.block_size as usize,
             alignment_tokens,
         };
-        Attention::from_spec(&spec.kind).find_hit(&search, max_length, drop_eagle_block, out);
+        Attention::from_spec(&spec.kind).find_hit(&search, max_length, drop_eagle_block, out)
     }
 
     /// Running slots and whether each has a table, for invariant checks.

@@ -74,8 +74,20 @@ impl KvCacheManager {
                             ));
                         }
                         // A cached position holds the request's own hash (align
-                        // mode moves speculative blocks, so it is exempt).
-                        if !align && i < num_cached && i < hashes.len() && *hashes.get(i) != *h {
+                        // mode moves speculative blocks, so it is exempt): the
+                        // block's, or a partial entry's at the boundary it
+                        // covers (0.33.0: a prompt tail, also on a block whose
+                        // full hash was evicted).
+                        let bs = m.block_size as usize;
+                        let covers = pool.block_hash_num_tokens(b).unwrap_or(0) as usize;
+                        let raw = hashes.raw();
+                        let own = if covers != (i + 1) * bs && covers > i * bs && covers % hbs as usize == 0 {
+                            let k = covers / hbs as usize;
+                            k > raw.len() || raw.get(k - 1) == h
+                        } else {
+                            !(i < num_cached && i < hashes.len()) || *hashes.get(i) == *h
+                        };
+                        if !align && !own {
                             return fail(format!(
                                 "group {g}: block {b} at position {i} is cached under another hash"
                             ));

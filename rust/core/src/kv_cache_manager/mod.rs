@@ -155,13 +155,14 @@ impl KvCacheManager {
             return invalid("max_model_len must be > 0");
         }
         admission_check::check_config(&cfg)?;
-        let pool = BlockPool::new(
+        let mut pool = BlockPool::new(
             cfg.num_blocks,
             cfg.enable_caching,
             cfg.hash_block_size,
             cfg.enable_events,
             cfg.profile.null_block_ref_counted,
         )?;
+        pool.set_partial_entries(cfg.profile.partial_block_entries);
         let coord = Coordinator::new(
             pool,
             &cfg.groups,
@@ -177,6 +178,7 @@ impl KvCacheManager {
             .managers
             .iter()
             .any(|m| m.attn.frees_blocks() && !m.attn.has_window());
+        let partial_tails = coord.managers.iter().any(|m| m.caches_partial_tails());
         Ok(KvCacheManager {
             sizes_from_computed: admission_check::sizes_from_computed(&coord),
             coord,
@@ -190,10 +192,13 @@ impl KvCacheManager {
             reqs: RequestRegistry::default(),
             ghost_entries: Vec::new(),
             handed_out: deferred_free::HandedOut::default(),
-            // Sparse retention, or Mamba checkpoints that wait for the prefill end.
+            // Sparse retention, Mamba checkpoints that wait for the prefill
+            // end, R-SWA's gap frees, or partial tails (their boundary is the
+            // prompt's).
             reads_gap_prompt,
             reads_prompt_len: reads_gap_prompt
                 || cfg.enable_caching && cfg.retention_interval.is_some()
+                || partial_tails
                 || cfg
                     .groups
                     .iter()
