@@ -412,7 +412,11 @@ impl SingleTypeManager {
         retention: Option<(usize, Retention)>,
     ) {
         self.scale = (self.block_size / hash_block_size) as usize;
-        self.partial_tails &= self.enable_caching && self.scale > 1 && self.attn == Attention::Full;
+        // FullAttentionManager's rule, R-SWA's too (its subclass; circular
+        // buffers, another, cache nothing).
+        self.partial_tails &= self.enable_caching
+            && self.scale > 1
+            && matches!(self.attn, Attention::Full | Attention::Rswa(_));
         self.reachable = self.attn.reachable_blocks(
             self.block_size,
             self.scheduler_block_size,
