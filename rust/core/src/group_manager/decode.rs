@@ -34,7 +34,8 @@ impl SingleTypeManager {
         // A decode with many drafts may reserve a Mamba checkpoint block:
         // such groups take the general path.
         // A partial tail may be (re)registered on any call: general path.
-        if !self.attn.is_per_token() || self.spec.mamba_checkpoints.is_some() || self.partial_tails {
+        if !self.attn.is_per_token() || self.spec.mamba_checkpoints.is_some() || self.partial_tails
+        {
             return None;
         }
         self.req(slot)
