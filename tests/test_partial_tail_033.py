@@ -179,3 +179,30 @@ def test_facade_accepts_full_attention_over_smaller_hash_blocks() -> None:
     one = dataclasses.replace(_setup(32, 16), groups=(Group("full", 32),))
     with pytest.raises(Exception):
         API.build_reference(one)
+
+
+@pytest.mark.parametrize("num_extra", [2, 3, 5])
+def test_extra_keys_are_removed_in_vllm_set_order(num_extra: int) -> None:
+    """A block with several extra keys (vLLM keeps them in a `set`): its
+    BlockRemoved events come in that set's order, which the facade rebuilds
+    from the keys in the order the core added them. vLLM's own BlockPool
+    evicts such a block here, and the facade's events for the core's
+    removal tuples must list the same hashes in the same order."""
+    import os
+
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+    from hybridcache.events import EventBuilder
+
+    hashes = [os.urandom(32) for _ in range(num_extra + 1)]
+    pool = BlockPool(num_gpu_blocks=4, enable_caching=True, hash_block_size=4, enable_kv_cache_events=True)
+    block = pool.blocks[1]
+    for i, h in enumerate(hashes):
+        pool._insert_block_hash(make_block_hash_with_group_id(h, 1), block, num_tokens=4 * (i + 1))
+    pool._maybe_evict_cached_block(block)
+    theirs = [(e.block_hashes, e.group_idx) for e in pool.take_events()]
+    raw = [("removed", hashes[0], 1), ("removed_set", [(h, 1) for h in hashes[1:]])]
+    builder = EventBuilder([("full_attention", None), ("full_attention", None)], release="0.33.0")
+    ours = [(e.block_hashes, e.group_idx) for e in builder.build(raw, None)]
+    assert ours == theirs

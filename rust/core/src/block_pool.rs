@@ -518,7 +518,9 @@ impl BlockPool {
                 return Err(format!("prefix map holds block id {b} out of range"));
             }
             if !pairs.insert((h, g, b)) {
-                return Err(format!("block {b} is in the prefix map twice under one key"));
+                return Err(format!(
+                    "block {b} is in the prefix map twice under one key"
+                ));
             }
             in_map[b as usize] += 1;
             if !self.block_keys(b).any(|(bh, bg)| bh == h && bg == g) {
@@ -535,7 +537,11 @@ impl BlockPool {
                 ));
             }
         }
-        if let Some(b) = self.extra_keys.keys().find(|&&b| self.meta[b as usize].entry == NO_ENTRY) {
+        if let Some(b) = self
+            .extra_keys
+            .keys()
+            .find(|&&b| self.meta[b as usize].entry == NO_ENTRY)
+        {
             return Err(format!("block {b} has extra keys but no primary hash"));
         }
         if keys.len() != self.map.len() {

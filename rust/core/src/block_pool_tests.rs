@@ -103,7 +103,12 @@ fn partial_pool(events: bool) -> BlockPool {
     p
 }
 
-fn partial<'h>(block: u32, num_tokens: usize, hash: &'h [u8], parent: Option<&'h [u8]>) -> PartialEntry<'h> {
+fn partial<'h>(
+    block: u32,
+    num_tokens: usize,
+    hash: &'h [u8],
+    parent: Option<&'h [u8]>,
+) -> PartialEntry<'h> {
     PartialEntry {
         block,
         group: 0,
@@ -137,9 +142,23 @@ fn partial_entry_then_promotion_to_full() {
         }]
     );
     // The block fills: BlockRemoved for the partial key, then BlockStored.
-    p.cache_full_blocks(&a, 0, 2, 8, 0, |_| true, |i| Cow::Owned(vec![2 * i as u8 + 2; 8]));
+    p.cache_full_blocks(
+        &a,
+        0,
+        2,
+        8,
+        0,
+        |_| true,
+        |i| Cow::Owned(vec![2 * i as u8 + 2; 8]),
+    );
     let ev = p.take_events();
-    assert_eq!(ev[0], PoolEvent::Removed { hash: vec![3u8; 8].into(), group: 0 });
+    assert_eq!(
+        ev[0],
+        PoolEvent::Removed {
+            hash: vec![3u8; 8].into(),
+            group: 0
+        }
+    );
     assert!(matches!(&ev[1], PoolEvent::Stored { hashes, .. } if hashes.len() == 2));
     assert_eq!(p.block_hash(a[1]).unwrap().0, &[4u8; 8][..]);
     assert_eq!(p.block_hash_num_tokens(a[1]), Some(16));
@@ -164,13 +183,20 @@ fn a_block_with_several_keys_is_evicted_whole() {
     p.check_invariants().unwrap();
     p.take_events();
     p.free_blocks_split(a.iter().copied());
-    assert_eq!(p.free_queue().last(), Some(a[0]), "a cached block joins the back");
+    assert_eq!(
+        p.free_queue().last(),
+        Some(a[0]),
+        "a cached block joins the back"
+    );
     let got = new_blocks(&mut p, 5);
     assert_eq!(got.last(), Some(&a[0]));
     assert_eq!(
         p.take_events(),
         vec![
-            PoolEvent::Removed { hash: vec![2u8; 8].into(), group: 0 },
+            PoolEvent::Removed {
+                hash: vec![2u8; 8].into(),
+                group: 0
+            },
             PoolEvent::RemovedSet {
                 keys: vec![(vec![1u8; 8].into(), 0), (vec![7u8; 8].into(), 0)]
             },
@@ -191,7 +217,13 @@ fn a_longer_partial_entry_replaces_a_shorter_one() {
     assert_eq!(p.block_hash_num_tokens(a[0]), Some(8));
     let ev = p.take_events();
     assert_eq!(ev.len(), 3);
-    assert_eq!(ev[1], PoolEvent::Removed { hash: vec![1u8; 8].into(), group: 0 });
+    assert_eq!(
+        ev[1],
+        PoolEvent::Removed {
+            hash: vec![1u8; 8].into(),
+            group: 0
+        }
+    );
     // replace_existing drops every key first.
     let mut e = partial(a[0], 4, &[5; 8], None);
     e.replace_existing = true;

@@ -83,7 +83,10 @@ impl BlockView {
         let n = self
             .owner
             .call_method1(py, "block_hash_num_tokens", (vec![self.block_id],))?;
-        Ok(n.extract::<Vec<Option<u32>>>(py)?.into_iter().next().flatten())
+        Ok(n.extract::<Vec<Option<u32>>>(py)?
+            .into_iter()
+            .next()
+            .flatten())
     }
 
     /// vLLM's free-list links: the next / previous block in the free queue

@@ -98,7 +98,10 @@ impl NativeManager {
     }
 
     /// `block_hash_num_tokens` for a list of block ids.
-    pub(crate) fn hash_num_tokens(&self, block_ids: &Bound<'_, PyAny>) -> PyResult<Vec<Option<u32>>> {
+    pub(crate) fn hash_num_tokens(
+        &self,
+        block_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<Option<u32>>> {
         let pool = self.inner.pool();
         crate::convert::int_list("block_ids", block_ids, false)?
             .into_iter()

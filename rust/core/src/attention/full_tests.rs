@@ -26,7 +26,13 @@ fn setup(partial_entries: bool) -> (BlockPool, HashList, [BlockId; 2]) {
     (pool, hashes, [ab[0], ab[1]])
 }
 
-fn hit(pool: &BlockPool, hashes: &HashList, max: usize, eagle: bool, align: usize) -> (Vec<BlockId>, usize) {
+fn hit(
+    pool: &BlockPool,
+    hashes: &HashList,
+    max: usize,
+    eagle: bool,
+    align: usize,
+) -> (Vec<BlockId>, usize) {
     let s = HitSearch {
         pool,
         hashes: ScaledHashes::viewed(hashes, 2, BlockHashView::LastHashBlock),

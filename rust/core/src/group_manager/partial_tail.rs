@@ -60,7 +60,11 @@ impl SingleTypeManager {
         prompt: usize,
     ) -> Option<usize> {
         let hbs = self.bs() / hashes.scale();
-        let limit = if self.use_eagle { prompt } else { prompt.saturating_sub(1) };
+        let limit = if self.use_eagle {
+            prompt
+        } else {
+            prompt.saturating_sub(1)
+        };
         let b = (limit / hbs).min(hashes.raw().len()) * hbs;
         (b != 0 && b <= num_tokens && b % self.bs() != 0).then_some(b)
     }

@@ -81,7 +81,10 @@ impl KvCacheManager {
                         let bs = m.block_size as usize;
                         let covers = pool.block_hash_num_tokens(b).unwrap_or(0) as usize;
                         let raw = hashes.raw();
-                        let own = if covers != (i + 1) * bs && covers > i * bs && covers % hbs as usize == 0 {
+                        let own = if covers != (i + 1) * bs
+                            && covers > i * bs
+                            && covers % hbs as usize == 0
+                        {
                             let k = covers / hbs as usize;
                             k > raw.len() || raw.get(k - 1) == h
                         } else {
