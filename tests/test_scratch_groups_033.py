@@ -227,3 +227,22 @@ def test_fuzz_slice(mix: str) -> None:
     assert (f.divergences, f.invariant_violations, f.reference_errors) == (0, 0, 0)
     assert f.setups >= 6 and f.calls.get("unsupported_setups", 0) == 0
     assert f.allocations > 1000 and f.none_allocations > 0 and f.hit_tokens > 0
+
+
+def test_layouts_with_no_prefix_cacheable_group() -> None:
+    """Several groups, caching on, none prefix-cacheable: vLLM 0.33.0's hybrid
+    coordinator asserts; the facade refuses at construction. Caching off (or
+    one such group) builds, as vLLM's does."""
+    s = _setup((Group("circ", 4), Group("swbr", 4, 6)), 4, 4)
+    with pytest.raises(AssertionError, match="at least one cacheable group"):
+        API.build_reference(s)
+    with pytest.raises(ValueError, match="at least one prefix-cacheable group"):
+        API.build_facade(s)
+    for s in (_setup((Group("circ", 4), Group("swbr", 4, 6)), 4, 4, caching=False),
+              _setup((Group("swbr", 4, 6),), 4, 4)):
+        p = Pair(s)
+        p.request("a", _tokens(20))
+        p.allocate("a", 20)
+        p.decode("a", 8)
+        p.request("b", _tokens(20))
+        assert p.lookup("b")[2] == 0
