@@ -182,8 +182,9 @@ def test_rswa_frees_the_gap_between_prompt_and_window() -> None:
     assert ids[3:6] == [0, 0, 0] and 0 not in ids[:3] + ids[6:]
     # Without the prompt length nothing leaves (full attention's rule).
     p.both(lambda m, side: m.remove_skipped_blocks("a", 40, None))
-    # Given it, the gap up to the window of 40 tokens goes (tail first).
-    p.both(lambda m, side: m.remove_skipped_blocks("a", 40, 10))
+    # Given it, the gap up to the window of 40 tokens goes (tail first);
+    # the coordinator's call is the manager's.
+    p.both(lambda m, side: m.coordinator.remove_skipped_blocks("a", 40, 10))
     assert p.ours.get_block_ids("a")[0][3:8] == [0] * 5
     p.both(lambda m, side: m.remove_skipped_blocks("nobody", 40, 10))
     p.both(lambda m, side: m.free(p.r("a", side)))
