@@ -407,6 +407,10 @@ impl SingleTypeManager {
         retention: Option<(usize, Retention)>,
     ) {
         self.scale = (self.block_size / hash_block_size) as usize;
+        if !self.spec.prefix_cacheable {
+            // Reads no hash (a ring may be narrower than a hash block).
+            self.scale = self.scale.max(1);
+        }
         self.reachable = self.attn.reachable_blocks(
             self.block_size,
             self.scheduler_block_size,
