@@ -68,9 +68,9 @@ def test_0_33_facade_refuses_what_it_does_not_cover() -> None:
     # (tests/test_partial_tail_033.py).
     assert KVCacheManager033(wide, 200, 2 * BS, BS).num_kv_cache_groups == 2
     assert KVCacheManager033(wide, 200, 2 * BS, BS, enable_caching=False).num_kv_cache_groups == 2
-    # One group takes 0.33.0's dcp (tests/test_context_parallel_033.py); several not yet.
-    with pytest.raises(NotImplementedError, match="context parallelism"):
-        KVCacheManager033(_hc_config(10, groups=2), 200, 2 * BS, 2 * BS, dcp_world_size=2)
+    # 0.33.0's dcp scales every dcp-sharded group (tests/test_context_parallel_033.py).
+    two = KVCacheManager033(_hc_config(10, groups=2), 200, 2 * BS, 2 * BS, dcp_world_size=2)
+    assert [m.block_size for m in two.coordinator.single_type_managers] == [2 * BS, 2 * BS]
     # Multi-module MTP is covered (tests/test_mtp_033.py).
     assert KVCacheManager033(_hc_config(10), 200, BS, BS, num_prefill_lookahead=2).num_reprefillable_tokens == 1
     with pytest.raises(ValueError, match="watermark must be non-negative"):

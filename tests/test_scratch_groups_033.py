@@ -182,8 +182,9 @@ def test_rswa_frees_the_gap_between_prompt_and_window() -> None:
     assert ids[3:6] == [0, 0, 0] and 0 not in ids[:3] + ids[6:]
     # Without the prompt length nothing leaves (full attention's rule).
     p.both(lambda m, side: m.remove_skipped_blocks("a", 40, None))
-    # Given it, the gap up to the window of 40 tokens goes (tail first).
-    p.both(lambda m, side: m.remove_skipped_blocks("a", 40, 10))
+    # Given it, the gap up to the window of 40 tokens goes (tail first);
+    # the coordinator's call is the manager's.
+    p.both(lambda m, side: m.coordinator.remove_skipped_blocks("a", 40, 10))
     assert p.ours.get_block_ids("a")[0][3:8] == [0] * 5
     p.both(lambda m, side: m.remove_skipped_blocks("nobody", 40, 10))
     p.both(lambda m, side: m.free(p.r("a", side)))
@@ -227,3 +228,22 @@ def test_fuzz_slice(mix: str) -> None:
     assert (f.divergences, f.invariant_violations, f.reference_errors) == (0, 0, 0)
     assert f.setups >= 6 and f.calls.get("unsupported_setups", 0) == 0
     assert f.allocations > 1000 and f.none_allocations > 0 and f.hit_tokens > 0
+
+
+def test_layouts_with_no_prefix_cacheable_group() -> None:
+    """Several groups, caching on, none prefix-cacheable: vLLM 0.33.0's hybrid
+    coordinator asserts; the facade refuses at construction. Caching off (or
+    one such group) builds, as vLLM's does."""
+    s = _setup((Group("circ", 4), Group("swbr", 4, 6)), 4, 4)
+    with pytest.raises(AssertionError, match="at least one cacheable group"):
+        API.build_reference(s)
+    with pytest.raises(ValueError, match="at least one prefix-cacheable group"):
+        API.build_facade(s)
+    for s in (_setup((Group("circ", 4), Group("swbr", 4, 6)), 4, 4, caching=False),
+              _setup((Group("swbr", 4, 6),), 4, 4)):
+        p = Pair(s)
+        p.request("a", _tokens(20))
+        p.allocate("a", 20)
+        p.decode("a", 8)
+        p.request("b", _tokens(20))
+        assert p.lookup("b")[2] == 0

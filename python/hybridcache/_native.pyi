@@ -348,7 +348,8 @@ class NativeManager:
         the request's full blocks up to `num_computed_tokens` (after an
         allocation with `delay_cache_blocks=True` whose KV load finished).
         ValueError when the request lacks the blocks or block hashes."""
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
         """Frees the request's blocks that attention no longer reads at
         `total_computed_tokens` (outside a sliding window or attention
         chunk); `allocate_slots` does this itself. vLLM calls it before

@@ -301,7 +301,7 @@ class KVCacheManager033(KVCacheManager):
         """`blocks` (a lookup result) cut to `num_computed_tokens` tokens, a
         multiple of each prefix-cacheable group's block size (the others
         never have hit blocks). References are untouched."""
-        out = []
+        out: list[list[Any]] = []
         for bs, group_blocks, g in zip(self._block_sizes, blocks.blocks, self._groups):
             if not g.native.prefix_cacheable:
                 if len(group_blocks):
@@ -450,11 +450,11 @@ class CoordinatorView033(CoordinatorView):
             total_computed_tokens, num_tokens_main_model, bool(apply_admission_cap), prefill_end,
         ))
 
-    def remove_skipped_blocks(  # type: ignore[override]
+    def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
         """The manager's `remove_skipped_blocks` (R-SWA gaps given the prompt length)."""
-        self._manager.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
+        self._manager._native.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
 
     def reset_prefix_cache(self) -> bool:
         """Resets the pool's prefix cache (the manager's call)."""

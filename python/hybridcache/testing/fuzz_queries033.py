@@ -14,7 +14,7 @@ from .release_api import norm_block_list
 
 class Queries033:
     """The query operations of `Driver033` (a mixin: `both`, `pick`, `rids`,
-    `ref` are the driver's)."""
+    `ref`, `connector` are the driver's)."""
 
     def op_common_prefix(self: Any, c: Any) -> None:
         q = self.pick(c, "running")
@@ -39,7 +39,9 @@ class Queries033:
         group's own hit, behind `isinstance(coordinator, HybridKVCacheCoordinator)`."""
         from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 
-        if not isinstance(self.ref.coordinator, HybridKVCacheCoordinator):
+        # Connectors only: vLLM 0.33.0 hashes without lookahead with one
+        # (its per-group sliding-window lookup indexes past lookahead hashes).
+        if not self.connector or not isinstance(self.ref.coordinator, HybridKVCacheCoordinator):
             return
         q = self.pick(c)
         if q is None:

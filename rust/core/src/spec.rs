@@ -174,7 +174,7 @@ pub(crate) fn context_parallel_groups(
              (its hybrid coordinator asserts dcp == pcp == 1)",
         );
     }
-    if enable_caching && !matches!(groups[0].kind, SpecKind::FullAttention) {
+    if enable_caching && !groups[0].is_full_attention() {
         return refuse(
             "with prefix caching, vLLM 0.23.0 supports context parallelism only for full \
              attention (the sliding-window, chunked-local and Mamba hit searches assert \

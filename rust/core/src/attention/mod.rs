@@ -152,7 +152,12 @@ impl Attention {
     /// tokens drops (the caller caps `last` at the table): those before
     /// the window, or, R-SWA given the prompt length, the gap after it.
     #[inline]
-    pub fn freed_blocks(&self, n: usize, num_prompt_tokens: Option<usize>, bs: usize) -> (usize, usize) {
+    pub fn freed_blocks(
+        &self,
+        n: usize,
+        num_prompt_tokens: Option<usize>,
+        bs: usize,
+    ) -> (usize, usize) {
         match (self, num_prompt_tokens) {
             (Attention::Rswa(t), Some(p)) => t.gap_blocks(n, p, bs),
             _ => (0, self.skipped_tokens(n) / bs),

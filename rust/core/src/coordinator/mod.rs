@@ -479,7 +479,8 @@ impl Coordinator {
     pub fn runs_everywhere(&self, slot: ReqSlot) -> bool {
         self.managers.iter().all(|m| {
             // A ring never counts cached blocks: it runs once it holds its block.
-            let runs = m.is_running(slot) || (m.attn.fixed_blocks().is_some() && !m.blocks(slot).is_empty());
+            let runs = m.is_running(slot)
+                || (m.attn.fixed_blocks().is_some() && !m.blocks(slot).is_empty());
             runs && m.spec.kind != SpecKind::CrossAttention && m.attn.decodes_compactly()
         })
     }
@@ -532,7 +533,12 @@ impl Coordinator {
         num_prompt_tokens: Option<usize>,
     ) {
         for m in self.managers.iter_mut() {
-            m.remove_skipped_blocks(&mut self.pool, slot, total_computed_tokens, num_prompt_tokens);
+            m.remove_skipped_blocks(
+                &mut self.pool,
+                slot,
+                total_computed_tokens,
+                num_prompt_tokens,
+            );
         }
     }
 

@@ -90,9 +90,13 @@ impl SingleTypeManager {
         num_prompt_tokens: Option<usize>,
     ) {
         let (first, n) = self.attn.freed_blocks(total, num_prompt_tokens, self.bs());
-        if n <= first || (!self.attn.has_window() && self.req(slot).is_none_or(|r| !r.has_blocks)) {
-            // R-SWA's gap free leaves a request without a table alone (a
-            // window free makes vLLM's defaultdict entry).
+        if self.attn.has_window() {
+            // Any skipped token makes vLLM's defaultdict entry, even below a block.
+            if self.attn.skipped_tokens(total) == 0 {
+                return;
+            }
+        } else if n <= first || self.req(slot).is_none_or(|r| !r.has_blocks) {
+            // R-SWA's gap free leaves a request without a table alone.
             return;
         }
         let scratch_first = self.free_policy.window_scratch_first();

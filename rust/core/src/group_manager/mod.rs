@@ -412,6 +412,10 @@ impl SingleTypeManager {
         retention: Option<(usize, Retention)>,
     ) {
         self.scale = (self.block_size / hash_block_size) as usize;
+        if !self.spec.prefix_cacheable {
+            // Reads no hash (a ring may be narrower than a hash block).
+            self.scale = self.scale.max(1);
+        }
         // FullAttentionManager's rule, R-SWA's too (its subclass; circular
         // buffers, another, cache nothing).
         self.partial_tails &= self.enable_caching
