@@ -122,7 +122,8 @@ class KVCacheManager033(KVCacheManager):
         # groups or a mixed-precision cache), then for every attention group.
         zeroing = needs_zeroing(kv_cache_config, kinds)
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
-        checkpoints = _mamba_checkpoints(kv_cache_config, hash_block_size, num_hash_lookahead_tokens, use_eagle)
+        checkpoints = _mamba_checkpoints(kv_cache_config, hash_block_size, num_hash_lookahead_tokens, use_eagle,
+                                         bool(enable_caching))
         groups = [type(g)(native=replace(_records_new_block_ids(g.native, zeroing, spec),
                                          mamba_checkpoints=checkpoints(spec)),
                           event_kind=g.event_kind, sliding_window=g.sliding_window)
@@ -195,10 +196,17 @@ class KVCacheManager033(KVCacheManager):
         self._on_events(raw, request)
 
     def get_computed_blocks_for_connector(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int, bool]:
-        """0.33.0's lookup for requests with a KV connector: for models
-        without Mamba layers it is `get_computed_blocks` plus
-        `hit_diverged=False`."""
-        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        """0.33.0's lookup for requests with a KV connector: with Mamba
+        layers beside full attention, each group looked up on its own and
+        the full-attention hit reported with `hit_diverged` (a group lags
+        it); otherwise, or when a group hit deeper, `get_computed_blocks`
+        plus `hit_diverged=False`."""
+        blocks, hit, boundary, diverged = self._get_computed_blocks_for_connector_033(request, max_cache_hit_length)
+        if diverged is not None:
+            return blocks, hit, boundary, diverged
+        if hit and self._event_builder is not None and getattr(request, "kv_cache_report_mode", "incremental") == "full":
+            self._report_reused_hit(request, blocks)
+        return blocks, hit, boundary, False
 
     def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
         """Counts one admission's lookup (the scheduler's call), unless
@@ -297,8 +305,13 @@ class KVCacheManager033(KVCacheManager):
         return [], []
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        """Mamba align boundary states for a KV connector: none here."""
-        return {}
+        """Mamba align boundary states for a KV connector, drained:
+        {request id: [(group, block id, boundary tokens), ...]}, every state
+        cached since the last call (none without Mamba prefix caching)."""
+        offloads: dict[str, list[tuple[int, int, int]]] = {}
+        for req_id, group, block, tokens in super().take_boundary_state_offloads():
+            offloads.setdefault(req_id, []).append((group, block, tokens))
+        return offloads
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
         """Mamba align producer tails at a request's end: none here."""
@@ -318,19 +331,23 @@ class KVCacheManager033(KVCacheManager):
 
 
 def _mamba_checkpoints(kv_cache_config: Any, hash_block_size: int, num_hash_lookahead_tokens: int,
-                       use_eagle: bool) -> Any:
-    """What decides a Mamba align group's prefill checkpoints, per spec
-    (None: it reserves none): the spec's `num_prefill_checkpoint_blocks` and
-    `prefill_checkpoint_alignment`, and the manager settings 0.33.0 reads
-    (`drop_eagle_checkpoint_block` is `use_eagle`; with retention 0 only
-    the chunk reaching the prefill end checkpoints)."""
+                       use_eagle: bool, enable_caching: bool) -> Any:
+    """What decides a Mamba align group's prefill checkpoints and, with
+    prefix caching, the states it caches, per spec (None: neither): the
+    spec's `num_prefill_checkpoint_blocks` and `prefill_checkpoint_alignment`
+    (alignment 0: no checkpoint blocks), and the manager settings 0.33.0
+    reads (`drop_eagle_checkpoint_block` is `use_eagle`; with retention 0
+    only the chunk reaching the prefill end checkpoints)."""
     only_at_end = getattr(kv_cache_config, "prefix_cache_retention_interval", None) == 0
 
     def of(spec: Any) -> tuple[int, int, int, bool, bool] | None:
         alignment = getattr(spec, "prefill_checkpoint_alignment", None)
-        if (getattr(spec, "mamba_cache_mode", None) != "align" or not getattr(spec, "num_prefill_checkpoint_blocks", 0)
-                or alignment is None):
+        if getattr(spec, "mamba_cache_mode", None) != "align":
             return None
+        if not getattr(spec, "num_prefill_checkpoint_blocks", 0) or alignment is None:
+            if not enable_caching:
+                return None
+            alignment = 0
         return (int(alignment), int(hash_block_size), int(num_hash_lookahead_tokens), bool(use_eagle), only_at_end)
 
     return of

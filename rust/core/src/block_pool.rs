@@ -9,6 +9,8 @@ use smallvec::SmallVec;
 use crate::prefix_map::{PrefixMap, NO_ENTRY};
 use crate::BlockId;
 
+mod rekey;
+
 pub const NULL_BLOCK: BlockId = 0;
 
 /// Spare room a block table gets when it must grow (see `get_new_blocks`).
@@ -329,7 +331,8 @@ impl BlockPool {
                 continue;
             }
             let b = blocks[i];
-            debug_assert_eq!(self.meta[b as usize].entry, NO_ENTRY);
+            // 0.33.0: a Mamba checkpoint keyed lower earlier is promoted.
+            self.drop_hash(b);
             self.meta[b as usize].entry = self.map.insert(&hash_of(i), group, b);
             self.meta[b as usize].group = group;
         }

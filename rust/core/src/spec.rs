@@ -58,7 +58,8 @@ pub struct GroupSpec {
 /// the spec's alignment and the manager's settings it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MambaCheckpoints {
-    /// `prefill_checkpoint_alignment` (> 0).
+    /// `prefill_checkpoint_alignment`; 0: the spec exports no checkpoints
+    /// (set with prefix caching for the 0.33.0 caching rules alone).
     pub alignment: u32,
     pub hash_block_size: u32,
     pub num_hash_lookahead_tokens: u32,
@@ -88,6 +89,10 @@ impl GroupSpec {
 
     pub fn is_full_attention(&self) -> bool {
         self.kind == SpecKind::FullAttention
+    }
+
+    pub fn is_mamba(&self) -> bool {
+        matches!(self.kind, SpecKind::Mamba { .. })
     }
 
     pub(crate) fn validate(&self, index: usize) -> CoreResult<()> {

@@ -99,8 +99,10 @@ impl Coordinator {
                     continue;
                 }
                 let drop_eagle = sg.use_eagle && !eagle_verified[idx];
-                // EAGLE matches one more block, then drops it.
-                let max_length = if drop_eagle {
+                // EAGLE matches one more block, then drops it (0.33.0: not
+                // Mamba, whose finder drops nothing).
+                let margin = !sg.spec.is_mamba() || self.hybrid_hit.mamba_eagle_margin();
+                let max_length = if drop_eagle && margin {
                     (curr + bs).min(eagle_cap)
                 } else {
                     curr

@@ -9,6 +9,7 @@ mod decode;
 mod deferred_free;
 mod hash_sync;
 mod invariants;
+mod mamba_cache;
 mod mamba_copies;
 mod stats;
 
@@ -184,14 +185,18 @@ impl KvCacheManager {
             ghost_entries: Vec::new(),
             handed_out: deferred_free::HandedOut::default(),
             // Sparse retention, or Mamba checkpoints that wait for the prefill end.
-            reads_prompt_len: cfg.enable_caching && cfg.retention_interval.is_some()
+            // (0.33.0's Mamba align caching reads both always.)
+            reads_prompt_len: cfg.enable_caching
+                && (cfg.retention_interval.is_some()
+                    || cfg.groups.iter().any(|g| g.mamba_checkpoints.is_some()))
                 || cfg
                     .groups
                     .iter()
                     .any(|g| g.mamba_checkpoints.is_some_and(|c| c.only_at_prefill_end)),
             reads_junction: cfg.enable_caching
-                && cfg.retention_interval.is_some()
-                && cfg.profile.retention == Retention::ReplayBoundaries,
+                && (cfg.retention_interval.is_some()
+                    && cfg.profile.retention == Retention::ReplayBoundaries
+                    || cfg.groups.iter().any(|g| g.mamba_checkpoints.is_some())),
             reads_in_flight: cfg.profile.frees_on_processed_tokens && has_window,
         })
     }
