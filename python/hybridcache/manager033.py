@@ -281,12 +281,15 @@ class KVCacheManager033(KVCacheManager):
 
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
         """`blocks` (a lookup result) cut to `num_computed_tokens` tokens, a
-        multiple of each group's block size. References are untouched."""
+        multiple of each group's block size (a Mamba group may hold fewer:
+        an external hit can supply its state). References are untouched."""
         out = []
-        for bs, group_blocks in zip(self._block_sizes, blocks.blocks):
+        for bs, group_blocks, spec in zip(self._block_sizes, blocks.blocks, self._specs):
             if num_computed_tokens % bs:
                 raise ValueError(f"num_computed_tokens ({num_computed_tokens}) is not a multiple of the block size {bs}")
             n = num_computed_tokens // bs
+            if layout_kind(spec) == "mamba":
+                n = min(n, len(group_blocks))
             if n > len(group_blocks):
                 raise ValueError(f"num_computed_tokens ({num_computed_tokens}) exceeds the {len(group_blocks)} blocks given")
             out.append([getattr(b, "block_id", b) for b in group_blocks[:n]])
