@@ -26,13 +26,13 @@ impl SingleTypeManager {
 
     /// Records the checkpoint of this count (0.33.0's `_checkpoints`, set
     /// by every count outside the admission check): `on` for a chunk ending
-    /// at `query_end` that reserves one. Only a request with a record keeps
-    /// it (a new one gets its record when it is allocated).
+    /// at `query_end` that reserves one.
     pub fn note_align_checkpoint(&mut self, slot: ReqSlot, on: bool, query_end: usize) {
         let Some(c) = self.spec.mamba_checkpoints else {
             return;
         };
-        if !self.is_mamba_align() {
+        if !self.caches_align_states() {
+            // Only caching reads it after the allocation.
             return;
         }
         let sbs = self.scheduler_block_size as usize;
@@ -40,8 +40,9 @@ impl SingleTypeManager {
             let position = checkpoint_position(&c, query_end, sbs);
             (position, cdiv(query_end, self.bs()) - 2)
         });
-        if let Some(r) = self.records.reqs.get_mut(slot as usize).filter(|r| r.has_blocks) {
-            r.align.get_or_insert_default().checkpoint = ckpt;
+        // A request gets its align state on its first allocation.
+        if let Some(a) = self.records.reqs.get_mut(slot as usize).and_then(|r| r.align.as_mut()) {
+            a.checkpoint = ckpt;
         }
     }
 
