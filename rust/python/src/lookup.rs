@@ -64,7 +64,10 @@ pub(crate) fn lookup<'py>(
                 this.inner.sync_update(rid, u)?;
             }
             if connector {
-                if let Some(per_group) = this.inner.find_cache_hit_for_connector(rid, num_tokens, max_hit)? {
+                if let Some(per_group) = this
+                    .inner
+                    .find_cache_hit_for_connector(rid, num_tokens, max_hit)?
+                {
                     return Ok((per_group.0, Some(per_group.1)));
                 }
             }
@@ -74,7 +77,12 @@ pub(crate) fn lookup<'py>(
         if diverged.is_some() {
             // Per-group lookups report no uncached shared prefix.
             drop(this);
-            return Ok((NativeManager::make_blocks(slf, &hit.blocks)?, hit.len, 0, diverged));
+            return Ok((
+                NativeManager::make_blocks(slf, &hit.blocks)?,
+                hit.len,
+                0,
+                diverged,
+            ));
         }
         if this.inner.counts_lookups() {
             let preempted = count_obj(

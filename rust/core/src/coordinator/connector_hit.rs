@@ -4,8 +4,8 @@
 //! full-attention hit is the local prefix unless another group hit deeper.
 
 use super::{Coordinator, CoordinatorKind};
-use crate::hashes::{HashList, ScaledHashes};
 use crate::group_manager::SingleTypeManager;
+use crate::hashes::{HashList, ScaledHashes};
 use crate::BlockId;
 
 impl Coordinator {
@@ -16,7 +16,10 @@ impl Coordinator {
             return None;
         }
         let first = self.spec_groups.first()?;
-        first.spec.is_full_attention().then(|| first.group_ids[0] as usize)
+        first
+            .spec
+            .is_full_attention()
+            .then(|| first.group_ids[0] as usize)
     }
 
     /// Every spec group's own longest hit (EAGLE margins as in the fixed

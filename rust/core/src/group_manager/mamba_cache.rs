@@ -41,7 +41,12 @@ impl SingleTypeManager {
             (position, cdiv(query_end, self.bs()) - 2)
         });
         // A request gets its align state on its first allocation.
-        if let Some(a) = self.records.reqs.get_mut(slot as usize).and_then(|r| r.align.as_mut()) {
+        if let Some(a) = self
+            .records
+            .reqs
+            .get_mut(slot as usize)
+            .and_then(|r| r.align.as_mut())
+        {
             a.checkpoint = ckpt;
         }
     }
@@ -55,7 +60,13 @@ impl SingleTypeManager {
 
     /// Whether block `b` is cached under the hash ending at `tokens`
     /// (vLLM's `block_hash_num_tokens == tokens`).
-    fn keyed_at(&self, pool: &BlockPool, b: BlockId, hashes: &ScaledHashes<'_>, tokens: usize) -> bool {
+    fn keyed_at(
+        &self,
+        pool: &BlockPool,
+        b: BlockId,
+        hashes: &ScaledHashes<'_>,
+        tokens: usize,
+    ) -> bool {
         let Some(j) = self.hash_index(hashes, tokens) else {
             return false;
         };
@@ -65,12 +76,19 @@ impl SingleTypeManager {
 
     /// Keys `b` at `tokens` (dropping its old hash) and marks it cached
     /// this step.
-    fn key_at(&mut self, pool: &mut BlockPool, b: BlockId, hashes: &ScaledHashes<'_>, tokens: usize) {
+    fn key_at(
+        &mut self,
+        pool: &mut BlockPool,
+        b: BlockId,
+        hashes: &ScaledHashes<'_>,
+        tokens: usize,
+    ) {
         let Some(j) = self.hash_index(hashes, tokens) else {
             return;
         };
         let entry = pool.recache_block(b, j, self.group_id, |i| hashes.get(i));
-        self.cached_this_step.insert(entry_key((entry, self.group_id)));
+        self.cached_this_step
+            .insert(entry_key((entry, self.group_id)));
     }
 
     /// After the full blocks `before..after` of `num_tokens` are cached:
@@ -125,7 +143,9 @@ impl SingleTypeManager {
                 continue;
             }
             let tokens = match keyed {
-                Some((idx, position)) if idx == i && self.keyed_at(pool, b, hashes, position) => position,
+                Some((idx, position)) if idx == i && self.keyed_at(pool, b, hashes, position) => {
+                    position
+                }
                 _ => (i + 1) * bs,
             };
             self.pending_offloads.push((slot, b, tokens));
@@ -143,6 +163,10 @@ impl SingleTypeManager {
     /// boundary tokens).
     pub fn take_offloads(&mut self, out: &mut Vec<(ReqSlot, u32, BlockId, usize)>) {
         let g = self.group_id;
-        out.extend(self.pending_offloads.drain(..).map(|(s, b, t)| (s, g, b, t)));
+        out.extend(
+            self.pending_offloads
+                .drain(..)
+                .map(|(s, b, t)| (s, g, b, t)),
+        );
     }
 }

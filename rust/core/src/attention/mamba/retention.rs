@@ -44,7 +44,14 @@ mod tests {
 
     /// vLLM 0.33.0's mask, restated: segment tails, then the blocks ending
     /// at each aligned boundary.
-    fn vllm_mask(start: usize, end: usize, bs: usize, align: usize, interval: usize, bounds: &[i64]) -> Option<Vec<bool>> {
+    fn vllm_mask(
+        start: usize,
+        end: usize,
+        bs: usize,
+        align: usize,
+        interval: usize,
+        bounds: &[i64],
+    ) -> Option<Vec<bool>> {
         let mut mask = vec![false; end - start];
         if interval > 0 {
             let per = interval / bs;
@@ -76,14 +83,26 @@ mod tests {
                 for eagle in [false, true] {
                     for prompt in 1..40usize {
                         for junction in [0usize, 8, 12, 16] {
-                            let r = m.reachable_blocks(bs as u32, bs as u32, eagle, eagle, Some((interval, Retention::ReplayBoundaries)));
+                            let r = m.reachable_blocks(
+                                bs as u32,
+                                bs as u32,
+                                eagle,
+                                eagle,
+                                Some((interval, Retention::ReplayBoundaries)),
+                            );
                             let tails = r.map_or(ReplayTails::default(), |r| {
-                                r.replay_tails(RetentionMarks { num_prompt_tokens: Some(prompt), shared_prefix_boundary: junction })
+                                r.replay_tails(RetentionMarks {
+                                    num_prompt_tokens: Some(prompt),
+                                    shared_prefix_boundary: junction,
+                                })
                             });
                             let mut bounds: Vec<i64> = if eagle {
                                 let resend = (prompt - 1) / bs * bs;
                                 let ext = prompt / bs * bs;
-                                vec![resend.saturating_sub(bs) as i64, ext.saturating_sub(bs) as i64]
+                                vec![
+                                    resend.saturating_sub(bs) as i64,
+                                    ext.saturating_sub(bs) as i64,
+                                ]
                             } else {
                                 vec![prompt as i64 - 1]
                             };
@@ -95,7 +114,9 @@ mod tests {
                             }
                             for start in 0..6 {
                                 let want = vllm_mask(start, 12, bs, bs, interval, &bounds);
-                                let got = r.map(|r| (start..12).map(|i| r.keeps(i, &tails)).collect::<Vec<_>>());
+                                let got = r.map(|r| {
+                                    (start..12).map(|i| r.keeps(i, &tails)).collect::<Vec<_>>()
+                                });
                                 assert_eq!(got, want, "bs={bs} interval={interval} eagle={eagle} prompt={prompt} junction={junction} start={start}");
                             }
                         }
