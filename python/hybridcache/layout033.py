@@ -91,15 +91,6 @@ def check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: boo
                 "MTP) is not supported by hybridcache's vLLM 0.33.0 facade yet"
             )
         if kind == "mamba" and getattr(spec, "mamba_cache_mode", "none") == "align":
-            if enable_caching and getattr(spec, "num_prefill_checkpoint_blocks", 0):
-                # The core keys checkpoints as 0.33.0 does, but 0.33.0 itself
-                # asserts on stale checkpoints (cache_full_blocks' promotion,
-                # _cache_partial_tail_block's index): not proven by the fuzz.
-                raise NotImplementedError(
-                    f"kv_cache_groups[{i}]: Mamba prefix caching with prefill checkpoint blocks "
-                    "(num_prefill_checkpoint_blocks > 0) is not supported by hybridcache's vLLM 0.33.0 "
-                    "facade yet"
-                )
             if enable_caching and block_size != hash_block_size:
                 raise NotImplementedError(
                     f"kv_cache_groups[{i}]: a Mamba align block of {block_size} tokens over hash blocks of "
