@@ -180,11 +180,11 @@ class V023(ReleaseApi):
 # (num_prefill_checkpoint_blocks), with prefix caching too (the reference's
 # own asserts there are steered around: testing/fuzz_mamba_guard033.py).
 MIXES_033 = (*MIXES, "full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
-             "full_mamba_ckpt")
+             "full_mamba_ckpt", "full_sw_mamba")
 
 
 _MIXES_ONLY_033 = ("full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
-                   "full_mamba_ckpt")
+                   "full_mamba_ckpt", "full_sw_mamba")
 
 
 def _several_full_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
@@ -244,6 +244,11 @@ class V033(ReleaseApi):
             mamba = Group("mamba", bs, mode="align", num_spec=rng.randint(0, 2))
             s = dataclasses.replace(s, mix=mix, groups=(Group("full", bs), mamba), scheduler_block_size=bs,
                                     hash_block_size=bs)
+        elif mix == "full_sw_mamba":
+            # Full attention, a sliding window and Mamba (0.33.0's hybrid tests).
+            groups = (Group("full", 4), Group("sw", 4, rng.randint(3, 14)),
+                      Group("mamba", 4, mode="align", num_spec=rng.randint(0, 2)))
+            s = dataclasses.replace(s, mix=mix, groups=groups, scheduler_block_size=4, hash_block_size=4)
         elif mix in _MIXES_ONLY_033:
             s = dataclasses.replace(s, mix=mix, **_several_full_groups(rng, mix, caching))
         # Sparse retention is a KVCacheConfig field in 0.33.0 (the scheduler's
