@@ -390,6 +390,9 @@ class NativeManager:
         """Call once at the start of every scheduler step (vLLM's
         `Scheduler.schedule` does): per-step bookkeeping such as the Mamba
         align groups' blocks cached this step."""
+    def _estimate_cached_tokens_033(self, request_id: str) -> int:
+        """vLLM 0.33.0's `estimate_cached_tokens`: the fewest tokens any
+        group's cached blocks of the request cover (0 for an unknown one)."""
     def take_boundary_state_offloads(self) -> list[tuple[str, int, int, int]]:
         """vLLM 0.33.0 Mamba align states cached since the last call:
         (request id, group, block id, boundary tokens), oldest first."""

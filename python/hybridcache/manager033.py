@@ -270,14 +270,8 @@ class KVCacheManager033(KVCacheManager):
     def estimate_cached_tokens(self, request: Any) -> int:
         """Tokens of the request's prefix its cached blocks cover (the
         fewest over the groups): a full block's hash covers the tokens up
-        to its end."""
-        cached: int | None = None
-        for ids, bs in zip(self.get_block_ids(request.request_id), self._block_sizes):
-            unhashed = self.unhashed(ids)
-            covered = max((i + 1 for i, u in enumerate(unhashed) if not u and ids[i] != 0), default=0)
-            tokens = covered * bs
-            cached = tokens if cached is None else min(cached, tokens)
-        return cached or 0
+        to its end, a Mamba state keyed at another boundary up to that."""
+        return int(self._estimate_cached_tokens_033(request.request_id))
 
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
         """`blocks` (a lookup result) cut to `num_computed_tokens` tokens, a

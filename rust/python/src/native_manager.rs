@@ -557,6 +557,12 @@ impl NativeManager {
         self.inner.new_step_starts();
     }
 
+    /// 0.33.0's `estimate_cached_tokens(request)`, by request id: the
+    /// fewest tokens any group's cached blocks cover.
+    fn _estimate_cached_tokens_033(&self, request_id: &str) -> usize {
+        self.inner.estimate_cached_tokens(request_id)
+    }
+
     /// Mamba align boundary states cached since the last take: (request
     /// id, group, block id, boundary tokens), oldest first.
     fn take_boundary_state_offloads(&mut self) -> Vec<(String, u32, u32, usize)> {

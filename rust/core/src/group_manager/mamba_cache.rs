@@ -15,7 +15,7 @@ use crate::{cdiv, BlockId, ReqSlot};
 
 impl SingleTypeManager {
     /// Whether this group follows 0.33.0's align caching rules.
-    pub(super) fn caches_align_states(&self) -> bool {
+    pub(crate) fn caches_align_states(&self) -> bool {
         self.enable_caching
             && self.is_mamba_align()
             && self.mamba_rules.caches_prefill_states()
@@ -150,6 +150,34 @@ impl SingleTypeManager {
             };
             self.pending_offloads.push((slot, b, tokens));
         }
+    }
+
+    /// vLLM's `block_hash_num_tokens` of the request's cached blocks, most
+    /// of them: a block's hash covers its prefix, except a state keyed at
+    /// another boundary (found among the request's hashes below it).
+    pub fn max_hash_tokens(
+        &self,
+        pool: &BlockPool,
+        slot: ReqSlot,
+        hashes: &ScaledHashes<'_>,
+    ) -> usize {
+        let bs = self.bs();
+        let blocks = self.blocks(slot);
+        let mut most = 0;
+        for (i, &b) in blocks.iter().enumerate() {
+            let Some((h, _)) = pool.block_hash(b).filter(|_| b != NULL_BLOCK) else {
+                continue;
+            };
+            let mut tokens = (i + 1) * bs;
+            if self.caches_align_states() && (i >= hashes.len() || h != &*hashes.get(i)) {
+                let below = (0..i.min(hashes.len()))
+                    .rev()
+                    .find(|&j| h == &*hashes.get(j));
+                tokens = below.map_or(tokens, |j| (j + 1) * bs);
+            }
+            most = most.max(tokens);
+        }
+        most
     }
 
     /// Drops a freed request's queued offloads (its blocks go back now).

@@ -4,7 +4,8 @@
 use super::KvCacheManager;
 use crate::coordinator::CacheHit;
 use crate::error::{invalid, CoreResult};
-use crate::hashes::HashList;
+use crate::hashes::{HashList, ScaledHashes};
+use crate::spec::SpecKind;
 use crate::BlockId;
 
 impl KvCacheManager {
@@ -54,5 +55,24 @@ impl KvCacheManager {
         raw.into_iter()
             .map(|(s, g, b, t)| (self.reqs.id_at(s).to_string(), g, b, t))
             .collect()
+    }
+
+    /// vLLM 0.33.0's `estimate_cached_tokens`: the fewest tokens any
+    /// group's cached blocks cover (cross attention left out).
+    pub fn estimate_cached_tokens(&self, request_id: &str) -> usize {
+        let Some(slot) = self.slot(request_id) else {
+            return 0;
+        };
+        let hashes = self.hashes(slot);
+        let mut fewest: Option<usize> = None;
+        for m in &self.coord.managers {
+            if m.spec.kind == SpecKind::CrossAttention {
+                continue;
+            }
+            let view = ScaledHashes::viewed(hashes, m.scale, self.coord.hash_view);
+            let t = m.max_hash_tokens(&self.coord.pool, slot, &view);
+            fewest = Some(fewest.map_or(t, |f| f.min(t)));
+        }
+        fewest.unwrap_or(0)
     }
 }
