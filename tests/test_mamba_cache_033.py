@@ -3,7 +3,8 @@ blocks of one hash block (no partial hash hits), against vLLM 0.33.0's own
 `KVCacheManager`: sparse retention of Mamba states (None / 0 / N), the
 prompt's replay boundary, boundary-state offloads, the hit search with an
 EAGLE Mamba group (no margin), the connector's per-group lookup, and the
-fuzz slice of full attention + Mamba align with caching."""
+fuzz slices of Mamba align with caching: beside full attention, with
+prefill checkpoint blocks, beside a sliding window."""
 
 from __future__ import annotations
 
@@ -135,3 +136,20 @@ def test_fuzz_slice_full_attention_and_mamba_align_with_caching(vllm_available: 
     assert f.hit_tokens > 0 and f.events > 0 and f.preemptions > 0 and f.resets > 0
     assert f.calls.get("sparse_retention_setups", 0) > 0 and f.calls.get("sync_external_loads", 0) > 0
     assert f.calls.get("shared_prefix_boundaries", 0) > 0
+
+
+@pytest.mark.parametrize(("mixes", "seed"), [(("full_mamba_ckpt",), 336), (("full_sw_mamba", "sw_mamba"), 337)],
+                         ids=["checkpoint-blocks", "beside-sliding-window"])
+def test_fuzz_slice_checkpoints_and_sliding_windows(vllm_available: Any, mixes: tuple[str, ...], seed: int) -> None:
+    """Mamba align with prefill checkpoint blocks (vLLM 0.33.0's own asserts
+    on stale checkpoints steered around: testing/fuzz_mamba_guard033.py),
+    and Mamba beside sliding windows, prefix caching on, against vLLM 0.33.0."""
+    from hybridcache import fuzz
+
+    f = fuzz.run_fuzz(ops=8_000, seed=seed, mixes=mixes, caching=(True,), ops_per_setup=400,
+                      release_name="0.33.0", candidate="hybridcache")
+    findings = [r for r in f.reports if not r.startswith("[unsupported setup]")]
+    assert findings == [], "\n\n".join(findings)
+    assert (f.divergences, f.invariant_violations, f.reference_errors) == (0, 0, 0)
+    assert f.calls.get("unsupported_setups", 0) == 0, f.summary()
+    assert f.hit_tokens > 0 and f.events > 0 and f.preemptions > 0
