@@ -31,16 +31,42 @@ def _checkpoint_managers(ref: Any) -> list[tuple[int, Any]]:
             and m.has_prefill_checkpoint_blocks]
 
 
-def would_crash(ref: Any, request: Any, num_tokens: int, direct: bool) -> bool:
+def would_crash(ref: Any, request: Any, num_tokens: int, direct: bool, query: tuple[int, int] = (0, 0)) -> bool:
     """Whether caching `num_tokens` of `request` asserts in vLLM 0.33.0
-    (`direct`: `cache_blocks` itself, whose checkpoint is a stale one)."""
+    (`direct`: `cache_blocks` itself, whose checkpoint is a stale one;
+    else an allocation computing `query` (start, end), which may record
+    one: judged without the table, so at worst a call too many is skipped)."""
+    from vllm.v1.kv_cache_interface import get_mamba_prefill_checkpoint_position, is_mamba_prefill_checkpoint_valid
+
     rid = request.request_id
     for gid, m in _checkpoint_managers(ref):
         blocks = m.req_to_blocks.get(rid, [])
         checkpoint = m._checkpoints.get(rid)
         if direct and checkpoint is not None and not 0 <= checkpoint[1] < len(blocks):
             return True
+        # A checkpoint (or the prompt boundary) keyed past the request's
+        # hashes (lookahead hashes trail the tokens; drafts add tokens).
+        hbs = m.block_pool.hash_block_size
+        if direct:
+            position = checkpoint[0] if checkpoint is not None else 0
+        else:
+            start, end = query
+            position = get_mamba_prefill_checkpoint_position(
+                end, m.cache_hit_alignment_tokens, m.drop_eagle_checkpoint_block,
+                num_hash_lookahead_tokens=m.block_pool.num_hash_lookahead_tokens)
+            prefill_end = (max(request.num_prompt_tokens, request.num_tokens - 1)
+                           if ref.coordinator.retention_interval == 0 else 0)
+            if not (end >= prefill_end and end > m.block_size and is_mamba_prefill_checkpoint_valid(
+                    start, end, position, hbs, m.block_size, m.kv_cache_spec.prefill_checkpoint_alignment)):
+                position = 0
+        if position // hbs > len(request.block_hashes):
+            return True
         tokens = ref.coordinator.get_num_cacheable_tokens(num_tokens, gid)
+        latest = get_mamba_prefill_checkpoint_position(
+            request.num_prompt_tokens, hbs, m.drop_eagle_checkpoint_block,
+            num_hash_lookahead_tokens=m.block_pool.num_hash_lookahead_tokens)
+        if tokens == latest and tokens // hbs > len(request.block_hashes):
+            return True
         num_full = min(tokens, len(request.block_hashes) * m.block_pool.hash_block_size) // m.block_size
         for i in range(m.num_cached_block.get(rid, 0), min(num_full, len(blocks))):
             b = blocks[i]
@@ -70,7 +96,8 @@ class GuardedReference:
         if not kw.get("delay_cache_blocks", False) and not args:
             total = min(request.num_computed_tokens + num_new_computed_tokens
                         + kw.get("num_external_computed_tokens", 0), self._inner.max_model_len)
-            if would_crash(self._inner, request, min(total + num_new_tokens, request.num_tokens), direct=False):
+            if would_crash(self._inner, request, min(total + num_new_tokens, request.num_tokens), direct=False,
+                           query=(total, total + num_new_tokens)):
                 raise KnownCrash("allocate_slots")
         return self._inner.allocate_slots(request, num_new_tokens, num_new_computed_tokens, *args, **kw)
 
