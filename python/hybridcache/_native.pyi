@@ -393,7 +393,7 @@ class NativeManager:
     def _estimate_cached_tokens_033(self, request_id: str) -> int:
         """vLLM 0.33.0's `estimate_cached_tokens`: the fewest tokens any
         group's cached blocks of the request cover (0 for an unknown one)."""
-    def take_boundary_state_offloads(self) -> list[tuple[str, int, int, int]]:
+    def _take_boundary_state_offloads_033(self) -> list[tuple[str, int, int, int]]:
         """vLLM 0.33.0 Mamba align states cached since the last call:
         (request id, group, block id, boundary tokens), oldest first."""
     def ref_cnt(self, block_id: int) -> int:

@@ -306,7 +306,7 @@ class KVCacheManager033(KVCacheManager):
         {request id: [(group, block id, boundary tokens), ...]}, every state
         cached since the last call (none without Mamba prefix caching)."""
         offloads: dict[str, list[tuple[int, int, int]]] = {}
-        for req_id, group, block, tokens in super().take_boundary_state_offloads():
+        for req_id, group, block, tokens in self._take_boundary_state_offloads_033():
             offloads.setdefault(req_id, []).append((group, block, tokens))
         return offloads
 

@@ -246,9 +246,9 @@ class V033(ReleaseApi):
                                     hash_block_size=bs)
         elif mix == "full_sw_mamba":
             # Full attention, a sliding window and Mamba (0.33.0's hybrid tests).
-            groups = (Group("full", 4), Group("sw", 4, rng.randint(3, 14)),
-                      Group("mamba", 4, mode="align", num_spec=rng.randint(0, 2)))
-            s = dataclasses.replace(s, mix=mix, groups=groups, scheduler_block_size=4, hash_block_size=4)
+            trio = (Group("full", 4), Group("sw", 4, rng.randint(3, 14)),
+                    Group("mamba", 4, mode="align", num_spec=rng.randint(0, 2)))
+            s = dataclasses.replace(s, mix=mix, groups=trio, scheduler_block_size=4, hash_block_size=4)
         elif mix in _MIXES_ONLY_033:
             s = dataclasses.replace(s, mix=mix, **_several_full_groups(rng, mix, caching))
         # Sparse retention is a KVCacheConfig field in 0.33.0 (the scheduler's

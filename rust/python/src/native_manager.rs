@@ -565,7 +565,7 @@ impl NativeManager {
 
     /// Mamba align boundary states cached since the last take: (request
     /// id, group, block id, boundary tokens), oldest first.
-    fn take_boundary_state_offloads(&mut self) -> Vec<(String, u32, u32, usize)> {
+    fn _take_boundary_state_offloads_033(&mut self) -> Vec<(String, u32, u32, usize)> {
         self.inner.take_boundary_state_offloads()
     }
 
