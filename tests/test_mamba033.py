@@ -29,16 +29,20 @@ def _hc(*extra: Any, num_blocks: int = 20) -> HcKVCacheConfig:
     return HcKVCacheConfig(num_blocks=num_blocks, kv_cache_groups=groups)
 
 
-def test_mamba_needs_prefix_caching_off_and_full_attention_beside_it() -> None:
+def test_mamba_needs_full_attention_beside_it_and_align_for_prefix_caching() -> None:
     for mode in ("none", "align"):
         cfg = _hc(HcMambaSpec(block_size=BS, mamba_cache_mode=mode, num_speculative_blocks=1))
         assert KVCacheManager033(cfg, 200, BS, BS, enable_caching=False).num_kv_cache_groups == 2
-    cfg = _hc(HcMambaSpec(block_size=BS, mamba_cache_mode="align"))
-    with pytest.raises(NotImplementedError, match="Mamba prefix caching .*partial hash hits.*not supported"):
-        KVCacheManager033(cfg, 200, BS, BS)
+    # Prefix caching: align blocks of one hash block (tests/test_mamba_cache_033.py).
+    assert KVCacheManager033(_hc(HcMambaSpec(block_size=BS, mamba_cache_mode="align")), 200, BS, BS).enable_caching
+    with pytest.raises(ValueError, match="requires mamba_cache_mode='align'"):
+        KVCacheManager033(_hc(HcMambaSpec(block_size=BS, mamba_cache_mode="none")), 200, BS, BS)
+    wide = _hc(HcMambaSpec(block_size=2 * BS, mamba_cache_mode="align"))
+    with pytest.raises(NotImplementedError, match="partial hash hits.*not supported"):
+        KVCacheManager033(wide, 200, 2 * BS, BS)
+    # Beside a sliding window too (the full_sw_mamba and sw_mamba fuzz mixes).
     mixed = _hc(HcSlidingWindowSpec(block_size=BS, sliding_window=16), HcMambaSpec(block_size=BS))
-    with pytest.raises(NotImplementedError, match="Mamba groups beside sliding_window groups"):
-        KVCacheManager033(mixed, 200, BS, BS, enable_caching=False)
+    assert KVCacheManager033(mixed, 200, BS, BS, enable_caching=False).num_kv_cache_groups == 3
 
 
 def _pair(mode: str, num_blocks: int, num_spec: int = 0, checkpoint: int | None = None,

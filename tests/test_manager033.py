@@ -56,11 +56,17 @@ def test_0_33_facade_refuses_what_it_does_not_cover() -> None:
         HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)),
         HcKVCacheGroupSpec(["c"], HcChunkedLocalAttentionSpec(block_size=BS, attention_chunk_size=32))])
     assert KVCacheManager033(chunked, 200, BS, BS).num_kv_cache_groups == 2
-    for spec, name in ((HcMambaSpec(block_size=BS), "Mamba"),):
-        cfg = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
-            HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)), HcKVCacheGroupSpec(["x"], spec)])
-        with pytest.raises(NotImplementedError, match=f"{name}.*not supported by hybridcache's vLLM 0.33.0 facade"):
-            KVCacheManager033(cfg, 200, BS, BS)
+    # Mamba prefix caching: align mode only (0.33.0 asserts it), beside
+    # attention groups (tests/test_mamba_cache_033.py); not alone yet.
+    cfg = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
+        HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)), HcKVCacheGroupSpec(["x"], HcMambaSpec(block_size=BS))])
+    with pytest.raises(ValueError, match="requires mamba_cache_mode='align'"):
+        KVCacheManager033(cfg, 200, BS, BS)
+    cfg = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
+        HcKVCacheGroupSpec(["x"], HcMambaSpec(block_size=BS, mamba_cache_mode="align"))])
+    with pytest.raises(NotImplementedError, match="Mamba.*not supported by hybridcache's vLLM 0.33.0 facade"):
+        KVCacheManager033(cfg, 200, BS, BS)
+    assert KVCacheManager033(cfg, 200, BS, BS, enable_caching=False).num_kv_cache_groups == 1
     wide = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
         HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)),
         HcKVCacheGroupSpec(["g"], HcFullAttentionSpec(block_size=2 * BS))])

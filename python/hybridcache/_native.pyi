@@ -188,6 +188,13 @@ class NativeManager:
         each group's own hit over `block_hashes`, not reconciled with the
         others (blocks, hit tokens per group). ValueError for other
         coordinators (one group, or no prefix caching) and for 0.23.0."""
+    def _get_computed_blocks_for_connector_033(
+        self, request: _Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int, bool | None]:
+        """0.33.0's `get_computed_blocks_for_connector`: with Mamba layers
+        beside full attention each group's own hit, the full-attention one
+        as the local prefix, and `hit_diverged`; `hit_diverged` None where
+        the reconciled `_get_computed_blocks_033` answered."""
     @property
     def release(self) -> str:
         """The vLLM release whose semantics this manager follows ("0.23.0", "0.33.0")."""
@@ -396,6 +403,9 @@ class NativeManager:
         """Call once at the start of every scheduler step (vLLM's
         `Scheduler.schedule` does): per-step bookkeeping such as the Mamba
         align groups' blocks cached this step."""
+    def _take_boundary_state_offloads_033(self) -> list[tuple[str, int, int, int]]:
+        """vLLM 0.33.0 Mamba align states cached since the last call:
+        (request id, group, block id, boundary tokens), oldest first."""
     def ref_cnt(self, block_id: int) -> int:
         """How many requests hold the block."""
     def block_hash(self, block_id: int) -> tuple[bytes, int] | None:

@@ -80,7 +80,8 @@ def check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: boo
                     "supported by hybridcache's vLLM 0.33.0 facade yet"
                 )
         kinds.append(kind)
-    _check_mamba_layout(kinds, enable_caching)
+    modes = [getattr(g.kv_cache_spec, "mamba_cache_mode", "none") for g, k in zip(groups, kinds) if k == "mamba"]
+    _check_mamba_layout(kinds, enable_caching, modes)
     return kinds
 
 
@@ -92,23 +93,27 @@ def needs_zeroing(kv_cache_config: Any, kinds: list[str]) -> bool:
     return "mamba" in kinds or bool(getattr(kv_cache_config, "has_mixed_precision_kv_cache", False))
 
 
-def _check_mamba_layout(kinds: list[str], enable_caching: bool) -> None:
-    """Mamba groups are covered beside full-attention groups only, with
-    prefix caching off (0.33.0's KVCacheCoordinatorNoPrefixCache)."""
+def _check_mamba_layout(kinds: list[str], enable_caching: bool, modes: list[str] | None = None) -> None:
+    """Mamba groups are covered beside full-attention and sliding-window
+    groups: without prefix caching (0.33.0's KVCacheCoordinatorNoPrefixCache),
+    and with it in "align" mode when every block is one hash block (no
+    partial hash hits; `check_layout` refuses the others). 0.33.0 itself
+    asserts that Mamba prefix caching runs in "align" mode (ValueError)."""
     if "mamba" not in kinds:
         return
-    others = sorted(set(kinds) - {"mamba", "full"})
+    others = sorted(set(kinds) - {"mamba", "full", "sliding_window"})
     if others:
         raise NotImplementedError(
             f"Mamba groups beside {', '.join(others)} groups are not supported by hybridcache's vLLM "
-            "0.33.0 facade yet (it covers Mamba beside full attention, without prefix caching)"
+            "0.33.0 facade yet (it covers Mamba beside full attention and sliding windows)"
         )
-    if enable_caching:
+    if enable_caching and set(kinds) == {"mamba"}:
         raise NotImplementedError(
-            "Mamba prefix caching (align-mode prefill checkpoints in the cache, partial hash hits with "
-            "copy-on-write, boundary-state offloads) is not supported by hybridcache's vLLM 0.33.0 "
-            "facade yet; run with enable_prefix_caching=False, or on vLLM 0.23.0"
+            "Mamba prefix caching without an attention group is not supported by hybridcache's vLLM 0.33.0 "
+            "facade yet"
         )
+    if enable_caching and any(m != "align" for m in modes or ()):
+        raise ValueError("Mamba prefix caching requires mamba_cache_mode='align' (vLLM 0.33.0 asserts it)")
 
 
 def check_retention(kv_cache_config: Any, scheduler_block_size: int, kinds: list[str]) -> int | None:
@@ -131,8 +136,7 @@ def check_retention(kv_cache_config: Any, scheduler_block_size: int, kinds: list
             f"prefix_cache_retention_interval ({interval}) must be non-negative and a multiple of "
             f"scheduler_block_size ({scheduler_block_size})."
         )
-    # Mamba groups are covered without prefix caching only: nothing to retain.
-    return int(interval) if "sliding_window" in kinds else None
+    return int(interval)
 
 
 def context_parallel(kv_cache_config: Any, dcp_world_size: int, pcp_world_size: int,

@@ -124,7 +124,8 @@ class KVCacheManager033(KVCacheManager):
         # groups or a mixed-precision cache), then for every attention group.
         zeroing = needs_zeroing(kv_cache_config, kinds)
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
-        checkpoints = _mamba_checkpoints(kv_cache_config, hash_block_size, num_hash_lookahead_tokens, use_eagle)
+        checkpoints = _mamba_checkpoints(kv_cache_config, hash_block_size, num_hash_lookahead_tokens, use_eagle,
+                                         bool(enable_caching))
         # Each group's block holds its dcp scale times the spec's tokens
         # (0.33.0's managers; the admission caps above keep the spec's size).
         groups = [type(g)(native=replace(_records_new_block_ids(g.native, zeroing, spec),
@@ -203,26 +204,17 @@ class KVCacheManager033(KVCacheManager):
         self._on_events(raw, request)
 
     def get_computed_blocks_for_connector(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int, bool]:
-        """0.33.0's lookup for requests with a KV connector: `get_computed_blocks`
-        plus `hit_diverged=False`, except for a hybrid model with Mamba and
-        full-attention layers and prefix caching. There the full-attention
-        group's own hit is the local prefix (the connector moves the rest
-        and the Mamba state), with `hit_diverged` when another group's hit
-        is shorter; if a group's hit runs deeper than full attention's
-        (its full-attention blocks were evicted), the reconciled lookup."""
-        coordinator = self.coordinator
-        fa_group = getattr(coordinator, "full_attention_group_id", None)
-        if "mamba" not in self._kinds or self.coordinator_kind != "hybrid" or fa_group is None:
-            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
-        if not self.prefix_cache_lookup_enabled(request):
-            return self.empty_kv_cache_blocks, 0, 0, False
-        if max_cache_hit_length is None:
-            max_cache_hit_length = request.num_tokens - 1
-        blocks, hits = self._native._find_longest_cache_hit_per_group(request.block_hashes, max_cache_hit_length)
-        if any(hit > hits[fa_group] for hit in hits):
-            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
-        # Per-group lookups detect no uncached shared prefix (boundary 0).
-        return blocks, hits[fa_group], 0, min(hits) < hits[fa_group]
+        """0.33.0's lookup for requests with a KV connector: with Mamba
+        layers beside full attention, each group looked up on its own and
+        the full-attention hit reported with `hit_diverged` (a group lags
+        it); otherwise, or when a group hit deeper, `get_computed_blocks`
+        plus `hit_diverged=False`."""
+        blocks, hit, boundary, diverged = self._get_computed_blocks_for_connector_033(request, max_cache_hit_length)
+        if diverged is not None:
+            return blocks, hit, boundary, diverged
+        if hit and self._event_builder is not None and getattr(request, "kv_cache_report_mode", "incremental") == "full":
+            self._report_reused_hit(request, blocks)
+        return blocks, hit, boundary, False
 
     def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
         """Counts one admission's lookup (the scheduler's call), unless
@@ -286,12 +278,13 @@ class KVCacheManager033(KVCacheManager):
 
     def estimate_cached_tokens(self, request: Any) -> int:
         """Tokens of the request's prefix its cached blocks cover (the
-        fewest over the prefix-cacheable groups): the most any of a group's
-        blocks' hash covers (`block_hash_num_tokens`: a full block's end, or a
-        partial entry's boundary inside the block)."""
+        fewest over the prefix-cacheable groups other than cross attention):
+        the most any of a group's blocks' hash covers (`block_hash_num_tokens`:
+        a full block's end, a partial entry's boundary inside the block, or
+        the boundary a Mamba state is keyed at)."""
         cached: int | None = None
-        for ids, g in zip(self.get_block_ids(request.request_id), self._groups):
-            if not g.native.prefix_cacheable:
+        for ids, g, kind in zip(self.get_block_ids(request.request_id), self._groups, self._kinds):
+            if not g.native.prefix_cacheable or kind == "cross_attention":
                 continue
             tokens = max((n or 0 for n in self.block_hash_num_tokens(list(ids))), default=0)
             cached = tokens if cached is None else min(cached, tokens)
@@ -300,9 +293,10 @@ class KVCacheManager033(KVCacheManager):
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
         """`blocks` (a lookup result) cut to `num_computed_tokens` tokens, a
         multiple of each prefix-cacheable group's block size (the others
-        never have hit blocks). References are untouched."""
+        never have hit blocks; a Mamba group may hold fewer: an external hit
+        can supply its state). References are untouched."""
         out: list[list[Any]] = []
-        for bs, group_blocks, g in zip(self._block_sizes, blocks.blocks, self._groups):
+        for bs, group_blocks, g, spec in zip(self._block_sizes, blocks.blocks, self._groups, self._specs):
             if not g.native.prefix_cacheable:
                 if len(group_blocks):
                     raise ValueError("a group out of prefix caching has no computed blocks")
@@ -311,6 +305,8 @@ class KVCacheManager033(KVCacheManager):
             if num_computed_tokens % bs:
                 raise ValueError(f"num_computed_tokens ({num_computed_tokens}) is not a multiple of the block size {bs}")
             n = num_computed_tokens // bs
+            if layout_kind(spec) == "mamba":
+                n = min(n, len(group_blocks))
             if n > len(group_blocks):
                 raise ValueError(f"num_computed_tokens ({num_computed_tokens}) exceeds the {len(group_blocks)} blocks given")
             out.append([getattr(b, "block_id", b) for b in group_blocks[:n]])
@@ -329,8 +325,13 @@ class KVCacheManager033(KVCacheManager):
         return [], []
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        """Mamba align boundary states for a KV connector: none here."""
-        return {}
+        """Mamba align boundary states for a KV connector, drained:
+        {request id: [(group, block id, boundary tokens), ...]}, every state
+        cached since the last call (none without Mamba prefix caching)."""
+        offloads: dict[str, list[tuple[int, int, int]]] = {}
+        for req_id, group, block, tokens in self._take_boundary_state_offloads_033():
+            offloads.setdefault(req_id, []).append((group, block, tokens))
+        return offloads
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
         """Mamba align producer tails at a request's end: none here."""
@@ -350,19 +351,23 @@ class KVCacheManager033(KVCacheManager):
 
 
 def _mamba_checkpoints(kv_cache_config: Any, hash_block_size: int, num_hash_lookahead_tokens: int,
-                       use_eagle: bool) -> Any:
-    """What decides a Mamba align group's prefill checkpoints, per spec
-    (None: it reserves none): the spec's `num_prefill_checkpoint_blocks` and
-    `prefill_checkpoint_alignment`, and the manager settings 0.33.0 reads
-    (`drop_eagle_checkpoint_block` is `use_eagle`; with retention 0 only
-    the chunk reaching the prefill end checkpoints)."""
+                       use_eagle: bool, enable_caching: bool) -> Any:
+    """What decides a Mamba align group's prefill checkpoints and, with
+    prefix caching, the states it caches, per spec (None: neither): the
+    spec's `num_prefill_checkpoint_blocks` and `prefill_checkpoint_alignment`
+    (alignment 0: no checkpoint blocks), and the manager settings 0.33.0
+    reads (`drop_eagle_checkpoint_block` is `use_eagle`; with retention 0
+    only the chunk reaching the prefill end checkpoints)."""
     only_at_end = getattr(kv_cache_config, "prefix_cache_retention_interval", None) == 0
 
     def of(spec: Any) -> tuple[int, int, int, bool, bool] | None:
         alignment = getattr(spec, "prefill_checkpoint_alignment", None)
-        if (getattr(spec, "mamba_cache_mode", None) != "align" or not getattr(spec, "num_prefill_checkpoint_blocks", 0)
-                or alignment is None):
+        if getattr(spec, "mamba_cache_mode", None) != "align":
             return None
+        if not getattr(spec, "num_prefill_checkpoint_blocks", 0) or alignment is None:
+            if not enable_caching:
+                return None
+            alignment = 0
         return (int(alignment), int(hash_block_size), int(num_hash_lookahead_tokens), bool(use_eagle), only_at_end)
 
     return of

@@ -177,12 +177,17 @@ class V023(ReleaseApi):
 # supports full attention and sliding window; the others follow as it
 # grows). 0.33.0's own: several full-attention groups (equal specs, one
 # with a sliding window, different block sizes) and partial Mamba hits.
+# full_mamba_ckpt: Mamba align whose layers export prefill checkpoints
+# (num_prefill_checkpoint_blocks), with prefix caching too (the reference's
+# own asserts there are steered around: testing/fuzz_mamba_guard033.py).
 MIXES_033 = (*MIXES, "full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
-             *scratch_groups033.MIXES, "full_wide_sw", "full_fullbs4")
+             *scratch_groups033.MIXES, "full_wide_sw", "full_fullbs4",
+             "full_mamba_ckpt", "full_sw_mamba")
 
 
 _MIXES_ONLY_033 = ("full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
-                   *scratch_groups033.MIXES, "full_wide_sw", "full_fullbs4")
+                   *scratch_groups033.MIXES, "full_wide_sw", "full_fullbs4",
+                   "full_mamba_ckpt", "full_sw_mamba")
 
 
 def _hybrid_context_parallel(rng: Any, s: Setup) -> Setup:
@@ -272,6 +277,16 @@ class V033(ReleaseApi):
                                     hash_block_size=4 if caching else 8)
         elif mix in scratch_groups033.MIXES:
             s = dataclasses.replace(s, mix=mix, **scratch_groups033.random_groups(rng, mix, caching))
+        elif mix == "full_mamba_ckpt":
+            bs = rng.choice((4, 8))
+            mamba = Group("mamba", bs, mode="align", num_spec=rng.randint(0, 2))
+            s = dataclasses.replace(s, mix=mix, groups=(Group("full", bs), mamba), scheduler_block_size=bs,
+                                    hash_block_size=bs)
+        elif mix == "full_sw_mamba":
+            # Full attention, a sliding window and Mamba (0.33.0's hybrid tests).
+            trio = (Group("full", 4), Group("sw", 4, rng.randint(3, 14)),
+                    Group("mamba", 4, mode="align", num_spec=rng.randint(0, 2)))
+            s = dataclasses.replace(s, mix=mix, groups=trio, scheduler_block_size=4, hash_block_size=4)
         elif mix in _MIXES_ONLY_033:
             s = dataclasses.replace(s, mix=mix, **_several_full_groups(rng, mix, caching))
         # Sparse retention is a KVCacheConfig field in 0.33.0 (the scheduler's
@@ -293,6 +308,8 @@ class V033(ReleaseApi):
         # AssertionError in cache_blocks (sw_mamba, self-check seed 33), and
         # the facade covers Mamba without prefix caching.
         checkpoint = rng.choice((None, 1, s.hash_block_size)) if mamba_mode == "align" and not caching else None
+        if mix == "full_mamba_ckpt" and mamba_mode == "align":
+            checkpoint = rng.choice((1, s.hash_block_size))  # with caching too
         groups = tuple(dataclasses.replace(g, mode=mamba_mode, checkpoint=checkpoint) if g.kind == "mamba" else g
                        for g in s.groups)
         s = dataclasses.replace(s, groups=groups)
@@ -364,7 +381,10 @@ class V033(ReleaseApi):
     def build_reference(self, s: Setup) -> Any:
         from vllm.v1.core.kv_cache_manager import KVCacheManager
 
-        return KVCacheManager(kv_cache_config=self.kv_cache_config(s), **self.manager_kwargs(s))
+        from .fuzz_mamba_guard033 import GuardedReference, guards
+
+        ref = KVCacheManager(kv_cache_config=self.kv_cache_config(s), **self.manager_kwargs(s))
+        return GuardedReference(ref) if guards(s) else ref
 
     def build_facade(self, s: Setup) -> Any:
         module, cls = self.facade
@@ -373,9 +393,9 @@ class V033(ReleaseApi):
         return facade(kv_cache_config=self.kv_cache_config(s), **self.manager_kwargs(s))
 
     def driver_class(self) -> type:
-        from .fuzz_driver033 import Driver033
+        from .fuzz_mamba_guard033 import Driver033Guarded
 
-        return Driver033
+        return Driver033Guarded
 
     def tool_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         kw = dict(kwargs)

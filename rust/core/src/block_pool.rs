@@ -13,6 +13,7 @@ use crate::BlockId;
 #[path = "block_pool_keys.rs"]
 mod keys;
 pub(crate) use keys::PartialEntry;
+mod rekey;
 
 pub const NULL_BLOCK: BlockId = 0;
 
@@ -347,8 +348,9 @@ impl BlockPool {
             let b = blocks[i];
             let num_tokens = ((i + 1) * block_size as usize) as u32;
             if self.meta[b as usize].entry != NO_ENTRY {
-                // Only a partial entry of this block (0.33.0) is promoted:
-                // its keys go (with events) before the full hash comes.
+                // Only a partial entry of this block (0.33.0), or a Mamba
+                // checkpoint keyed lower, is promoted: its keys go (with
+                // events) before the full hash comes.
                 debug_assert!(self.meta[b as usize].num_tokens < num_tokens);
                 self.drop_block_keys(b);
             }

@@ -19,8 +19,9 @@
 //!   where a resumed multimodal scan starts; `lookahead`) through the
 //!   binding's `BlockHasher` and `block_extra_keys`, which take the rules
 //!   by release (`Hashing::for_release`, the same value as the profile's);
-//! - `retention`: `attention::sliding_window` (which blocks sparse
-//!   retention keeps: `reachable_blocks`, the replay boundary) and
+//! - `retention`: `attention::sliding_window` and `attention::mamba`
+//!   (which blocks sparse retention keeps: `reachable_blocks`, the replay
+//!   boundary) and
 //!   `coordinator` (which configs accept a retention interval);
 //! - `hybrid_hit`: `coordinator` (the hybrid hit search: which groups are
 //!   truncated, the EAGLE margin's cap, one spec group allowed, the
@@ -192,7 +193,7 @@ pub enum Retention {
     /// scheduler-block boundary before the prompt's last token.
     SlidingWindowPromptTail,
     /// 0.30+ (`KVCacheConfig.prefix_cache_retention_interval`): sliding
-    /// window (and Mamba, whose 0.33.0 rules are not ported) groups; the
+    /// window and Mamba groups (`attention::mamba::retention`); the
     /// tails kept are those ending at each of `replay_boundaries` (one
     /// position, two with EAGLE) and at the request's shared-prefix
     /// junction (`request.shared_prefix_boundary`, one block lower too for
@@ -234,8 +235,18 @@ pub enum HybridHit {
     /// lookup's cap is the tokens the request has hashes for; one spec
     /// group suffices (several equal full-attention groups); the search
     /// also reports the longest hit any type found (the uncached common
-    /// prefix behind `shared_prefix_boundary`).
+    /// prefix behind `shared_prefix_boundary`); a Mamba group's EAGLE
+    /// lookup gets no margin (its finder drops nothing).
     EveryFullTruncated,
+}
+
+impl HybridHit {
+    /// Whether an EAGLE Mamba group's lookup reaches one block past the
+    /// candidate (0.23.0), or stops at it (0.33.0).
+    #[inline]
+    pub(crate) fn mamba_eagle_margin(self) -> bool {
+        matches!(self, HybridHit::FirstFullTruncated)
+    }
 }
 
 /// Mamba's rules that changed between releases.
@@ -250,7 +261,11 @@ pub enum MambaRules {
     /// (see `frees_on_processed_tokens`); an align table's frees pass over
     /// the null gaps prefill leaves (`_remove_blocks_in_range` down to the
     /// retired blocks); a request counts as allocated after its first
-    /// allocation call, even one that needed no block.
+    /// allocation call, even one that needed no block. With prefix caching
+    /// an align group also keys each prefill checkpoint block at its
+    /// position (or evicts a transient one), caches the prompt's last
+    /// reusable boundary, and queues every state it caches as a
+    /// boundary-state offload for a KV connector.
     ProcessedTokensNullGaps,
 }
 
@@ -271,6 +286,13 @@ impl MambaRules {
     /// allocated (its next round reuses the speculative blocks).
     #[inline]
     pub(crate) fn allocated_on_any_call(self) -> bool {
+        matches!(self, MambaRules::ProcessedTokensNullGaps)
+    }
+
+    /// Align caching keys prefill checkpoints and the prompt boundary at
+    /// their positions and queues boundary-state offloads (0.30+).
+    #[inline]
+    pub(crate) fn caches_prefill_states(self) -> bool {
         matches!(self, MambaRules::ProcessedTokensNullGaps)
     }
 }

@@ -73,7 +73,8 @@ pub struct GroupSpec {
 /// the spec's alignment and the manager's settings it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MambaCheckpoints {
-    /// `prefill_checkpoint_alignment` (> 0).
+    /// `prefill_checkpoint_alignment`; 0: the spec exports no checkpoints
+    /// (set with prefix caching for the 0.33.0 caching rules alone).
     pub alignment: u32,
     pub hash_block_size: u32,
     pub num_hash_lookahead_tokens: u32,
@@ -108,6 +109,10 @@ impl GroupSpec {
     /// and its subclass `RSWASpec`).
     pub fn is_full_attention(&self) -> bool {
         matches!(self.kind, SpecKind::FullAttention | SpecKind::Rswa { .. })
+    }
+
+    pub fn is_mamba(&self) -> bool {
+        matches!(self.kind, SpecKind::Mamba { .. })
     }
 
     pub(crate) fn validate(&self, index: usize) -> CoreResult<()> {

@@ -230,7 +230,8 @@ pub fn parse_group(i: usize, g: GroupRecord) -> PyResult<GroupSpec> {
                         v => Ok(v),
                     };
                     Ok::<_, PyErr>(MambaCheckpoints {
-                        alignment: positive("prefill_checkpoint_alignment", alignment)?,
+                        // 0: no checkpoint blocks (the caching rules alone).
+                        alignment: u32_arg(&field("prefill_checkpoint_alignment"), alignment)?,
                         hash_block_size: positive("hash_block_size", hbs)?,
                         num_hash_lookahead_tokens: u32_arg(
                             &field("num_hash_lookahead_tokens"),

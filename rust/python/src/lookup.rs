@@ -14,6 +14,19 @@ pub(crate) fn computed_blocks<'py>(
     request: &Bound<'py, PyAny>,
     max_cache_hit_length: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(PyObject, usize, usize)> {
+    let (blocks, hit, boundary, _) = lookup(slf, request, max_cache_hit_length, false)?;
+    Ok((blocks, hit, boundary))
+}
+
+/// `computed_blocks`, or with `connector` 0.33.0's per-group lookup for
+/// a KV connector where it applies: then the last item is `Some(hit_diverged)`
+/// (None: the reconciled lookup answered).
+pub(crate) fn lookup<'py>(
+    slf: &Bound<'py, NativeManager>,
+    request: &Bound<'py, PyAny>,
+    max_cache_hit_length: Option<&Bound<'py, PyAny>>,
+    connector: bool,
+) -> PyResult<(PyObject, usize, usize, Option<bool>)> {
     let py = slf.py();
     let max_hit = match max_cache_hit_length.filter(|m| !m.is_none()) {
         Some(_) if slf.borrow().is_0_23() => {
@@ -30,7 +43,7 @@ pub(crate) fn computed_blocks<'py>(
         req_attr(request, intern!(py, "skip_reading_prefix_cache"))?.is_truthy()
     })?;
     if !reads {
-        return Ok((empty()?, 0, 0));
+        return Ok((empty()?, 0, 0, connector.then_some(false)));
     }
     let rid = request_id(request)?;
     let rid = rid.to_str()?;
@@ -50,8 +63,27 @@ pub(crate) fn computed_blocks<'py>(
             if let Some(u) = update {
                 this.inner.sync_update(rid, u)?;
             }
-            this.inner.find_cache_hit(rid, num_tokens, max_hit)
+            if connector {
+                if let Some(per_group) = this
+                    .inner
+                    .find_cache_hit_for_connector(rid, num_tokens, max_hit)?
+                {
+                    return Ok((per_group.0, Some(per_group.1)));
+                }
+            }
+            Ok((this.inner.find_cache_hit(rid, num_tokens, max_hit)?, None))
         })?;
+        let (hit, diverged) = hit;
+        if diverged.is_some() {
+            // Per-group lookups report no uncached shared prefix.
+            drop(this);
+            return Ok((
+                NativeManager::make_blocks(slf, &hit.blocks)?,
+                hit.len,
+                0,
+                diverged,
+            ));
+        }
         if this.inner.counts_lookups() {
             let preempted = count_obj(
                 "request.num_preemptions",
@@ -72,6 +104,7 @@ pub(crate) fn computed_blocks<'py>(
         NativeManager::make_blocks(slf, &hit.blocks)?,
         hit.len,
         boundary,
+        None,
     ))
 }
 

@@ -183,6 +183,18 @@ impl NativeManager {
         lookup::per_group_hits(slf, block_hashes, max_cache_hit_length)
     }
 
+    /// 0.33.0's `get_computed_blocks_for_connector` core: (KVCacheBlocks,
+    /// hit tokens, shared_prefix_boundary, hit_diverged), hit_diverged None
+    /// where the reconciled lookup (`_get_computed_blocks_033`) answered.
+    #[pyo3(signature = (request, max_cache_hit_length=None))]
+    fn _get_computed_blocks_for_connector_033<'py>(
+        slf: &Bound<'py, Self>,
+        request: &Bound<'py, PyAny>,
+        max_cache_hit_length: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(PyObject, usize, usize, Option<bool>)> {
+        lookup::lookup(slf, request, max_cache_hit_length, true)
+    }
+
     /// The release whose semantics this manager follows ("0.23.0", ...).
     #[getter]
     fn release(&self) -> &'static str {
@@ -561,6 +573,12 @@ impl NativeManager {
 
     fn new_step_starts(&mut self) {
         self.inner.new_step_starts();
+    }
+
+    /// Mamba align boundary states cached since the last take: (request
+    /// id, group, block id, boundary tokens), oldest first.
+    fn _take_boundary_state_offloads_033(&mut self) -> Vec<(String, u32, u32, usize)> {
+        self.inner.take_boundary_state_offloads()
     }
 
     fn ref_cnt(&self, block_id: &Bound<'_, PyAny>) -> PyResult<i32> {

@@ -263,17 +263,18 @@ impl Attention {
         let retention = retention.filter(|&(_, rule)| self.retains_sparsely(rule));
         match self {
             Attention::SlidingWindow(t) => t.reachable_blocks(bs, sbs, eagle, any_eagle, retention),
+            Attention::Mamba(t) => t.reachable_blocks(bs, sbs, eagle, any_eagle, retention),
             _ => None,
         }
     }
 
     /// Whether a retention interval under `rule` sparsifies this type
-    /// (0.23.0: sliding windows only; 0.33.0 Mamba too, whose 0.33.0
-    /// rules are not ported: its facade refuses Mamba groups).
+    /// (0.23.0: sliding windows only; 0.33.0 Mamba states too).
     pub fn retains_sparsely(&self, rule: Retention) -> bool {
         match rule {
-            Retention::SlidingWindowPromptTail | Retention::ReplayBoundaries => {
-                matches!(self, Attention::SlidingWindow(_))
+            Retention::SlidingWindowPromptTail => matches!(self, Attention::SlidingWindow(_)),
+            Retention::ReplayBoundaries => {
+                matches!(self, Attention::SlidingWindow(_) | Attention::Mamba(_))
             }
         }
     }

@@ -41,6 +41,8 @@ pub(crate) struct ReachableBlocks {
     /// block (0.33.0's `replay_boundaries(..., use_eagle)`).
     replay: Option<(Retention, usize, bool)>,
     block_size: usize,
+    /// The group drops an EAGLE block: the junction's lower block is kept.
+    junction_below: bool,
 }
 
 /// The block ranges ending at a request's replay boundaries (at most
@@ -66,6 +68,24 @@ impl ReplayTails {
 }
 
 impl ReachableBlocks {
+    pub(crate) fn new(
+        shift: usize,
+        need: usize,
+        per_segment: usize,
+        replay: Option<(Retention, usize, bool)>,
+        block_size: usize,
+        junction_below: bool,
+    ) -> Self {
+        ReachableBlocks {
+            shift,
+            need,
+            per_segment,
+            replay,
+            block_size,
+            junction_below,
+        }
+    }
+
     /// Whether block `i` is cached; `tails` from `replay_tails`.
     #[inline]
     pub fn keeps(&self, i: usize, tails: &ReplayTails) -> bool {
@@ -111,7 +131,7 @@ impl ReachableBlocks {
                 if junction > 0 {
                     t.push(tail(junction));
                     // Below 0 vLLM's range is empty.
-                    if self.shift == 1 && junction >= self.block_size {
+                    if self.junction_below && junction >= self.block_size {
                         t.push(tail(junction - self.block_size));
                     }
                 }
@@ -177,13 +197,14 @@ impl SlidingWindow {
             // Every block can end a segment's hit.
             return None;
         }
-        Some(ReachableBlocks {
-            shift: usize::from(use_eagle),
+        Some(ReachableBlocks::new(
+            usize::from(use_eagle),
             need,
             per_segment,
-            replay: retention.map(|(_, rule)| (rule, scheduler_block_size as usize, any_eagle)),
-            block_size: bs,
-        })
+            retention.map(|(_, rule)| (rule, scheduler_block_size as usize, any_eagle)),
+            bs,
+            use_eagle,
+        ))
     }
 
     /// Right to left: the first run of blocks covering the window wins;

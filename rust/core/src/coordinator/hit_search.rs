@@ -155,7 +155,9 @@ impl Coordinator {
         out: &mut Vec<Vec<BlockId>>,
     ) -> usize {
         let bs = sg.spec.block_size as usize;
-        let max_length = if drop_eagle {
+        // 0.33.0: no margin for Mamba, whose finder drops nothing.
+        let margin = !sg.spec.is_mamba() || self.hybrid_hit.mamba_eagle_margin();
+        let max_length = if drop_eagle && margin {
             (max_len + bs).min(eagle_cap)
         } else {
             max_len

@@ -4,6 +4,7 @@
 
 use crate::attention::{Attention, RetentionMarks};
 
+mod connector_hit;
 mod hit_search;
 
 use crate::block_pool::BlockPool;
@@ -318,6 +319,15 @@ impl Coordinator {
             }
         }
         mask
+    }
+
+    /// Records each Mamba align group's checkpoint of this count
+    /// (`checkpoints`: `align_checkpoints`), for caching to key it.
+    pub fn note_align_checkpoints(&mut self, slot: ReqSlot, checkpoints: u64, query_end: usize) {
+        for (i, m) in self.managers.iter_mut().enumerate() {
+            let on = checkpoints.checked_shr(i as u32).unwrap_or(0) & 1 == 1;
+            m.note_align_checkpoint(slot, on, query_end);
+        }
     }
 
     /// Whether some group reserves Mamba prefill checkpoint blocks (no

@@ -15,6 +15,7 @@ impl SingleTypeManager {
         let scratch_first = self
             .free_policy
             .request_scratch_first(self.attn.frees_scratch_first());
+        self.drop_offloads(slot);
         let Some(r) = self.records.reqs.get_mut(slot as usize) else {
             return;
         };
@@ -48,6 +49,7 @@ impl SingleTypeManager {
     /// returns its blocks in table order, leading null blocks left out,
     /// still holding their references (the caller frees them later).
     pub fn pop_blocks(&mut self, slot: ReqSlot) -> Vec<BlockId> {
+        self.drop_offloads(slot);
         let Some(r) = self.records.reqs.get_mut(slot as usize) else {
             return Vec::new();
         };

@@ -5,6 +5,7 @@
 
 mod decode;
 mod frees;
+mod mamba_cache;
 mod partial_tail;
 mod record;
 
@@ -53,6 +54,9 @@ pub(crate) struct SingleTypeManager {
     // its hash: an entry id reused within the step is held only by blocks
     // cached within the step, so `entry_key` marks are exact.
     cached_this_step: HashSet<u64, FxBuild>,
+    /// Mamba align (0.33.0): states cached since the last take, for a KV
+    /// connector: (slot, block, boundary tokens).
+    pending_offloads: Vec<(ReqSlot, BlockId, usize)>,
 }
 
 impl SingleTypeManager {
@@ -81,6 +85,7 @@ impl SingleTypeManager {
             new_block_ids: Vec::new(),
             enable_caching,
             cached_this_step: HashSet::default(),
+            pending_offloads: Vec::new(),
         }
     }
 
@@ -451,6 +456,21 @@ impl SingleTypeManager {
         pool: &mut BlockPool,
         slot: ReqSlot,
         hashes: ScaledHashes<'_>,
+        num_tokens: usize,
+        marks: RetentionMarks,
+    ) {
+        let num_cached = self.num_cached_blocks(slot);
+        self.cache_full(pool, slot, &hashes, num_tokens, marks);
+        if self.caches_align_states() {
+            self.cache_align_states(pool, slot, &hashes, num_tokens, marks, num_cached);
+        }
+    }
+
+    fn cache_full(
+        &mut self,
+        pool: &mut BlockPool,
+        slot: ReqSlot,
+        hashes: &ScaledHashes<'_>,
         num_tokens: usize,
         marks: RetentionMarks,
     ) {

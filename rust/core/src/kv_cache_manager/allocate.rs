@@ -290,16 +290,19 @@ impl KvCacheManager {
             0 => need,
             external => need_with_external(external),
         };
+        // Decided on the tables before the hits and external blocks join;
+        // the count records them even when the allocation fails (0.33.0).
+        let checkpoints =
+            self.coord
+                .align_checkpoints(slot, query_start, num_tokens_main_model, prefill_end);
+        self.coord
+            .note_align_checkpoints(slot, checkpoints, num_tokens_main_model);
         let free = self.coord.pool.num_free_blocks() as i64;
         let need = need + args.watermark_blocks as i64;
         if need > free - args.reserved_blocks as i64 || need_true > free {
             self.release_if_idle(slot);
             return false;
         }
-        // Decided on the tables before the hits and external blocks join.
-        let checkpoints =
-            self.coord
-                .align_checkpoints(slot, query_start, num_tokens_main_model, prefill_end);
         if adds_computed {
             self.coord.allocate_new_computed_blocks(
                 slot,
@@ -317,6 +320,8 @@ impl KvCacheManager {
             checkpoints,
             out,
         );
+        self.coord
+            .note_align_checkpoints(slot, checkpoints, num_tokens_main_model);
         if caches {
             self.coord.cache_blocks(
                 slot,

@@ -9,6 +9,7 @@ mod decode;
 mod deferred_free;
 mod hash_sync;
 mod invariants;
+mod mamba_cache;
 mod mamba_copies;
 mod stats;
 
@@ -193,19 +194,22 @@ impl KvCacheManager {
             ghost_entries: Vec::new(),
             handed_out: deferred_free::HandedOut::default(),
             // Sparse retention, Mamba checkpoints that wait for the prefill
-            // end, R-SWA's gap frees, or partial tails (their boundary is the
-            // prompt's).
+            // end, R-SWA's gap frees, partial tails (their boundary is the
+            // prompt's), or 0.33.0's Mamba align caching (always).
             reads_gap_prompt,
             reads_prompt_len: reads_gap_prompt
-                || cfg.enable_caching && cfg.retention_interval.is_some()
+                || cfg.enable_caching
+                    && (cfg.retention_interval.is_some()
+                        || cfg.groups.iter().any(|g| g.mamba_checkpoints.is_some()))
                 || partial_tails
                 || cfg
                     .groups
                     .iter()
                     .any(|g| g.mamba_checkpoints.is_some_and(|c| c.only_at_prefill_end)),
             reads_junction: cfg.enable_caching
-                && cfg.retention_interval.is_some()
-                && cfg.profile.retention == Retention::ReplayBoundaries,
+                && (cfg.retention_interval.is_some()
+                    && cfg.profile.retention == Retention::ReplayBoundaries
+                    || cfg.groups.iter().any(|g| g.mamba_checkpoints.is_some())),
             reads_in_flight: cfg.profile.frees_on_processed_tokens && has_window,
         })
     }

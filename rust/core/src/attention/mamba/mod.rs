@@ -4,6 +4,8 @@
 //! a fresh block each time the request enters a new block, and the state
 //! block of two steps ago is freed once it is no longer a copy source.
 
+mod retention;
+
 use super::{HitSearch, Sizing};
 use crate::block_pool::{reserve_table, BlockPool};
 use crate::spec::{MambaCheckpoints, MambaMode};
@@ -23,6 +25,9 @@ pub struct AlignState {
     pub last_state_block_idx: Option<usize>,
     /// The request got blocks before (later rounds reuse speculative blocks).
     pub allocated: bool,
+    /// 0.33.0's `_checkpoints`: the prefill checkpoint of the last count
+    /// (position, table index), which caching keys at that position.
+    pub checkpoint: Option<(usize, usize)>,
 }
 
 impl Mamba {
@@ -112,6 +117,10 @@ impl Mamba {
         query_end: usize,
         prefill_end: usize,
     ) -> bool {
+        if c.alignment == 0 {
+            // The spec exports no checkpoints (caching rules only).
+            return false;
+        }
         let position = checkpoint_position(c, query_end, alignment_tokens);
         let hbs = c.hash_block_size as usize;
         let Some(idx) = cdiv(query_end, block_size).checked_sub(2) else {
@@ -197,7 +206,11 @@ impl Mamba {
 /// 0.33.0's `get_mamba_prefill_checkpoint_position(num_tokens,
 /// alignment_tokens, drop_eagle_block, num_hash_lookahead_tokens)`: the last
 /// boundary that leaves tokens for the logits (and EAGLE's dropped block).
-fn checkpoint_position(c: &MambaCheckpoints, num_tokens: usize, alignment_tokens: usize) -> usize {
+pub(crate) fn checkpoint_position(
+    c: &MambaCheckpoints,
+    num_tokens: usize,
+    alignment_tokens: usize,
+) -> usize {
     let proof_limit = if c.drop_eagle_block {
         num_tokens
     } else {

@@ -1,0 +1,172 @@
+//! vLLM 0.33.0's Mamba align caching beyond the full blocks
+//! (`MambaManager.cache_blocks` / `_cache_partial_tail_block`, for blocks
+//! of one hash block each): the prefill checkpoint block is keyed at its
+//! checkpoint position, or evicted when that state is transient; the
+//! prompt's last reusable boundary is cached even where sparse retention
+//! skipped it; every state cached is queued as a boundary-state offload
+//! (`take_pending_boundary_state_offloads`).
+
+use super::{entry_key, SingleTypeManager};
+use crate::attention::mamba::checkpoint_position;
+use crate::attention::{ReplayTails, RetentionMarks};
+use crate::block_pool::{BlockPool, NULL_BLOCK};
+use crate::hashes::ScaledHashes;
+use crate::{cdiv, BlockId, ReqSlot};
+
+impl SingleTypeManager {
+    /// Whether this group follows 0.33.0's align caching rules.
+    pub(crate) fn caches_align_states(&self) -> bool {
+        self.enable_caching
+            && self.is_mamba_align()
+            && self.mamba_rules.caches_prefill_states()
+            && self.spec.mamba_checkpoints.is_some()
+            // One hash block per block (partial hash hits are not ported).
+            && self.scale == 1
+    }
+
+    /// Records the checkpoint of this count (0.33.0's `_checkpoints`, set
+    /// by every count outside the admission check): `on` for a chunk ending
+    /// at `query_end` that reserves one.
+    pub fn note_align_checkpoint(&mut self, slot: ReqSlot, on: bool, query_end: usize) {
+        let Some(c) = self.spec.mamba_checkpoints else {
+            return;
+        };
+        if !self.caches_align_states() {
+            // Only caching reads it after the allocation.
+            return;
+        }
+        let sbs = self.scheduler_block_size as usize;
+        let ckpt = on.then(|| {
+            let position = checkpoint_position(&c, query_end, sbs);
+            (position, cdiv(query_end, self.bs()) - 2)
+        });
+        // A request gets its align state on its first allocation.
+        if let Some(a) = self
+            .records
+            .reqs
+            .get_mut(slot as usize)
+            .and_then(|r| r.align.as_mut())
+        {
+            a.checkpoint = ckpt;
+        }
+    }
+
+    /// The hash block index ending at `tokens`, if the request has its hash.
+    fn hash_index(&self, hashes: &ScaledHashes<'_>, tokens: usize) -> Option<usize> {
+        let hbs = self.spec.mamba_checkpoints?.hash_block_size as usize;
+        let j = (tokens / hbs).checked_sub(1)?;
+        (tokens % hbs == 0 && j < hashes.len()).then_some(j)
+    }
+
+    /// Whether block `b` is cached under the hash ending at `tokens`
+    /// (vLLM's `block_hash_num_tokens == tokens`).
+    fn keyed_at(
+        &self,
+        pool: &BlockPool,
+        b: BlockId,
+        hashes: &ScaledHashes<'_>,
+        tokens: usize,
+    ) -> bool {
+        let Some(j) = self.hash_index(hashes, tokens) else {
+            return false;
+        };
+        pool.block_hash(b)
+            .is_some_and(|(h, g)| g == self.group_id && h == &*hashes.get(j))
+    }
+
+    /// Keys `b` at `tokens` (dropping its old hash) and marks it cached
+    /// this step.
+    fn key_at(
+        &mut self,
+        pool: &mut BlockPool,
+        b: BlockId,
+        hashes: &ScaledHashes<'_>,
+        tokens: usize,
+    ) {
+        let Some(j) = self.hash_index(hashes, tokens) else {
+            return;
+        };
+        let entry = pool.recache_block(b, j, self.group_id, |i| hashes.get(i));
+        self.cached_this_step
+            .insert(entry_key((entry, self.group_id)));
+    }
+
+    /// After the full blocks `before..after` of `num_tokens` are cached:
+    /// the checkpoint or prompt-boundary state, then the offloads.
+    pub(super) fn cache_align_states(
+        &mut self,
+        pool: &mut BlockPool,
+        slot: ReqSlot,
+        hashes: &ScaledHashes<'_>,
+        num_tokens: usize,
+        marks: RetentionMarks,
+        before: usize,
+    ) {
+        let Some(c) = self.spec.mamba_checkpoints else {
+            return;
+        };
+        let bs = self.bs();
+        let sbs = self.scheduler_block_size as usize;
+        let hbs = c.hash_block_size as usize;
+        let prompt = marks.num_prompt_tokens.unwrap_or(0);
+        let blocks_len = self.blocks(slot).len();
+        let block_at = |m: &Self, i: usize| m.blocks(slot).get(i).copied().unwrap_or(NULL_BLOCK);
+        let mut keyed: Option<(usize, usize)> = None;
+        if let Some((position, idx)) = self.align_state(slot).and_then(|a| a.checkpoint) {
+            let b = block_at(self, idx);
+            let is_prompt = position == checkpoint_position(&c, prompt, sbs);
+            let retained = position % bs == 0
+                && self
+                    .reachable
+                    .is_none_or(|r| r.keeps(position / bs - 1, &ReplayTails::default()));
+            if !is_prompt && !retained && position != marks.shared_prefix_boundary {
+                // A transient state overwrites this slot: not reusable.
+                pool.evict_cached_block(b);
+            } else if b != NULL_BLOCK && !self.keyed_at(pool, b, hashes, position) {
+                self.key_at(pool, b, hashes, position);
+            }
+            keyed = Some((idx, position));
+        } else if num_tokens > 0 && num_tokens % hbs == 0 {
+            let latest = checkpoint_position(&c, prompt, hbs);
+            let idx = cdiv(num_tokens, bs) - 1;
+            if num_tokens == latest && idx < blocks_len {
+                let b = block_at(self, idx);
+                if b != NULL_BLOCK && !self.keyed_at(pool, b, hashes, num_tokens) {
+                    self.key_at(pool, b, hashes, num_tokens);
+                }
+            }
+        }
+        let after = self.num_cached_blocks(slot).min(blocks_len);
+        for i in before.min(after)..after {
+            let b = block_at(self, i);
+            if b == NULL_BLOCK || pool.block_entry(b).is_none() {
+                continue;
+            }
+            let tokens = match keyed {
+                Some((idx, position)) if idx == i && self.keyed_at(pool, b, hashes, position) => {
+                    position
+                }
+                _ => (i + 1) * bs,
+            };
+            self.pending_offloads.push((slot, b, tokens));
+        }
+    }
+
+    /// Drops a freed request's queued offloads (its blocks go back now).
+    pub(super) fn drop_offloads(&mut self, slot: ReqSlot) {
+        if !self.pending_offloads.is_empty() {
+            self.pending_offloads.retain(|&(s, _, _)| s != slot);
+        }
+    }
+
+    /// This step's boundary-state offloads, oldest first: (slot, block,
+    /// boundary tokens).
+    pub fn take_offloads(&mut self, out: &mut Vec<(ReqSlot, u32, BlockId, usize)>) {
+        let g = self.group_id;
+        out.extend(
+            self.pending_offloads
+                .drain(..)
+                .map(|(s, b, t)| (s, g, b, t)),
+        );
+    }
+}
