@@ -74,6 +74,9 @@ class KVCacheManager033(KVCacheManager):
             block size.
     """
 
+    # Each group's kind as layout033 names it ("full", "mamba", ...).
+    _kinds: tuple[str, ...]
+
     # Multi-module MTP's re-prefillable tail (num_prefill_lookahead - 1).
     num_reprefillable_tokens: int
 
@@ -432,7 +435,20 @@ class CoordinatorView033(CoordinatorView):
                 (i for i, g in enumerate(groups) if layout_kind(g.kv_cache_spec) in ("full", "rswa")
                  and getattr(g.kv_cache_spec, "prefix_cacheable", True)), None)
         # 0.33.0's config field (it sparsifies sliding-window groups only here).
-        self.retention_interval = getattr(manager.kv_cache_config, "prefix_cache_retention_interval", None)
+        self._retention_interval = getattr(manager.kv_cache_config, "prefix_cache_retention_interval", None)
+
+    @property
+    def retention_interval(self) -> int | None:
+        """0.33.0's sparse-retention interval (`KVCacheConfig.prefix_cache_retention_interval`)."""
+        return self._retention_interval
+
+    @retention_interval.setter
+    def retention_interval(self, value: Any) -> None:
+        raise AttributeError(
+            "coordinator.retention_interval, once built, is a vLLM KVCacheCoordinator internal that hybridcache "
+            "does not provide as writable (its core fixes it at construction): set "
+            "KVCacheConfig.prefix_cache_retention_interval before building the manager"
+        )
 
     def get_num_blocks_to_allocate(  # type: ignore[override]
         self,
@@ -448,7 +464,7 @@ class CoordinatorView033(CoordinatorView):
     ) -> int:
         """0.33.0's count (`prefill_end` only matters to Mamba align
         checkpoints; 0.33.0 ignores it unless the retention interval is 0)."""
-        if self.retention_interval != 0:
+        if self._retention_interval != 0:
             prefill_end = 0
         return int(self._native.get_num_blocks_to_allocate(
             request_id, num_tokens, _group_block_ids(new_computed_blocks, self._num_groups), num_encoder_tokens,
