@@ -444,6 +444,7 @@ class CoordinatorView033(CoordinatorView):
 
     @retention_interval.setter
     def retention_interval(self, value: Any) -> None:
+        """Refused: the core fixes the interval at construction."""
         raise AttributeError(
             "coordinator.retention_interval, once built, is a vLLM KVCacheCoordinator internal that hybridcache "
             "does not provide as writable (its core fixes it at construction): set "
