@@ -190,7 +190,8 @@ impl Coordinator {
         hashes: &HashList,
         max_len: usize,
     ) -> CoreResult<(Vec<Vec<BlockId>>, Vec<usize>)> {
-        if self.kind != CoordinatorKind::Hybrid || self.hybrid_hit != HybridHit::EveryFullTruncated {
+        if self.kind != CoordinatorKind::Hybrid || self.hybrid_hit != HybridHit::EveryFullTruncated
+        {
             return Err(CoreError::InvalidArgument(
                 "find_longest_cache_hit_per_group is vLLM 0.33.0's HybridKVCacheCoordinator's \
                  (several KV cache groups with prefix caching)"
@@ -202,7 +203,8 @@ impl Coordinator {
         let mut lens = vec![0; self.managers.len()];
         let mut scratch = Vec::new();
         for sg in &self.spec_groups {
-            let len = self.spec_group_hit(sg, hashes, max_len, eagle_cap, sg.use_eagle, &mut scratch);
+            let len =
+                self.spec_group_hit(sg, hashes, max_len, eagle_cap, sg.use_eagle, &mut scratch);
             for (&g, b) in sg.group_ids.iter().zip(scratch.iter_mut()) {
                 blocks[g as usize] = std::mem::take(b);
                 lens[g as usize] = len;

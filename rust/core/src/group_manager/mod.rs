@@ -445,24 +445,13 @@ impl SingleTypeManager {
         num_tokens: usize,
         marks: RetentionMarks,
     ) {
-        self.cache_full_blocks(pool, slot, hashes, num_tokens, marks);
-        if self.partial_tails {
-            self.cache_partial_tail(pool, slot, hashes, num_tokens, marks.num_prompt_tokens);
-        }
-    }
-
-    fn cache_full_blocks(
-        &mut self,
-        pool: &mut BlockPool,
-        slot: ReqSlot,
-        hashes: ScaledHashes<'_>,
-        num_tokens: usize,
-        marks: RetentionMarks,
-    ) {
         let num_cached = self.num_cached_blocks(slot);
         self.cache_full(pool, slot, &hashes, num_tokens, marks);
         if self.caches_align_states() {
             self.cache_align_states(pool, slot, &hashes, num_tokens, marks, num_cached);
+        }
+        if self.partial_tails {
+            self.cache_partial_tail(pool, slot, hashes, num_tokens, marks.num_prompt_tokens);
         }
     }
 

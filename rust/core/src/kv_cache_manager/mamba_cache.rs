@@ -29,7 +29,9 @@ impl KvCacheManager {
         let empty = HashList::new();
         let hashes = self.slot(request_id).map_or(&empty, |s| self.hashes(s));
         let max_hit = max_hit.map_or(num_tokens - 1, |m| m.min(num_tokens));
-        let (blocks, lens) = self.coord.find_longest_cache_hit_per_group(hashes, max_hit)?;
+        let (blocks, lens) = self
+            .coord
+            .find_longest_cache_hit_per_group(hashes, max_hit)?;
         let local = lens[fa];
         if lens.iter().any(|&h| h > local) {
             return Ok(None);
