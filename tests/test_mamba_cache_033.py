@@ -138,12 +138,14 @@ def test_fuzz_slice_full_attention_and_mamba_align_with_caching(vllm_available: 
     assert f.calls.get("shared_prefix_boundaries", 0) > 0
 
 
-@pytest.mark.parametrize(("mixes", "seed"), [(("full_mamba_ckpt",), 336), (("full_sw_mamba", "sw_mamba"), 337)],
-                         ids=["checkpoint-blocks", "beside-sliding-window"])
+@pytest.mark.parametrize(("mixes", "seed"), [(("full_mamba_ckpt",), 336), (("full_sw_mamba", "sw_mamba"), 337),
+                                             (("mamba_only",), 338), (("chunked_mamba",), 339)],
+                         ids=["checkpoint-blocks", "beside-sliding-window", "mamba-alone", "beside-chunked-local"])
 def test_fuzz_slice_checkpoints_and_sliding_windows(vllm_available: Any, mixes: tuple[str, ...], seed: int) -> None:
     """Mamba align with prefill checkpoint blocks (vLLM 0.33.0's own asserts
     on stale checkpoints steered around: testing/fuzz_mamba_guard033.py),
-    and Mamba beside sliding windows, prefix caching on, against vLLM 0.33.0."""
+    Mamba beside sliding windows, Mamba alone (the unitary coordinator) and
+    beside chunked local attention, prefix caching on, against vLLM 0.33.0."""
     from hybridcache import fuzz
 
     f = fuzz.run_fuzz(ops=8_000, seed=seed, mixes=mixes, caching=(True,), ops_per_setup=400,

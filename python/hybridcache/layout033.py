@@ -94,23 +94,20 @@ def needs_zeroing(kv_cache_config: Any, kinds: list[str]) -> bool:
 
 
 def _check_mamba_layout(kinds: list[str], enable_caching: bool, modes: list[str] | None = None) -> None:
-    """Mamba groups are covered beside full-attention and sliding-window
-    groups: without prefix caching (0.33.0's KVCacheCoordinatorNoPrefixCache),
-    and with it in "align" mode when every block is one hash block (no
-    partial hash hits; `check_layout` refuses the others). 0.33.0 itself
-    asserts that Mamba prefix caching runs in "align" mode (ValueError)."""
+    """Mamba groups are covered alone and beside full-attention,
+    sliding-window and chunked-local groups:
+    without prefix caching (0.33.0's KVCacheCoordinatorNoPrefixCache), and
+    with it in "align" mode when every block is one hash block (no partial
+    hash hits; `check_layout` refuses the others). 0.33.0 itself asserts
+    that Mamba prefix caching runs in "align" mode (ValueError)."""
     if "mamba" not in kinds:
         return
-    others = sorted(set(kinds) - {"mamba", "full", "sliding_window"})
+    others = sorted(set(kinds) - {"mamba", "full", "sliding_window", "chunked_local"})
     if others:
         raise NotImplementedError(
             f"Mamba groups beside {', '.join(others)} groups are not supported by hybridcache's vLLM "
-            "0.33.0 facade yet (it covers Mamba beside full attention and sliding windows)"
-        )
-    if enable_caching and set(kinds) == {"mamba"}:
-        raise NotImplementedError(
-            "Mamba prefix caching without an attention group is not supported by hybridcache's vLLM 0.33.0 "
-            "facade yet"
+            "0.33.0 facade yet (it covers Mamba alone and beside full attention, sliding windows and "
+            "chunked local attention)"
         )
     if enable_caching and any(m != "align" for m in modes or ()):
         raise ValueError("Mamba prefix caching requires mamba_cache_mode='align' (vLLM 0.33.0 asserts it)")

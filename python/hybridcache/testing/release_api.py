@@ -182,12 +182,12 @@ class V023(ReleaseApi):
 # own asserts there are steered around: testing/fuzz_mamba_guard033.py).
 MIXES_033 = (*MIXES, "full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
              *scratch_groups033.MIXES, "full_wide_sw", "full_fullbs4",
-             "full_mamba_ckpt", "full_sw_mamba")
+             "full_mamba_ckpt", "full_sw_mamba", "mamba_only", "chunked_mamba")
 
 
 _MIXES_ONLY_033 = ("full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
                    *scratch_groups033.MIXES, "full_wide_sw", "full_fullbs4",
-                   "full_mamba_ckpt", "full_sw_mamba")
+                   "full_mamba_ckpt", "full_sw_mamba", "mamba_only", "chunked_mamba")
 
 
 def _hybrid_context_parallel(rng: Any, s: Setup) -> Setup:
@@ -287,6 +287,21 @@ class V033(ReleaseApi):
             trio = (Group("full", 4), Group("sw", 4, rng.randint(3, 14)),
                     Group("mamba", 4, mode="align", num_spec=rng.randint(0, 2)))
             s = dataclasses.replace(s, mix=mix, groups=trio, scheduler_block_size=4, hash_block_size=4)
+        elif mix == "mamba_only":
+            # A model of Mamba layers only (0.33.0's unitary coordinator;
+            # with caching its block is the hash block).
+            bs = rng.choice((4, 8))
+            mamba = Group("mamba", bs, mode="align" if caching else "none", num_spec=rng.randint(0, 2))
+            s = dataclasses.replace(s, mix=mix, groups=(mamba,), scheduler_block_size=bs, hash_block_size=bs)
+        elif mix == "chunked_mamba":
+            # Chunked local attention beside Mamba (Llama-4-style local layers
+            # in a hybrid); chunked local's block is the scheduler's.
+            bs = rng.choice((4, 8))
+            groups = (Group("full", bs), Group("chunked", bs, rng.choice((8, 16))),
+                      Group("mamba", bs, mode="align" if caching else "none", num_spec=rng.randint(0, 2)))
+            # vLLM's chunked-local hit search asserts no EAGLE block drop.
+            s = dataclasses.replace(s, mix=mix, groups=groups[rng.random() < 0.5:], scheduler_block_size=bs,
+                                    hash_block_size=bs, use_eagle=False)
         elif mix in _MIXES_ONLY_033:
             s = dataclasses.replace(s, mix=mix, **_several_full_groups(rng, mix, caching))
         # Sparse retention is a KVCacheConfig field in 0.33.0 (the scheduler's
