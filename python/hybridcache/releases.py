@@ -72,10 +72,10 @@ class Release:
 
 RELEASES: tuple[Release, ...] = (
     Release("0.23.0", "hybridcache.vllm:VllmKVCacheManager", tools_oracle=True, native_hasher=True),
-    # 0.33.0: full attention, sliding window, chunked local so far
-    # (layout033.check_layout); Mamba align with prefix caching not yet.
+    # 0.33.0: every benchmark layout (Mamba align with prefix caching where
+    # its block is one hash block, as the benchmarks' is).
     Release("0.33.0", "hybridcache.vllm033:VllmKVCacheManager033", tools_oracle=True, native_hasher=True,
-            layouts=("full", "full+swa")),
+            layouts=None),
 )
 SUPPORTED_VLLM_VERSIONS: tuple[str, ...] = tuple(r.version for r in RELEASES)
 
