@@ -110,6 +110,17 @@ def test_new_block_ids_for_zeroing_and_frees(vllm_available: Any, mode: str) -> 
 
 
 @V033
+def test_own_config_classes_record_attention_blocks_for_zeroing(vllm_available: Any) -> None:
+    """hybridcache's own spec classes have no AttentionSpec base; their
+    attention groups still record new block ids for zeroing, as vLLM's."""
+    ref, _, api, s = _pair("none", 24)
+    ours = KVCacheManager033(_hc(HcMambaSpec(block_size=BS), num_blocks=24), 1024, BS, BS, enable_caching=False)
+    for m in (ref, ours):
+        assert m.allocate_slots(api.make_request(s, "a", list(range(40))), 24) is not None
+    assert ours.take_new_block_ids() == ref.take_new_block_ids() != []
+
+
+@V033
 def test_align_external_tokens_under_count_answers_none(vllm_available: Any) -> None:
     """vLLM 0.33.0 still leaves out the block an align group gives external
     (connector) tokens: with exactly the blocks it counted free it passes
