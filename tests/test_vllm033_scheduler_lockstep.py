@@ -46,7 +46,8 @@ class Case:
     # sliding-window group; "sw": a sliding-window group alone;
     # "full_chunked": plus a chunked local group (chunk `window`);
     # "full_mamba": plus a Mamba group (`mamba_mode`, one speculative block
-    # per draft token, as vLLM sizes it).
+    # per draft token, as vLLM sizes it); "mamba": a Mamba group alone;
+    # "full_chunked_mamba": full, chunked local and Mamba.
     layout: str = "full"
     mamba_mode: str = "none"
     # MambaSpec.prefill_checkpoint_alignment with one checkpoint block (0.29+).
@@ -76,6 +77,16 @@ CASES = [
     Case("full-mamba-align-storm", caching=False, layout="full_mamba", mamba_mode="align", num_blocks=36, seed=14),
     Case("full-mamba-align-checkpoints-spec", caching=False, layout="full_mamba", mamba_mode="align", num_spec=2,
          mamba_checkpoint=1, seed=15),
+    # Mamba align with prefix caching (its block one hash block): states
+    # cached at block boundaries, sparse retention, alone and beside
+    # chunked local attention.
+    Case("full-mamba-align-caching-spec", layout="full_mamba", mamba_mode="align", num_spec=2, seed=16),
+    Case("full-mamba-align-caching-async-retention0", layout="full_mamba", mamba_mode="align",
+         async_scheduling=True, retention=0, seed=17),
+    Case("full-mamba-align-caching-storm", layout="full_mamba", mamba_mode="align", num_blocks=36, seed=18),
+    Case("mamba-align-caching", layout="mamba", mamba_mode="align", seed=19),
+    Case("full-chunked-mamba-caching-async", layout="full_chunked_mamba", mamba_mode="align", window=32,
+         async_scheduling=True, seed=20),
 ]
 
 
@@ -124,7 +135,10 @@ def _layout(case: Case, make_config: Any) -> Any:
         groups = {"full": [full], "sw": [iface.KVCacheGroupSpec(["swa"], sw)],
                   "full_mamba": [full, iface.KVCacheGroupSpec(["mamba"], mamba)],
                   "full_sw": [full, iface.KVCacheGroupSpec(["swa"], sw)],
-                  "full_chunked": [full, iface.KVCacheGroupSpec(["chunked"], chunked)]}[case.layout]
+                  "full_chunked": [full, iface.KVCacheGroupSpec(["chunked"], chunked)],
+                  "mamba": [iface.KVCacheGroupSpec(["mamba"], mamba)],
+                  "full_chunked_mamba": [full, iface.KVCacheGroupSpec(["chunked"], chunked),
+                                         iface.KVCacheGroupSpec(["mamba"], mamba)]}[case.layout]
         return make_config(num_blocks=num_blocks, kv_cache_tensors=kv_cache_tensors, kv_cache_groups=groups,
                            prefix_cache_retention_interval=case.retention)
 
