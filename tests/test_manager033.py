@@ -14,6 +14,7 @@ import pytest
 
 from hybridcache import _native
 from hybridcache.config import ChunkedLocalAttentionSpec as HcChunkedLocalAttentionSpec
+from hybridcache.config import CrossAttentionSpec as HcCrossAttentionSpec
 from hybridcache.config import FullAttentionSpec as HcFullAttentionSpec
 from hybridcache.config import KVCacheConfig as HcKVCacheConfig
 from hybridcache.config import KVCacheGroupSpec as HcKVCacheGroupSpec
@@ -56,17 +57,21 @@ def test_0_33_facade_refuses_what_it_does_not_cover() -> None:
         HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)),
         HcKVCacheGroupSpec(["c"], HcChunkedLocalAttentionSpec(block_size=BS, attention_chunk_size=32))])
     assert KVCacheManager033(chunked, 200, BS, BS).num_kv_cache_groups == 2
-    # Mamba prefix caching: align mode only (0.33.0 asserts it), beside
-    # attention groups (tests/test_mamba_cache_033.py); not alone yet.
+    # Mamba prefix caching: align mode only (0.33.0 asserts it), alone or
+    # beside attention groups (tests/test_mamba_cache_033.py).
     cfg = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
         HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)), HcKVCacheGroupSpec(["x"], HcMambaSpec(block_size=BS))])
     with pytest.raises(ValueError, match="requires mamba_cache_mode='align'"):
         KVCacheManager033(cfg, 200, BS, BS)
     cfg = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
         HcKVCacheGroupSpec(["x"], HcMambaSpec(block_size=BS, mamba_cache_mode="align"))])
-    with pytest.raises(NotImplementedError, match="Mamba.*not supported by hybridcache's vLLM 0.33.0 facade"):
-        KVCacheManager033(cfg, 200, BS, BS)
+    assert KVCacheManager033(cfg, 200, BS, BS).enable_caching
     assert KVCacheManager033(cfg, 200, BS, BS, enable_caching=False).num_kv_cache_groups == 1
+    # Mamba beside cross attention (no such model): refused by name.
+    cross = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
+        HcKVCacheGroupSpec(["x"], HcCrossAttentionSpec(block_size=BS)), HcKVCacheGroupSpec(["m"], HcMambaSpec(block_size=BS))])
+    with pytest.raises(NotImplementedError, match="Mamba groups beside cross_attention groups are not supported"):
+        KVCacheManager033(cross, 200, BS, BS, enable_caching=False)
     wide = HcKVCacheConfig(num_blocks=10, kv_cache_groups=[
         HcKVCacheGroupSpec(["f"], HcFullAttentionSpec(block_size=BS)),
         HcKVCacheGroupSpec(["g"], HcFullAttentionSpec(block_size=2 * BS))])

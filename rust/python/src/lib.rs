@@ -22,6 +22,7 @@ mod hash_keys;
 mod hasher;
 mod lookup;
 mod native_manager;
+mod pool_reads;
 mod release_api;
 
 use blocks::{BlockView, KVCacheBlocks};
