@@ -173,6 +173,24 @@ class V023(ReleaseApi):
         return Driver
 
 
+# Partial hash hits with copy-on-write (`_partial_hit_groups`).
+_PARTIAL_HIT_MIXES = ("full_mamba_wide", "full_sw_mamba_wide")
+
+
+def _partial_hit_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
+    """A Mamba align block of 32 or 64 tokens over hash blocks of 16 (0.33.0
+    turns partial hash hits on: hits end inside Mamba and full-attention
+    blocks, the shared tail is copied on write): full attention of 16
+    beside it (`full_mamba_wide`), with a sliding window of 16 too
+    (`full_sw_mamba_wide`: a block-granular group, of one hash block)."""
+    mbs = rng.choice((32, 64))
+    mamba = Group("mamba", mbs, mode="align", num_spec=rng.randint(0, 2))
+    groups: tuple[Group, ...] = (Group("full", 16), mamba)
+    if mix == "full_sw_mamba_wide":
+        groups = (Group("full", 16), Group("sw", 16, rng.randint(3, 40)), mamba)
+    return dict(groups=groups, scheduler_block_size=mbs, hash_block_size=16 if caching else mbs)
+
+
 # Mixes whose vLLM-vs-vLLM self-check the 0.33.0 driver passes (the facade
 # supports full attention and sliding window; the others follow as it
 # grows). 0.33.0's own: several full-attention groups (equal specs, one
@@ -182,12 +200,12 @@ class V023(ReleaseApi):
 # own asserts there are steered around: testing/fuzz_mamba_guard033.py).
 MIXES_033 = (*MIXES, "full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
              *scratch_groups033.MIXES, "full_wide_sw", "full_fullbs4",
-             "full_mamba_ckpt", "full_sw_mamba")
+             "full_mamba_ckpt", "full_sw_mamba", *_PARTIAL_HIT_MIXES)
 
 
 _MIXES_ONLY_033 = ("full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
                    *scratch_groups033.MIXES, "full_wide_sw", "full_fullbs4",
-                   "full_mamba_ckpt", "full_sw_mamba")
+                   "full_mamba_ckpt", "full_sw_mamba", *_PARTIAL_HIT_MIXES)
 
 
 def _hybrid_context_parallel(rng: Any, s: Setup) -> Setup:
@@ -287,6 +305,8 @@ class V033(ReleaseApi):
             trio = (Group("full", 4), Group("sw", 4, rng.randint(3, 14)),
                     Group("mamba", 4, mode="align", num_spec=rng.randint(0, 2)))
             s = dataclasses.replace(s, mix=mix, groups=trio, scheduler_block_size=4, hash_block_size=4)
+        elif mix in _PARTIAL_HIT_MIXES:
+            s = dataclasses.replace(s, mix=mix, **_partial_hit_groups(rng, mix, caching))
         elif mix in _MIXES_ONLY_033:
             s = dataclasses.replace(s, mix=mix, **_several_full_groups(rng, mix, caching))
         # Sparse retention is a KVCacheConfig field in 0.33.0 (the scheduler's
@@ -310,6 +330,8 @@ class V033(ReleaseApi):
         checkpoint = rng.choice((None, 1, s.hash_block_size)) if mamba_mode == "align" and not caching else None
         if mix == "full_mamba_ckpt" and mamba_mode == "align":
             checkpoint = rng.choice((1, s.hash_block_size))  # with caching too
+        if mix in _PARTIAL_HIT_MIXES and mamba_mode == "align":
+            checkpoint = rng.choice((None, 1, s.hash_block_size))
         groups = tuple(dataclasses.replace(g, mode=mamba_mode, checkpoint=checkpoint) if g.kind == "mamba" else g
                        for g in s.groups)
         s = dataclasses.replace(s, groups=groups)

@@ -581,6 +581,33 @@ impl NativeManager {
         self.inner.take_boundary_state_offloads()
     }
 
+    /// Copy-on-write copies of partial hash hits since the last take:
+    /// (source, copy) block ids; both hold an extra reference.
+    fn _take_kv_cache_block_copies_033(&mut self) -> Vec<(u32, u32)> {
+        self.inner.take_kv_cache_block_copies()
+    }
+
+    /// A finishing request's complete Mamba producer tails: (group, block
+    /// id, boundary tokens); its tails are consumed.
+    fn _finalize_partial_tail_offloads_033(
+        &mut self,
+        request_id: &str,
+        num_computed_tokens: usize,
+        num_in_flight_tokens: usize,
+    ) -> Vec<(u32, u32, usize)> {
+        self.inner.finalize_partial_tail_offloads(
+            request_id,
+            num_computed_tokens,
+            num_in_flight_tokens,
+        )
+    }
+
+    /// Whether hits land on hash blocks (vLLM 0.33.0's partial hash hits).
+    #[getter]
+    fn _partial_hash_hits_033(&self) -> bool {
+        self.inner.partial_hash_hits()
+    }
+
     fn ref_cnt(&self, block_id: &Bound<'_, PyAny>) -> PyResult<i32> {
         let b = self.block_id(block_id_arg(block_id)?)?;
         Ok(self.inner.pool().ref_cnt(b))

@@ -296,7 +296,7 @@ impl Attention {
             }
             Attention::SlidingWindow(t) => t.find_hit(search, max_length, drop_eagle, out),
             Attention::ChunkedLocal(t) => t.find_hit(search, max_length, out),
-            Attention::Mamba(_) => mamba::find_hit(search, max_length, out),
+            Attention::Mamba(_) => return mamba::find_hit(search, max_length, out),
             Attention::Cross => cross::find_hit(out),
             Attention::CircularBuffer => circular_buffer::find_hit(out),
         }

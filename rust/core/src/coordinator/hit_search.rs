@@ -158,7 +158,7 @@ impl Coordinator {
         // 0.33.0: no margin for Mamba, whose finder drops nothing.
         let margin = !sg.spec.is_mamba() || self.hybrid_hit.mamba_eagle_margin();
         let max_length = if drop_eagle && margin {
-            (max_len + bs).min(eagle_cap)
+            (max_len + self.eagle_margin(&sg.spec.kind, bs)).min(eagle_cap)
         } else {
             max_len
         };
@@ -175,7 +175,7 @@ impl Coordinator {
             max_length,
             &sg.group_ids,
             drop_eagle,
-            self.scheduler_block_size as usize,
+            self.alignment_tokens(),
             out,
         )
     }
