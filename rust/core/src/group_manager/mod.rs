@@ -453,7 +453,7 @@ impl SingleTypeManager {
             && matches!(self.attn, Attention::Full | Attention::Rswa(_));
         self.reachable = self.attn.reachable_blocks(
             self.block_size,
-            self.scheduler_block_size,
+            (self.scheduler_block_size, self.alignment_tokens),
             self.use_eagle,
             any_eagle,
             retention,
