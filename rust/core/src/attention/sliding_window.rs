@@ -347,14 +347,14 @@ mod tests {
         assert_eq!(kept(r, 16, 100), vec![11, 12]);
         // A window that needs a whole segment: everything is cached.
         assert!(SlidingWindow::new(40)
-            .reachable_blocks(8, 32, false, false, Some((32, RULE)))
+            .reachable_blocks(8, (32, 32), false, false, Some((32, RULE)))
             .is_none());
     }
 
     #[test]
     fn replay_tail_of_short_or_unknown_prompts_is_empty() {
         let r = SlidingWindow::new(8)
-            .reachable_blocks(8, 32, false, false, Some((0, RULE)))
+            .reachable_blocks(8, (32, 32), false, false, Some((0, RULE)))
             .expect("sparse");
         assert_eq!(tails(&r, None), vec![]);
         assert_eq!(tails(&r, Some(0)), vec![]);
