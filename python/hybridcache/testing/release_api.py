@@ -174,7 +174,7 @@ class V023(ReleaseApi):
 
 
 # Partial hash hits with copy-on-write (`_partial_hit_groups`).
-_PARTIAL_HIT_MIXES = ("full_mamba_wide", "full_sw_mamba_wide")
+_PARTIAL_HIT_MIXES = ("full_mamba_wide", "full_sw_mamba_wide", "full_full_mamba_wide")
 
 
 def _partial_hit_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
@@ -182,12 +182,17 @@ def _partial_hit_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
     turns partial hash hits on: hits end inside Mamba and full-attention
     blocks, the shared tail is copied on write): full attention of 16
     beside it (`full_mamba_wide`), with a sliding window of 16 too
-    (`full_sw_mamba_wide`: a block-granular group, of one hash block)."""
+    (`full_sw_mamba_wide`: a block-granular group, of one hash block), or
+    full attention of 32 and 16 (`full_full_mamba_wide`: three spec groups,
+    so the hit search iterates, one full-attention hit ending inside a
+    block)."""
     mbs = rng.choice((32, 64))
     mamba = Group("mamba", mbs, mode="align", num_spec=rng.randint(0, 2))
     groups: tuple[Group, ...] = (Group("full", 16), mamba)
     if mix == "full_sw_mamba_wide":
         groups = (Group("full", 16), Group("sw", 16, rng.randint(3, 40)), mamba)
+    if mix == "full_full_mamba_wide":
+        groups = (Group("full", 32), mamba, Group("full", 16))
     return dict(groups=groups, scheduler_block_size=mbs, hash_block_size=16 if caching else mbs)
 
 
