@@ -414,6 +414,9 @@ class NativeManager:
                                             num_in_flight_tokens: int) -> list[tuple[int, int, int]]:
         """vLLM 0.33.0 `finalize_partial_tail_offloads`: (group, block id,
         boundary tokens) of the request's complete Mamba producer tails."""
+    def _set_partial_hits_dcp_033(self, dcp_world_size: int) -> None:
+        """vLLM 0.33.0's partial-hit rule under decode context parallelism
+        (before the first request; the groups come scaled already)."""
     @property
     def _partial_hash_hits_033(self) -> bool:
         """vLLM 0.33.0's `enable_partial_hash_hits`."""

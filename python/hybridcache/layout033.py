@@ -189,14 +189,6 @@ def context_parallel(kv_cache_config: Any, dcp_world_size: int, pcp_world_size: 
                     f"kv_cache_groups[{i}]: dcp_world_size={dcp} with a dcp-sharded {type(spec).__name__} "
                     "group and prefix caching: vLLM 0.33.0's hit search for it asserts dcp == 1"
                 )
-    if enable_caching and dcp > 1 and any(
-            layout_kind(spec) == "mamba" and getattr(spec, "mamba_cache_mode", "none") == "align" for spec in specs):
-        # kv_cache_utils.partial_hash_hits_enabled: with dcp a Mamba align
-        # block as wide as the hash block already turns sub-block hits on.
-        raise NotImplementedError(
-            f"dcp_world_size={dcp} with a Mamba align group and prefix caching (vLLM 0.33.0 serves partial "
-            "hash hits there, with copy-on-write) is not supported by hybridcache's vLLM 0.33.0 facade yet"
-        )
     return tuple(dcp if shard else 1 for shard in sharded)
 
 

@@ -151,6 +151,17 @@ class KVCacheManager033(KVCacheManager):
         self._set_reprefillable_tokens(self.num_reprefillable_tokens)
         self._kinds = tuple(kinds)
         self.dcp_world_size, self.pcp_world_size = int(dcp_world_size), int(pcp_world_size)
+        if enable_caching and self.dcp_world_size > 1:
+            # 0.33.0 turns partial hash hits on under dcp for a Mamba block as
+            # wide as the hash block; the core, built with the scaled groups, hears the dcp.
+            self._native._set_partial_hits_dcp_033(self.dcp_world_size)
+        if enable_mamba_shared_prefix_checkpoint and enable_caching and eagle_groups \
+                and self._native._partial_hash_hits_033 and self.num_reprefillable_tokens == 0:
+            raise NotImplementedError(
+                "enable_mamba_shared_prefix_checkpoint with EAGLE and partial hash hits (vLLM 0.33.0 then "
+                "checkpoints Mamba states at shared-prefix junctions) is not supported by hybridcache's vLLM "
+                "0.33.0 facade yet"
+            )
         self._init_033(groups, hash_block_size, watermark, num_hash_lookahead_tokens, log_stats)
         return self
 
@@ -167,7 +178,7 @@ class KVCacheManager033(KVCacheManager):
         self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         # Full-attention groups keep no longer hit than the scheduler adopts.
         self.retained_hit_group_ids: tuple[int, ...] = ()
-        # Needs a Mamba align group with partial hash hits: never here.
+        # Needs enable_mamba_shared_prefix_checkpoint, refused above where it applies.
         self.mamba_shared_prefix_checkpoint = False
         self.kv_cache_event_metadata = tuple((g.event_kind, g.sliding_window) for g in groups)
         self.block_pool = BlockPoolView033(self)

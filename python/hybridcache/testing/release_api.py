@@ -174,7 +174,7 @@ class V023(ReleaseApi):
 
 
 # Partial hash hits with copy-on-write (`_partial_hit_groups`).
-_PARTIAL_HIT_MIXES = ("full_mamba_wide", "full_sw_mamba_wide", "full_full_mamba_wide")
+_PARTIAL_HIT_MIXES = ("full_mamba_wide", "full_sw_mamba_wide", "full_full_mamba_wide", "full_mamba_dcp")
 
 
 def _partial_hit_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
@@ -185,7 +185,18 @@ def _partial_hit_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
     (`full_sw_mamba_wide`: a block-granular group, of one hash block), or
     full attention of 32 and 16 (`full_full_mamba_wide`: three spec groups,
     so the hit search iterates, one full-attention hit ending inside a
-    block)."""
+    block), or decode context parallelism (`full_mamba_dcp`)."""
+    if mix == "full_mamba_dcp":
+        # dcp 2 or 4 scales the full-attention block of 8 (dcp-sharded), the
+        # Mamba block is replicated: 0.33.0 turns partial hits on for a
+        # Mamba block at least as wide as the hash block (their gcd).
+        dcp = rng.choice((2, 4))
+        mbs = rng.choice((16, 32, 64))
+        sizes = (8 * dcp, mbs)
+        sbs = math.lcm(*sizes)
+        mamba = Group("mamba", mbs, mode="align", num_spec=rng.randint(0, 2))
+        return dict(groups=(Group("full", 8), mamba), scheduler_block_size=sbs,
+                    hash_block_size=math.gcd(*sizes) if caching else sbs, dcp=dcp, pcp=1, replicated=(1,))
     mbs = rng.choice((32, 64))
     mamba = Group("mamba", mbs, mode="align", num_spec=rng.randint(0, 2))
     groups: tuple[Group, ...] = (Group("full", 16), mamba)

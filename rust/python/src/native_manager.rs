@@ -602,6 +602,14 @@ impl NativeManager {
         )
     }
 
+    /// vLLM 0.33.0's partial-hit rule under decode context parallelism
+    /// (the facade scales the groups and builds the core with dcp 1).
+    fn _set_partial_hits_dcp_033(&mut self, dcp_world_size: u32) -> PyResult<()> {
+        self.inner
+            .set_partial_hits_dcp(dcp_world_size)
+            .map_err(crate::convert::to_py_err)
+    }
+
     /// Whether hits land on hash blocks (vLLM 0.33.0's partial hash hits).
     #[getter]
     fn _partial_hash_hits_033(&self) -> bool {

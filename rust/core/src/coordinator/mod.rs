@@ -46,6 +46,8 @@ pub struct Coordinator {
     pub reprefillable_tokens: usize,
     /// vLLM 0.33.0's `enable_partial_hash_hits` (`partial_hits.rs`).
     partial_hits: bool,
+    /// What `settle` read, kept for `set_partial_hits_dcp`.
+    settled: (bool, Option<(usize, crate::profile::Retention)>, bool),
 }
 
 fn check_sizes(
@@ -215,6 +217,7 @@ impl Coordinator {
             two_phase_external: profile.two_phase_external,
             reprefillable_tokens: 0,
             partial_hits,
+            settled: (any_eagle, retention, profile.partial_hits),
         })
     }
 

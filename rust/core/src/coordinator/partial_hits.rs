@@ -56,6 +56,29 @@ impl Coordinator {
         self.partial_hits
     }
 
+    /// The enabling rule again under decode context parallelism `dcp`
+    /// (vLLM 0.33.0's facade scales the dcp-sharded groups itself and
+    /// builds the core with dcp 1; only this rule reads the real one): the
+    /// hit alignment and what each group settled from it follow. Call
+    /// before the first request.
+    pub fn set_partial_hits_dcp(&mut self, dcp: u32) {
+        let (any_eagle, retention, profile_on) = self.settled;
+        let groups: Vec<GroupSpec> = self.managers.iter().map(|m| m.spec.clone()).collect();
+        let hbs = self.pool.hash_block_size();
+        self.partial_hits = self.kind == super::CoordinatorKind::Hybrid
+            && profile_on
+            && partial_hash_hits_enabled(&groups, hbs, dcp.max(1));
+        let align = if self.partial_hits {
+            hbs
+        } else {
+            self.scheduler_block_size
+        };
+        for m in self.managers.iter_mut() {
+            m.alignment_tokens = align;
+            m.settle(hbs, any_eagle, retention);
+        }
+    }
+
     /// vLLM's `_cache_hit_alignment_tokens`: where hits may end.
     pub fn alignment_tokens(&self) -> usize {
         if self.partial_hits {

@@ -250,7 +250,8 @@ pub(crate) fn check_computed_blocks(
                 ));
             }
             if inside && i + 1 == blocks.len() {
-                check_partial_hit(m, &hashes, request_id, g, b, n / hash_block_size)?;
+                let last = blocks.len() * scale - 1;
+                check_partial_hit(m, &hashes, request_id, g, b, (n / hash_block_size, last))?;
             } else {
                 check_hit(m, &hashes, request_id, g, i, b, scale)?;
             }
@@ -266,27 +267,29 @@ pub(crate) fn check_computed_blocks(
     Ok(())
 }
 
-/// Block `b`, the last of group `g`'s partial hit of `n` hash blocks, is
-/// cached (under any of its keys) under the request's hash `n - 1`.
+/// Block `b`, the last of group `g`'s partial hit of `n` hash blocks
+/// (ending at hash block `end` of the request), is cached (under any of
+/// its keys) under one of the request's hashes `n - 1 ..= end`: a key at a
+/// later boundary of the same chain covers the hit's prefix too.
 fn check_partial_hit(
     m: &KvCacheManager,
     hashes: &RequestHashes<'_>,
     request_id: &str,
     g: usize,
     b: BlockId,
-    n: usize,
+    (n, end): (usize, usize),
 ) -> CoreResult<()> {
     let group_id = m.coord.managers[g].group_id;
-    let keyed = m
-        .coord
-        .pool
-        .block_keys(b)
-        .any(|(key, group)| group == group_id && hashes.matches(key, n - 1, 1) == Some(true));
+    let end = end.min(hashes.len().saturating_sub(1));
+    let keyed = m.coord.pool.block_keys(b).any(|(key, group)| {
+        group == group_id && (n - 1..=end).any(|j| hashes.matches(key, j, 1) == Some(true))
+    });
     if keyed {
         return Ok(());
     }
     invalid(format!(
-        "new_computed_blocks: block {b} (group {g}, the partial hit's last block) is not cached          under request {request_id:?}'s hash of its first {n} hash blocks"
+        "new_computed_blocks: block {b} (group {g}, the partial hit's last block) is not cached \
+         under request {request_id:?}'s hashes of its first {n} or more hash blocks"
     ))
 }
 

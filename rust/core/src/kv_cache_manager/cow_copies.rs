@@ -11,6 +11,19 @@ impl KvCacheManager {
         self.coord.partial_hash_hits()
     }
 
+    /// Partial hash hits decided under decode context parallelism `dcp`
+    /// (`Coordinator::set_partial_hits_dcp`); refused once a request is
+    /// known (hits found so far followed the other alignment).
+    pub fn set_partial_hits_dcp(&mut self, dcp: u32) -> crate::error::CoreResult<()> {
+        if self.reqs.len() > 0 {
+            return crate::error::invalid(
+                "the context-parallel hit rule is set before the first request".to_string(),
+            );
+        }
+        self.coord.set_partial_hits_dcp(dcp);
+        Ok(())
+    }
+
     /// `take_kv_cache_block_copies`: (source, copy) pairs, drained. Each
     /// endpoint holds an extra reference; the caller gives both back (in
     /// pair order) with `free_blocks` once the copies have run.
