@@ -170,3 +170,27 @@ def test_finalize_partial_tail_offloads_of_a_finished_producer() -> None:
     assert p.both(lambda m, r: m.finalize_partial_tail_offloads(r), "a") == []
     p.both(lambda m, r: m.free(r), "a")
     assert p.take_copies() == []
+
+
+def test_dcp_turns_partial_hash_hits_on_for_a_mamba_block_as_wide_as_the_hash_block() -> None:
+    """Under dcp 2 the full-attention block of 8 holds 16 tokens and the
+    replicated Mamba block is 16, the hash block too: 0.33.0 turns partial
+    hash hits on (dcp accepts equality), so cacheable tokens are not
+    rounded to the scheduler block; hits and copies follow vLLM's."""
+    import dataclasses
+
+    s = dataclasses.replace(_setup(full=8, mamba=16, hbs=16), scheduler_block_size=16, dcp=2, pcp=1,
+                            replicated=(1,))
+    p = Pair(s)
+    assert p.theirs.coordinator.enable_partial_hash_hits is True
+    assert p.ours.coordinator.enable_partial_hash_hits is True
+    p.request("a", PROMPT)
+    p.admit("a", 48)
+    p.step("a", 2)
+    p.both(lambda m, r: m.new_step_starts())
+    p.take_copies()
+    p.request("b", PROMPT)
+    # The hit and every block, copy and event agree with vLLM's (compared).
+    p.admit("b")
+    p.take_copies()
+    p.events()
