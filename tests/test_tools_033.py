@@ -134,8 +134,8 @@ def test_replay_cli_refuses_a_mix_the_033_facade_does_not_cover(capsys: pytest.C
     from hybridcache.replay import main as replay_main
 
     with pytest.raises(SystemExit) as e:
-        replay_main(["--compare", "vllm", "--mix", "full@16,mamba:align@32", "--hash-block-size", "16",
+        replay_main(["--compare", "vllm", "--mix", "full@16,sw:64@32,mamba:align@64", "--hash-block-size", "16",
                      "--requests", "10"])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "does not cover the mix 'full@16,mamba:align@32'" in err and "partial hash hits" in err
+    assert "does not cover the mix 'full@16,sw:64@32,mamba:align@64'" in err and "partial hash hits" in err

@@ -406,6 +406,20 @@ class NativeManager:
     def _take_boundary_state_offloads_033(self) -> list[tuple[str, int, int, int]]:
         """vLLM 0.33.0 Mamba align states cached since the last call:
         (request id, group, block id, boundary tokens), oldest first."""
+    def _take_kv_cache_block_copies_033(self) -> list[tuple[int, int]]:
+        """vLLM 0.33.0 copy-on-write copies of partial hash hits since the
+        last call: (source, copy) block ids, each holding an extra reference
+        the caller frees after the step."""
+    def _finalize_partial_tail_offloads_033(self, request_id: str, num_computed_tokens: int,
+                                            num_in_flight_tokens: int) -> list[tuple[int, int, int]]:
+        """vLLM 0.33.0 `finalize_partial_tail_offloads`: (group, block id,
+        boundary tokens) of the request's complete Mamba producer tails."""
+    def _set_partial_hits_dcp_033(self, dcp_world_size: int) -> None:
+        """vLLM 0.33.0's partial-hit rule under decode context parallelism
+        (before the first request; the groups come scaled already)."""
+    @property
+    def _partial_hash_hits_033(self) -> bool:
+        """vLLM 0.33.0's `enable_partial_hash_hits`."""
     def ref_cnt(self, block_id: int) -> int:
         """How many requests hold the block."""
     def block_hash(self, block_id: int) -> tuple[bytes, int] | None:

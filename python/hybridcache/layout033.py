@@ -65,24 +65,39 @@ def check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: boo
                 "0.33.0 facade yet (it covers full attention, R-SWA, circular buffers, sliding window, "
                 "chunked local and cross-attention groups, and Mamba beside full attention)"
             )
-        # A block holds block_size * its dcp scale tokens (`context_parallel`).
-        block_size = getattr(spec, "block_size", None)
-        if block_size is not None and i < len(scales):
-            block_size *= scales[i]
         # A full-attention block wider than the hash block (several groups,
         # hash block = their gcd) needs no refusal: it caches the prompt's
         # partial tail (the core's `profile.partial_block_entries`).
-        if kind == "mamba" and getattr(spec, "mamba_cache_mode", "none") == "align":
-            if enable_caching and block_size != hash_block_size:
-                raise NotImplementedError(
-                    f"kv_cache_groups[{i}]: a Mamba align block of {block_size} tokens over hash blocks of "
-                    f"{hash_block_size} (vLLM 0.33.0's partial hash hits with copy-on-write) is not "
-                    "supported by hybridcache's vLLM 0.33.0 facade yet"
-                )
         kinds.append(kind)
+    for i, (g, kind) in enumerate(zip(groups, kinds)):
+        spec = g.kv_cache_spec
+        # A Mamba block is replicated under dcp: its spec's size (`context_parallel`).
+        block_size = getattr(spec, "block_size", None)
+        if (kind == "mamba" and getattr(spec, "mamba_cache_mode", "none") == "align" and enable_caching
+                and block_size != hash_block_size and not _partial_hash_hits(groups, kinds, hash_block_size, scales)):
+            # 0.33.0 keys such states inside blocks all the same (producer
+            # tails, copy-on-write) but finds hits at block granularity.
+            raise NotImplementedError(
+                f"kv_cache_groups[{i}]: a Mamba align block of {block_size} tokens over hash blocks of "
+                f"{hash_block_size} beside a group that vLLM 0.33.0 looks up at block granularity only (so it "
+                "turns partial hash hits off) is not supported by hybridcache's vLLM 0.33.0 facade yet"
+            )
     modes = [getattr(g.kv_cache_spec, "mamba_cache_mode", "none") for g, k in zip(groups, kinds) if k == "mamba"]
     _check_mamba_layout(kinds, enable_caching, modes)
     return kinds
+
+
+def _partial_hash_hits(groups: list[Any], kinds: list[str], hash_block_size: int, scales: tuple[int, ...]) -> bool:
+    """kv_cache_utils.partial_hash_hits_enabled without dcp (the core's
+    `coordinator/partial_hits.rs` decides it again): every prefix-cacheable
+    group looks up inner hash boundaries (full attention, R-SWA, Mamba) or
+    has blocks of one hash block."""
+    for i, (g, kind) in enumerate(zip(groups, kinds)):
+        spec = g.kv_cache_spec
+        size = getattr(spec, "block_size", 0) * (scales[i] if i < len(scales) else 1)
+        if getattr(spec, "prefix_cacheable", True) and kind not in ("full", "rswa", "mamba") and size != hash_block_size:
+            return False
+    return True
 
 
 def needs_zeroing(kv_cache_config: Any, kinds: list[str]) -> bool:
@@ -95,11 +110,11 @@ def needs_zeroing(kv_cache_config: Any, kinds: list[str]) -> bool:
 
 def _check_mamba_layout(kinds: list[str], enable_caching: bool, modes: list[str] | None = None) -> None:
     """Mamba groups are covered alone and beside full-attention,
-    sliding-window and chunked-local groups:
-    without prefix caching (0.33.0's KVCacheCoordinatorNoPrefixCache), and
-    with it in "align" mode when every block is one hash block (no partial
-    hash hits; `check_layout` refuses the others). 0.33.0 itself asserts
-    that Mamba prefix caching runs in "align" mode (ValueError)."""
+    sliding-window and chunked-local groups: without prefix caching (0.33.0's
+    KVCacheCoordinatorNoPrefixCache), and with it in "align" mode (a Mamba
+    block spanning hash blocks: partial hash hits with copy-on-write, where
+    `check_layout` lets them through). 0.33.0 itself asserts that Mamba
+    prefix caching runs in "align" mode (ValueError)."""
     if "mamba" not in kinds:
         return
     others = sorted(set(kinds) - {"mamba", "full", "sliding_window", "chunked_local"})
@@ -170,14 +185,6 @@ def context_parallel(kv_cache_config: Any, dcp_world_size: int, pcp_world_size: 
                     f"kv_cache_groups[{i}]: dcp_world_size={dcp} with a dcp-sharded {type(spec).__name__} "
                     "group and prefix caching: vLLM 0.33.0's hit search for it asserts dcp == 1"
                 )
-    if enable_caching and dcp > 1 and any(
-            layout_kind(spec) == "mamba" and getattr(spec, "mamba_cache_mode", "none") == "align" for spec in specs):
-        # kv_cache_utils.partial_hash_hits_enabled: with dcp a Mamba align
-        # block as wide as the hash block already turns sub-block hits on.
-        raise NotImplementedError(
-            f"dcp_world_size={dcp} with a Mamba align group and prefix caching (vLLM 0.33.0 serves partial "
-            "hash hits there, with copy-on-write) is not supported by hybridcache's vLLM 0.33.0 facade yet"
-        )
     return tuple(dcp if shard else 1 for shard in sharded)
 
 

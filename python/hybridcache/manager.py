@@ -269,7 +269,8 @@ class KVCacheManager(_native.NativeManager):
         """vLLM's `create_kv_cache_blocks`: a `KVCacheBlocks` of this manager
         from block lists per group (block views / objects with `block_id`,
         or lists of ids). All groups empty: the shared `empty_kv_cache_blocks`."""
-        ids = tuple(g if isinstance(g, list) else [getattr(b, "block_id", b) for b in g] for g in blocks)
+        ids = tuple(g if isinstance(g, list) and (not g or isinstance(g[0], int))
+                    else [getattr(b, "block_id", b) for b in g] for g in blocks)
         if not any(ids):
             return self.empty_kv_cache_blocks
         return KVCacheBlocks(ids, self)

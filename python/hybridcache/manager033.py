@@ -31,7 +31,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from hybridcache.block_pool import BlockPoolView
 from hybridcache.blocks import BlockView, KVCacheBlocks
@@ -151,6 +151,17 @@ class KVCacheManager033(KVCacheManager):
         self._set_reprefillable_tokens(self.num_reprefillable_tokens)
         self._kinds = tuple(kinds)
         self.dcp_world_size, self.pcp_world_size = int(dcp_world_size), int(pcp_world_size)
+        if enable_caching and self.dcp_world_size > 1:
+            # 0.33.0 turns partial hash hits on under dcp for a Mamba block as
+            # wide as the hash block; the core, built with the scaled groups, hears the dcp.
+            self._native._set_partial_hits_dcp_033(self.dcp_world_size)
+        if enable_mamba_shared_prefix_checkpoint and enable_caching and eagle_groups \
+                and self._native._partial_hash_hits_033 and self.num_reprefillable_tokens == 0:
+            raise NotImplementedError(
+                "enable_mamba_shared_prefix_checkpoint with EAGLE and partial hash hits (vLLM 0.33.0 then "
+                "checkpoints Mamba states at shared-prefix junctions) is not supported by hybridcache's vLLM "
+                "0.33.0 facade yet"
+            )
         self._init_033(groups, hash_block_size, watermark, num_hash_lookahead_tokens, log_stats)
         return self
 
@@ -167,7 +178,7 @@ class KVCacheManager033(KVCacheManager):
         self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         # Full-attention groups keep no longer hit than the scheduler adopts.
         self.retained_hit_group_ids: tuple[int, ...] = ()
-        # Needs a Mamba align group with partial hash hits: never here.
+        # Needs enable_mamba_shared_prefix_checkpoint, refused above where it applies.
         self.mamba_shared_prefix_checkpoint = False
         self.kv_cache_event_metadata = tuple((g.event_kind, g.sliding_window) for g in groups)
         self.block_pool = BlockPoolView033(self)
@@ -323,9 +334,16 @@ class KVCacheManager033(KVCacheManager):
         self._record_blocks_for_zeroing(request_id, start_token)
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[BlockView]]:
-        """Copy-on-write copies of partial hits (none: a full-attention
-        model's hits end on block boundaries) and their retained blocks."""
-        return [], []
+        """Copy-on-write copies of partial hash hits queued since the last
+        call, drained: `(copies, retained)`, the copies as 0.33.0's
+        `KVCacheBlockCopy(src_block_id, dst_block_id)` and both ends of each
+        (source, copy, in pair order), which hold an extra reference until
+        the caller hands them to `block_pool.free_blocks` after the step."""
+        pairs = self._native._take_kv_cache_block_copies_033()
+        copy_cls = _kv_cache_block_copy_class()
+        copies = [copy_cls(src_block_id=src, dst_block_id=dst) for src, dst in pairs]
+        retained = [BlockView(self, b) for pair in pairs for b in pair]
+        return copies, retained
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """Mamba align boundary states for a KV connector, drained:
@@ -337,8 +355,12 @@ class KVCacheManager033(KVCacheManager):
         return offloads
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
-        """Mamba align producer tails at a request's end: none here."""
-        return []
+        """A finishing request's Mamba align producer tails (its own prompt
+        boundary state cached inside a block), consumed: `(group, block id,
+        boundary tokens)` for each whose request forwarded nothing past the
+        boundary (`num_computed_tokens` equals it, none in flight)."""
+        return [tuple(t) for t in self._native._finalize_partial_tail_offloads_033(
+            request.request_id, int(request.num_computed_tokens), int(getattr(request, "num_in_flight_tokens", 0)))]
 
     def reset_prefix_cache(self) -> bool:
         """Drops every cached hash if no block is in use; False otherwise."""
@@ -414,12 +436,12 @@ class CoordinatorView033(CoordinatorView):
     `enable_partial_hash_hits`) and call (`get_num_blocks_to_allocate`
     with 0.33.0's arguments)."""
 
-    enable_partial_hash_hits = False
-
     def __init__(self, manager: KVCacheManager033) -> None:
         """The coordinator view of `manager`, with per-group views that
         carry each group's spec and block size."""
         super().__init__(manager)
+        # vLLM 0.33.0's `enable_partial_hash_hits`: hits land on hash blocks.
+        self.enable_partial_hash_hits = bool(manager._native._partial_hash_hits_033)
         groups = list(manager.kv_cache_config.kv_cache_groups)
         self.single_type_managers = tuple(
             _manager_view_class(groups[g].kv_cache_spec)(manager, g, groups[g].kv_cache_spec)
@@ -512,6 +534,19 @@ class HybridKVCacheCoordinator(CoordinatorView033):
         group, hit tokens per group)."""
         blocks, hits = self._manager._native._find_longest_cache_hit_per_group(block_hashes, max_cache_hit_length)
         return tuple(list(g) for g in blocks.blocks), tuple(hits)
+
+
+def _kv_cache_block_copy_class() -> Any:
+    """vLLM 0.33.0's `KVCacheBlockCopy` when vLLM has loaded it, else this
+    module's NamedTuple of the same fields."""
+    return _loaded_vllm_033("vllm.v1.core.kv_cache_utils", "KVCacheBlockCopy") or KVCacheBlockCopy
+
+
+class KVCacheBlockCopy(NamedTuple):
+    """One copy-on-write copy (vLLM 0.33.0's `KVCacheBlockCopy`)."""
+
+    src_block_id: int
+    dst_block_id: int
 
 
 def _loaded_vllm_033(module_name: str, name: str) -> Any:

@@ -173,6 +173,40 @@ class V023(ReleaseApi):
         return Driver
 
 
+# Partial hash hits with copy-on-write (`_partial_hit_groups`).
+_PARTIAL_HIT_MIXES = ("full_mamba_wide", "full_sw_mamba_wide", "full_full_mamba_wide", "full_mamba_dcp")
+
+
+def _partial_hit_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
+    """A Mamba align block of 32 or 64 tokens over hash blocks of 16 (0.33.0
+    turns partial hash hits on: hits end inside Mamba and full-attention
+    blocks, the shared tail is copied on write): full attention of 16
+    beside it (`full_mamba_wide`), with a sliding window of 16 too
+    (`full_sw_mamba_wide`: a block-granular group, of one hash block), or
+    full attention of 32 and 16 (`full_full_mamba_wide`: three spec groups,
+    so the hit search iterates, one full-attention hit ending inside a
+    block), or decode context parallelism (`full_mamba_dcp`)."""
+    if mix == "full_mamba_dcp":
+        # dcp 2 or 4 scales the full-attention block of 8 (dcp-sharded), the
+        # Mamba block is replicated: 0.33.0 turns partial hits on for a
+        # Mamba block at least as wide as the hash block (their gcd).
+        dcp = rng.choice((2, 4))
+        mbs = rng.choice((16, 32, 64))
+        sizes = (8 * dcp, mbs)
+        sbs = math.lcm(*sizes)
+        mamba = Group("mamba", mbs, mode="align", num_spec=rng.randint(0, 2))
+        return dict(groups=(Group("full", 8), mamba), scheduler_block_size=sbs,
+                    hash_block_size=math.gcd(*sizes) if caching else sbs, dcp=dcp, pcp=1, replicated=(1,))
+    mbs = rng.choice((32, 64))
+    mamba = Group("mamba", mbs, mode="align", num_spec=rng.randint(0, 2))
+    groups: tuple[Group, ...] = (Group("full", 16), mamba)
+    if mix == "full_sw_mamba_wide":
+        groups = (Group("full", 16), Group("sw", 16, rng.randint(3, 40)), mamba)
+    if mix == "full_full_mamba_wide":
+        groups = (Group("full", 32), mamba, Group("full", 16))
+    return dict(groups=groups, scheduler_block_size=mbs, hash_block_size=16 if caching else mbs)
+
+
 # Mixes whose vLLM-vs-vLLM self-check the 0.33.0 driver passes (the facade
 # supports full attention and sliding window; the others follow as it
 # grows). 0.33.0's own: several full-attention groups (equal specs, one
@@ -182,12 +216,12 @@ class V023(ReleaseApi):
 # own asserts there are steered around: testing/fuzz_mamba_guard033.py).
 MIXES_033 = (*MIXES, "full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
              *scratch_groups033.MIXES, "full_wide_sw", "full_fullbs4",
-             "full_mamba_ckpt", "full_sw_mamba", "mamba_only", "chunked_mamba")
+             "full_mamba_ckpt", "full_sw_mamba", "mamba_only", "chunked_mamba", *_PARTIAL_HIT_MIXES)
 
 
 _MIXES_ONLY_033 = ("full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
                    *scratch_groups033.MIXES, "full_wide_sw", "full_fullbs4",
-                   "full_mamba_ckpt", "full_sw_mamba", "mamba_only", "chunked_mamba")
+                   "full_mamba_ckpt", "full_sw_mamba", "mamba_only", "chunked_mamba", *_PARTIAL_HIT_MIXES)
 
 
 def _hybrid_context_parallel(rng: Any, s: Setup) -> Setup:
@@ -302,6 +336,8 @@ class V033(ReleaseApi):
             # vLLM's chunked-local hit search asserts no EAGLE block drop.
             s = dataclasses.replace(s, mix=mix, groups=groups[rng.random() < 0.5:], scheduler_block_size=bs,
                                     hash_block_size=bs, use_eagle=False)
+        elif mix in _PARTIAL_HIT_MIXES:
+            s = dataclasses.replace(s, mix=mix, **_partial_hit_groups(rng, mix, caching))
         elif mix in _MIXES_ONLY_033:
             s = dataclasses.replace(s, mix=mix, **_several_full_groups(rng, mix, caching))
         # Sparse retention is a KVCacheConfig field in 0.33.0 (the scheduler's
@@ -325,6 +361,8 @@ class V033(ReleaseApi):
         checkpoint = rng.choice((None, 1, s.hash_block_size)) if mamba_mode == "align" and not caching else None
         if mix == "full_mamba_ckpt" and mamba_mode == "align":
             checkpoint = rng.choice((1, s.hash_block_size))  # with caching too
+        if mix in _PARTIAL_HIT_MIXES and mamba_mode == "align":
+            checkpoint = rng.choice((None, 1, s.hash_block_size))
         groups = tuple(dataclasses.replace(g, mode=mamba_mode, checkpoint=checkpoint) if g.kind == "mamba" else g
                        for g in s.groups)
         s = dataclasses.replace(s, groups=groups)

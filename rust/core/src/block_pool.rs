@@ -14,6 +14,7 @@ use crate::BlockId;
 mod keys;
 pub(crate) use keys::PartialEntry;
 mod rekey;
+mod retain;
 
 pub const NULL_BLOCK: BlockId = 0;
 

@@ -34,9 +34,11 @@
 //!   keys per block), `group_manager/partial_tail.rs` (which full-attention
 //!   groups cache the prompt's partial tail) and `attention::full` (the
 //!   fine-grained phase of a hit, when hits align on hash blocks);
-//! - `partial_hits`, `null_block_ref_counted`, `cache_cap_at_hashes`: the
-//!   pool's touch/free (null counting), the caching step (the cap); partial
-//!   hits are not ported (the 0.33.0 facade refuses the layouts using them).
+//! - `partial_hits`: `coordinator/partial_hits.rs` (when hits align on hash
+//!   blocks) and `group_manager/copy_on_write.rs` (the private copy of a
+//!   hit's partial tail block, Mamba's producer tails);
+//! - `null_block_ref_counted`, `cache_cap_at_hashes`: the pool's touch/free
+//!   (null counting), the caching step (the cap).
 
 use crate::error::{CoreError, CoreResult};
 
@@ -386,14 +388,13 @@ impl BehaviourProfile {
 
     /// vLLM 0.33.0 (reference §4.1's feature table, last row). Hashing's
     /// 0.33 rules are chosen by `hashing`; partial hits (sub-block hits
-    /// with copy-on-write) are not ported yet, so the facade refuses the
-    /// configurations where 0.33.0 would use them.
+    /// with copy-on-write) where a Mamba align block spans hash blocks.
     pub const V0_33: BehaviourProfile = BehaviourProfile {
         release: "0.33.0",
         free_policy: FreePolicy::UnhashedOrCachingOffFirst,
         hashing: Hashing::V0_33,
         retention: Retention::ReplayBoundaries,
-        partial_hits: false,
+        partial_hits: true,
         partial_block_entries: true,
         null_block_ref_counted: false,
         cache_cap_at_hashes: true,

@@ -22,6 +22,7 @@ mod hash_keys;
 mod hasher;
 mod lookup;
 mod native_manager;
+mod partial_hits;
 mod pool_reads;
 mod release_api;
 

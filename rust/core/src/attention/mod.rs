@@ -248,14 +248,14 @@ impl Attention {
     }
 
     /// Which blocks caching keeps (None: all), for blocks of `bs` tokens,
-    /// scheduler blocks of `sbs` and the retention interval, if any, with
+    /// scheduler blocks of `sbs` = (scheduler block, hit alignment) and the retention interval, if any, with
     /// the profile's rule (a type the rule does not sparsify ignores it).
     /// `any_eagle`: some group drops an EAGLE block (where 0.33.0 puts the
     /// replay boundaries).
     pub fn reachable_blocks(
         &self,
         bs: u32,
-        sbs: u32,
+        sbs: (u32, u32),
         eagle: bool,
         any_eagle: bool,
         retention: Option<(usize, Retention)>,
@@ -296,7 +296,7 @@ impl Attention {
             }
             Attention::SlidingWindow(t) => t.find_hit(search, max_length, drop_eagle, out),
             Attention::ChunkedLocal(t) => t.find_hit(search, max_length, out),
-            Attention::Mamba(_) => mamba::find_hit(search, max_length, out),
+            Attention::Mamba(_) => return mamba::find_hit(search, max_length, out),
             Attention::Cross => cross::find_hit(out),
             Attention::CircularBuffer => circular_buffer::find_hit(out),
         }

@@ -40,6 +40,10 @@ pub(crate) struct ReachableBlocks {
     /// alignment (scheduler block) and whether any group drops an EAGLE
     /// block (0.33.0's `replay_boundaries(..., use_eagle)`).
     replay: Option<(Retention, usize, bool)>,
+    /// Where hits end (vLLM's `cache_hit_alignment_tokens`: the hash block
+    /// under partial hash hits, else the scheduler block): boundaries
+    /// round down to it.
+    alignment: usize,
     block_size: usize,
     /// The group drops an EAGLE block: the junction's lower block is kept.
     junction_below: bool,
@@ -73,6 +77,7 @@ impl ReachableBlocks {
         need: usize,
         per_segment: usize,
         replay: Option<(Retention, usize, bool)>,
+        alignment: usize,
         block_size: usize,
         junction_below: bool,
     ) -> Self {
@@ -81,6 +86,7 @@ impl ReachableBlocks {
             need,
             per_segment,
             replay,
+            alignment,
             block_size,
             junction_below,
         }
@@ -103,10 +109,10 @@ impl ReachableBlocks {
     /// junction (one block lower too for an EAGLE group).
     pub fn replay_tails(&self, marks: RetentionMarks) -> ReplayTails {
         let mut t = ReplayTails::default();
-        let (Some((rule, alignment, any_eagle)), Some(p)) = (self.replay, marks.num_prompt_tokens)
-        else {
+        let (Some((rule, sbs, any_eagle)), Some(p)) = (self.replay, marks.num_prompt_tokens) else {
             return t;
         };
+        let alignment = self.alignment;
         // The `need` blocks ending on the aligned boundary at or below `b`.
         let tail = |b: usize| {
             let end = b / alignment * alignment / self.block_size + self.shift;
@@ -122,10 +128,11 @@ impl ReachableBlocks {
                 if p > 0 && !any_eagle {
                     t.push(tail(p - 1));
                 } else if p > 0 {
-                    let resend = (p - 1) / alignment * alignment;
-                    let extension = p / alignment * alignment;
-                    t.push(tail(resend.saturating_sub(alignment)));
-                    t.push(tail(extension.saturating_sub(alignment)));
+                    // `replay_boundaries` places these on scheduler blocks.
+                    let resend = (p - 1) / sbs * sbs;
+                    let extension = p / sbs * sbs;
+                    t.push(tail(resend.saturating_sub(sbs)));
+                    t.push(tail(extension.saturating_sub(sbs)));
                 }
                 let junction = marks.shared_prefix_boundary;
                 if junction > 0 {
@@ -181,15 +188,19 @@ impl SlidingWindow {
     pub fn reachable_blocks(
         &self,
         block_size: u32,
-        scheduler_block_size: u32,
+        (scheduler_block_size, alignment): (u32, u32),
         use_eagle: bool,
         any_eagle: bool,
         retention: Option<(usize, Retention)>,
     ) -> Option<ReachableBlocks> {
         let bs = block_size as usize;
+        if alignment as usize % bs != 0 {
+            // vLLM: a block-granular mask cannot hold it: keep every block.
+            return None;
+        }
         let need = self.contiguous_blocks_for_hit(bs, use_eagle);
         let segment_tokens = match retention {
-            None => scheduler_block_size as usize,
+            None => alignment as usize,
             Some((interval, _)) => interval,
         };
         let per_segment = segment_tokens / bs;
@@ -202,6 +213,7 @@ impl SlidingWindow {
             need,
             per_segment,
             retention.map(|(_, rule)| (rule, scheduler_block_size as usize, any_eagle)),
+            alignment as usize,
             bs,
             use_eagle,
         ))
@@ -299,20 +311,26 @@ mod tests {
         // prompt: tails of each 4-block segment, and block 14 before the
         // replay boundary 240.
         let sw = SlidingWindow::new(16);
-        let r = sw.reachable_blocks(16, 16, false, false, Some((64, RULE)));
+        let r = sw.reachable_blocks(16, (16, 16), false, false, Some((64, RULE)));
         assert_eq!(kept(r, 16, 256), vec![3, 7, 11, 14, 15]);
         // Dense: every block can serve a hit of one 16-token block.
-        assert!(sw.reachable_blocks(16, 16, false, false, None).is_none());
+        assert!(sw
+            .reachable_blocks(16, (16, 16), false, false, None)
+            .is_none());
         // Interval 0: only the replay tail.
-        let r = sw.reachable_blocks(16, 16, false, false, Some((0, RULE)));
+        let r = sw.reachable_blocks(16, (16, 16), false, false, Some((0, RULE)));
         assert_eq!(kept(r, 16, 256), vec![14]);
         // Hybrid (scheduler block 32, SWA blocks of 8, window 8), interval
         // 64, 128-token prompt: tails at 64 and 128, replay boundary 96.
         let sw = SlidingWindow::new(8);
-        let r = sw.reachable_blocks(8, 32, false, false, Some((64, RULE)));
+        let r = sw.reachable_blocks(8, (32, 32), false, false, Some((64, RULE)));
         assert_eq!(kept(r, 16, 128), vec![7, 11, 15]);
         assert_eq!(
-            kept(sw.reachable_blocks(8, 32, false, false, None), 16, 128),
+            kept(
+                sw.reachable_blocks(8, (32, 32), false, false, None),
+                16,
+                128
+            ),
             vec![3, 7, 11, 15]
         );
     }
@@ -323,20 +341,20 @@ mod tests {
         // need = 1 + 1 (EAGLE) ending one block past the boundary: blocks
         // 7..9 for the 64-token segment, 11..13 for the replay boundary 96
         // (prompt of 100 tokens), 15 (and 16) for the boundary 128.
-        let r = sw.reachable_blocks(8, 32, true, true, Some((64, RULE)));
+        let r = sw.reachable_blocks(8, (32, 32), true, true, Some((64, RULE)));
         assert_eq!(kept(r, 16, 100), vec![7, 8, 11, 12, 15]);
-        let r = sw.reachable_blocks(8, 32, true, true, Some((0, RULE)));
+        let r = sw.reachable_blocks(8, (32, 32), true, true, Some((0, RULE)));
         assert_eq!(kept(r, 16, 100), vec![11, 12]);
         // A window that needs a whole segment: everything is cached.
         assert!(SlidingWindow::new(40)
-            .reachable_blocks(8, 32, false, false, Some((32, RULE)))
+            .reachable_blocks(8, (32, 32), false, false, Some((32, RULE)))
             .is_none());
     }
 
     #[test]
     fn replay_tail_of_short_or_unknown_prompts_is_empty() {
         let r = SlidingWindow::new(8)
-            .reachable_blocks(8, 32, false, false, Some((0, RULE)))
+            .reachable_blocks(8, (32, 32), false, false, Some((0, RULE)))
             .expect("sparse");
         assert_eq!(tails(&r, None), vec![]);
         assert_eq!(tails(&r, Some(0)), vec![]);
@@ -350,14 +368,14 @@ mod tests {
         let sw = SlidingWindow::new(8);
         // Without EAGLE the replay boundary is 0.23.0's; the junction at 64
         // keeps the block before it.
-        let r = sw.reachable_blocks(8, 32, false, false, Some((0, NEW)));
+        let r = sw.reachable_blocks(8, (32, 32), false, false, Some((0, NEW)));
         assert_eq!(kept_with(r, 16, 100, 0), vec![11]);
         assert_eq!(kept_with(r, 16, 100, 64), vec![7, 11]);
         // EAGLE (need 2, shift 1): one scheduler block below the resend
         // (96 - 32) and the extension (96 - 32) boundaries of a 100-token
         // prompt; a 96-token one has resend 64 - 32 and extension 96 - 32;
         // the junction 64 and the block below it (56 -> aligned 32).
-        let r = sw.reachable_blocks(8, 32, true, true, Some((0, NEW)));
+        let r = sw.reachable_blocks(8, (32, 32), true, true, Some((0, NEW)));
         assert_eq!(kept_with(r, 16, 100, 0), vec![7, 8]);
         assert_eq!(kept_with(r, 16, 96, 0), vec![3, 4, 7, 8]);
         assert_eq!(kept_with(r, 16, 100, 64), vec![3, 4, 7, 8]);

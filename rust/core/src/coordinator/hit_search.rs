@@ -88,13 +88,20 @@ impl Coordinator {
         // Spec groups whose EAGLE drop is verified at the current length.
         let mut eagle_verified = vec![false; self.spec_groups.len()];
         let mut scratch: Vec<Vec<BlockId>> = Vec::new();
+        // Each spec group's own hit length (partial hits: a full-attention
+        // hit may end inside a block, so it is not the blocks' span).
+        let mut group_len = vec![0; self.spec_groups.len()];
         loop {
             let mut curr = hit_length;
             for (idx, sg) in self.spec_groups.iter().enumerate() {
                 let bs = sg.spec.block_size as usize;
                 if sg.spec.is_full_attention() && by_group[sg.group_ids[0] as usize].is_some() {
                     // Full attention is downward closed: trim, no new lookup.
-                    curr = curr / bs * bs;
+                    curr = if self.partial_hits {
+                        curr.min(group_len[idx])
+                    } else {
+                        curr / bs * bs
+                    };
                     continue;
                 }
                 let drop_eagle = sg.use_eagle && !eagle_verified[idx];
@@ -106,6 +113,7 @@ impl Coordinator {
                     eagle_verified.iter_mut().for_each(|v| *v = false);
                 }
                 curr = new_len;
+                group_len[idx] = new_len;
                 longest = longest.max(curr);
                 for (&g, blocks) in sg.group_ids.iter().zip(scratch.iter_mut()) {
                     by_group[g as usize] = Some(std::mem::take(blocks));
@@ -158,7 +166,7 @@ impl Coordinator {
         // 0.33.0: no margin for Mamba, whose finder drops nothing.
         let margin = !sg.spec.is_mamba() || self.hybrid_hit.mamba_eagle_margin();
         let max_length = if drop_eagle && margin {
-            (max_len + bs).min(eagle_cap)
+            (max_len + self.eagle_margin(&sg.spec.kind, bs)).min(eagle_cap)
         } else {
             max_len
         };
@@ -175,7 +183,7 @@ impl Coordinator {
             max_length,
             &sg.group_ids,
             drop_eagle,
-            self.scheduler_block_size as usize,
+            self.alignment_tokens(),
             out,
         )
     }

@@ -6,6 +6,7 @@ use crate::attention::{Attention, RetentionMarks};
 
 mod connector_hit;
 mod hit_search;
+mod partial_hits;
 
 use crate::block_pool::BlockPool;
 use crate::decode_bounds::{DecodeCounts, DecodeHorizon};
@@ -43,6 +44,10 @@ pub struct Coordinator {
     /// `num_prefill_lookahead - 1`): the last tokens may be re-prefilled,
     /// so their KV is not final and is not cached. 0 otherwise (0.23.0).
     pub reprefillable_tokens: usize,
+    /// vLLM 0.33.0's `enable_partial_hash_hits` (`partial_hits.rs`).
+    partial_hits: bool,
+    /// What `settle` read, kept for `set_partial_hits_dcp`.
+    settled: (bool, Option<(usize, crate::profile::Retention)>, bool),
 }
 
 fn check_sizes(
@@ -183,6 +188,14 @@ impl Coordinator {
             }
             CoordinatorKind::NoPrefixCache => {}
         }
+        let partial_hits = kind == CoordinatorKind::Hybrid
+            && profile.partial_hits
+            && partial_hits::partial_hash_hits_enabled(groups, hash_block_size, context_parallel.0);
+        if partial_hits {
+            for m in managers.iter_mut() {
+                m.alignment_tokens = hash_block_size;
+            }
+        }
         let retention = retention_interval.map(|n| (n, profile.retention));
         // Replay boundaries follow every EAGLE group, cacheable or not
         // (0.33.0's `drop_eagle_group_ids`); a group outside the hit search
@@ -203,6 +216,8 @@ impl Coordinator {
             hash_view: profile.block_hash_view,
             two_phase_external: profile.two_phase_external,
             reprefillable_tokens: 0,
+            partial_hits,
+            settled: (any_eagle, retention, profile.partial_hits),
         })
     }
 
@@ -217,6 +232,7 @@ impl Coordinator {
         num_encoder_tokens: usize,
         total_computed_tokens: usize,
         num_external_computed_tokens: usize,
+        num_local_computed_tokens: usize,
         num_tokens_main_model: usize,
         apply_admission_cap: bool,
         prefill_end: usize,
@@ -234,6 +250,7 @@ impl Coordinator {
                         &[],
                         0,
                         0,
+                        0,
                         num_encoder_tokens,
                         apply_admission_cap,
                         0,
@@ -246,6 +263,7 @@ impl Coordinator {
                         nc,
                         total_computed_tokens,
                         num_external_computed_tokens,
+                        num_local_computed_tokens,
                         num_tokens_main_model,
                         apply_admission_cap,
                         prefill_end,
@@ -418,6 +436,7 @@ impl Coordinator {
             kind: self.kind,
             scheduler_block_size: self.scheduler_block_size as usize,
             reprefillable: self.reprefillable_tokens,
+            partial_hits: self.partial_hits,
         }
     }
 
@@ -565,6 +584,8 @@ struct Cacheable {
     kind: CoordinatorKind,
     scheduler_block_size: usize,
     reprefillable: usize,
+    /// Partial hash hits: hits end anywhere, so nothing is rounded.
+    partial_hits: bool,
 }
 
 /// Tokens `m` caches for `num_tokens` computed tokens (vLLM 0.33.0's
@@ -583,9 +604,10 @@ fn tokens_to_cache(rule: Cacheable, m: &SingleTypeManager, num_tokens: usize) ->
     // EAGLE groups match one block past the boundary, so cache it too
     // (of the finalized tokens only).
     let sbs = rule.scheduler_block_size;
-    let aligned = num_tokens / sbs * sbs;
+    let align = |n: usize| if rule.partial_hits { n } else { n / sbs * sbs };
+    let aligned = align(num_tokens);
     if m.use_eagle && aligned > 0 {
-        finalized.min(finalized / sbs * sbs + m.block_size as usize)
+        finalized.min(align(finalized) + m.block_size as usize)
     } else {
         aligned
     }

@@ -100,8 +100,16 @@ impl SingleTypeManager {
         let have = self.blocks(slot).len();
         if let (Some(m), Some(_)) = (self.attn.mamba(), self.attn.align()) {
             let allocated = self.align_state(slot).is_some_and(|a| a.allocated);
-            // Groups with checkpoints take no compact decode (`decodes_known`).
-            return m.align_blocks_to_allocate(self.bs(), c.main_model, have, allocated, false);
+            // Groups with checkpoints take no compact decode (`decodes_known`),
+            // nor do those with copies (caching gives them checkpoints).
+            return m.align_blocks_to_allocate(
+                self.bs(),
+                c.main_model,
+                have,
+                allocated,
+                false,
+                false,
+            );
         }
         self.required_blocks(c.need_slot, c.main_model)
             .saturating_sub(have) as i64

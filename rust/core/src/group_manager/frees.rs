@@ -16,6 +16,7 @@ impl SingleTypeManager {
             .free_policy
             .request_scratch_first(self.attn.frees_scratch_first());
         self.drop_offloads(slot);
+        self.forget_partial(slot);
         let Some(r) = self.records.reqs.get_mut(slot as usize) else {
             return;
         };
@@ -50,6 +51,7 @@ impl SingleTypeManager {
     /// still holding their references (the caller frees them later).
     pub fn pop_blocks(&mut self, slot: ReqSlot) -> Vec<BlockId> {
         self.drop_offloads(slot);
+        self.forget_partial(slot);
         let Some(r) = self.records.reqs.get_mut(slot as usize) else {
             return Vec::new();
         };

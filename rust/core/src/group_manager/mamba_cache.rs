@@ -1,6 +1,6 @@
 //! vLLM 0.33.0's Mamba align caching beyond the full blocks
 //! (`MambaManager.cache_blocks` / `_cache_partial_tail_block`, for blocks
-//! of one hash block each): the prefill checkpoint block is keyed at its
+//! of one hash block each; wider ones: `mamba_partial.rs`): the prefill checkpoint block is keyed at its
 //! checkpoint position, or evicted when that state is transient; the
 //! prompt's last reusable boundary is cached even where sparse retention
 //! skipped it; every state cached is queued as a boundary-state offload
@@ -20,8 +20,6 @@ impl SingleTypeManager {
             && self.is_mamba_align()
             && self.mamba_rules.caches_prefill_states()
             && self.spec.mamba_checkpoints.is_some()
-            // One hash block per block (partial hash hits are not ported).
-            && self.scale == 1
     }
 
     /// Records the checkpoint of this count (0.33.0's `_checkpoints`, set
@@ -35,7 +33,7 @@ impl SingleTypeManager {
             // Only caching reads it after the allocation.
             return;
         }
-        let sbs = self.scheduler_block_size as usize;
+        let sbs = self.alignment_tokens as usize;
         let ckpt = on.then(|| {
             let position = checkpoint_position(&c, query_end, sbs);
             (position, cdiv(query_end, self.bs()) - 2)
@@ -102,11 +100,15 @@ impl SingleTypeManager {
         marks: RetentionMarks,
         before: usize,
     ) {
+        if self.scale > 1 {
+            // States keyed inside their blocks (`mamba_partial.rs`).
+            return self.cache_align_states_fine(pool, slot, hashes, num_tokens, marks, before);
+        }
         let Some(c) = self.spec.mamba_checkpoints else {
             return;
         };
         let bs = self.bs();
-        let sbs = self.scheduler_block_size as usize;
+        let sbs = self.alignment_tokens as usize;
         let hbs = c.hash_block_size as usize;
         let prompt = marks.num_prompt_tokens.unwrap_or(0);
         let blocks_len = self.blocks(slot).len();

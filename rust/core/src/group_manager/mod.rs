@@ -3,10 +3,12 @@
 //! One struct serves every attention type; what differs by type is asked of
 //! `attention::Attention`, which owns each type's rules.
 
+mod copy_on_write;
 mod decode;
 mod frees;
 mod invariants;
 mod mamba_cache;
+mod mamba_partial;
 mod partial_tail;
 mod record;
 
@@ -20,6 +22,7 @@ use crate::hashes::ScaledHashes;
 use crate::profile::{BehaviourProfile, FreePolicy, MambaRules, Retention};
 use crate::spec::GroupSpec;
 use crate::{cdiv, BlockId, ReqSlot};
+use copy_on_write::CowState;
 use record::{GroupReq, Records};
 
 #[derive(Debug, Clone)]
@@ -58,6 +61,12 @@ pub(crate) struct SingleTypeManager {
     /// Mamba align (0.33.0): states cached since the last take, for a KV
     /// connector: (slot, block, boundary tokens).
     pending_offloads: Vec<(ReqSlot, BlockId, usize)>,
+    /// vLLM 0.33.0's `cache_hit_alignment_tokens`: the hash block size
+    /// under partial hash hits, else the scheduler block size (set by the
+    /// coordinator).
+    pub alignment_tokens: u32,
+    /// 0.33.0's copy-on-write bookkeeping (`copy_on_write.rs`).
+    cow: CowState,
 }
 
 impl SingleTypeManager {
@@ -87,6 +96,8 @@ impl SingleTypeManager {
             enable_caching,
             cached_this_step: HashSet::default(),
             pending_offloads: Vec::new(),
+            alignment_tokens: scheduler_block_size,
+            cow: CowState::new(profile.partial_hits),
         }
     }
 
@@ -148,10 +159,12 @@ impl SingleTypeManager {
         new_computed: &[BlockId],
         total_computed_tokens: usize,
         num_external_computed_tokens: usize,
+        num_local_computed_tokens: usize,
         num_tokens_main_model: usize,
         apply_admission_cap: bool,
         prefill_end: usize,
     ) -> i64 {
+        let partial = self.partial_hit_pending(slot, new_computed, num_local_computed_tokens);
         if self.attn.hits_wait_a_step() {
             // A hit on a state cached this very step is not usable yet:
             // report more than the pool so the request waits a step.
@@ -187,6 +200,7 @@ impl SingleTypeManager {
                 have,
                 allocated,
                 checkpoint,
+                partial,
             ) + evictable(pool, new_computed) as i64
                 + external as i64;
         }
@@ -208,8 +222,9 @@ impl SingleTypeManager {
         let skip_new = num_skipped_blocks
             .saturating_sub(num_req_blocks)
             .min(new_computed.len());
-        // Cache hits sitting in the free queue leave it when touched.
-        (num_new + evictable(pool, &new_computed[skip_new..])) as i64
+        // Cache hits sitting in the free queue leave it when touched; a
+        // partial hit takes one more block for its private copy.
+        (num_new + evictable(pool, &new_computed[skip_new..]) + usize::from(partial)) as i64
     }
 
     /// Blocks `allocate_new_computed_blocks` takes for external tokens.
@@ -282,6 +297,7 @@ impl SingleTypeManager {
         r.blocks.extend_from_slice(computed);
         let len = r.blocks.len();
         r.num_cached = Some(len);
+        self.note_partial_hit(slot, computed, num_local_computed_tokens);
         if external == 0 {
             return 0;
         }
@@ -322,8 +338,9 @@ impl SingleTypeManager {
         let bs = self.bs();
         if let (Some(m), Some(_)) = (self.attn.mamba(), self.attn.align()) {
             let start = out.len();
+            let partial = self.cow.take_partial_hit(slot);
             let r = self.records.with_table(slot);
-            m.allocate_align_blocks(
+            let cow = m.allocate_align_blocks(
                 pool,
                 bs,
                 &mut r.blocks,
@@ -331,8 +348,13 @@ impl SingleTypeManager {
                 num_tokens_main_model,
                 self.mamba_rules.allocated_on_any_call(),
                 checkpoint,
+                partial.is_some(),
                 out,
             );
+            if let (Some(p), Some(c)) = (partial, cow) {
+                self.align_copy_on_write(pool, slot, p, c, start, out);
+            }
+            let r = self.records.with_table(slot);
             // What the worker received: the whole table on the request's
             // first allocation, the new blocks afterwards.
             match &mut r.worker_view {
@@ -343,6 +365,9 @@ impl SingleTypeManager {
                 None => r.worker_view = Some(r.blocks.clone()),
             }
             return;
+        }
+        if let Some(p) = self.cow.take_partial_hit(slot) {
+            self.copy_on_write(pool, slot, p, out);
         }
         let num_required = self.required_blocks(num_tokens, num_tokens_main_model);
         let blocks = &mut self.records.with_table(slot).blocks;
@@ -429,7 +454,7 @@ impl SingleTypeManager {
             && matches!(self.attn, Attention::Full | Attention::Rswa(_));
         self.reachable = self.attn.reachable_blocks(
             self.block_size,
-            self.scheduler_block_size,
+            (self.scheduler_block_size, self.alignment_tokens),
             self.use_eagle,
             any_eagle,
             retention,
@@ -552,7 +577,7 @@ impl SingleTypeManager {
         m.needs_checkpoint(
             &c,
             self.bs(),
-            self.scheduler_block_size as usize,
+            self.alignment_tokens as usize,
             self.blocks(slot),
             allocated,
             query_start,

@@ -215,12 +215,20 @@ pub(crate) fn check_computed_blocks(
     // last block), never longer nor off its block boundary, and some group
     // covers the whole hit.
     let mut covered = 0;
+    let n = args.num_new_computed_tokens;
     for (g, (sm, blocks)) in m.coord.managers.iter().zip(nc).enumerate() {
         let bs = sm.block_size as usize;
         let tokens = blocks.len() * bs;
-        covered = covered.max(tokens);
-        if tokens > args.num_new_computed_tokens || !args.num_new_computed_tokens.is_multiple_of(bs)
-        {
+        // Partial hash hits (0.33.0) may end inside a group's last block.
+        let inside = m.coord.partial_hash_hits() && n > 0 && tokens > n && tokens - n < bs;
+        covered = covered.max(tokens.min(n));
+        let unit = if m.coord.partial_hash_hits() {
+            hash_block_size
+        } else {
+            bs
+        };
+        let off_boundary = !n.is_multiple_of(unit);
+        if (tokens > n && !inside) || off_boundary {
             return invalid(format!(
                 "request {request_id:?}: new_computed_blocks group {g} holds {} blocks of {bs} tokens, \
                  which does not fit num_new_computed_tokens ({})",
@@ -241,7 +249,12 @@ pub(crate) fn check_computed_blocks(
                      not a cache hit of request {request_id:?}"
                 ));
             }
-            check_hit(m, &hashes, request_id, g, i, b, scale)?;
+            if inside && i + 1 == blocks.len() {
+                let last = blocks.len() * scale - 1;
+                check_partial_hit(m, &hashes, request_id, g, b, (n / hash_block_size, last))?;
+            } else {
+                check_hit(m, &hashes, request_id, g, i, b, scale)?;
+            }
         }
     }
     if covered != args.num_new_computed_tokens {
@@ -252,6 +265,32 @@ pub(crate) fn check_computed_blocks(
         ));
     }
     Ok(())
+}
+
+/// Block `b`, the last of group `g`'s partial hit of `n` hash blocks
+/// (ending at hash block `end` of the request), is cached (under any of
+/// its keys) under one of the request's hashes `n - 1 ..= end`: a key at a
+/// later boundary of the same chain covers the hit's prefix too.
+fn check_partial_hit(
+    m: &KvCacheManager,
+    hashes: &RequestHashes<'_>,
+    request_id: &str,
+    g: usize,
+    b: BlockId,
+    (n, end): (usize, usize),
+) -> CoreResult<()> {
+    let group_id = m.coord.managers[g].group_id;
+    let end = end.min(hashes.len().saturating_sub(1));
+    let keyed = m.coord.pool.block_keys(b).any(|(key, group)| {
+        group == group_id && (n - 1..=end).any(|j| hashes.matches(key, j, 1) == Some(true))
+    });
+    if keyed {
+        return Ok(());
+    }
+    invalid(format!(
+        "new_computed_blocks: block {b} (group {g}, the partial hit's last block) is not cached \
+         under request {request_id:?}'s hashes of its first {n} or more hash blocks"
+    ))
 }
 
 /// Block `b` at position `i` of group `g` is cached under the request's

@@ -1,5 +1,6 @@
 //! Deferred frees (vLLM 0.24+): `pop_blocks_for_free` forgets a request but
-//! leaves its blocks referenced; the scheduler hands them back a step later
+//! leaves its blocks referenced (so do the copy-on-write endpoints of
+//! `take_kv_cache_block_copies`); the scheduler hands them back a step later
 //! through `block_pool.free_blocks`. The manager counts the references it
 //! handed out, so a later free can only return what was handed out (a
 //! block freed twice would corrupt the pool) and the invariant check still
@@ -66,6 +67,11 @@ impl KvCacheManager {
         }
         self.coord.pool.free_blocks_split(blocks.iter().copied());
         Ok(())
+    }
+
+    /// One more reference of `b` the caller frees (`free_handed_out`).
+    pub(super) fn hand_out(&mut self, b: BlockId) {
+        *self.handed_out.held.entry(b).or_insert(0) += 1;
     }
 
     /// References `pop_blocks_for_free` handed out for `b`, not yet freed.

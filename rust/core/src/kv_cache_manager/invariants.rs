@@ -126,6 +126,13 @@ impl KvCacheManager {
                 }
             }
         }
+        // A queued copy holds one reference on each end until its take.
+        for m in &self.coord.managers {
+            for &(src, dst) in m.pending_cow_copies() {
+                holders[src as usize] += 1;
+                holders[dst as usize] += 1;
+            }
+        }
         for b in 1..n {
             holders[b] += i64::from(self.handed_out_refs(b as BlockId));
             let rc = i64::from(pool.ref_cnt(b as BlockId));

@@ -5,6 +5,7 @@
 mod admission_check;
 mod allocate;
 mod batch;
+mod cow_copies;
 mod decode;
 mod deferred_free;
 mod hash_sync;

@@ -88,15 +88,23 @@ impl Mamba {
         have: usize,
         allocated: bool,
         checkpoint: bool,
+        partial: bool,
     ) -> i64 {
         let num_required = self
             .sizing()
             .required_blocks(block_size, 0, num_tokens_main_model);
-        let num_new = num_required as i64 - have as i64;
+        let mut num_new = num_required as i64 - have as i64;
+        if partial {
+            // The private copy of a partial hit's (or producer's) tail state.
+            num_new = num_new.max(0) + 1;
+        }
         if num_new <= 0 {
             return num_new;
         }
-        let cap = 1 + i64::from(checkpoint) + if allocated { 0 } else { self.num_spec as i64 };
+        let cap = 1
+            + i64::from(partial)
+            + i64::from(checkpoint)
+            + if allocated { 0 } else { self.num_spec as i64 };
         num_new.min(cap)
     }
 
@@ -148,7 +156,9 @@ impl Mamba {
     /// `allocated_on_any_call` (0.29+): a call that needs no block marks
     /// the request allocated too. `checkpoint` (0.29+, `needs_checkpoint`):
     /// the block before the running state is a real one, not null, and a
-    /// speculative block there stays for it.
+    /// speculative block there stays for it. `partial` (0.33.0): one more
+    /// block for a copy-on-write, returned with whether the request had
+    /// been allocated before.
     #[allow(clippy::too_many_arguments)]
     pub fn allocate_align_blocks(
         &self,
@@ -159,20 +169,22 @@ impl Mamba {
         num_tokens_main_model: usize,
         allocated_on_any_call: bool,
         checkpoint: bool,
+        partial: bool,
         out: &mut Vec<BlockId>,
-    ) {
+    ) -> Option<(BlockId, bool)> {
         let num_spec = self.num_spec;
         let num_required = self
             .sizing()
             .required_blocks(block_size, 0, num_tokens_main_model);
-        if num_required <= blocks.len() && !checkpoint {
+        if num_required <= blocks.len() && !checkpoint && !partial {
             if allocated_on_any_call {
                 state.get_or_insert_default().allocated = true;
             }
-            return;
+            return None;
         }
         let prev_len = blocks.len();
         let state = state.get_or_insert_default();
+        let was_allocated = state.allocated;
         if state.allocated {
             // The running state sits at the last (1 + num_spec)-th block.
             state.last_state_block_idx = prev_len.checked_sub(1 + num_spec);
@@ -196,10 +208,15 @@ impl Mamba {
                 blocks.push(b);
             }
         }
-        let num_new = num_required.saturating_sub(blocks.len());
+        let num_new = num_required.saturating_sub(blocks.len()) + usize::from(partial);
+        let new_start = blocks.len();
         pool.get_new_blocks(num_new, blocks);
         state.allocated = true;
+        // A partial hit's copy-on-write block is the first new one; the
+        // caller places it (`copy_on_write.rs`).
+        let cow = partial.then(|| (blocks.remove(new_start), was_allocated));
         out.extend_from_slice(&blocks[prev_len..]);
+        cow
     }
 }
 
@@ -225,8 +242,26 @@ pub(crate) fn checkpoint_position(
 }
 
 /// Only the last aligned cached state matters: right to left, first hit.
-pub(super) fn find_hit(s: &HitSearch<'_>, max_length: usize, out: &mut [Vec<BlockId>]) {
+/// With partial hash hits (`HitSearch::fine_grained`) every hash boundary
+/// is a candidate state: the hit may end inside its block. Returns the
+/// hit's tokens.
+pub(super) fn find_hit(s: &HitSearch<'_>, max_length: usize, out: &mut [Vec<BlockId>]) -> usize {
     let mut hit = Vec::with_capacity(s.groups.len());
+    if s.fine_grained() {
+        let unit = s.alignment_tokens;
+        let scale = s.block_size / unit;
+        let raw = s.hashes.raw();
+        for fine in (0..(max_length / unit).min(raw.len())).rev() {
+            if s.pool.get_cached_block(raw.get(fine), s.groups, &mut hit) {
+                for (o, &b) in out.iter_mut().zip(&hit) {
+                    o.resize(fine / scale, NULL_BLOCK);
+                    o.push(b);
+                }
+                return (fine + 1) * unit;
+            }
+        }
+        return 0;
+    }
     for i in (0..max_length / s.block_size).rev() {
         if !s.lookup(i, &mut hit) {
             continue;
@@ -238,8 +273,9 @@ pub(super) fn find_hit(s: &HitSearch<'_>, max_length: usize, out: &mut [Vec<Bloc
             o.resize(i, NULL_BLOCK);
             o.push(b);
         }
-        break;
+        return (i + 1) * s.block_size;
     }
+    0
 }
 
 #[cfg(test)]

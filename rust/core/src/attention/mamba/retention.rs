@@ -13,7 +13,7 @@ impl Mamba {
     pub fn reachable_blocks(
         &self,
         block_size: u32,
-        scheduler_block_size: u32,
+        (scheduler_block_size, alignment): (u32, u32),
         use_eagle: bool,
         any_eagle: bool,
         retention: Option<(usize, Retention)>,
@@ -30,6 +30,7 @@ impl Mamba {
             1,
             per_segment,
             Some((rule, scheduler_block_size as usize, any_eagle)),
+            alignment as usize,
             block_size as usize,
             use_eagle,
         ))
@@ -85,7 +86,7 @@ mod tests {
                         for junction in [0usize, 8, 12, 16] {
                             let r = m.reachable_blocks(
                                 bs as u32,
-                                bs as u32,
+                                (bs as u32, bs as u32),
                                 eagle,
                                 eagle,
                                 Some((interval, Retention::ReplayBoundaries)),
