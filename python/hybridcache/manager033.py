@@ -359,7 +359,7 @@ class KVCacheManager033(KVCacheManager):
         boundary state cached inside a block), consumed: `(group, block id,
         boundary tokens)` for each whose request forwarded nothing past the
         boundary (`num_computed_tokens` equals it, none in flight)."""
-        return [tuple(t) for t in self._native._finalize_partial_tail_offloads_033(
+        return [(int(t[0]), int(t[1]), int(t[2])) for t in self._native._finalize_partial_tail_offloads_033(
             request.request_id, int(request.num_computed_tokens), int(getattr(request, "num_in_flight_tokens", 0)))]
 
     def reset_prefix_cache(self) -> bool:

@@ -331,7 +331,7 @@ class V033(ReleaseApi):
             # Chunked local attention beside Mamba (Llama-4-style local layers
             # in a hybrid); chunked local's block is the scheduler's.
             bs = rng.choice((4, 8))
-            groups = (Group("full", bs), Group("chunked", bs, rng.choice((8, 16))),
+            groups: tuple[Group, ...] = (Group("full", bs), Group("chunked", bs, rng.choice((8, 16))),
                       Group("mamba", bs, mode="align" if caching else "none", num_spec=rng.randint(0, 2)))
             # vLLM's chunked-local hit search asserts no EAGLE block drop.
             s = dataclasses.replace(s, mix=mix, groups=groups[rng.random() < 0.5:], scheduler_block_size=bs,
