@@ -142,7 +142,10 @@ pub(crate) fn cache_held(
         let b = count_obj("request.shared_prefix_boundary", &b)?;
         this.inner.set_shared_prefix_boundary_at(slot, b);
     }
-    guard(|| this.inner.cache_blocks_held(slot, num_computed_tokens, update))
+    guard(|| {
+        this.inner
+            .cache_blocks_held(slot, num_computed_tokens, update)
+    })
 }
 
 impl NativeManager {
