@@ -88,4 +88,25 @@ impl KvCacheManager {
     pub fn set_shared_prefix_boundary_at(&mut self, slot: ReqSlot, boundary: usize) {
         self.reqs.set_shared_prefix_boundary(slot, boundary);
     }
+
+    /// Per group, the most tokens any of the request's blocks' hash covers
+    /// (`BlockPool::block_hash_num_tokens`, 0 for none; zeros for an unknown
+    /// request): vLLM 0.33.0's `estimate_cached_tokens` takes the fewest
+    /// over the groups it counts.
+    pub fn max_hash_num_tokens(&self, request_id: &str) -> Vec<u32> {
+        let slot = self.slot(request_id);
+        self.coord
+            .managers
+            .iter()
+            .map(|m| {
+                slot.map_or(0, |s| {
+                    m.blocks(s)
+                        .iter()
+                        .filter_map(|&b| self.coord.pool.block_hash_num_tokens(b))
+                        .max()
+                        .unwrap_or(0)
+                })
+            })
+            .collect()
+    }
 }
