@@ -297,10 +297,10 @@ class KVCacheManager033(KVCacheManager):
         a full block's end, a partial entry's boundary inside the block, or
         the boundary a Mamba state is keyed at)."""
         cached: int | None = None
-        for ids, g, kind in zip(self.get_block_ids(request.request_id), self._groups, self._kinds):
+        # The scheduler asks once per finished prefill: one native call.
+        for tokens, g, kind in zip(self._max_hash_num_tokens(request.request_id), self._groups, self._kinds):
             if not g.native.prefix_cacheable or kind == "cross_attention":
                 continue
-            tokens = max((n or 0 for n in self.block_hash_num_tokens(list(ids))), default=0)
             cached = tokens if cached is None else min(cached, tokens)
         return cached or 0
 

@@ -128,6 +128,26 @@ pub(crate) fn note_shared_prefix_boundary(
     Ok(())
 }
 
+/// `cache_blocks` of a held request (`slot`): the hashes it lacks, its
+/// shared-prefix boundary where the core keeps it, then the core's call.
+pub(crate) fn cache_held(
+    this: &mut NativeManager,
+    request: &Bound<'_, PyAny>,
+    slot: u32,
+    num_computed_tokens: usize,
+) -> PyResult<()> {
+    let update = this.pending_hashes_at(request, Some(slot))?;
+    if this.inner.wants_shared_prefix_boundary() {
+        let b = req_attr(request, intern!(request.py(), "shared_prefix_boundary"))?;
+        let b = count_obj("request.shared_prefix_boundary", &b)?;
+        this.inner.set_shared_prefix_boundary_at(slot, b);
+    }
+    guard(|| {
+        this.inner
+            .cache_blocks_held(slot, num_computed_tokens, update)
+    })
+}
+
 impl NativeManager {
     /// `allocate_slots` after argument matching (both entries land here).
     pub(crate) fn allocate_slots_impl(
@@ -252,12 +272,21 @@ impl NativeManager {
         request: &Bound<'_, PyAny>,
         rid: &str,
     ) -> PyResult<Option<HashUpdate>> {
+        self.pending_hashes_at(request, self.inner.lookup(rid))
+    }
+
+    /// `pending_hashes` for the request in `slot` (None: not held).
+    pub(crate) fn pending_hashes_at(
+        &self,
+        request: &Bound<'_, PyAny>,
+        slot: Option<u32>,
+    ) -> PyResult<Option<HashUpdate>> {
         if !self.inner.enable_caching() {
             return Ok(None);
         }
         let hashes = req_attr(request, intern!(request.py(), "block_hashes"))?;
-        let known = self.inner.num_known_hashes(rid);
-        match self.inner.lookup(rid) {
+        let known = self.inner.known_hashes_at(slot);
+        match slot {
             Some(s)
                 if known > 0
                     && !self.inner.holds_blocks_at(s)

@@ -401,15 +401,21 @@ impl NativeManager {
     ) -> PyResult<()> {
         let n = count_obj("num_computed_tokens", num_computed_tokens)?;
         let rid = request_id(request)?;
-        let rid = rid.to_str()?;
         {
             let mut this = slf.borrow_mut();
             if !this.inner.enable_caching() {
                 return Ok(());
             }
-            let update = this.pending_hashes(request, rid)?;
-            crate::calls::note_shared_prefix_boundary(&mut this.inner, request, rid)?;
-            guard(|| this.inner.cache_blocks(rid, n, update))?;
+            // A held request by its id object's address (0.33.0 caches
+            // every running request every step): no str hashing.
+            if let Some(slot) = this.lookup_id(&rid)? {
+                crate::calls::cache_held(&mut this, request, slot, n)?;
+            } else {
+                let rid = rid.to_str()?;
+                let update = this.pending_hashes(request, rid)?;
+                crate::calls::note_shared_prefix_boundary(&mut this.inner, request, rid)?;
+                guard(|| this.inner.cache_blocks(rid, n, update))?;
+            }
         }
         Self::flush_events(slf, Some(request))
     }

@@ -37,6 +37,12 @@ impl NativeManager {
         self.hash_num_tokens(block_ids)
     }
 
+    /// Per group, the most tokens the request's blocks' hashes cover (0:
+    /// none): `estimate_cached_tokens` in one call, no id lists built.
+    fn _max_hash_num_tokens(&self, request_id: &str) -> Vec<u32> {
+        self.inner.max_hash_num_tokens(request_id)
+    }
+
     /// Which of the given blocks carry no cached hash.
     fn unhashed(&self, block_ids: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
         int_list("block_ids", block_ids, false)?

@@ -5,6 +5,7 @@
 mod admission_check;
 mod allocate;
 mod batch;
+mod caching;
 mod cow_copies;
 mod decode;
 mod deferred_free;
@@ -23,7 +24,7 @@ use crate::coordinator::{CacheHit, Coordinator};
 use crate::decode_bounds::DecodeHorizon;
 use crate::error::{invalid, CoreError, CoreResult};
 use crate::events::{BlockMetric, PoolEvent};
-use crate::hashes::{HashList, HashUpdate};
+use crate::hashes::HashList;
 use crate::mamba_plan::PlannerState;
 use crate::profile::{BehaviourProfile, Retention};
 use crate::requests::RequestRegistry;
@@ -442,56 +443,6 @@ impl KvCacheManager {
             self.coord
                 .remove_skipped_blocks(slot, total_computed_tokens, num_prompt_tokens);
         }
-    }
-
-    /// Caches the request's full blocks up to `num_computed_tokens`.
-    pub fn cache_blocks(
-        &mut self,
-        request_id: &str,
-        num_computed_tokens: usize,
-        update: Option<HashUpdate>,
-    ) -> CoreResult<()> {
-        if !self.enable_caching {
-            return Ok(());
-        }
-        let slot = self.slot(request_id);
-        let have = self.hashes_after(request_id, update.as_ref())?;
-        let need = slot.map_or(0, |s| {
-            self.coord
-                .hashes_needed_to_cache(num_computed_tokens, |m| m.num_cached_blocks(s))
-        });
-        let holds = slot.is_some_and(|s| {
-            self.coord
-                .managers
-                .iter()
-                // Groups out of prefix caching cache nothing (a ring holds one block).
-                .all(|m| {
-                    !m.spec.prefix_cacheable
-                        || m.blocks(s).len() >= num_computed_tokens / m.block_size as usize
-                })
-        });
-        if slot.is_none() || !holds {
-            return invalid(format!(
-                "request {request_id:?} has no blocks for {num_computed_tokens} computed tokens"
-            ));
-        }
-        if have < need && !self.profile.cache_cap_at_hashes {
-            return invalid(format!(
-                "request {request_id:?} has {have} block hashes but caching needs {need}"
-            ));
-        }
-        let slot = slot.expect("checked");
-        if let Some(u) = update {
-            self.apply_hashes(request_id, u);
-        }
-        self.set_horizon(slot, None);
-        self.coord.cache_blocks(
-            slot,
-            self.reqs.hashes(slot),
-            num_computed_tokens,
-            self.retention_marks(slot),
-        );
-        Ok(())
     }
 
     /// 0.33.0's `record_blocks_for_zeroing`: the request's blocks from

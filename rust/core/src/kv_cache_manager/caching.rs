@@ -1,0 +1,112 @@
+//! `cache_blocks`: by request id, and for a request the caller already
+//! resolved to its slot (vLLM 0.33.0's scheduler caches every running
+//! request after every step, so that call is as hot as a decode).
+
+use super::KvCacheManager;
+use crate::error::{invalid, CoreResult};
+use crate::hashes::HashUpdate;
+use crate::ReqSlot;
+
+impl KvCacheManager {
+    /// Caches the request's full blocks up to `num_computed_tokens`.
+    pub fn cache_blocks(
+        &mut self,
+        request_id: &str,
+        num_computed_tokens: usize,
+        update: Option<HashUpdate>,
+    ) -> CoreResult<()> {
+        if !self.enable_caching {
+            return Ok(());
+        }
+        if let Some(slot) = self.slot(request_id) {
+            return self.cache_blocks_held(slot, num_computed_tokens, update);
+        }
+        // Not held: the hash check's error comes first, as for a held one.
+        self.hashes_after_at(None, request_id, update.as_ref())?;
+        invalid(format!(
+            "request {request_id:?} has no blocks for {num_computed_tokens} computed tokens"
+        ))
+    }
+
+    /// `cache_blocks` of the request in `slot` (a live one, from `lookup`
+    /// or a handle); the same checks, errors and effects.
+    pub fn cache_blocks_held(
+        &mut self,
+        slot: ReqSlot,
+        num_computed_tokens: usize,
+        update: Option<HashUpdate>,
+    ) -> CoreResult<()> {
+        if !self.enable_caching {
+            return Ok(());
+        }
+        let request_id = self.reqs.id_at(slot);
+        let have = self.hashes_after_at(Some(slot), request_id, update.as_ref())?;
+        let need = self
+            .coord
+            .hashes_needed_to_cache(num_computed_tokens, |m| m.num_cached_blocks(slot));
+        let holds = self
+            .coord
+            .managers
+            .iter()
+            // Groups out of prefix caching cache nothing (a ring holds one block).
+            .all(|m| {
+                !m.spec.prefix_cacheable
+                    || m.blocks(slot).len() >= num_computed_tokens / m.block_size as usize
+            });
+        if !holds {
+            return invalid(format!(
+                "request {request_id:?} has no blocks for {num_computed_tokens} computed tokens"
+            ));
+        }
+        if have < need && !self.profile.cache_cap_at_hashes {
+            return invalid(format!(
+                "request {request_id:?} has {have} block hashes but caching needs {need}"
+            ));
+        }
+        if let Some(u) = update {
+            // `apply_hashes`: an empty update at the known end changes nothing.
+            if !(u.hashes.is_empty() && u.offset == self.known_hashes_at(Some(slot))) {
+                self.apply_hashes_at(slot, u);
+            }
+        }
+        self.set_horizon(slot, None);
+        self.coord.cache_blocks(
+            slot,
+            self.reqs.hashes(slot),
+            num_computed_tokens,
+            self.retention_marks(slot),
+        );
+        // The horizon is re-derived by the one rule an allocation uses
+        // (`coord.decode_horizon`): the next decode stays on the hot line.
+        if let Some(h) = self.coord.decode_horizon(slot) {
+            self.set_horizon(slot, Some(h));
+        }
+        Ok(())
+    }
+
+    /// `set_shared_prefix_boundary` for a live slot.
+    pub fn set_shared_prefix_boundary_at(&mut self, slot: ReqSlot, boundary: usize) {
+        self.reqs.set_shared_prefix_boundary(slot, boundary);
+    }
+
+    /// Per group, the most tokens any of the request's blocks' hash covers
+    /// (`BlockPool::block_hash_num_tokens`, 0 for none; zeros for an unknown
+    /// request): vLLM 0.33.0's `estimate_cached_tokens` takes the fewest
+    /// over the groups it counts.
+    pub fn max_hash_num_tokens(&self, request_id: &str) -> Vec<u32> {
+        let slot = self.slot(request_id);
+        self.coord
+            .managers
+            .iter()
+            .map(|m| {
+                slot.map_or(0, |s| {
+                    m.blocks(s)
+                        .iter()
+                        .filter_map(|&b| self.coord.pool.block_hash_num_tokens(b))
+                        .max()
+                        .unwrap_or(0)
+                })
+            })
+            .collect()
+    }
+}
