@@ -194,3 +194,50 @@ def test_dcp_turns_partial_hash_hits_on_for_a_mamba_block_as_wide_as_the_hash_bl
     p.admit("b")
     p.take_copies()
     p.events()
+
+
+def _reported(events: list[Any]) -> list[tuple[int, int]]:
+    """(group, blocks) of each BlockStored a batch of events holds."""
+    out = []
+    for batch in events:
+        for e in getattr(batch, "events", [batch]):
+            if type(e).__name__ == "BlockStored":
+                out.append((e.group_idx, len(e.block_hashes)))
+    return out
+
+
+def test_reused_hit_events_for_a_hit_inside_a_block_the_prompt_fills() -> None:
+    """`kv_cache_report_mode="full"`: a hit ending inside a block whose
+    prompt goes past it reports every hit block, as vLLM does."""
+    p = Pair(_setup())
+    p.request("a", PROMPT)
+    p.admit("a", 48)
+    p.both(lambda m, r: m.new_step_starts())
+    p.events()
+    p.request("b", PROMPT + list(range(50)))
+    for r in p.reqs["b"]:
+        r.kv_cache_report_mode = "full"
+    assert p.admit("b", 8) == 48
+    assert _reported(p.events())
+
+
+def test_reused_hit_events_for_a_hit_inside_the_prompts_last_block_where_vllm_raises() -> None:
+    """The same hit for a prompt that ends inside that block: vLLM 0.33.0
+    indexes past the block's hashes (IndexError in
+    `emit_cached_block_events`); hybridcache reports the hit blocks that
+    have a block hash (full attention's first block) and returns the hit."""
+    p = Pair(_setup())
+    p.request("a", PROMPT)
+    p.admit("a", 48)
+    p.both(lambda m, r: m.new_step_starts())
+    p.events()
+    p.request("b", PROMPT)
+    t_req, o_req = p.reqs["b"]
+    for r in (t_req, o_req):
+        r.kv_cache_report_mode = "full"
+    with pytest.raises(IndexError):
+        p.theirs.get_computed_blocks(t_req)
+    blocks, hit, _ = p.ours.get_computed_blocks(o_req)
+    assert hit == 48 and [len(g) for g in blocks.get_block_ids()] == [2, 1]
+    assert _reported(p.ours.take_events()) == [(0, 1)]
+    p.ours.check_invariants()

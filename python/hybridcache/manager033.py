@@ -213,7 +213,12 @@ class KVCacheManager033(KVCacheManager):
                 # One hash per block: the last hash block's in it.
                 scale = bs // self._hash_block_size
                 block_hashes = list(hashes[scale - 1::scale][:n])
-                raw.append(("stored", block_hashes, None, 0, n * bs, bs, group, list(range(n))))
+                # A partial hit can end inside a block the prompt does not
+                # fill (no block hash: vLLM 0.33.0 raises IndexError there):
+                # only the hit blocks with a block hash are reported.
+                n = len(block_hashes)
+                if n:
+                    raw.append(("stored", block_hashes, None, 0, n * bs, bs, group, list(range(n))))
         self._on_events(raw, request)
 
     def get_computed_blocks_for_connector(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int, bool]:

@@ -116,12 +116,6 @@ class Driver033(Queries033, Frees033, Driver):
         tokens, rid = self.draw_tokens_and_id(c)
         lora, salt, skip = c.chance(0.05), "salt" if c.chance(0.05) else None, c.chance(0.03)
         report_full = self.s.events and c.chance(0.2)
-        if report_full and self.ref.coordinator.enable_partial_hash_hits and not self.allow_known_bugs:
-            # vLLM 0.33.0 bug: with sub-block hits, the events for reused hits
-            # ("full" report mode) index past the Mamba group's block hashes
-            # (block_pool.emit_cached_block_events: IndexError).
-            self.f.known_bug_avoided += 1
-            report_full = False
         if report_full and self.s.dcp > 1 and not self.allow_known_bugs:
             # vLLM 0.33.0 bug: with dcp > 1 the events for reused hits view
             # the hashes at the spec's unscaled block size, finer than the
@@ -188,6 +182,8 @@ class Driver033(Queries033, Frees033, Driver):
         blocks, hit, diverged)."""
         max_len = c.randint(0, r.num_tokens - 1) if c.chance(0.1) else None
         diverged = False
+        if getattr(r, "kv_cache_report_mode", None) == "full" and not self.allow_known_bugs:
+            self._steer_reused_hit_events(r, max_len, connector)
         if connector:
             (a, n, boundary, diverged), (b, *_) = self.both(
                 f"get_computed_blocks_for_connector({r.request_id}, {max_len})",
@@ -207,6 +203,30 @@ class Driver033(Queries033, Frees033, Driver):
         if n % self.s.scheduler_block_size:
             self.f.count("partial_hits")
         return a, b, n, diverged
+
+    def _steer_reused_hit_events(self, r: Any, max_len: int | None, connector: bool) -> None:
+        """vLLM 0.33.0 bug: with sub-block hits, the events for a reused hit
+        ("full" report mode) index past a group's block hashes when the hit
+        ends inside a block the prompt does not fill
+        (block_pool.emit_cached_block_events: IndexError). The reference's
+        hit is read first (a pure lookup); such a request is switched to
+        incremental reports, every other one compared with its events."""
+        if not self.ref.coordinator.enable_partial_hash_hits:
+            return
+        from vllm.v1.core.kv_cache_utils import resolve_block_hashes
+
+        r.kv_cache_report_mode = "incremental"
+        lookup = self.ref.get_computed_blocks_for_connector if connector else self.ref.get_computed_blocks
+        blocks = lookup(r, max_len)[0].blocks
+        hbs = self.ref.block_pool.hash_block_size
+        groups = self.ref.coordinator.kv_cache_config.kv_cache_groups
+        for g, group_blocks in enumerate(blocks):
+            bs = groups[g].kv_cache_spec.block_size  # as emit_cached_block_events reads it
+            if group_blocks and len(resolve_block_hashes(r.block_hashes, hbs, bs)) < len(group_blocks):
+                self.f.known_bug_avoided += 1
+                return
+        r.kv_cache_report_mode = "full"
+        self.f.count("reused_hit_reports_under_partial_hits")
 
     def op_lookup(self, c: Any) -> None:
         """A lookup the scheduler makes and then does not admit on (no room)."""
