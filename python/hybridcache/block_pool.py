@@ -217,6 +217,12 @@ class BlockPoolView(ReadOnlyView):
         """The manager's pending KV events, then cleared (`manager.take_events()`)."""
         return self._manager.take_events()
 
+    def evict_blocks(self, block_ids: Any) -> None:
+        """vLLM's `evict_blocks`: the given blocks leave the prefix cache
+        (held ones stay allocated), as `manager.evict_blocks` does; a KV
+        connector and vLLM's scheduler tests call it on the pool."""
+        self._manager.evict_blocks(block_ids)
+
     def touch(self, blocks: Any) -> None:
         """vLLM's `touch` (extra references on blocks): not supported;
         raises NotImplementedError."""
