@@ -11,7 +11,7 @@ use crate::attention::mamba::checkpoint_position;
 use crate::attention::{ReplayTails, RetentionMarks};
 use crate::block_pool::{BlockPool, NULL_BLOCK};
 use crate::hashes::ScaledHashes;
-use crate::{cdiv, BlockId, ReqSlot};
+use crate::{cdiv, BlockId, MambaCheckpoints, ReqSlot};
 
 impl SingleTypeManager {
     /// Whether this group follows 0.33.0's align caching rules.
@@ -89,6 +89,26 @@ impl SingleTypeManager {
             .insert(entry_key((entry, self.group_id)));
     }
 
+    /// Whether the checkpoint state at `position` stays reusable once
+    /// cached: the prompt's own checkpoint, a block boundary sparse
+    /// retention keeps, or the shared-prefix junction. Any other is a
+    /// transient state the next one overwrites in its slot.
+    pub(super) fn checkpoint_is_reusable(
+        &self,
+        c: &MambaCheckpoints,
+        position: usize,
+        prompt: usize,
+        marks: &RetentionMarks,
+    ) -> bool {
+        let bs = self.bs();
+        let is_prompt = position == checkpoint_position(c, prompt, self.alignment_tokens as usize);
+        let retained = position % bs == 0
+            && self
+                .reachable
+                .is_none_or(|r| r.keeps(position / bs - 1, &ReplayTails::default()));
+        is_prompt || retained || position == marks.shared_prefix_boundary
+    }
+
     /// After the full blocks `before..after` of `num_tokens` are cached:
     /// the checkpoint or prompt-boundary state, then the offloads.
     pub(super) fn cache_align_states(
@@ -108,7 +128,6 @@ impl SingleTypeManager {
             return;
         };
         let bs = self.bs();
-        let sbs = self.alignment_tokens as usize;
         let hbs = c.hash_block_size as usize;
         let prompt = marks.num_prompt_tokens.unwrap_or(0);
         let blocks_len = self.blocks(slot).len();
@@ -116,12 +135,7 @@ impl SingleTypeManager {
         let mut keyed: Option<(usize, usize)> = None;
         if let Some((position, idx)) = self.align_state(slot).and_then(|a| a.checkpoint) {
             let b = block_at(self, idx);
-            let is_prompt = position == checkpoint_position(&c, prompt, sbs);
-            let retained = position % bs == 0
-                && self
-                    .reachable
-                    .is_none_or(|r| r.keeps(position / bs - 1, &ReplayTails::default()));
-            if !is_prompt && !retained && position != marks.shared_prefix_boundary {
+            if !self.checkpoint_is_reusable(&c, position, prompt, &marks) {
                 // A transient state overwrites this slot: not reusable.
                 pool.evict_cached_block(b);
             } else if b != NULL_BLOCK && !self.keyed_at(pool, b, hashes, position) {

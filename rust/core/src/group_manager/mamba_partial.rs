@@ -10,7 +10,7 @@
 
 use super::{entry_key, SingleTypeManager};
 use crate::attention::mamba::checkpoint_position;
-use crate::attention::{ReplayTails, RetentionMarks};
+use crate::attention::RetentionMarks;
 use crate::block_pool::{BlockPool, PartialEntry, NULL_BLOCK};
 use crate::hashes::ScaledHashes;
 use crate::{cdiv, BlockId, ReqSlot};
@@ -60,7 +60,6 @@ impl SingleTypeManager {
         };
         let bs = self.bs();
         let hbs = pool.hash_block_size() as usize;
-        let align = self.alignment_tokens as usize;
         let prompt = marks.num_prompt_tokens.unwrap_or(0);
         // vLLM reads the cached count before the tail may lower it.
         let after = self.num_cached_blocks(slot).min(self.blocks(slot).len());
@@ -68,12 +67,7 @@ impl SingleTypeManager {
         let mut key = None;
         if let Some((position, idx)) = self.align_state(slot).and_then(|a| a.checkpoint) {
             let b = block_at(self, idx).unwrap_or(NULL_BLOCK);
-            let is_prompt = position == checkpoint_position(&c, prompt, align);
-            let retained = position % bs == 0
-                && self
-                    .reachable
-                    .is_none_or(|r| r.keeps(position / bs - 1, &ReplayTails::default()));
-            if !is_prompt && !retained && position != marks.shared_prefix_boundary {
+            if !self.checkpoint_is_reusable(&c, position, prompt, &marks) {
                 // A transient state overwrites this slot: not reusable.
                 pool.evict_cached_block(b);
             } else if pool.block_hash_num_tokens(b) != Some(position as u32) {
