@@ -13,8 +13,16 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+class AttentionSpec:
+    """The base of the attention specs below, as vLLM's `AttentionSpec` is of
+    its own: a rule that asks for it (0.33.0's new-block records for
+    zeroing) reads hybridcache's classes as it reads vLLM's."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True)
-class FullAttentionSpec:
+class FullAttentionSpec(AttentionSpec):
     """The KV-cache spec of full-attention layers (vLLM's `FullAttentionSpec`,
     the fields the manager reads): every token of a request keeps its KV
     entries, so a request holds ``ceil(tokens / block_size)`` blocks.
@@ -39,7 +47,7 @@ class FullAttentionSpec:
 
 
 @dataclass(frozen=True)
-class SlidingWindowSpec:
+class SlidingWindowSpec(AttentionSpec):
     """The KV-cache spec of sliding-window attention layers (vLLM's
     `SlidingWindowSpec`): a token attends to the ``sliding_window`` tokens
     before it, so blocks wholly outside the window are freed as the request
@@ -71,7 +79,7 @@ class SlidingWindowSpec:
 
 
 @dataclass(frozen=True)
-class ChunkedLocalAttentionSpec:
+class ChunkedLocalAttentionSpec(AttentionSpec):
     """The KV-cache spec of chunked local attention layers (vLLM's
     `ChunkedLocalAttentionSpec`, e.g. Llama 4): the sequence is cut into
     chunks of ``attention_chunk_size`` tokens and a token attends only within
@@ -132,7 +140,7 @@ class MambaSpec:
 
 
 @dataclass(frozen=True)
-class CrossAttentionSpec:
+class CrossAttentionSpec(AttentionSpec):
     """The KV-cache spec of cross-attention layers of encoder-decoder models
     (vLLM's `CrossAttentionSpec`, e.g. Whisper): the blocks hold the encoder
     output, sized by `allocate_slots(num_encoder_tokens=...)` at the first

@@ -405,11 +405,8 @@ def _mamba_checkpoints(kv_cache_config: Any, hash_block_size: int, num_hash_look
 def _records_new_block_ids(native: Any, zeroing: bool, spec: Any) -> Any:
     """0.33.0's rule: a group records its new block ids for the worker to
     zero when the config needs zeroing and its spec is an attention spec
-    (not a circular buffer). hybridcache's own spec classes have no
-    AttentionSpec base: every one but MambaSpec is an attention spec."""
+    (not a circular buffer)."""
     names = {cls.__name__ for cls in type(spec).__mro__}
-    if type(spec).__module__ == "hybridcache.config" and "MambaSpec" not in names:
-        names.add("AttentionSpec")
     records = zeroing and "AttentionSpec" in names and "CircularBufferSpec" not in names
     return replace(native, reports_new_block_ids=records)
 
