@@ -414,6 +414,9 @@ class NativeManager:
                                             num_in_flight_tokens: int) -> list[tuple[int, int, int]]:
         """vLLM 0.33.0 `finalize_partial_tail_offloads`: (group, block id,
         boundary tokens) of the request's complete Mamba producer tails."""
+    def _adopt_core(self, other: NativeManager) -> None:
+        """Swaps this manager's core with `other`'s, keeping this side's
+        Python bindings (the facade rebuilds an untouched manager in place)."""
     def _set_partial_hits_dcp_033(self, dcp_world_size: int) -> None:
         """vLLM 0.33.0's partial-hit rule under decode context parallelism
         (before the first request; the groups come scaled already)."""
@@ -439,6 +442,9 @@ class NativeManager:
     @property
     def num_cached_keys(self) -> int:
         """Number of (block hash, group) keys in the prefix cache."""
+    def _align_checkpoints(self, group: int) -> list[tuple[str, int, int]]:
+        """vLLM 0.33.0's `_checkpoints` of Mamba align group `group`:
+        (request id, position, table index) per request with a checkpoint."""
     def request_ids(self) -> list[str]:
         """Ids of the requests the manager holds state for."""
     def has_request(self, request_id: str) -> bool:

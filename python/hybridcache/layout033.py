@@ -151,6 +151,23 @@ def check_retention(kv_cache_config: Any, scheduler_block_size: int, kinds: list
     return int(interval)
 
 
+def assigned_retention(interval: Any, kinds: list[str]) -> int | None:
+    """The interval the core applies for one assigned to
+    `coordinator.retention_interval` after construction, which 0.33.0 does
+    not check against the block size: None (dense) or an int >= 0
+    (TypeError / ValueError otherwise); without a sliding-window or Mamba
+    group it changes nothing (dense)."""
+    if interval is None:
+        return None
+    if isinstance(interval, bool) or not isinstance(interval, int):
+        raise TypeError(f"coordinator.retention_interval must be None or an int, got {type(interval).__name__}")
+    if interval < 0:
+        raise ValueError(f"coordinator.retention_interval must be None or >= 0, got {interval}")
+    if "sliding_window" not in kinds and "mamba" not in kinds:
+        return None
+    return int(interval)
+
+
 def context_parallel(kv_cache_config: Any, dcp_world_size: int, pcp_world_size: int,
                      enable_caching: bool) -> tuple[int, ...]:
     """How many times its spec's `block_size` tokens each group's block
@@ -188,4 +205,4 @@ def context_parallel(kv_cache_config: Any, dcp_world_size: int, pcp_world_size: 
     return tuple(dcp if shard else 1 for shard in sharded)
 
 
-__all__ = ["check_layout", "check_retention", "context_parallel", "layout_kind", "needs_zeroing"]
+__all__ = ["assigned_retention", "check_layout", "check_retention", "context_parallel", "layout_kind", "needs_zeroing"]

@@ -33,7 +33,7 @@ from typing import Any
 
 from hybridcache.blocks import BlockView, KVCacheBlocks
 from hybridcache.config import read_groups
-from hybridcache.layout033 import check_layout, check_retention, context_parallel, layout_kind, needs_zeroing
+from hybridcache.layout033 import assigned_retention, check_layout, check_retention, context_parallel, layout_kind, needs_zeroing
 from hybridcache.manager import KVCacheManager, _positive_int
 from hybridcache.views033 import (
     _COORDINATOR_VIEWS,
@@ -41,6 +41,10 @@ from hybridcache.views033 import (
     BlockPoolView033,
     _kv_cache_block_copy_class,
 )
+
+
+# The retention interval is the config's, checked (not one assigned later).
+_CONFIGURED = object()
 
 
 def _waiting_statuses() -> list[Any]:
@@ -99,6 +103,29 @@ class KVCacheManager033(KVCacheManager):
         enable_mamba_shared_prefix_checkpoint: bool = False,
     ) -> KVCacheManager033:
         """Builds the manager; the arguments are vLLM 0.33.0's."""
+        args = dict(kv_cache_config=kv_cache_config, max_model_len=max_model_len,
+                    scheduler_block_size=scheduler_block_size, hash_block_size=hash_block_size,
+                    max_in_flight_tokens=max_in_flight_tokens, enable_caching=enable_caching,
+                    use_eagle=use_eagle, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+                    num_prefill_lookahead=num_prefill_lookahead, log_stats=log_stats,
+                    enable_kv_cache_events=enable_kv_cache_events, dcp_world_size=dcp_world_size,
+                    pcp_world_size=pcp_world_size, metrics_collector=metrics_collector, watermark=watermark,
+                    enable_mamba_shared_prefix_checkpoint=enable_mamba_shared_prefix_checkpoint)
+        return cls._construct(args, _CONFIGURED)
+
+    @classmethod
+    def _construct(cls, args: dict[str, Any], retention_interval: Any) -> KVCacheManager033:
+        """The constructor's work over its arguments (`args`), with the
+        retention interval the config gives (`_CONFIGURED`, checked as
+        0.33.0 checks it) or one assigned to `coordinator.retention_interval`."""
+        kv_cache_config, max_model_len = args["kv_cache_config"], args["max_model_len"]
+        scheduler_block_size, hash_block_size = args["scheduler_block_size"], args["hash_block_size"]
+        max_in_flight_tokens, enable_caching = args["max_in_flight_tokens"], args["enable_caching"]
+        use_eagle, log_stats = args["use_eagle"], args["log_stats"]
+        num_hash_lookahead_tokens, num_prefill_lookahead = args["num_hash_lookahead_tokens"], args["num_prefill_lookahead"]
+        enable_kv_cache_events, metrics_collector = args["enable_kv_cache_events"], args["metrics_collector"]
+        dcp_world_size, pcp_world_size, watermark = args["dcp_world_size"], args["pcp_world_size"], args["watermark"]
+        enable_mamba_shared_prefix_checkpoint = args["enable_mamba_shared_prefix_checkpoint"]
         max_model_len = _positive_int("max_model_len", max_model_len)
         if max_in_flight_tokens is None:
             max_in_flight_tokens = max_model_len
@@ -106,7 +133,11 @@ class KVCacheManager033(KVCacheManager):
         scheduler_block_size = _positive_int("scheduler_block_size", scheduler_block_size)
         dcp_scales = context_parallel(kv_cache_config, dcp_world_size, pcp_world_size, bool(enable_caching))
         kinds = check_layout(kv_cache_config, hash_block_size, bool(enable_caching), dcp_scales)
-        retention = check_retention(kv_cache_config, scheduler_block_size, kinds)
+        if retention_interval is _CONFIGURED:
+            retention_interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+            retention = check_retention(kv_cache_config, scheduler_block_size, kinds)
+        else:
+            retention = assigned_retention(retention_interval, kinds)
         for name, v in (("num_hash_lookahead_tokens", num_hash_lookahead_tokens),
                         ("num_prefill_lookahead", num_prefill_lookahead)):
             # vLLM takes bools too (its tests pass use_eagle-style flags).
@@ -126,7 +157,7 @@ class KVCacheManager033(KVCacheManager):
         # groups or a mixed-precision cache), then for every attention group.
         zeroing = needs_zeroing(kv_cache_config, kinds)
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
-        checkpoints = _mamba_checkpoints(kv_cache_config, hash_block_size, num_hash_lookahead_tokens, use_eagle,
+        checkpoints = _mamba_checkpoints(retention_interval, hash_block_size, num_hash_lookahead_tokens, use_eagle,
                                          bool(enable_caching))
         # Each group's block holds its dcp scale times the spec's tokens
         # (0.33.0's managers; the admission caps above keep the spec's size).
@@ -161,8 +192,30 @@ class KVCacheManager033(KVCacheManager):
                 "checkpoints Mamba states at shared-prefix junctions) is not supported by hybridcache's vLLM "
                 "0.33.0 facade yet"
             )
+        self._scheduler_block_size = scheduler_block_size
         self._init_033(groups, hash_block_size, watermark, num_hash_lookahead_tokens, log_stats)
+        self._args = args
+        self.coordinator._retention_interval = retention_interval
         return self
+
+    def _assign_retention_interval(self, value: Any) -> None:
+        """`coordinator.retention_interval = value`: vLLM 0.33.0's
+        coordinator reads it at every call (its tests assign it right after
+        building the manager). The core settles retention into each group
+        at construction, so the manager is built anew with `value` and this
+        object adopts its core: exact while this manager has served nothing,
+        refused (ValueError, nothing changed) once it has."""
+        fresh = type(self)._construct(self._args, value)
+        if self.request_ids() or self.num_cached_keys or self._events \
+                or self.free_queue() != fresh.free_queue():
+            raise ValueError(
+                "coordinator.retention_interval can be assigned only before the manager's first request "
+                "(hybridcache's core settles retention at construction); set "
+                "KVCacheConfig.prefix_cache_retention_interval before building the manager instead"
+            )
+        self._adopt_core(fresh)
+        self._group_infos = fresh._group_infos
+        self.coordinator._retention_interval = value
 
     def _init_033(self, groups: list[Any], hash_block_size: int, watermark: float,
                   num_hash_lookahead_tokens: int, log_stats: bool) -> None:
@@ -379,7 +432,7 @@ class KVCacheManager033(KVCacheManager):
         return self._group_infos
 
 
-def _mamba_checkpoints(kv_cache_config: Any, hash_block_size: int, num_hash_lookahead_tokens: int,
+def _mamba_checkpoints(retention_interval: Any, hash_block_size: int, num_hash_lookahead_tokens: int,
                        use_eagle: bool, enable_caching: bool) -> Any:
     """What decides a Mamba align group's prefill checkpoints and, with
     prefix caching, the states it caches, per spec (None: neither): the
@@ -387,7 +440,7 @@ def _mamba_checkpoints(kv_cache_config: Any, hash_block_size: int, num_hash_look
     (alignment 0: no checkpoint blocks), and the manager settings 0.33.0
     reads (`drop_eagle_checkpoint_block` is `use_eagle`; with retention 0
     only the chunk reaching the prefill end checkpoints)."""
-    only_at_end = getattr(kv_cache_config, "prefix_cache_retention_interval", None) == 0
+    only_at_end = retention_interval == 0
 
     def of(spec: Any) -> tuple[int, int, int, bool, bool] | None:
         alignment = getattr(spec, "prefill_checkpoint_alignment", None)

@@ -73,6 +73,7 @@ class CoordinatorView033(CoordinatorView):
             self.full_attention_group_id = next(
                 (i for i, g in enumerate(groups) if layout_kind(g.kv_cache_spec) in ("full", "rswa")
                  and getattr(g.kv_cache_spec, "prefix_cacheable", True)), None)
+        self.scheduler_block_size = manager._scheduler_block_size
         # 0.33.0's config field (it sparsifies sliding-window groups only here).
         self._retention_interval = getattr(manager.kv_cache_config, "prefix_cache_retention_interval", None)
 
@@ -83,12 +84,9 @@ class CoordinatorView033(CoordinatorView):
 
     @retention_interval.setter
     def retention_interval(self, value: Any) -> None:
-        """Refused: the core fixes the interval at construction."""
-        raise AttributeError(
-            "coordinator.retention_interval, once built, is a vLLM KVCacheCoordinator internal that hybridcache "
-            "does not provide as writable (its core fixes it at construction): set "
-            "KVCacheConfig.prefix_cache_retention_interval before building the manager"
-        )
+        """Assignable before the manager's first request (see
+        `KVCacheManager033._assign_retention_interval`)."""
+        self._manager._assign_retention_interval(value)
 
     def get_num_blocks_to_allocate(  # type: ignore[override]
         self,
@@ -139,6 +137,12 @@ class HybridKVCacheCoordinator(CoordinatorView033):
         vllm_cls = _loaded_vllm_033("vllm.v1.core.kv_cache_coordinator", "HybridKVCacheCoordinator")
         if vllm_cls is not None and not issubclass(HybridKVCacheCoordinator, vllm_cls):
             vllm_cls.register(HybridKVCacheCoordinator)
+
+    @property
+    def _cache_hit_alignment_tokens(self) -> int:
+        """Where hits may end: hash blocks under partial hash hits, else
+        scheduler blocks (0.33.0's hybrid coordinator)."""
+        return _cache_hit_alignment_tokens(self._manager)
 
     def find_longest_cache_hit_per_group(
         self, block_hashes: list[bytes], max_cache_hit_length: int
@@ -222,6 +226,25 @@ class _SingleTypeManagerView033(SingleTypeManagerView):
         self.num_cached_block = _NumCachedBlockView(manager, group)
         # The object `req_to_blocks` lists for blocks outside a window.
         self._null_block = manager.block_pool.null_block
+        self._manager = manager
+        # Only 0.33.0's hybrid coordinator lowers it (to hash blocks).
+        self.cache_hit_alignment_tokens = (_cache_hit_alignment_tokens(manager) if manager.coordinator_kind == "hybrid"
+                                           else manager._scheduler_block_size)
+
+    @property
+    def _checkpoints(self) -> dict[str, tuple[int, int]]:
+        """A Mamba align group's prefill checkpoints of each request's last
+        allocation: request id -> (position, table index), as 0.33.0's
+        MambaManager keeps them (a copy; other groups lack it)."""
+        if getattr(self.kv_cache_spec, "mamba_cache_mode", None) != "align":
+            raise AttributeError(self._missing("_checkpoints"))
+        native = self._manager._native
+        return {r: (p, i) for r, p, i in native._align_checkpoints(self.kv_cache_group_id)}
+
+
+def _cache_hit_alignment_tokens(manager: KVCacheManager033) -> int:
+    """0.33.0's `_cache_hit_alignment_tokens` of `manager`'s hybrid coordinator."""
+    return manager._hash_block_size if manager._native._partial_hash_hits_033 else manager._scheduler_block_size
 
 
 _MANAGER_VIEWS: dict[type, type[_SingleTypeManagerView033]] = {}

@@ -24,6 +24,7 @@ mod lookup;
 mod native_manager;
 mod partial_hits;
 mod pool_reads;
+mod rebuild;
 mod release_api;
 
 use blocks::{BlockView, KVCacheBlocks};

@@ -76,6 +76,16 @@ impl NativeManager {
         self.inner.pool().num_cached_keys()
     }
 
+    /// vLLM 0.33.0's `_checkpoints` of Mamba align group `group`:
+    /// (request id, position, table index) per request with a checkpoint.
+    fn _align_checkpoints(&self, group: usize) -> Vec<(String, usize, usize)> {
+        self.inner
+            .align_checkpoints_of(group)
+            .into_iter()
+            .map(|(r, p, i)| (r.to_owned(), p, i))
+            .collect()
+    }
+
     /// Ids of the requests the manager holds state for.
     fn request_ids(&self) -> Vec<String> {
         self.inner.request_ids().map(str::to_owned).collect()

@@ -29,10 +29,7 @@ impl SingleTypeManager {
         let Some(c) = self.spec.mamba_checkpoints else {
             return;
         };
-        if !self.caches_align_states() {
-            // Only caching reads it after the allocation.
-            return;
-        }
+        // Caching keys the state there; the facade's `_checkpoints` view reads it.
         let sbs = self.alignment_tokens as usize;
         let ckpt = on.then(|| {
             let position = checkpoint_position(&c, query_end, sbs);

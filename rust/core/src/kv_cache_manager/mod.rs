@@ -563,6 +563,17 @@ impl KvCacheManager {
         self.coord.managers.iter().any(|m| m.holds(slot))
     }
 
+    /// vLLM 0.33.0's `_checkpoints` of a Mamba align group: each request's
+    /// prefill checkpoint of its last allocation (id, position, table index).
+    pub fn align_checkpoints_of(&self, group: usize) -> Vec<(&str, usize, usize)> {
+        let Some(m) = self.coord.managers.get(group) else {
+            return Vec::new();
+        };
+        m.align_states()
+            .filter_map(|(s, a)| a.checkpoint.map(|(p, i)| (self.reqs.id_at(s), p, i)))
+            .collect()
+    }
+
     /// Blocks of group `group` cached for the request, None unless it is
     /// running there (vLLM's `num_cached_block`).
     pub fn num_cached_blocks_of(&self, request_id: &str, group: usize) -> Option<usize> {
