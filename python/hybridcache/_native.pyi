@@ -19,6 +19,7 @@ __all__ = [
     "NativeManager",
     "__version__",
     "block_extra_keys",
+    "block_view",
     "none_hash_seed",
 ]
 
@@ -524,6 +525,10 @@ class BlockHasher:
         """vLLM's `request_block_hasher(request)`: the hashes of the request's
         new full blocks (after `len(request.block_hashes)`)."""
 
+
+def block_view(owner: NativeManager, block_id: int) -> BlockView:
+    """The one view of block `block_id` of manager `owner` (vLLM keeps one
+    `KVCacheBlock` per block; code compares them with `is`)."""
 
 @final
 class BlockView:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from hybridcache.blocks import BlockView
+from hybridcache.blocks import BlockView, block_view
 
 if TYPE_CHECKING:
     from hybridcache.manager import KVCacheManager
@@ -38,11 +38,11 @@ class _Blocks(Sequence):
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
-            return [BlockView(self._native, b) for b in range(len(self))[i]]
+            return [block_view(self._native, b) for b in range(len(self))[i]]
         n = len(self)
         if not isinstance(i, int) or not -n <= i < n:
             raise IndexError(f"block index {i!r} out of range for {n} blocks")
-        return BlockView(self._native, i % n)
+        return block_view(self._native, i % n)
 
 
 class _FakeFreeListBlock:
@@ -62,14 +62,14 @@ class _FakeFreeListBlock:
         if not self._is_head:
             return None
         ends = self._queue._native.free_queue_ends()
-        return self._queue.fake_free_list_tail if ends is None else BlockView(self._queue._native, ends[0])
+        return self._queue.fake_free_list_tail if ends is None else block_view(self._queue._native, ends[0])
 
     @property
     def prev_free_block(self) -> Any:
         if self._is_head:
             return None
         ends = self._queue._native.free_queue_ends()
-        return self._queue.fake_free_list_head if ends is None else BlockView(self._queue._native, ends[1])
+        return self._queue.fake_free_list_head if ends is None else block_view(self._queue._native, ends[1])
 
     def __repr__(self) -> str:
         return f"<free list fake {'head' if self._is_head else 'tail'}>"
@@ -90,7 +90,7 @@ class _FreeQueueView(ReadOnlyView):
         return self._native.num_free_blocks
 
     def get_all_free_blocks(self) -> list[BlockView]:
-        return [BlockView(self._native, b) for b in self._native.free_queue()]
+        return [block_view(self._native, b) for b in self._native.free_queue()]
 
     def __len__(self) -> int:
         return self._native.num_free_blocks
@@ -104,7 +104,7 @@ class _FreeQueueView(ReadOnlyView):
         b = links[1] if forward else links[0]
         if b is None:
             return self.fake_free_list_tail if forward else self.fake_free_list_head
-        return BlockView(self._native, b)
+        return block_view(self._native, b)
 
     def _missing(self, name: str) -> str:
         return (
@@ -132,7 +132,7 @@ class _CachedBlockMapView(ReadOnlyView):
         """By vLLM's `BlockHashWithGroupId` (hash bytes + 4-byte big-endian group)."""
         key = bytes(key)
         ids = self._native.cached_block_ids(key[:-4], [int.from_bytes(key[-4:], "big")])
-        return None if ids is None else BlockView(self._native, ids[0])
+        return None if ids is None else block_view(self._native, ids[0])
 
     def _missing(self, name: str) -> str:
         return (
@@ -181,7 +181,7 @@ class BlockPoolView(ReadOnlyView):
         self.enable_caching = manager.enable_caching
         self.blocks = _Blocks(native)
         self.free_block_queue = _FreeQueueView(native)
-        self.null_block = BlockView(native, 0)
+        self.null_block = block_view(native, 0)
         self.metrics_collector = manager.metrics_collector
         self.cached_block_hash_to_block = _CachedBlockMapView(native)
         self.kv_event_queue = _EventQueueView(manager)
@@ -211,7 +211,7 @@ class BlockPoolView(ReadOnlyView):
         ids = self._native.cached_block_ids(bytes(block_hash), list(kv_cache_group_ids))
         if ids is None:
             return None
-        return [BlockView(self._native, b) for b in ids]
+        return [block_view(self._native, b) for b in ids]
 
     def take_events(self) -> list[Any]:
         """The manager's pending KV events, then cleared (`manager.take_events()`)."""

@@ -1,11 +1,12 @@
 """`KVCacheBlocks`, the allocation result handed to the scheduler, and the
-block views behind its `blocks` attribute. Both are native classes (see
+block views behind its `blocks` attribute (one per block and manager,
+`block_view`). Both are native classes (see
 rust/python/src/blocks.rs): results and their `get_block_ids()` stay off the
 Python interpreter's hot path."""
 
 from __future__ import annotations
 
-from hybridcache._native import BlockView, KVCacheBlocks
+from hybridcache._native import BlockView, KVCacheBlocks, block_view
 
 
 def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
@@ -13,4 +14,4 @@ def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
     return block_hash + group_id.to_bytes(4, "big", signed=False)
 
 
-__all__ = ["BlockView", "KVCacheBlocks", "make_block_hash_with_group_id"]
+__all__ = ["BlockView", "KVCacheBlocks", "block_view", "make_block_hash_with_group_id"]

@@ -4,16 +4,16 @@ that code outside the manager reads, served by the native core.
 vLLM's scheduler calls `kv_cache_manager.coordinator.get_num_blocks_to_allocate`
 (`Scheduler._request_remaining_blocks`, the reservation of in-flight prefills
 that gates async KV loads). Everything here is computed on demand; no Python
-object is kept per block or per request.
+object is kept per request (block views: one per block, `blocks.block_view`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from hybridcache.block_pool import ReadOnlyView
-from hybridcache.blocks import BlockView, KVCacheBlocks
+from hybridcache.blocks import BlockView, KVCacheBlocks, block_view
 
 if TYPE_CHECKING:
     from hybridcache.manager import KVCacheManager
@@ -35,6 +35,51 @@ def _group_block_ids(new_computed_blocks: Any, num_groups: int) -> list[list[int
     return out
 
 
+class LiveBlockList(Sequence):
+    """`req_to_blocks[request_id]`: the request's block views of one group
+    as they are at each read. vLLM hands out its live list, which later
+    allocations extend and window frees overwrite in place, and its tests
+    hold it across calls; read-only. Once the request is freed it keeps
+    what the request held last, as vLLM's popped list does."""
+
+    def __init__(self, manager: KVCacheManager, group: int, request_id: str) -> None:
+        self._manager = manager
+        self._group = group
+        self._request_id = request_id
+        self._last: list[BlockView] = []
+
+    def _now(self) -> list[BlockView]:
+        native = self._manager._native
+        if native.has_request(self._request_id):
+            null = self._manager.block_pool.null_block
+            ids = native.get_block_ids(self._request_id)[self._group]
+            self._last = [null if b == 0 else block_view(native, b) for b in ids]
+        return self._last
+
+    @overload
+    def __getitem__(self, i: int) -> BlockView: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[BlockView]: ...
+    def __getitem__(self, i: int | slice) -> BlockView | list[BlockView]:
+        return self._now()[i]
+
+    def __len__(self) -> int:
+        return len(self._now())
+
+    def __iter__(self) -> Iterator[BlockView]:
+        return iter(self._now())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LiveBlockList):
+            other = other._now()
+        return self._now() == other
+
+    __hash__ = None  # type: ignore[assignment]  # as a list's
+
+    def __repr__(self) -> str:
+        return repr(self._now())
+
+
 class _ReqToBlocksView(Mapping):
     """`single_type_managers[g].req_to_blocks`, read-only: request id ->
     block views of group `g`, built on access (block 0 is the pool's
@@ -44,12 +89,10 @@ class _ReqToBlocksView(Mapping):
         self._manager = manager
         self._group = group
 
-    def __getitem__(self, request_id: str) -> list[BlockView]:
-        native = self._manager._native
-        if not native.has_request(request_id):
+    def __getitem__(self, request_id: str) -> LiveBlockList:
+        if not self._manager._native.has_request(request_id):
             raise KeyError(request_id)
-        null = self._manager.block_pool.null_block
-        return [null if b == 0 else BlockView(native, b) for b in native.get_block_ids(request_id)[self._group]]
+        return LiveBlockList(self._manager, self._group, request_id)
 
     def __contains__(self, request_id: object) -> bool:
         return isinstance(request_id, str) and self._manager._native.has_request(request_id)
@@ -137,7 +180,7 @@ class CoordinatorView(ReadOnlyView):
     def get_blocks(self, request_id: str) -> tuple[list[BlockView], ...]:
         """vLLM's `coordinator.get_blocks`: block views per group (built per call)."""
         native = self._native
-        return tuple([BlockView(native, b) for b in g] for g in native.get_block_ids(request_id))
+        return tuple([block_view(native, b) for b in g] for g in native.get_block_ids(request_id))
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """Same as `manager.remove_skipped_blocks`."""

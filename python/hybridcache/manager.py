@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from hybridcache import _native
 from hybridcache.block_pool import BlockPoolView
-from hybridcache.blocks import BlockView, KVCacheBlocks
+from hybridcache.blocks import BlockView, KVCacheBlocks, block_view
 from hybridcache.config import read_groups, read_num_blocks, read_retention_interval
 from hybridcache.coordinator import coordinator_view
 from hybridcache.events import EventBuilder, prefix_cache_stats_class
@@ -225,6 +225,8 @@ class KVCacheManager(_native.NativeManager):
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = len(groups)
         self._events: list[Any] = []
+        # One view per block, made on first use (`_native.block_view`).
+        self._block_views: list[Any] = [None] * self.num_blocks
         builder = (
             EventBuilder([(g.event_kind, g.sliding_window) for g in groups], release=release,
                          num_hash_lookahead_tokens=num_hash_lookahead_tokens)
@@ -263,7 +265,7 @@ class KVCacheManager(_native.NativeManager):
             if kind == 3:
                 collector.reset()
             else:
-                getattr(collector, _METRIC_METHODS[kind])(BlockView(self, block_id))
+                getattr(collector, _METRIC_METHODS[kind])(block_view(self, block_id))
 
     def create_kv_cache_blocks(self, blocks: tuple[Any, ...]) -> KVCacheBlocks:
         """vLLM's `create_kv_cache_blocks`: a `KVCacheBlocks` of this manager

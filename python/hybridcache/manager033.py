@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from hybridcache.blocks import BlockView, KVCacheBlocks
+from hybridcache.blocks import BlockView, KVCacheBlocks, block_view
 from hybridcache.config import read_groups
 from hybridcache.layout033 import assigned_retention, check_layout, check_retention, context_parallel, layout_kind, needs_zeroing
 from hybridcache.manager import KVCacheManager, _positive_int
@@ -317,7 +317,7 @@ class KVCacheManager033(KVCacheManager):
         """Forgets the request and returns its blocks in allocation order
         (leading null blocks left out) without freeing them: the caller
         hands them to `block_pool.free_blocks` later, tail first."""
-        return [BlockView(self, b) for b in self._pop_blocks_for_free(request.request_id)]
+        return [block_view(self, b) for b in self._pop_blocks_for_free(request.request_id)]
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
@@ -399,7 +399,7 @@ class KVCacheManager033(KVCacheManager):
         pairs = self._native._take_kv_cache_block_copies_033()
         copy_cls = _kv_cache_block_copy_class()
         copies = [copy_cls(src_block_id=src, dst_block_id=dst) for src, dst in pairs]
-        retained = [BlockView(self, b) for pair in pairs for b in pair]
+        retained = [block_view(self, b) for pair in pairs for b in pair]
         return copies, retained
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:

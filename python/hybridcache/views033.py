@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hybridcache.block_pool import BlockPoolView
-from hybridcache.blocks import BlockView
+from hybridcache.blocks import BlockView, block_view
 from hybridcache.coordinator import CoordinatorView, SingleTypeManagerView, _group_block_ids
 from hybridcache.layout033 import layout_kind
 from hybridcache.releases import release_version
@@ -122,7 +122,7 @@ class CoordinatorView033(CoordinatorView):
     def pop_blocks_for_free(self, request_id: str) -> list[BlockView]:
         """The manager's `pop_blocks_for_free` by request id."""
         native = self._manager._native
-        return [BlockView(native, b) for b in native._pop_blocks_for_free(request_id)]
+        return [block_view(native, b) for b in native._pop_blocks_for_free(request_id)]
 
 
 class HybridKVCacheCoordinator(CoordinatorView033):

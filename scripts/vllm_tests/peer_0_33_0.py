@@ -110,17 +110,11 @@ BAD_INPUT: dict[str, tuple[str, str]] = {
     "test_cache_hit_local_and_external_two_groups_preempt_and_reallocate": FABRICATED_HIT,
 }
 UNSUPPORTED: dict[str, str] = {}
-# Cases whose failure is `assert block is block`: vLLM keeps one KVCacheBlock
-# object per block; hybridcache's views are built per call, equal by block id.
-IDENTITY: dict[str, str | tuple[str, str]] = {
-    "test_eagle_block_aligned_checkpoint_replaces_newer_hash": "compares KVCacheBlock objects by identity (`is`)",
-    "test_internal_checkpoint_uses_partial_hash_lifecycle": "compares KVCacheBlock objects by identity (`is`)",
-    # Holds `req_to_blocks[req]` across allocations and indexes it past its
-    # length then (vLLM's live list; hybridcache's view builds one per access).
-    "test_snapshot_handoff_dense_default_retention": (
-        "keeps the list `req_to_blocks[req]` returned across allocations (vLLM's live list; "
-        "hybridcache's view builds one per access)", r"IndexError: list index out of range"),
-}
+# Cases whose failure is `assert block is block` (vLLM keeps one KVCacheBlock
+# object per block) or that hold vLLM's live `req_to_blocks` lists: none now
+# (hybridcache interns one view per block, `blocks.block_view`, and
+# `req_to_blocks[req]` reads the request's table at each access).
+IDENTITY: dict[str, str | tuple[str, str]] = {}
 VIEWS: dict[str, str] = {}
 NOT_IMPLEMENTED: tuple[str, ...] = ()
 # Not listed case by case (yet): a failure is expected when hybridcache

@@ -3,6 +3,7 @@
 //! `get_block_ids()` cost one native call each, not a Python frame.
 
 use pyo3::exceptions::PyValueError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
@@ -119,6 +120,37 @@ impl BlockView {
             self.ref_cnt(py)?
         ))
     }
+}
+
+/// The one view of block `block_id` of `owner` (a manager): vLLM keeps one
+/// `KVCacheBlock` object per block, and its tests and connectors compare
+/// blocks with `is`. The views live in the manager's `_block_views` list
+/// (one slot per block, filled on first use; the manager's `__dict__`
+/// holds it, so the garbage collector sees the cycle through `owner`).
+/// Ids outside the pool get a fresh view (the reads on it then refuse them).
+#[pyfunction]
+pub fn block_view<'py>(owner: &Bound<'py, PyAny>, block_id: i64) -> PyResult<Bound<'py, BlockView>> {
+    let py = owner.py();
+    let table = owner.getattr(intern!(py, "_block_views"))?;
+    let table = table.downcast::<PyList>()?;
+    let slot = usize::try_from(block_id).ok().filter(|&i| i < table.len());
+    if let Some(i) = slot {
+        let cached = table.get_item(i)?;
+        if !cached.is_none() {
+            return Ok(cached.downcast_into::<BlockView>()?);
+        }
+    }
+    let view = Bound::new(
+        py,
+        BlockView {
+            owner: owner.clone().unbind(),
+            block_id,
+        },
+    )?;
+    if let Some(i) = slot {
+        table.set_item(i, &view)?;
+    }
+    Ok(view)
 }
 
 /// The block ids of one group.
@@ -261,15 +293,7 @@ impl KVCacheBlocks {
             .map(|g| {
                 let views = g
                     .iter()
-                    .map(|&b| {
-                        Bound::new(
-                            py,
-                            BlockView {
-                                owner: owner.clone_ref(py),
-                                block_id: b,
-                            },
-                        )
-                    })
+                    .map(|&b| block_view(owner.bind(py), b))
                     .collect::<PyResult<Vec<_>>>()?;
                 PyList::new(py, views)
             })

@@ -80,6 +80,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     #[cfg(feature = "raw-ffi")]
     raw_ffi::block_ids_call::install(&m.py().get_type::<KVCacheBlocks>())?;
     m.add_class::<BlockView>()?;
+    m.add_function(wrap_pyfunction!(blocks::block_view, m)?)?;
     hasher::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
