@@ -47,6 +47,7 @@ class LiveBlockList(Sequence):
         self._group = group
         self._request_id = request_id
         self._last: list[BlockView] = []
+        self._now()
 
     def _now(self) -> list[BlockView]:
         native = self._manager._native
