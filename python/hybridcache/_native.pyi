@@ -418,6 +418,8 @@ class NativeManager:
     def _adopt_core(self, other: NativeManager) -> None:
         """Swaps this manager's core with `other`'s, keeping this side's
         Python bindings (the facade rebuilds an untouched manager in place)."""
+    def _set_shared_prefix_checkpoint_033(self, on: bool) -> None:
+        """vLLM 0.33.0's `mamba_shared_prefix_checkpoint` (narrowed by the facade), before the first request."""
     def _set_partial_hits_dcp_033(self, dcp_world_size: int) -> None:
         """vLLM 0.33.0's partial-hit rule under decode context parallelism
         (before the first request; the groups come scaled already)."""

@@ -185,15 +185,16 @@ class KVCacheManager033(KVCacheManager):
             # 0.33.0 turns partial hash hits on under dcp for a Mamba block as
             # wide as the hash block; the core, built with the scaled groups, hears the dcp.
             self._native._set_partial_hits_dcp_033(self.dcp_world_size)
-        if enable_mamba_shared_prefix_checkpoint and enable_caching and eagle_groups \
-                and self._native._partial_hash_hits_033 and self.num_reprefillable_tokens == 0:
-            raise NotImplementedError(
-                "enable_mamba_shared_prefix_checkpoint with EAGLE and partial hash hits (vLLM 0.33.0 then "
-                "checkpoints Mamba states at shared-prefix junctions) is not supported by hybridcache's vLLM "
-                "0.33.0 facade yet"
-            )
+        # 0.33.0's one predicate, read by the scheduler too (it ends chunks
+        # at junctions only where the manager keys them); multi-module MTP
+        # caches below the chunk end, so it is out.
+        shared_prefix_checkpoint = bool(enable_mamba_shared_prefix_checkpoint) and eagle_groups \
+            and self._native._partial_hash_hits_033 and self.num_reprefillable_tokens == 0
+        if shared_prefix_checkpoint:
+            self._native._set_shared_prefix_checkpoint_033(True)
         self._scheduler_block_size = scheduler_block_size
-        self._init_033(groups, hash_block_size, watermark, num_hash_lookahead_tokens, log_stats)
+        self._init_033(groups, hash_block_size, watermark, num_hash_lookahead_tokens, log_stats,
+                       shared_prefix_checkpoint)
         self._args = args
         self.coordinator._retention_interval = retention_interval
         return self
@@ -218,7 +219,7 @@ class KVCacheManager033(KVCacheManager):
         self.coordinator._retention_interval = value
 
     def _init_033(self, groups: list[Any], hash_block_size: int, watermark: float,
-                  num_hash_lookahead_tokens: int, log_stats: bool) -> None:
+                  num_hash_lookahead_tokens: int, log_stats: bool, shared_prefix_checkpoint: bool) -> None:
         self._group_infos = groups
         self._specs = [g.kv_cache_spec for g in self.kv_cache_config.kv_cache_groups]
         self._hash_block_size = hash_block_size
@@ -230,8 +231,7 @@ class KVCacheManager033(KVCacheManager):
         self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         # Full-attention groups keep no longer hit than the scheduler adopts.
         self.retained_hit_group_ids: tuple[int, ...] = ()
-        # Needs enable_mamba_shared_prefix_checkpoint, refused above where it applies.
-        self.mamba_shared_prefix_checkpoint = False
+        self.mamba_shared_prefix_checkpoint = shared_prefix_checkpoint
         self.kv_cache_event_metadata = tuple((g.event_kind, g.sliding_window) for g in groups)
         self.block_pool = BlockPoolView033(self)
         self.coordinator = _COORDINATOR_VIEWS[self.coordinator_kind](self)

@@ -56,6 +56,9 @@ struct ColdState {
     num_prompt_tokens: Option<usize>,
     // `request.shared_prefix_boundary` as last passed (0.33.0's retention).
     shared_prefix_boundary: usize,
+    // `request.num_computed_tokens` as last passed (only 0.33.0's Mamba
+    // shared-prefix checkpoint reads it).
+    num_computed_tokens: usize,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -81,6 +84,7 @@ impl RequestRegistry {
             hashes: HashList::new(),
             num_prompt_tokens: None,
             shared_prefix_boundary: 0,
+            num_computed_tokens: 0,
         };
         let s = match self.free_slots.pop() {
             Some(s) => {
@@ -147,6 +151,17 @@ impl RequestRegistry {
             .as_mut()
             .expect("live slot")
             .shared_prefix_boundary = n;
+    }
+
+    pub fn num_computed_tokens(&self, slot: ReqSlot) -> usize {
+        self.cold(slot).num_computed_tokens
+    }
+
+    pub fn set_num_computed_tokens(&mut self, slot: ReqSlot, n: usize) {
+        self.cold[slot as usize]
+            .as_mut()
+            .expect("live slot")
+            .num_computed_tokens = n;
     }
 
     /// `hashes(slot).len()`, from the hot line.

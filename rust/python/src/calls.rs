@@ -114,8 +114,8 @@ pub(crate) fn read_033_fields(
     Ok(())
 }
 
-/// `request.shared_prefix_boundary` noted for a `cache_blocks` call, when
-/// the core wants it.
+/// `request.shared_prefix_boundary` (and `num_computed_tokens`) noted for
+/// a `cache_blocks` call, when the core wants them.
 pub(crate) fn note_shared_prefix_boundary(
     inner: &mut KvCacheManager,
     request: &Bound<'_, PyAny>,
@@ -125,11 +125,16 @@ pub(crate) fn note_shared_prefix_boundary(
         let n = req_attr(request, intern!(request.py(), "shared_prefix_boundary"))?;
         inner.set_shared_prefix_boundary(rid, count_obj("request.shared_prefix_boundary", &n)?);
     }
+    if inner.wants_num_computed_tokens() {
+        let n = req_attr(request, intern!(request.py(), "num_computed_tokens"))?;
+        inner.set_num_computed_tokens(rid, count_obj("request.num_computed_tokens", &n)?);
+    }
     Ok(())
 }
 
 /// `cache_blocks` of a held request (`slot`): the hashes it lacks, its
-/// shared-prefix boundary where the core keeps it, then the core's call.
+/// shared-prefix boundary and computed count where the core keeps them,
+/// then the core's call.
 pub(crate) fn cache_held(
     this: &mut NativeManager,
     request: &Bound<'_, PyAny>,
@@ -141,6 +146,11 @@ pub(crate) fn cache_held(
         let b = req_attr(request, intern!(request.py(), "shared_prefix_boundary"))?;
         let b = count_obj("request.shared_prefix_boundary", &b)?;
         this.inner.set_shared_prefix_boundary_at(slot, b);
+    }
+    if this.inner.wants_num_computed_tokens() {
+        let n = req_attr(request, intern!(request.py(), "num_computed_tokens"))?;
+        let n = count_obj("request.num_computed_tokens", &n)?;
+        this.inner.set_num_computed_tokens_at(slot, n);
     }
     guard(|| {
         this.inner

@@ -1,7 +1,7 @@
 //! `NativeManager`'s calls for vLLM 0.33.0's partial hash hits (a Mamba
 //! align block spanning hash blocks): the copy-on-write copies the
-//! scheduler drains, a finishing request's producer tails, and the
-//! enabling rule under decode context parallelism. A `#[pymethods]` block
+//! scheduler drains, a finishing request's producer tails, the enabling
+//! rule under decode context parallelism, and the shared-prefix checkpoint. A `#[pymethods]` block
 //! of its own (PyO3's `multiple-pymethods`).
 
 use pyo3::prelude::*;
@@ -36,6 +36,14 @@ impl NativeManager {
     fn _set_partial_hits_dcp_033(&mut self, dcp_world_size: u32) -> PyResult<()> {
         self.inner
             .set_partial_hits_dcp(dcp_world_size)
+            .map_err(crate::convert::to_py_err)
+    }
+
+    /// vLLM 0.33.0's `mamba_shared_prefix_checkpoint`, narrowed by the
+    /// facade: Mamba align groups also key states at shared-prefix junctions.
+    fn _set_shared_prefix_checkpoint_033(&mut self, on: bool) -> PyResult<()> {
+        self.inner
+            .set_shared_prefix_checkpoint(on)
             .map_err(crate::convert::to_py_err)
     }
 

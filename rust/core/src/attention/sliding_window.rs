@@ -18,10 +18,14 @@ pub(crate) struct SlidingWindow {
 /// What places the tails sparse retention keeps besides the segment
 /// tails: the request's prompt length (its replay boundaries) and, under
 /// `Retention::ReplayBoundaries`, its shared-prefix junction (0: none).
+/// Mamba align caching reads them too, and `num_computed_tokens` (the
+/// request's own count at the call: 0.33.0's shared-prefix checkpoint
+/// keys the junction only inside the prompt chunk being computed).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct RetentionMarks {
     pub num_prompt_tokens: Option<usize>,
     pub shared_prefix_boundary: usize,
+    pub num_computed_tokens: usize,
 }
 
 /// The blocks of a sliding-window group that caching keeps (vLLM's
@@ -289,6 +293,7 @@ mod tests {
         let marks = RetentionMarks {
             num_prompt_tokens: Some(prompt),
             shared_prefix_boundary: junction,
+            num_computed_tokens: 0,
         };
         let tails = r.map_or(ReplayTails::default(), |r| r.replay_tails(marks));
         (0..end)
@@ -300,6 +305,7 @@ mod tests {
         let marks = RetentionMarks {
             num_prompt_tokens: prompt,
             shared_prefix_boundary: 0,
+            num_computed_tokens: 0,
         };
         let t = r.replay_tails(marks);
         t.ranges[..t.len].to_vec()

@@ -186,6 +186,15 @@ impl Coordinator {
             .any(|m| m.spec.mamba_checkpoints.is_some())
     }
 
+    /// vLLM 0.33.0's `shared_prefix_checkpoint` on every Mamba group (only
+    /// align caching reads it).
+    pub fn set_shared_prefix_checkpoint(&mut self, on: bool) {
+        for m in self.managers.iter_mut() {
+            m.shared_prefix_checkpoint =
+                on && matches!(m.attn, crate::attention::Attention::Mamba(_));
+        }
+    }
+
     /// `checkpoints`: `align_checkpoints` for this call.
     pub fn allocate_new_blocks(
         &mut self,

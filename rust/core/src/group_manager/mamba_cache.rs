@@ -106,6 +106,27 @@ impl SingleTypeManager {
         is_prompt || retained || position == marks.shared_prefix_boundary
     }
 
+    /// Whether caching `num_tokens` (a hash boundary, no checkpoint this
+    /// call) keys the running state there: the prompt's last reusable
+    /// boundary or, with the shared-prefix checkpoint, the junction a
+    /// sibling resumes at, while the prompt chunk reaching it is computed
+    /// (during decode the running block changes in place, so its key
+    /// would promise a state it holds only after that step's forward).
+    pub(super) fn keys_prompt_state_at(
+        &self,
+        c: &MambaCheckpoints,
+        num_tokens: usize,
+        hash_block_size: usize,
+        marks: &RetentionMarks,
+    ) -> bool {
+        let prompt = marks.num_prompt_tokens.unwrap_or(0);
+        num_tokens == checkpoint_position(c, prompt, hash_block_size)
+            || self.shared_prefix_checkpoint
+                && num_tokens == marks.shared_prefix_boundary
+                && marks.num_computed_tokens < num_tokens
+                && num_tokens <= prompt
+    }
+
     /// After the full blocks `before..after` of `num_tokens` are cached:
     /// the checkpoint or prompt-boundary state, then the offloads.
     pub(super) fn cache_align_states(
@@ -140,9 +161,8 @@ impl SingleTypeManager {
             }
             keyed = Some((idx, position));
         } else if num_tokens > 0 && num_tokens % hbs == 0 {
-            let latest = checkpoint_position(&c, prompt, hbs);
             let idx = cdiv(num_tokens, bs) - 1;
-            if num_tokens == latest && idx < blocks_len {
+            if idx < blocks_len && self.keys_prompt_state_at(&c, num_tokens, hbs, &marks) {
                 let b = block_at(self, idx);
                 if b != NULL_BLOCK && !self.keyed_at(pool, b, hashes, num_tokens) {
                     self.key_at(pool, b, hashes, num_tokens);

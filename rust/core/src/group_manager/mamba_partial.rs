@@ -5,11 +5,12 @@
 //! checkpoint block is re-keyed at its position (or evicted when that
 //! state is transient); the prompt's last reusable hash boundary is keyed
 //! on the running state block, which the request keeps writing: it becomes
-//! a producer tail, copied on its next allocation (`copy_on_write.rs`).
+//! a producer tail, copied on its next allocation (`copy_on_write.rs`). With
+//! the shared-prefix checkpoint the junction inside the prompt chunk being
+//! computed is keyed the same way (`keys_prompt_state_at`).
 //! Blocks of one hash block each keep `mamba_cache.rs`.
 
 use super::{entry_key, SingleTypeManager};
-use crate::attention::mamba::checkpoint_position;
 use crate::attention::RetentionMarks;
 use crate::block_pool::{BlockPool, PartialEntry, NULL_BLOCK};
 use crate::hashes::ScaledHashes;
@@ -74,9 +75,9 @@ impl SingleTypeManager {
                 key = self.cache_state_at(pool, b, hashes, position, true);
             }
         } else if num_tokens > 0 && num_tokens % hbs == 0 {
-            let latest = checkpoint_position(&c, prompt, hbs);
             let idx = cdiv(num_tokens, bs) - 1;
-            if let Some(b) = block_at(self, idx).filter(|_| num_tokens == latest) {
+            let keys = self.keys_prompt_state_at(&c, num_tokens, hbs, &marks);
+            if let Some(b) = block_at(self, idx).filter(|_| keys) {
                 if b != NULL_BLOCK && pool.block_hash_num_tokens(b) != Some(num_tokens as u32) {
                     key = self.cache_state_at(pool, b, hashes, num_tokens, false);
                     if key.is_some() && num_tokens % bs != 0 {

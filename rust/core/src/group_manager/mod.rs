@@ -68,6 +68,10 @@ pub(crate) struct SingleTypeManager {
     pub alignment_tokens: u32,
     /// 0.33.0's copy-on-write bookkeeping (`copy_on_write.rs`).
     cow: CowState,
+    /// Mamba (0.33.0's `shared_prefix_checkpoint`, set by the manager):
+    /// align caching also keys the state at the shared-prefix junction
+    /// (`SingleTypeManager::keys_prompt_state_at`).
+    pub shared_prefix_checkpoint: bool,
 }
 
 impl SingleTypeManager {
@@ -99,6 +103,7 @@ impl SingleTypeManager {
             pending_offloads: Vec::new(),
             alignment_tokens: scheduler_block_size,
             cow: CowState::new(profile.partial_hits),
+            shared_prefix_checkpoint: false,
         }
     }
 

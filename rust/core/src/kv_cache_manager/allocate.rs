@@ -203,6 +203,10 @@ impl KvCacheManager {
         if let Some(n) = args.shared_prefix_boundary {
             self.reqs.set_shared_prefix_boundary(slot, n);
         }
+        if self.reads_request_computed {
+            self.reqs
+                .set_num_computed_tokens(slot, args.num_computed_tokens);
+        }
         if args.is_plain()
             && self.coord.runs_everywhere(slot)
             && !self.coord.has_align_checkpoints()

@@ -89,6 +89,11 @@ impl KvCacheManager {
         self.reqs.set_shared_prefix_boundary(slot, boundary);
     }
 
+    /// `set_num_computed_tokens` for a live slot.
+    pub fn set_num_computed_tokens_at(&mut self, slot: ReqSlot, n: usize) {
+        self.reqs.set_num_computed_tokens(slot, n);
+    }
+
     /// Per group, the most tokens any of the request's blocks' hash covers
     /// (`BlockPool::block_hash_num_tokens`, 0 for none; zeros for an unknown
     /// request): vLLM 0.33.0's `estimate_cached_tokens` takes the fewest

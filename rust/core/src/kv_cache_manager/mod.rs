@@ -136,6 +136,9 @@ pub struct KvCacheManager {
     /// Caching also keeps the request's shared-prefix junction (0.33.0's
     /// retention rule, caching on).
     reads_junction: bool,
+    /// Caching reads each request's own computed count (0.33.0's Mamba
+    /// shared-prefix checkpoint, `set_shared_prefix_checkpoint`).
+    reads_request_computed: bool,
     /// Window frees lag the in-flight tokens (0.33.0, a group with a window).
     reads_in_flight: bool,
     /// Window frees read the prompt length (an R-SWA group frees the gap
@@ -212,6 +215,7 @@ impl KvCacheManager {
                 && (cfg.retention_interval.is_some()
                     && cfg.profile.retention == Retention::ReplayBoundaries
                     || cfg.groups.iter().any(|g| g.mamba_checkpoints.is_some())),
+            reads_request_computed: false,
             reads_in_flight: cfg.profile.frees_on_processed_tokens && has_window,
         })
     }
@@ -238,6 +242,21 @@ impl KvCacheManager {
         self.reads_in_flight
     }
 
+    /// Whether `cache_blocks` should be preceded by
+    /// `set_num_computed_tokens` (the shared-prefix checkpoint is on).
+    #[inline]
+    pub fn wants_num_computed_tokens(&self) -> bool {
+        self.reads_request_computed
+    }
+
+    /// Notes `request.num_computed_tokens` before a `cache_blocks` call
+    /// (see `wants_num_computed_tokens`); nothing for an unknown request.
+    pub fn set_num_computed_tokens(&mut self, request_id: &str, n: usize) {
+        if let Some(slot) = self.slot(request_id) {
+            self.reqs.set_num_computed_tokens(slot, n);
+        }
+    }
+
     /// Notes the request's `shared_prefix_boundary` for caching (see
     /// `wants_shared_prefix_boundary`); nothing for an unknown request.
     pub fn set_shared_prefix_boundary(&mut self, request_id: &str, boundary: usize) {
@@ -256,6 +275,7 @@ impl KvCacheManager {
         RetentionMarks {
             num_prompt_tokens: self.reqs.num_prompt_tokens(slot),
             shared_prefix_boundary: self.reqs.shared_prefix_boundary(slot),
+            num_computed_tokens: self.reqs.num_computed_tokens(slot),
         }
     }
 
@@ -357,6 +377,20 @@ impl KvCacheManager {
             return invalid("the re-prefillable token count is set before the first request");
         }
         self.coord.reprefillable_tokens = n;
+        Ok(())
+    }
+
+    /// vLLM 0.33.0's `mamba_shared_prefix_checkpoint`, already narrowed by
+    /// the caller (EAGLE groups, partial hash hits, no re-prefillable
+    /// tokens): each Mamba align group also keys the running state at the
+    /// request's shared-prefix junction inside the prompt chunk being
+    /// computed. Set before the first request.
+    pub fn set_shared_prefix_checkpoint(&mut self, on: bool) -> CoreResult<()> {
+        if self.num_requests() > 0 {
+            return invalid("the shared-prefix checkpoint is set before the first request");
+        }
+        self.coord.set_shared_prefix_checkpoint(on);
+        self.reads_request_computed = on;
         Ok(())
     }
 

@@ -95,6 +95,7 @@ mod tests {
                                 r.replay_tails(RetentionMarks {
                                     num_prompt_tokens: Some(prompt),
                                     shared_prefix_boundary: junction,
+                                    num_computed_tokens: 0,
                                 })
                             });
                             let mut bounds: Vec<i64> = if eagle {
