@@ -49,6 +49,14 @@ from .fuzz_setup import Divergence, Figures, InvariantViolation, ReferenceError_
 from .release_api import V033, norm_block_list, release
 
 
+# With the shared-prefix checkpoint: siblings of one stem diverging inside
+# Mamba blocks (40, 56, 72 tokens in), so full attention hits deeper than
+# Mamba and the lookup reports junctions the scheduler then stops at.
+_STEM = tuple(range(300, 400))
+JUNCTION_PREFIXES = ((), _STEM[:88], _STEM[:40] + tuple(range(500, 540)), _STEM[:56] + tuple(range(600, 620)),
+                     _STEM[:72] + tuple(range(700, 716)))
+
+
 @dataclass(eq=False)
 class Seq033(Seq):
     """A request and its steps scheduled but not yet processed (async
@@ -97,6 +105,12 @@ class Driver033(Queries033, Frees033, Driver):
             self.f.count("sparse_retention_setups")
         if setup.prefill_lookahead > 1:
             self.f.count("mtp_setups")  # multi-module MTP: re-prefillable tokens
+        # What the scheduler reads to end chunks at junctions (scheduler.py L461).
+        if self.hc.mamba_shared_prefix_checkpoint != self.ref.mamba_shared_prefix_checkpoint:
+            raise Divergence(f"mamba_shared_prefix_checkpoint: vLLM {self.ref.mamba_shared_prefix_checkpoint}, "
+                             f"hybridcache {self.hc.mamba_shared_prefix_checkpoint}")
+        if self.ref.mamba_shared_prefix_checkpoint:
+            self.f.count("shared_prefix_checkpoint_setups")
         for g in setup.groups:
             if g.kind == "mamba":
                 self.f.count(f"mamba_{g.mode}_groups")
@@ -111,6 +125,13 @@ class Driver033(Queries033, Frees033, Driver):
         from vllm.v1.request import RequestStatus
 
         return getattr(RequestStatus, name)
+
+    def draw_tokens_and_id(self, c: Any) -> tuple[list[int], str]:
+        tokens, rid = super().draw_tokens_and_id(c)
+        if self.s.shared_prefix_checkpoint and c.chance(0.7):
+            tail = [200 + c.randint(0, 4) for _ in range(c.randint(0, 16))]
+            tokens = (list(c.choice(JUNCTION_PREFIXES)) + tail)[: self.s.max_model_len - 24] or [1]
+        return tokens, rid
 
     def new_request(self, c: Any) -> Any:
         tokens, rid = self.draw_tokens_and_id(c)
@@ -264,8 +285,11 @@ class Driver033(Queries033, Frees033, Driver):
                 mamba_prefill_checkpoint_alignment=mamba[0].prefill_checkpoint_alignment,
                 max_num_scheduled_tokens=64,
                 scheduler_config=SimpleNamespace(long_prefill_token_threshold=0),
-                mamba_shared_prefix_checkpoint=False,
             )
+            # The scheduler's own gate (scheduler.py L461): it ends chunks at
+            # junctions only where the manager keys them.
+            self._shim.mamba_shared_prefix_checkpoint = (
+                self._shim.mamba_partial_cache_hit and self.ref.mamba_shared_prefix_checkpoint)
         return self._shim
 
     def _chunk033(self, c: Any, r: Any, local: int = 0, ext: int = 0) -> int:
@@ -277,6 +301,8 @@ class Driver033(Queries033, Frees033, Driver):
             from vllm.v1.core.sched.scheduler import Scheduler
 
             new = Scheduler._mamba_block_aligned_split(self._split_shim(), r, new, local, ext)
+            if self._shim.mamba_shared_prefix_checkpoint and new and start + new == r.shared_prefix_boundary:
+                self.f.count("chunks_ending_at_junctions")  # the manager keys the state there
         return self._reserve_prefill_lookahead(r, start, new)
 
     def _reserve_prefill_lookahead(self, r: Any, computed: int, new: int) -> int:

@@ -83,6 +83,7 @@ class Setup:
     full_must_fit: bool = False  # scheduler_reserve_full_isl
     deferred_frees: bool = False  # frees may go through pop_blocks_for_free
     async_sched: bool = False  # steps run ahead of their outputs (num_in_flight_tokens)
+    shared_prefix_checkpoint: bool = False  # enable_mamba_shared_prefix_checkpoint (0.33.0)
 
     @property
     def align(self) -> bool:
@@ -106,6 +107,7 @@ class Setup:
                 f"hash_lookahead={self.hash_lookahead} prefill_lookahead={self.prefill_lookahead} "
                 f"watermark={self.watermark} in_flight={self.max_in_flight_tokens} "
                 f"full_must_fit={self.full_must_fit} deferred_frees={self.deferred_frees} async={self.async_sched}"
+                f" shared_prefix_checkpoint={self.shared_prefix_checkpoint}"
             )
         return text
 

@@ -173,8 +173,11 @@ class V023(ReleaseApi):
         return Driver
 
 
-# Partial hash hits with copy-on-write (`_partial_hit_groups`).
-_PARTIAL_HIT_MIXES = ("full_mamba_wide", "full_sw_mamba_wide", "full_full_mamba_wide", "full_mamba_dcp")
+# Partial hash hits with copy-on-write (`_partial_hit_groups`); the last
+# takes one of the others' layouts with EAGLE's block drop and
+# enable_mamba_shared_prefix_checkpoint (Mamba states keyed at junctions).
+_JUNCTION_MIX = "mamba_junction"
+_PARTIAL_HIT_MIXES = ("full_mamba_wide", "full_sw_mamba_wide", "full_full_mamba_wide", "full_mamba_dcp", _JUNCTION_MIX)
 
 
 def _partial_hit_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
@@ -186,6 +189,8 @@ def _partial_hit_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
     full attention of 32 and 16 (`full_full_mamba_wide`: three spec groups,
     so the hit search iterates, one full-attention hit ending inside a
     block), or decode context parallelism (`full_mamba_dcp`)."""
+    if mix == _JUNCTION_MIX:
+        return _partial_hit_groups(rng, rng.choice(_PARTIAL_HIT_MIXES[:-1]), caching)
     if mix == "full_mamba_dcp":
         # dcp 2 or 4 scales the full-attention block of 8 (dcp-sharded), the
         # Mamba block is replicated: 0.33.0 turns partial hits on for a
@@ -368,12 +373,12 @@ class V033(ReleaseApi):
         s = dataclasses.replace(s, groups=groups)
         sbs = s.scheduler_block_size
         use_eagle, spec, hash_la, prefill_la = False, 0, 0, 0
-        if s.use_eagle:
+        if s.use_eagle or mix == _JUNCTION_MIX:
             # EAGLE-family (one token of prefill lookahead) or multi-module
             # MTP (one per draft token); vLLM wants sbs >= that with caching.
             spec = rng.randint(1, 4)
             prefill_la = min(spec, sbs) if rng.random() < 0.3 else 1
-            if caching and rng.random() < 0.6 and any(g.kind == "full" for g in s.groups):
+            if caching and mix != _JUNCTION_MIX and rng.random() < 0.6 and any(g.kind == "full" for g in s.groups):
                 # Lookahead block hashes (0.33's default for EAGLE with
                 # caching): the scheduler then passes use_eagle=False.
                 # Without a full-attention group vLLM 0.33.0's hit search
@@ -398,6 +403,11 @@ class V033(ReleaseApi):
             full_must_fit=rng.random() < 0.2,
             deferred_frees=rng.random() < 0.5,
             async_sched=rng.random() < 0.4,
+            # Mamba states keyed at shared-prefix junctions, where the
+            # scheduler then ends chunks (on with EAGLE, partial hits and
+            # no multi-module MTP; the flag narrows to off elsewhere). Drawn
+            # on the partial-hit mixes only, so other mixes keep their draws.
+            shared_prefix_checkpoint=mix == _JUNCTION_MIX or mix in _PARTIAL_HIT_MIXES and rng.random() < 0.7,
         )
 
     def manager_kwargs(self, s: Setup) -> dict[str, Any]:
@@ -417,7 +427,7 @@ class V033(ReleaseApi):
             hash_block_size=s.hash_block_size,
             metrics_collector=None,
             watermark=s.watermark,
-            enable_mamba_shared_prefix_checkpoint=False,
+            enable_mamba_shared_prefix_checkpoint=s.shared_prefix_checkpoint,
         )
 
     def kv_cache_config(self, s: Setup) -> Any:
