@@ -527,7 +527,14 @@ class Driver033(Queries033, Frees033, Driver):
         if q is None:
             return
         r: Any = q.req
-        n = c.randint(0, max(0, r.num_computed_tokens - r.num_in_flight_tokens))
+        hi = max(0, r.num_computed_tokens - r.num_in_flight_tokens)
+        n = c.randint(0, hi)
+        if self.s.shared_prefix_checkpoint and 0 < r.shared_prefix_boundary <= hi and c.chance(0.3):
+            # At a junction already computed: the manager must not key the
+            # running state there (it keys junctions ahead of the computed
+            # tokens only).
+            n = r.shared_prefix_boundary
+            self.f.count("cache_blocks_at_computed_junctions")
         self.note(f"cache_blocks {r.request_id} {n}")
         self.both(f"cache_blocks({r.request_id}, {n})", lambda m: m.cache_blocks(r, n))
 
