@@ -122,12 +122,9 @@ NOT_IMPLEMENTED: tuple[str, ...] = ()
 # ported (Mamba, R-SWA and circular-buffer layouts, mixed-precision zeroing, dcp/pcp,
 # multi-module MTP), or a read-only view's AttributeError naming a
 # vLLM internal it does not provide. Any other failure is a divergence.
-# The Mamba files (test_mamba_align_chunk_split.py: 12 cases,
-# prefix_cache/test_mamba_eagle_resume_checkpoint.py: 13) that build a
-# manager all run Mamba align WITH prefix caching over hash blocks finer
-# than the Mamba (or full-attention) block: partial hash hits with
-# copy-on-write and prefill checkpoints, refused by name. The facade covers
-# Mamba without prefix caching, which none of their cases uses.
+# prefix_cache/test_mamba_eagle_resume_checkpoint.py runs
+# enable_mamba_shared_prefix_checkpoint (covered); one case calls Mamba's
+# private `_cache_partial_tail_block` (an internal, by the mark below).
 UNSUPPORTED_FEATURES: tuple[str, ...] = (
     "hybridcache's vLLM 0.33.0 support needs at least one KV cache group",
     "not supported by hybridcache's vLLM 0.33.0 facade yet",
