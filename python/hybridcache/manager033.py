@@ -39,6 +39,7 @@ from hybridcache.views033 import (
     _COORDINATOR_VIEWS,
     RELEASE,
     BlockPoolView033,
+    CoordinatorView033,
     _kv_cache_block_copy_class,
 )
 
@@ -82,6 +83,16 @@ class KVCacheManager033(KVCacheManager):
 
     # Multi-module MTP's re-prefillable tail (num_prefill_lookahead - 1).
     num_reprefillable_tokens: int
+
+    # The constructor's arguments (a later retention interval rebuilds from them).
+    _args: dict[str, Any]
+    _scheduler_block_size: int
+    _hash_block_size: int
+    # Tokens per block of each group, as the core sizes them (dcp scales them).
+    _block_sizes: list[int]
+    _group_infos: list[Any]
+    num_hash_lookahead_tokens: int
+    coordinator: CoordinatorView033
 
     def __new__(
         cls,

@@ -50,6 +50,8 @@ class CoordinatorView033(CoordinatorView):
     `enable_partial_hash_hits`) and call (`get_num_blocks_to_allocate`
     with 0.33.0's arguments)."""
 
+    _manager: KVCacheManager033
+
     def __init__(self, manager: KVCacheManager033) -> None:
         """The coordinator view of `manager`, with per-group views that
         carry each group's spec and block size."""
