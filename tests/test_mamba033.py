@@ -41,10 +41,11 @@ def test_mamba_needs_full_attention_beside_it_and_align_for_prefix_caching() -> 
     # (tests/test_partial_hits_033.py), unless a group looks up whole blocks only.
     wide = _hc(HcMambaSpec(block_size=2 * BS, mamba_cache_mode="align"))
     assert KVCacheManager033(wide, 200, 2 * BS, BS).coordinator.enable_partial_hash_hits is True
+    # Beside a sliding window of two hash blocks: partial hits off, hits on
+    # scheduler blocks (tests/test_mamba_layouts_033.py).
     coarse = _hc(HcSlidingWindowSpec(block_size=2 * BS, sliding_window=16),
                  HcMambaSpec(block_size=2 * BS, mamba_cache_mode="align"))
-    with pytest.raises(NotImplementedError, match="partial hash hits off.*not supported"):
-        KVCacheManager033(coarse, 200, 2 * BS, BS)
+    assert KVCacheManager033(coarse, 200, 2 * BS, BS).coordinator.enable_partial_hash_hits is False
     # Beside a sliding window too (the full_sw_mamba and sw_mamba fuzz mixes).
     mixed = _hc(HcSlidingWindowSpec(block_size=BS, sliding_window=16), HcMambaSpec(block_size=BS))
     assert KVCacheManager033(mixed, 200, BS, BS, enable_caching=False).num_kv_cache_groups == 3

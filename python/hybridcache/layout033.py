@@ -43,12 +43,11 @@ def layout_kind(spec: Any) -> str | None:
     return None
 
 
-def check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: bool,
-                 scales: tuple[int, ...] = ()) -> list[str]:
+def check_layout(kv_cache_config: Any, enable_caching: bool) -> list[str]:
     """The groups' kinds, if the 0.33.0 facade covers this layout: full
     attention (R-SWA too), circular buffers, sliding window (bounded replay
     and extra retained tokens too) and chunked local groups, Mamba beside
-    full attention; NotImplementedError naming what it does not cover."""
+    them; NotImplementedError naming what it does not cover."""
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
     if not groups:
         raise NotImplementedError(
@@ -63,41 +62,21 @@ def check_layout(kv_cache_config: Any, hash_block_size: int, enable_caching: boo
             raise NotImplementedError(
                 f"kv_cache_groups[{i}]: {type(spec).__name__} is not supported by hybridcache's vLLM "
                 "0.33.0 facade yet (it covers full attention, R-SWA, circular buffers, sliding window, "
-                "chunked local and cross-attention groups, and Mamba beside full attention)"
+                "chunked local and cross-attention groups, and Mamba beside full attention, sliding "
+                "windows, chunked local attention and circular buffers)"
             )
         # A full-attention block wider than the hash block (several groups,
         # hash block = their gcd) needs no refusal: it caches the prompt's
         # partial tail (the core's `profile.partial_block_entries`).
         kinds.append(kind)
-    for i, (g, kind) in enumerate(zip(groups, kinds)):
-        spec = g.kv_cache_spec
-        # A Mamba block is replicated under dcp: its spec's size (`context_parallel`).
-        block_size = getattr(spec, "block_size", None)
-        if (kind == "mamba" and getattr(spec, "mamba_cache_mode", "none") == "align" and enable_caching
-                and block_size != hash_block_size and not _partial_hash_hits(groups, kinds, hash_block_size, scales)):
-            # 0.33.0 keys such states inside blocks all the same (producer
-            # tails, copy-on-write) but finds hits at block granularity.
-            raise NotImplementedError(
-                f"kv_cache_groups[{i}]: a Mamba align block of {block_size} tokens over hash blocks of "
-                f"{hash_block_size} beside a group that vLLM 0.33.0 looks up at block granularity only (so it "
-                "turns partial hash hits off) is not supported by hybridcache's vLLM 0.33.0 facade yet"
-            )
+    # A Mamba align block wider than the hash block needs no refusal either:
+    # hits on hash blocks (partial hash hits) or, beside a group looked up
+    # at block granularity only, on scheduler blocks while its states are
+    # still keyed inside blocks (the core's `coordinator/partial_hits.rs`
+    # decides which, as vLLM's `partial_hash_hits_enabled`).
     modes = [getattr(g.kv_cache_spec, "mamba_cache_mode", "none") for g, k in zip(groups, kinds) if k == "mamba"]
     _check_mamba_layout(kinds, enable_caching, modes)
     return kinds
-
-
-def _partial_hash_hits(groups: list[Any], kinds: list[str], hash_block_size: int, scales: tuple[int, ...]) -> bool:
-    """kv_cache_utils.partial_hash_hits_enabled without dcp (the core's
-    `coordinator/partial_hits.rs` decides it again): every prefix-cacheable
-    group looks up inner hash boundaries (full attention, R-SWA, Mamba) or
-    has blocks of one hash block."""
-    for i, (g, kind) in enumerate(zip(groups, kinds)):
-        spec = g.kv_cache_spec
-        size = getattr(spec, "block_size", 0) * (scales[i] if i < len(scales) else 1)
-        if getattr(spec, "prefix_cacheable", True) and kind not in ("full", "rswa", "mamba") and size != hash_block_size:
-            return False
-    return True
 
 
 def needs_zeroing(kv_cache_config: Any, kinds: list[str]) -> bool:
@@ -110,19 +89,20 @@ def needs_zeroing(kv_cache_config: Any, kinds: list[str]) -> bool:
 
 def _check_mamba_layout(kinds: list[str], enable_caching: bool, modes: list[str] | None = None) -> None:
     """Mamba groups are covered alone and beside full-attention,
-    sliding-window and chunked-local groups: without prefix caching (0.33.0's
-    KVCacheCoordinatorNoPrefixCache), and with it in "align" mode (a Mamba
-    block spanning hash blocks: partial hash hits with copy-on-write, where
-    `check_layout` lets them through). 0.33.0 itself asserts that Mamba
-    prefix caching runs in "align" mode (ValueError)."""
+    sliding-window, chunked-local and circular-buffer groups: without prefix
+    caching (0.33.0's KVCacheCoordinatorNoPrefixCache), and with it in
+    "align" mode (a Mamba block spanning hash blocks too: states keyed
+    inside blocks, copy-on-write). 0.33.0 itself asserts that Mamba prefix
+    caching runs in "align" mode (ValueError). Beside R-SWA or cross
+    attention (no such model, and unproven): refused by name."""
     if "mamba" not in kinds:
         return
-    others = sorted(set(kinds) - {"mamba", "full", "sliding_window", "chunked_local"})
+    others = sorted(set(kinds) - {"mamba", "full", "sliding_window", "chunked_local", "circular_buffer"})
     if others:
         raise NotImplementedError(
             f"Mamba groups beside {', '.join(others)} groups are not supported by hybridcache's vLLM "
-            "0.33.0 facade yet (it covers Mamba alone and beside full attention, sliding windows and "
-            "chunked local attention)"
+            "0.33.0 facade yet (it covers Mamba alone and beside full attention, sliding windows, "
+            "chunked local attention and circular buffers)"
         )
     if enable_caching and any(m != "align" for m in modes or ()):
         raise ValueError("Mamba prefix caching requires mamba_cache_mode='align' (vLLM 0.33.0 asserts it)")

@@ -143,7 +143,7 @@ class KVCacheManager033(KVCacheManager):
         max_in_flight_tokens = _positive_int("max_in_flight_tokens", max_in_flight_tokens)
         scheduler_block_size = _positive_int("scheduler_block_size", scheduler_block_size)
         dcp_scales = context_parallel(kv_cache_config, dcp_world_size, pcp_world_size, bool(enable_caching))
-        kinds = check_layout(kv_cache_config, hash_block_size, bool(enable_caching), dcp_scales)
+        kinds = check_layout(kv_cache_config, bool(enable_caching))
         if retention_interval is _CONFIGURED:
             retention_interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
             retention = check_retention(kv_cache_config, scheduler_block_size, kinds)

@@ -136,6 +136,8 @@ class HybridKVCacheCoordinator(CoordinatorView033):
     def __init__(self, manager: KVCacheManager033) -> None:
         """The coordinator view of `manager`."""
         super().__init__(manager)
+        # Hybrid only in 0.33.0 (the granularity of request.block_hashes).
+        self.hash_block_size = manager._hash_block_size
         vllm_cls = _loaded_vllm_033("vllm.v1.core.kv_cache_coordinator", "HybridKVCacheCoordinator")
         if vllm_cls is not None and not issubclass(HybridKVCacheCoordinator, vllm_cls):
             vllm_cls.register(HybridKVCacheCoordinator)

@@ -173,11 +173,12 @@ class V023(ReleaseApi):
         return Driver
 
 
-# Partial hash hits with copy-on-write (`_partial_hit_groups`); the last
-# takes one of the others' layouts with EAGLE's block drop and
+# Partial hash hits with copy-on-write (`_partial_hit_groups`); the junction
+# mix takes one of the first four's layouts with EAGLE's block drop and
 # enable_mamba_shared_prefix_checkpoint (Mamba states keyed at junctions).
 _JUNCTION_MIX = "mamba_junction"
-_PARTIAL_HIT_MIXES = ("full_mamba_wide", "full_sw_mamba_wide", "full_full_mamba_wide", "full_mamba_dcp", _JUNCTION_MIX)
+_PARTIAL_HIT_MIXES = ("full_mamba_wide", "full_sw_mamba_wide", "full_full_mamba_wide", "full_mamba_dcp",
+                      "full_coarse_mamba", "full_mamba_circ", _JUNCTION_MIX)
 
 
 def _partial_hit_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
@@ -188,9 +189,16 @@ def _partial_hit_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
     (`full_sw_mamba_wide`: a block-granular group, of one hash block), or
     full attention of 32 and 16 (`full_full_mamba_wide`: three spec groups,
     so the hit search iterates, one full-attention hit ending inside a
-    block), or decode context parallelism (`full_mamba_dcp`)."""
+    block), or decode context parallelism (`full_mamba_dcp`). Two where
+    0.33.0 keeps them off or sets a group aside: a sliding window or
+    chunked local group whose block is not the hash block beside them
+    (`full_coarse_mamba`: looked up at block granularity only, so hits land
+    on scheduler blocks while Mamba states are still keyed at hash
+    boundaries inside their blocks; blocks of 4 to 16), and a
+    circular buffer (`full_mamba_circ`: a ring of 2 to 16 tokens, out of
+    prefix caching; the Mamba block 4, 8 or 16, so hits on or off)."""
     if mix == _JUNCTION_MIX:
-        return _partial_hit_groups(rng, rng.choice(_PARTIAL_HIT_MIXES[:-1]), caching)
+        return _partial_hit_groups(rng, rng.choice(_PARTIAL_HIT_MIXES[:4]), caching)
     if mix == "full_mamba_dcp":
         # dcp 2 or 4 scales the full-attention block of 8 (dcp-sharded), the
         # Mamba block is replicated: 0.33.0 turns partial hits on for a
@@ -202,6 +210,30 @@ def _partial_hit_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
         mamba = Group("mamba", mbs, mode="align", num_spec=rng.randint(0, 2))
         return dict(groups=(Group("full", 8), mamba), scheduler_block_size=sbs,
                     hash_block_size=math.gcd(*sizes) if caching else sbs, dcp=dcp, pcp=1, replicated=(1,))
+    if mix == "full_coarse_mamba":
+        # Blocks of 4 to 16 tokens, so that hits on scheduler blocks happen.
+        mbs = rng.choice((8, 16))
+        if rng.random() < 0.3:
+            # Chunked local as wide as the scheduler block (vLLM's chunked
+            # hit search asserts it, and no EAGLE block drop).
+            sbs = rng.choice((mbs, 16))
+            coarse = Group("chunked", sbs, rng.choice((sbs, 2 * sbs)))
+            return dict(groups=(Group("full", 4), coarse, Group("mamba", mbs, mode="align")),
+                        scheduler_block_size=sbs, hash_block_size=4 if caching else sbs, use_eagle=False)
+        sw = Group("sw", rng.choice((8, 16)), rng.randint(3, 40))
+        mamba = Group("mamba", mbs, mode="align", num_spec=rng.randint(0, 2))
+        sbs = math.lcm(4, sw.block_size, mbs)
+        # EAGLE mostly: its cacheable count is not rounded to the scheduler
+        # block, so producer tails inside a Mamba block (and their copies) occur.
+        return dict(groups=(Group("full", 4), sw, mamba), scheduler_block_size=sbs,
+                    hash_block_size=4 if caching else sbs, use_eagle=rng.random() < 0.8)
+    if mix == "full_mamba_circ":
+        # The ring hashes nothing: its capacity need not be a hash block's multiple.
+        mbs, ring = rng.choice((4, 8, 16)), rng.choice((2, 4, 8, 16))
+        mamba = Group("mamba", mbs, mode="align", num_spec=rng.randint(0, 2))
+        sbs = math.lcm(4, mbs, ring)
+        return dict(groups=(Group("full", 4), mamba, Group("circ", ring)), scheduler_block_size=sbs,
+                    hash_block_size=4 if caching else sbs)
     mbs = rng.choice((32, 64))
     mamba = Group("mamba", mbs, mode="align", num_spec=rng.randint(0, 2))
     groups: tuple[Group, ...] = (Group("full", 16), mamba)

@@ -249,9 +249,13 @@ pub(crate) fn check_computed_blocks(
                      not a cache hit of request {request_id:?}"
                 ));
             }
-            if inside && i + 1 == blocks.len() {
-                let last = blocks.len() * scale - 1;
-                check_partial_hit(m, &hashes, request_id, g, b, (n / hash_block_size, last))?;
+            // Under partial hash hits a group's last block may be keyed at
+            // any hash boundary inside it: the hit's own, a later one of its
+            // chain, or a lagging group's lower one (the connector's
+            // per-group lookup keeps each group's own hit).
+            if m.coord.partial_hash_hits() && scale > 1 && i + 1 == blocks.len() {
+                let first = i * scale;
+                check_partial_hit(m, &hashes, request_id, g, b, (first, first + scale - 1))?;
             } else {
                 check_hit(m, &hashes, request_id, g, i, b, scale)?;
             }
@@ -267,29 +271,28 @@ pub(crate) fn check_computed_blocks(
     Ok(())
 }
 
-/// Block `b`, the last of group `g`'s partial hit of `n` hash blocks
-/// (ending at hash block `end` of the request), is cached (under any of
-/// its keys) under one of the request's hashes `n - 1 ..= end`: a key at a
-/// later boundary of the same chain covers the hit's prefix too.
+/// Block `b`, the last of group `g`'s partial hit, spanning the request's
+/// hash blocks `first..=end`, is cached (under any of its keys) under one
+/// of the request's hashes there.
 fn check_partial_hit(
     m: &KvCacheManager,
     hashes: &RequestHashes<'_>,
     request_id: &str,
     g: usize,
     b: BlockId,
-    (n, end): (usize, usize),
+    (first, end): (usize, usize),
 ) -> CoreResult<()> {
     let group_id = m.coord.managers[g].group_id;
     let end = end.min(hashes.len().saturating_sub(1));
     let keyed = m.coord.pool.block_keys(b).any(|(key, group)| {
-        group == group_id && (n - 1..=end).any(|j| hashes.matches(key, j, 1) == Some(true))
+        group == group_id && (first..=end).any(|j| hashes.matches(key, j, 1) == Some(true))
     });
     if keyed {
         return Ok(());
     }
     invalid(format!(
         "new_computed_blocks: block {b} (group {g}, the partial hit's last block) is not cached \
-         under request {request_id:?}'s hashes of its first {n} or more hash blocks"
+         under any of request {request_id:?}'s hashes ending inside it"
     ))
 }
 
