@@ -129,7 +129,10 @@ impl BlockView {
 /// holds it, so the garbage collector sees the cycle through `owner`).
 /// Ids outside the pool get a fresh view (the reads on it then refuse them).
 #[pyfunction]
-pub fn block_view<'py>(owner: &Bound<'py, PyAny>, block_id: i64) -> PyResult<Bound<'py, BlockView>> {
+pub fn block_view<'py>(
+    owner: &Bound<'py, PyAny>,
+    block_id: i64,
+) -> PyResult<Bound<'py, BlockView>> {
     let py = owner.py();
     let table = owner.getattr(intern!(py, "_block_views"))?;
     let table = table.downcast::<PyList>()?;
