@@ -134,8 +134,19 @@ def test_replay_cli_refuses_a_mix_the_033_facade_does_not_cover(capsys: pytest.C
     from hybridcache.replay import main as replay_main
 
     with pytest.raises(SystemExit) as e:
-        replay_main(["--compare", "vllm", "--mix", "full@16,sw:64@32,mamba:align@64", "--hash-block-size", "16",
+        replay_main(["--compare", "vllm", "--mix", "full@16,cross@16,mamba:none@16", "--no-caching",
                      "--requests", "10"])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "does not cover the mix 'full@16,sw:64@32,mamba:align@64'" in err and "partial hash hits" in err
+    assert "does not cover the mix 'full@16,cross@16,mamba:none@16'" in err and "beside cross_attention" in err
+
+
+def test_replay_covers_a_wide_mamba_block_beside_a_block_granular_window(capsys: pytest.CaptureFixture[str]) -> None:
+    # Refused until 0.33.0's rule there (partial hash hits off, Mamba states
+    # still keyed inside blocks) was proven; now replayed against vLLM.
+    from hybridcache.replay import main as replay_main
+
+    # A divergence from vLLM's outputs raises; every output is compared.
+    assert replay_main(["--compare", "vllm", "--mix", "full@16,sw:64@32,mamba:align@64", "--hash-block-size", "16",
+                        "--requests", "40", "--seeds", "2"]) == 0
+    assert capsys.readouterr().out.count("'finished'") == 2
