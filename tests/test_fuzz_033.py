@@ -189,3 +189,16 @@ def test_vllm_033_lookahead_hashes_crash_the_hit_search_without_full_attention()
     assert len(r.block_hashes) == 7  # 8 full blocks, the last one's 3 lookahead tokens missing
     with pytest.raises(IndexError):
         API.build_reference(s).get_computed_blocks(r)
+
+
+def test_a_transient_checkpoint_key_does_not_hold_back_another_blocks_hit() -> None:
+    """Regression, found by seed 602: a Mamba align request whose prefill
+    checkpoint block was keyed by the full-block pass and then evicted as
+    transient (sparse retention) left that key noted as "cached this step",
+    so a same-step hit on another block under the same hash was refused
+    (None) where vLLM allocates. The key is noted now only after the
+    checkpoint is re-keyed or evicted, as vLLM notes the hashes blocks
+    hold. Setup #179 of this run (mamba_junction, retention 32) hit it."""
+    f = fuzz.run_fuzz(ops=90_000, seed=602, ops_per_setup=500, release_name="0.33.0", candidate="hybridcache")
+    assert f.setups >= 180
+    _clean(f)

@@ -84,7 +84,10 @@ impl SingleTypeManager {
         }
         let (reachable, block_size, group_id) = (self.reachable, self.block_size, self.group_id);
         let tails = reachable.map_or(ReplayTails::default(), |r| r.replay_tails(marks));
-        let marks = self.attn.hits_wait_a_step();
+        // Mamba align groups note what they cached this step only after
+        // keying their states (`cache_align_states`): a checkpoint block is
+        // then re-keyed or evicted, and vLLM notes the hashes blocks hold.
+        let marks = self.attn.hits_wait_a_step() && !self.caches_align_states();
         let r = self.records.with_table(slot);
         r.num_cached = Some(num_full);
         let blocks = &r.blocks;

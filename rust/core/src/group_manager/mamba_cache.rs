@@ -172,9 +172,11 @@ impl SingleTypeManager {
         let after = self.num_cached_blocks(slot).min(blocks_len);
         for i in before.min(after)..after {
             let b = block_at(self, i);
-            if b == NULL_BLOCK || pool.block_entry(b).is_none() {
+            let Some(e) = pool.block_entry(b).filter(|_| b != NULL_BLOCK) else {
                 continue;
-            }
+            };
+            // Hits on it wait for the next step (with the key it holds now).
+            self.cached_this_step.insert(entry_key(e));
             let tokens = match keyed {
                 Some((idx, position)) if idx == i && self.keyed_at(pool, b, hashes, position) => {
                     position
