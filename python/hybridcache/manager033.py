@@ -91,6 +91,7 @@ class KVCacheManager033(KVCacheManager):
     # Tokens per block of each group, as the core sizes them (dcp scales them).
     _block_sizes: list[int]
     _group_infos: list[Any]
+    _retention_interval: int | None
     num_hash_lookahead_tokens: int
     coordinator: CoordinatorView033
 
@@ -204,10 +205,11 @@ class KVCacheManager033(KVCacheManager):
         if shared_prefix_checkpoint:
             self._native._set_shared_prefix_checkpoint_033(True)
         self._scheduler_block_size = scheduler_block_size
+        # As given (the coordinator view's `retention_interval`).
+        self._retention_interval = retention_interval
         self._init_033(groups, hash_block_size, watermark, num_hash_lookahead_tokens, log_stats,
                        shared_prefix_checkpoint)
         self._args = args
-        self.coordinator._retention_interval = retention_interval
         return self
 
     def _assign_retention_interval(self, value: Any) -> None:
@@ -217,9 +219,12 @@ class KVCacheManager033(KVCacheManager):
         at construction, so the manager is built anew with `value` and this
         object adopts its core: exact while this manager has served nothing,
         refused (ValueError, nothing changed) once it has."""
-        fresh = type(self)._construct(self._args, value)
-        if self.request_ids() or self.num_cached_keys or self._events \
-                or self.free_queue() != fresh.free_queue():
+        assigned_retention(value, list(self._kinds))  # TypeError / ValueError first
+        served = bool(self.request_ids() or self.num_cached_keys or self._events)
+        # Built first only when nothing else shows service: a free queue
+        # reordered by earlier frees does too.
+        fresh = None if served else type(self)._construct(self._args, value)
+        if fresh is None or self.free_queue() != fresh.free_queue():
             raise ValueError(
                 "coordinator.retention_interval can be assigned only before the manager's first request "
                 "(hybridcache's core settles retention at construction); set "
@@ -227,7 +232,7 @@ class KVCacheManager033(KVCacheManager):
             )
         self._adopt_core(fresh)
         self._group_infos = fresh._group_infos
-        self.coordinator._retention_interval = value
+        self._retention_interval = value
 
     def _init_033(self, groups: list[Any], hash_block_size: int, watermark: float,
                   num_hash_lookahead_tokens: int, log_stats: bool, shared_prefix_checkpoint: bool) -> None:

@@ -76,13 +76,12 @@ class CoordinatorView033(CoordinatorView):
                 (i for i, g in enumerate(groups) if layout_kind(g.kv_cache_spec) in ("full", "rswa")
                  and getattr(g.kv_cache_spec, "prefix_cacheable", True)), None)
         self.scheduler_block_size = manager._scheduler_block_size
-        # 0.33.0's config field (it sparsifies sliding-window groups only here).
-        self._retention_interval = getattr(manager.kv_cache_config, "prefix_cache_retention_interval", None)
 
     @property
     def retention_interval(self) -> int | None:
-        """0.33.0's sparse-retention interval (`KVCacheConfig.prefix_cache_retention_interval`)."""
-        return self._retention_interval
+        """0.33.0's sparse-retention interval (`KVCacheConfig.prefix_cache_retention_interval`,
+        or the value assigned here since)."""
+        return self._manager._retention_interval
 
     @retention_interval.setter
     def retention_interval(self, value: Any) -> None:
@@ -104,7 +103,7 @@ class CoordinatorView033(CoordinatorView):
     ) -> int:
         """0.33.0's count (`prefill_end` only matters to Mamba align
         checkpoints; 0.33.0 ignores it unless the retention interval is 0)."""
-        if self._retention_interval != 0:
+        if self._manager._retention_interval != 0:
             prefill_end = 0
         return int(self._native.get_num_blocks_to_allocate(
             request_id, num_tokens, _group_block_ids(new_computed_blocks, self._num_groups), num_encoder_tokens,
