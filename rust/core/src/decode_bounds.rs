@@ -13,6 +13,9 @@ pub struct DecodeHorizon {
     pub max_main: usize,
     /// Tokens to cache (only bounds calls that cache).
     pub max_to_cache: usize,
+    /// Fewest tokens to cache (only bounds calls that cache): below it a
+    /// Mamba align group may key its prompt state without a full block.
+    pub min_to_cache: usize,
 }
 
 impl DecodeHorizon {
@@ -23,6 +26,7 @@ impl DecodeHorizon {
         max_need_slot: 0,
         max_main: 0,
         max_to_cache: 0,
+        min_to_cache: 0,
     };
 
     pub const UNBOUNDED: DecodeHorizon = DecodeHorizon {
@@ -30,6 +34,7 @@ impl DecodeHorizon {
         max_need_slot: usize::MAX,
         max_main: usize::MAX,
         max_to_cache: usize::MAX,
+        min_to_cache: 0,
     };
 
     pub fn min(self, o: DecodeHorizon) -> DecodeHorizon {
@@ -38,6 +43,7 @@ impl DecodeHorizon {
             max_need_slot: self.max_need_slot.min(o.max_need_slot),
             max_main: self.max_main.min(o.max_main),
             max_to_cache: self.max_to_cache.min(o.max_to_cache),
+            min_to_cache: self.min_to_cache.max(o.min_to_cache),
         }
     }
 
@@ -45,7 +51,8 @@ impl DecodeHorizon {
         c.total_computed <= self.max_total
             && c.need_slot <= self.max_need_slot
             && c.main_model <= self.max_main
-            && c.to_cache.is_none_or(|t| t <= self.max_to_cache)
+            && c.to_cache
+                .is_none_or(|t| t <= self.max_to_cache && t >= self.min_to_cache)
     }
 }
 

@@ -26,9 +26,14 @@ struct HotState {
     /// `DecodeHorizon::UNKNOWN` when they must be recomputed.
     horizon: DecodeHorizon,
     /// (computed tokens, scheduled tokens) of the last allocation, for the
-    /// Mamba copy planner.
-    last_step: Option<(usize, usize)>,
+    /// Mamba copy planner; `NO_STEP` for none (no Option tag: the line
+    /// holds the horizon's five bounds).
+    last_step: (usize, usize),
 }
+
+/// `last_step` of a slot without an allocation (no real step: the two
+/// counts sum past usize::MAX).
+const NO_STEP: (usize, usize) = (usize::MAX, usize::MAX);
 
 const _: () = assert!(std::mem::size_of::<HotState>() == 64);
 
@@ -37,7 +42,7 @@ impl HotState {
         generation: 0,
         known_hashes: 0,
         horizon: DecodeHorizon::UNKNOWN,
-        last_step: None,
+        last_step: NO_STEP,
     };
 
     fn is_live(&self) -> bool {
@@ -205,13 +210,14 @@ impl RequestRegistry {
     }
 
     pub fn last_step(&self, slot: ReqSlot) -> Option<(usize, usize)> {
-        self.hot[slot as usize].last_step
+        let step = self.hot[slot as usize].last_step;
+        (step != NO_STEP).then_some(step)
     }
 
     pub fn set_last_step(&mut self, slot: ReqSlot, step: (usize, usize)) {
         let hot = &mut self.hot[slot as usize];
         if hot.is_live() {
-            hot.last_step = Some(step);
+            hot.last_step = step;
         }
     }
 

@@ -178,12 +178,15 @@ impl Coordinator {
         }
     }
 
-    /// Whether some group reserves Mamba prefill checkpoint blocks (no
-    /// compact decode then).
-    pub fn has_align_checkpoints(&self) -> bool {
-        self.managers
-            .iter()
-            .any(|m| m.spec.mamba_checkpoints.is_some())
+    /// Whether a count for the request may reserve a Mamba prefill
+    /// checkpoint block, or clear one an earlier count noted (no compact
+    /// decode then): a group whose spec exports checkpoints, or one that
+    /// holds the request's checkpoint.
+    pub fn may_note_align_checkpoint(&self, slot: ReqSlot) -> bool {
+        self.managers.iter().any(|m| {
+            m.spec.mamba_checkpoints.is_some_and(|c| c.alignment > 0)
+                || m.align_state(slot).is_some_and(|a| a.checkpoint.is_some())
+        })
     }
 
     /// vLLM 0.33.0's `shared_prefix_checkpoint` on every Mamba group (only
@@ -227,21 +230,24 @@ impl Coordinator {
 
     /// Whether a plain decode step changes no block in any group (see
     /// `SingleTypeManager::decode_is_noop`).
-    pub fn decode_is_noop(&self, slot: ReqSlot, c: &DecodeCounts) -> bool {
+    pub fn decode_is_noop(&self, slot: ReqSlot, c: &DecodeCounts, marks: &RetentionMarks) -> bool {
         self.managers.iter().all(|m| {
             let to_cache = c.to_cache.map(|t| self.tokens_to_cache(m, t));
-            m.decode_is_noop(slot, &DecodeCounts { to_cache, ..*c })
+            m.decode_is_noop(slot, &DecodeCounts { to_cache, ..*c }, marks)
         })
     }
 
     /// The request's decode horizon over all groups (see
     /// `SingleTypeManager::decode_horizon`), with each group's caching bound:
     /// the most tokens whose `tokens_to_cache` stays within its cached blocks.
-    pub fn decode_horizon(&self, slot: ReqSlot) -> Option<DecodeHorizon> {
+    pub fn decode_horizon(&self, slot: ReqSlot, marks: &RetentionMarks) -> Option<DecodeHorizon> {
         let mut h = DecodeHorizon::UNBOUNDED;
         let (kind, sbs) = (self.kind, self.scheduler_block_size as usize);
         for m in &self.managers {
-            let mut g = m.decode_horizon(slot)?;
+            let mut g = m.decode_horizon(slot, marks)?;
+            if g.min_to_cache > 0 {
+                g.min_to_cache = first_count_caching(self.cacheable(), m, g.min_to_cache);
+            }
             // tokens_to_cache(t) / bs <= cached  <=>  tokens_to_cache(t) < limit
             let limit = (m.num_cached_blocks(slot) + 1) * m.block_size as usize;
             g.max_to_cache = match kind {
@@ -429,6 +435,30 @@ struct Cacheable {
 
 /// Tokens `m` caches for `num_tokens` computed tokens (vLLM 0.33.0's
 /// `get_num_cacheable_tokens`; with no re-prefillable tokens, 0.23.0's rule).
+/// The fewest tokens for which `m` caches at least `n` (`tokens_to_cache`
+/// is non-decreasing, so a bisection finds it from the rule itself); at
+/// most `n + reprefillable + sbs + bs`, where it caches at least `n`
+/// (usize::MAX, admitting no count, should the rule ever fall short).
+fn first_count_caching(rule: Cacheable, m: &SingleTypeManager, n: usize) -> usize {
+    let caches = |t: usize| tokens_to_cache(rule, m, t) >= n;
+    let (mut lo, mut hi) = (
+        0,
+        n + rule.reprefillable + rule.scheduler_block_size + m.block_size as usize,
+    );
+    if !caches(hi) {
+        return usize::MAX;
+    }
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if caches(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
 fn tokens_to_cache(rule: Cacheable, m: &SingleTypeManager, num_tokens: usize) -> usize {
     if !m.spec.prefix_cacheable {
         // Out of prefix caching (vLLM 0.33.0's `cache_blocks` returns).

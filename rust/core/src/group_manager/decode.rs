@@ -5,7 +5,8 @@
 //!    at or before a null block (`remove_skipped_blocks`);
 //! 2. Mamba align: the old state block stays a copy source;
 //! 3. the table covers `sizing().required_blocks(..)` (`allocate_new_blocks`);
-//! 4. no new full block is cached (`cache_blocks`).
+//! 4. no new full block is cached (`cache_blocks`), nor, with 0.33.0's
+//!    align caching, the prompt's state keyed (`prompt_state_keys_below`).
 //!
 //! `decode_is_noop` checks these on the tables; `decode_horizon` turns
 //! each into a bound on the counts through the rules' exact inverses
@@ -16,7 +17,7 @@
 
 use super::record::GroupReq;
 use super::SingleTypeManager;
-use crate::attention::Mamba;
+use crate::attention::{Mamba, RetentionMarks};
 use crate::block_pool::{BlockPool, NULL_BLOCK};
 use crate::decode_bounds::{DecodeCounts, DecodeHorizon};
 use crate::ReqSlot;
@@ -31,12 +32,15 @@ impl SingleTypeManager {
     /// attention has no plain decode.
     #[inline]
     fn decodes_known(&self, slot: ReqSlot) -> Option<&GroupReq> {
-        // A decode with many drafts may reserve a Mamba checkpoint block:
-        // such groups take the general path.
+        // A decode with many drafts may reserve a Mamba checkpoint block
+        // where the spec exports them: such groups take the general path.
         // A partial tail may be (re)registered on any call: general path.
+        // Align caching keys states inside wide blocks, or at the junction
+        // by the request's computed count: general path there too.
         if !self.attn.is_per_token()
             || !self.attn.decodes_compactly()
-            || self.spec.mamba_checkpoints.is_some()
+            || self.spec.mamba_checkpoints.is_some_and(|c| c.alignment > 0)
+            || self.caches_align_states() && (self.scale > 1 || self.shared_prefix_checkpoint)
             || self.partial_tails
         {
             return None;
@@ -45,12 +49,14 @@ impl SingleTypeManager {
         let tabled = !self.enable_caching || self.attn.fixed_blocks().is_some();
         self.req(slot)
             .filter(|r| r.num_cached.is_some() || (tabled && r.has_blocks))
+            // An earlier count's checkpoint is cleared by the next count.
+            .filter(|r| r.align.is_none_or(|a| a.checkpoint.is_none()))
     }
 
     /// Whether a plain decode step changes nothing in this group: no block
     /// leaves the window, none is allocated, none is cached. False sends the
-    /// call the general way.
-    pub fn decode_is_noop(&self, slot: ReqSlot, c: &DecodeCounts) -> bool {
+    /// call the general way. `marks`: the request's, as caching reads them.
+    pub fn decode_is_noop(&self, slot: ReqSlot, c: &DecodeCounts, marks: &RetentionMarks) -> bool {
         let Some(r) = self.decodes_known(slot) else {
             return false;
         };
@@ -79,8 +85,9 @@ impl SingleTypeManager {
         if self.required_blocks(c.need_slot, c.main_model) > blocks.len() {
             return false;
         }
-        c.to_cache
-            .is_none_or(|t| t / bs <= r.num_cached.unwrap_or(0))
+        c.to_cache.is_none_or(|t| {
+            t / bs <= r.num_cached.unwrap_or(0) && t >= self.prompt_state_keys_below(marks)
+        })
     }
 
     /// A plain decode's first phase in this group, for a request running
@@ -118,8 +125,10 @@ impl SingleTypeManager {
     /// Bounds within which a plain decode changes nothing in this group
     /// (a sound summary of `decode_is_noop`, cached per request so the
     /// common decode costs a few compares). Caching is bounded by the
-    /// coordinator, from `num_cached_blocks`. None: no such summary.
-    pub fn decode_horizon(&self, slot: ReqSlot) -> Option<DecodeHorizon> {
+    /// coordinator, from `num_cached_blocks`; `min_to_cache` is in this
+    /// group's tokens to cache (the coordinator maps it to the request's).
+    /// None: no such summary.
+    pub fn decode_horizon(&self, slot: ReqSlot, marks: &RetentionMarks) -> Option<DecodeHorizon> {
         let r = self.decodes_known(slot)?;
         let bs = self.bs();
         let sizing = self.attn.sizing();
@@ -129,7 +138,10 @@ impl SingleTypeManager {
             None => sizing.max_tokens_within(bs, r.blocks.len())?,
         };
         let drafts = self.window_drafts();
-        let mut h = DecodeHorizon::UNBOUNDED;
+        let mut h = DecodeHorizon {
+            min_to_cache: self.prompt_state_keys_below(marks),
+            ..DecodeHorizon::UNBOUNDED
+        };
         if sizing.by_main_model {
             h.max_main = room;
         } else {

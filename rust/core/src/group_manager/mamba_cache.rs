@@ -127,6 +127,29 @@ impl SingleTypeManager {
                 && num_tokens <= prompt
     }
 
+    /// The fewest tokens to cache from which `keys_prompt_state_at` holds
+    /// for no count (0: it never holds): the decode paths keep below it to
+    /// the general path, where caching may key the prompt's state without
+    /// caching a full block.
+    pub(super) fn prompt_state_keys_below(&self, marks: &RetentionMarks) -> usize {
+        let Some(c) = self
+            .spec
+            .mamba_checkpoints
+            .filter(|_| self.caches_align_states())
+        else {
+            return 0;
+        };
+        let prompt = marks.num_prompt_tokens.unwrap_or(0);
+        let at = checkpoint_position(&c, prompt, c.hash_block_size as usize);
+        // The junction counts only inside the prompt (`num_tokens <= prompt`).
+        let junction = if self.shared_prefix_checkpoint {
+            marks.shared_prefix_boundary.min(prompt)
+        } else {
+            0
+        };
+        at.max(junction) + 1
+    }
+
     /// After the full blocks `before..after` of `num_tokens` are cached:
     /// the checkpoint or prompt-boundary state, then the offloads.
     pub(super) fn cache_align_states(

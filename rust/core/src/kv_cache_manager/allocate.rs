@@ -209,7 +209,7 @@ impl KvCacheManager {
         }
         if args.is_plain()
             && self.coord.runs_everywhere(slot)
-            && !self.coord.has_align_checkpoints()
+            && !self.coord.may_note_align_checkpoint(slot)
         {
             // Debug builds check the compact path against the general one.
             #[cfg(debug_assertions)]
@@ -348,7 +348,7 @@ impl KvCacheManager {
         num_new_tokens: usize,
     ) {
         self.note_last_step(slot, total_computed, num_new_tokens);
-        if let Some(h) = self.coord.decode_horizon(slot) {
+        if let Some(h) = self.coord.decode_horizon(slot, &self.retention_marks(slot)) {
             self.set_horizon(slot, Some(h));
         }
     }

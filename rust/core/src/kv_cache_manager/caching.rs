@@ -78,7 +78,7 @@ impl KvCacheManager {
         );
         // The horizon is re-derived by the one rule an allocation uses
         // (`coord.decode_horizon`): the next decode stays on the hot line.
-        if let Some(h) = self.coord.decode_horizon(slot) {
+        if let Some(h) = self.coord.decode_horizon(slot, &self.retention_marks(slot)) {
             self.set_horizon(slot, Some(h));
         }
         Ok(())

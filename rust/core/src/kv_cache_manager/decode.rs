@@ -50,12 +50,17 @@ impl KvCacheManager {
             Some(h) => {
                 let noop = h.allows(&counts);
                 debug_assert!(
-                    !noop || self.coord.decode_is_noop(slot, &counts),
+                    !noop
+                        || self
+                            .coord
+                            .decode_is_noop(slot, &counts, &self.retention_marks(slot)),
                     "decode horizon {h:?} of slot {slot} admits a decode that changes blocks"
                 );
                 noop
             }
-            None => self.coord.decode_is_noop(slot, &counts),
+            None => self
+                .coord
+                .decode_is_noop(slot, &counts, &self.retention_marks(slot)),
         }
     }
 
@@ -126,7 +131,63 @@ impl KvCacheManager {
             },
             "hot-line check of slot {slot} disagrees with is_noop_decode"
         );
+        #[cfg(debug_assertions)]
+        if noop {
+            self.check_noop_decode(
+                slot,
+                num_new_tokens,
+                num_computed_tokens,
+                num_tokens,
+                lookahead,
+            );
+        }
         Some((slot, noop))
+    }
+
+    /// Debug builds: a decode judged a no-op changes nothing the general
+    /// path would (blocks, caching, checkpoints, events), bar the
+    /// planner's note and the horizon it re-derives.
+    #[cfg(debug_assertions)]
+    fn check_noop_decode(
+        &self,
+        slot: ReqSlot,
+        num_new_tokens: usize,
+        num_computed_tokens: usize,
+        num_tokens: usize,
+        lookahead: usize,
+    ) {
+        let args = AllocateArgs {
+            num_new_tokens,
+            num_computed_tokens,
+            num_tokens,
+            num_lookahead_tokens: lookahead,
+            ..Default::default()
+        };
+        let (mut general, mut noop) = (self.clone(), self.clone());
+        let mut out = NewBlocks::new();
+        assert!(general.allocate_general_checked(slot, &args, None, &mut out));
+        assert!(out.is_empty(), "no-op decode of slot {slot} allocates");
+        noop.record_noop_decode(slot, &args);
+        for m in [&mut general, &mut noop] {
+            m.set_horizon(slot, None);
+        }
+        // Lookup hints (`Hint(n)`) may move; they change no result.
+        let state = |m: &KvCacheManager| {
+            let s = format!("{m:?}");
+            let mut out = String::with_capacity(s.len());
+            let mut parts = s.split("Hint(");
+            out.push_str(parts.next().unwrap_or_default());
+            for p in parts {
+                out.push_str("Hint(_");
+                out.push_str(p.trim_start_matches(|c: char| c.is_ascii_digit()));
+            }
+            out
+        };
+        assert_eq!(
+            state(&general),
+            state(&noop),
+            "no-op decode of slot {slot} differs from the general path"
+        );
     }
 
     /// `coord.decode_is_noop` for a request without a known horizon (rare
@@ -134,7 +195,8 @@ impl KvCacheManager {
     #[cold]
     #[inline(never)]
     pub(super) fn decode_is_noop_by_tables(&self, slot: ReqSlot, c: &DecodeCounts) -> bool {
-        self.coord.decode_is_noop(slot, c)
+        self.coord
+            .decode_is_noop(slot, c, &self.retention_marks(slot))
     }
 
     /// A decode that changes no block, done in full (no hashes are due and
