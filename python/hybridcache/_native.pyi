@@ -302,6 +302,10 @@ class NativeManager:
         """`allocate_slots` as a builtin bound to this manager (no PyO3
         argument matching); the facade sets it as the instance's
         `allocate_slots`, so both spellings are the same call."""
+    def _bound_cache_blocks(self) -> Callable[[_Request, int], None]:
+        """`cache_blocks` as a builtin bound to this manager (the calls that
+        cache nothing new are answered from the request's hot line); the
+        facade sets it as the instance's `cache_blocks`."""
     def allocate_decode_batch(
         self,
         requests: Sequence[_Request],

@@ -246,6 +246,9 @@ class KVCacheManager(_native.NativeManager):
         # The scheduler's hottest call, bound to this manager: it skips PyO3's
         # keyword matching (same arguments, same result as the class method).
         self.allocate_slots = self._bound_allocate_slots()  # type: ignore[method-assign]
+        # 0.33.0's scheduler caches every running request every step: most
+        # calls cache nothing new and are answered from the request's hot line.
+        self.cache_blocks = self._bound_cache_blocks()  # type: ignore[method-assign]
         self.block_pool = BlockPoolView(self)
         self.coordinator = coordinator_view(self)
 

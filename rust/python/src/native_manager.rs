@@ -296,6 +296,18 @@ impl NativeManager {
             .unbind());
     }
 
+    /// `cache_blocks` bound to this manager: with the `raw-ffi` feature a
+    /// builtin that answers the calls caching nothing new from the
+    /// request's hot line (see `raw_ffi::cache_call`), else the bound method.
+    fn _bound_cache_blocks(slf: &Bound<'_, Self>) -> PyResult<PyObject> {
+        #[cfg(feature = "raw-ffi")]
+        return crate::raw_ffi::cache_call::bound_cache_blocks(slf);
+        #[cfg(not(feature = "raw-ffi"))]
+        return Ok(slf
+            .getattr(pyo3::intern!(slf.py(), "cache_blocks"))?
+            .unbind());
+    }
+
     /// The decode `allocate_slots` of a whole step in one call: for each
     /// request in order, exactly `allocate_slots(request, num_new_tokens[i],
     /// num_lookahead_tokens=num_lookahead_tokens)`. Returns `(ok, offsets,

@@ -178,15 +178,11 @@ impl Coordinator {
         }
     }
 
-    /// Whether a count for the request may reserve a Mamba prefill
-    /// checkpoint block, or clear one an earlier count noted (no compact
-    /// decode then): a group whose spec exports checkpoints, or one that
-    /// holds the request's checkpoint.
-    pub fn may_note_align_checkpoint(&self, slot: ReqSlot) -> bool {
-        self.managers.iter().any(|m| {
-            m.spec.mamba_checkpoints.is_some_and(|c| c.alignment > 0)
-                || m.align_state(slot).is_some_and(|a| a.checkpoint.is_some())
-        })
+    /// Whether some group's Mamba align rules beyond the table may act on
+    /// a decode of the request (no compact decode then; see
+    /// `SingleTypeManager::align_extras_may_act`).
+    pub fn align_extras_may_act(&self, slot: ReqSlot) -> bool {
+        self.managers.iter().any(|m| m.align_extras_may_act(slot))
     }
 
     /// vLLM 0.33.0's `shared_prefix_checkpoint` on every Mamba group (only

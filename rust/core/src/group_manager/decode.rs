@@ -32,16 +32,11 @@ impl SingleTypeManager {
     /// attention has no plain decode.
     #[inline]
     fn decodes_known(&self, slot: ReqSlot) -> Option<&GroupReq> {
-        // A decode with many drafts may reserve a Mamba checkpoint block
-        // where the spec exports them: such groups take the general path.
         // A partial tail may be (re)registered on any call: general path.
-        // Align caching keys states inside wide blocks, or at the junction
-        // by the request's computed count: general path there too.
         if !self.attn.is_per_token()
             || !self.attn.decodes_compactly()
-            || self.spec.mamba_checkpoints.is_some_and(|c| c.alignment > 0)
-            || self.caches_align_states() && (self.scale > 1 || self.shared_prefix_checkpoint)
             || self.partial_tails
+            || self.align_extras_may_act(slot)
         {
             return None;
         }
@@ -49,8 +44,20 @@ impl SingleTypeManager {
         let tabled = !self.enable_caching || self.attn.fixed_blocks().is_some();
         self.req(slot)
             .filter(|r| r.num_cached.is_some() || (tabled && r.has_blocks))
-            // An earlier count's checkpoint is cleared by the next count.
-            .filter(|r| r.align.is_none_or(|a| a.checkpoint.is_none()))
+    }
+
+    /// Whether Mamba align rules beyond the table may act on a decode of
+    /// the request: a checkpoint block to reserve (a decode with many
+    /// drafts may, where the spec exports them) or an earlier count's to
+    /// clear, states keyed inside wide blocks (with their copies) or at
+    /// the junction by the request's computed count. The decode paths
+    /// leave such requests to the general path.
+    pub fn align_extras_may_act(&self, slot: ReqSlot) -> bool {
+        self.spec.mamba_checkpoints.is_some_and(|c| c.alignment > 0)
+            || self.caches_align_states() && (self.scale > 1 || self.shared_prefix_checkpoint)
+            || self
+                .align_state(slot)
+                .is_some_and(|a| a.checkpoint.is_some())
     }
 
     /// Whether a plain decode step changes nothing in this group: no block

@@ -209,7 +209,7 @@ impl KvCacheManager {
         }
         if args.is_plain()
             && self.coord.runs_everywhere(slot)
-            && !self.coord.may_note_align_checkpoint(slot)
+            && !self.coord.align_extras_may_act(slot)
         {
             // Debug builds check the compact path against the general one.
             #[cfg(debug_assertions)]

@@ -3,6 +3,7 @@
 //! request after every step, so that call is as hot as a decode).
 
 use super::KvCacheManager;
+use crate::decode_bounds::DecodeHorizon;
 use crate::error::{invalid, CoreResult};
 use crate::hashes::HashUpdate;
 use crate::ReqSlot;
@@ -82,6 +83,43 @@ impl KvCacheManager {
             self.set_horizon(slot, Some(h));
         }
         Ok(())
+    }
+
+    /// `cache_blocks_held(slot, n, None)` judged from the request's hot
+    /// line alone (`handle`: a live request's, as `plain_decode_by_handle`
+    /// takes): `(slot, true)` when that call would change nothing and raise
+    /// nothing, so the caller need neither read the request's new hashes
+    /// nor make it. The decode horizon admits caching `n` tokens (no group
+    /// caches a block or keys a state), and its room bounds cover `n`, so
+    /// every group holds the `n / block_size` blocks the call checks for.
+    #[inline]
+    pub fn cache_blocks_is_noop_by_handle(
+        &self,
+        handle: u64,
+        num_computed_tokens: usize,
+    ) -> Option<(ReqSlot, bool)> {
+        let (slot, h, _) = self.reqs.resolve_for_decode(handle)?;
+        let n = num_computed_tokens;
+        let noop = !self.enable_caching
+            || *h != DecodeHorizon::UNKNOWN
+                && n <= h.max_need_slot
+                && n <= h.max_main
+                && n <= h.max_to_cache
+                && n >= h.min_to_cache;
+        #[cfg(debug_assertions)]
+        if noop {
+            let (mut called, mut skipped) = (self.clone(), self.clone());
+            assert!(called.cache_blocks_held(slot, n, None).is_ok());
+            for m in [&mut called, &mut skipped] {
+                m.set_horizon(slot, None);
+            }
+            assert_eq!(
+                super::decode::debug_state(&called),
+                super::decode::debug_state(&skipped),
+                "cache_blocks({n}) of slot {slot} judged a no-op changes state"
+            );
+        }
+        Some((slot, noop))
     }
 
     /// `set_shared_prefix_boundary` for a live slot.

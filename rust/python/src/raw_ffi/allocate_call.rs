@@ -111,7 +111,7 @@ unsafe fn call_full(
 ///
 /// # Safety
 /// `obj` is a live object; the GIL is held.
-unsafe fn plain_count(obj: *mut ffi::PyObject) -> Option<usize> {
+pub(crate) unsafe fn plain_count(obj: *mut ffi::PyObject) -> Option<usize> {
     // SAFETY: as this function's.
     unsafe {
         if ffi::PyLong_Check(obj) == 0 {

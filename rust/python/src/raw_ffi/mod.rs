@@ -6,10 +6,13 @@
 //! - `allocate_call`: `allocate_slots` as a builtin bound to one manager,
 //!   with a straight-line path for the scheduler's decode call;
 //! - `block_ids_call`: `KVCacheBlocks.get_block_ids` as a raw method
-//!   descriptor for its two common spellings.
+//!   descriptor for its two common spellings;
+//! - `cache_call`: `cache_blocks` as a builtin bound to one manager, with
+//!   a hot-line path for the calls that cache nothing new.
 
 pub(crate) mod allocate_call;
 pub(crate) mod block_ids_call;
+pub(crate) mod cache_call;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

@@ -1,0 +1,102 @@
+//! `cache_blocks` as a builtin bound to one manager, called with CPython's
+//! vectorcall convention (METH_FASTCALL | METH_KEYWORDS).
+//!
+//! vLLM 0.33.0's scheduler calls `cache_blocks(request, n)` for every
+//! running request after every step, and most such calls cache nothing
+//! new. Those are judged from the request's hot line (its decode horizon)
+//! and end here, without PyO3's argument matching and without reading the
+//! request's hashes or shared-prefix boundary. Every other call goes to
+//! the class's `cache_blocks`, which the facade's attribute shadows.
+
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+
+use super::{bind, call_with, raw_call, MethodDef};
+use crate::NativeManager;
+
+static CACHE_BLOCKS: MethodDef = MethodDef(ffi::PyMethodDef {
+    ml_name: c"cache_blocks".as_ptr(),
+    ml_meth: ffi::PyMethodDefPointer {
+        PyCFunctionFastWithKeywords: cache_blocks_fast,
+    },
+    ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
+    ml_doc: c"vLLM's KVCacheManager.cache_blocks(request, num_computed_tokens), bound to this manager."
+        .as_ptr(),
+});
+
+/// A new builtin calling `cache_blocks` of `manager`.
+pub fn bound_cache_blocks(manager: &Bound<'_, NativeManager>) -> PyResult<PyObject> {
+    bind(&CACHE_BLOCKS, manager.as_any())
+}
+
+unsafe extern "C" fn cache_blocks_fast(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls builtins with the GIL held, under the
+    // vectorcall contract (see `allocate_call`).
+    unsafe {
+        raw_call(|py| {
+            if is_noop(py, slf, args, nargs, kwnames) {
+                return Ok(py.None());
+            }
+            // SAFETY: `slf` is the manager the builtin was bound to.
+            let manager = Bound::from_borrowed_ptr(py, slf);
+            // The class's method: the instance attribute is this builtin.
+            let method = manager.get_type().getattr(intern!(py, "cache_blocks"))?;
+            call_with(&method, Some(&manager), args, nargs, kwnames)
+        })
+    }
+}
+
+/// Whether the call is the scheduler's `(request, n)` for a held request
+/// whose caching of `n` tokens changes nothing (no exception left set;
+/// false also for anything odd: the general path handles it, errors
+/// included, and the reads here have no side effects).
+///
+/// # Safety
+/// As `cache_blocks_fast`'s arguments, with the GIL held.
+unsafe fn is_noop(
+    py: Python<'_>,
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> bool {
+    if nargs != 2 || !kwnames.is_null() {
+        return false;
+    }
+    // SAFETY: the vectorcall contract: `args` holds 2 live values.
+    unsafe {
+        let Some(n) = super::allocate_call::plain_count(*args.add(1)) else {
+            return false;
+        };
+        // `slf` is a manager (see `bound_cache_blocks`).
+        let obj = Borrowed::from_ptr(py, slf);
+        let Ok(this) = obj.downcast_unchecked::<NativeManager>().try_borrow() else {
+            return false;
+        };
+        // The core keeps the request's computed count (the shared-prefix
+        // checkpoint): the general path reads it.
+        if this.inner.wants_num_computed_tokens() {
+            return false;
+        }
+        let rid = ffi::PyObject_GetAttr(*args, intern!(py, "request_id").as_ptr());
+        if rid.is_null() {
+            ffi::PyErr_Clear();
+            return false;
+        }
+        let addr = rid as usize;
+        ffi::Py_DECREF(rid);
+        // The id cache holds the str, so its address still names it.
+        let Some(handle) = this.ids.get_addr(addr) else {
+            return false;
+        };
+        this.inner
+            .cache_blocks_is_noop_by_handle(handle, n)
+            .is_some_and(|(_, noop)| noop)
+    }
+}
