@@ -59,12 +59,6 @@ def _waiting_statuses() -> list[Any]:
     return [RequestStatus.WAITING, RequestStatus.PREEMPTED]
 
 
-def _prefix_cache_stats() -> Any:
-    from hybridcache.events import prefix_cache_stats_class
-
-    return prefix_cache_stats_class()()
-
-
 class KVCacheManager033(KVCacheManager):
     """Drop-in for `vllm.v1.core.kv_cache_manager.KVCacheManager` of vLLM
     0.33.0, with its constructor keywords (the scheduler passes all of them
@@ -241,7 +235,8 @@ class KVCacheManager033(KVCacheManager):
         self._hash_block_size = hash_block_size
         # Tokens per block of each group, as the core sizes them (dcp scales them).
         self._block_sizes = [g.native.block_size for g in groups]
-        self._live_stats: Any = _prefix_cache_stats() if log_stats else None
+        # `_stats_cls`: the base found it once (fresh stats every step).
+        self._live_stats: Any = self._stats_cls() if log_stats else None
         self.watermark_blocks = int(watermark * self.num_blocks)
         self._set_watermark(self.watermark_blocks, _waiting_statuses())
         self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
@@ -324,7 +319,7 @@ class KVCacheManager033(KVCacheManager):
         None without `log_stats`."""
         if not self.log_stats:
             return None
-        stats, self._live_stats = self._live_stats, _prefix_cache_stats()
+        stats, self._live_stats = self._live_stats, self._stats_cls()
         return stats
 
     # -- frees --------------------------------------------------------------
@@ -413,6 +408,9 @@ class KVCacheManager033(KVCacheManager):
         (source, copy, in pair order), which hold an extra reference until
         the caller hands them to `block_pool.free_blocks` after the step."""
         pairs = self._native._take_kv_cache_block_copies_033()
+        if not pairs:
+            # Most steps (the scheduler asks every step).
+            return [], []
         copy_cls = _kv_cache_block_copy_class()
         copies = [copy_cls(src_block_id=src, dst_block_id=dst) for src, dst in pairs]
         retained = [block_view(self, b) for pair in pairs for b in pair]

@@ -406,7 +406,7 @@ impl NativeManager {
     }
 
     /// vLLM's `cache_blocks(request, num_computed_tokens)`.
-    fn cache_blocks(
+    pub(crate) fn cache_blocks(
         slf: &Bound<'_, Self>,
         request: &Bound<'_, PyAny>,
         num_computed_tokens: &Bound<'_, PyAny>,

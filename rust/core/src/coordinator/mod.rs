@@ -429,16 +429,15 @@ struct Cacheable {
     partial_hits: bool,
 }
 
-/// Tokens `m` caches for `num_tokens` computed tokens (vLLM 0.33.0's
-/// `get_num_cacheable_tokens`; with no re-prefillable tokens, 0.23.0's rule).
 /// The fewest tokens for which `m` caches at least `n` (`tokens_to_cache`
-/// is non-decreasing, so a bisection finds it from the rule itself); at
-/// most `n + reprefillable + sbs + bs`, where it caches at least `n`
-/// (usize::MAX, admitting no count, should the rule ever fall short).
+/// is non-decreasing and never above its count, so a bisection from `n`
+/// finds it from the rule itself); at most `n + reprefillable + sbs + bs`,
+/// where it caches at least `n` (usize::MAX, admitting no count, should
+/// the rule ever fall short).
 fn first_count_caching(rule: Cacheable, m: &SingleTypeManager, n: usize) -> usize {
     let caches = |t: usize| tokens_to_cache(rule, m, t) >= n;
     let (mut lo, mut hi) = (
-        0,
+        n,
         n + rule.reprefillable + rule.scheduler_block_size + m.block_size as usize,
     );
     if !caches(hi) {
@@ -455,6 +454,8 @@ fn first_count_caching(rule: Cacheable, m: &SingleTypeManager, n: usize) -> usiz
     lo
 }
 
+/// Tokens `m` caches for `num_tokens` computed tokens (vLLM 0.33.0's
+/// `get_num_cacheable_tokens`; with no re-prefillable tokens, 0.23.0's rule).
 fn tokens_to_cache(rule: Cacheable, m: &SingleTypeManager, num_tokens: usize) -> usize {
     if !m.spec.prefix_cacheable {
         // Out of prefix caching (vLLM 0.33.0's `cache_blocks` returns).

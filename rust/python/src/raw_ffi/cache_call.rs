@@ -21,8 +21,9 @@ static CACHE_BLOCKS: MethodDef = MethodDef(ffi::PyMethodDef {
         PyCFunctionFastWithKeywords: cache_blocks_fast,
     },
     ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-    ml_doc: c"vLLM's KVCacheManager.cache_blocks(request, num_computed_tokens), bound to this manager."
-        .as_ptr(),
+    ml_doc:
+        c"vLLM's KVCacheManager.cache_blocks(request, num_computed_tokens), bound to this manager."
+            .as_ptr(),
 });
 
 /// A new builtin calling `cache_blocks` of `manager`.
@@ -45,6 +46,15 @@ unsafe extern "C" fn cache_blocks_fast(
             }
             // SAFETY: `slf` is the manager the builtin was bound to.
             let manager = Bound::from_borrowed_ptr(py, slf);
+            if nargs == 2 && kwnames.is_null() {
+                // The scheduler's spelling: the method's body, directly.
+                let (request, n) = (
+                    Bound::from_borrowed_ptr(py, *args),
+                    Bound::from_borrowed_ptr(py, *args.add(1)),
+                );
+                NativeManager::cache_blocks(manager.downcast_unchecked(), &request, &n)?;
+                return Ok(py.None());
+            }
             // The class's method: the instance attribute is this builtin.
             let method = manager.get_type().getattr(intern!(py, "cache_blocks"))?;
             call_with(&method, Some(&manager), args, nargs, kwnames)
