@@ -3,6 +3,7 @@
 //! `python/hybridcache`, the binding in `rust/python`.
 #![forbid(unsafe_code)]
 
+pub mod addr_table;
 mod attention;
 pub mod block_hasher;
 mod block_pool;

@@ -240,6 +240,14 @@ impl RequestRegistry {
         ))
     }
 
+    /// Where the hot line of the handle's slot lives, for a caller to
+    /// prefetch before that request's next call (None: no such slot).
+    pub fn hot_line_addr(&self, handle: u64) -> Option<*const u8> {
+        self.hot
+            .get(handle as u32 as usize)
+            .map(|h| std::ptr::from_ref(h).cast())
+    }
+
     /// The live slot a handle names, if it still names one.
     pub fn resolve_handle(&self, handle: u64) -> Option<ReqSlot> {
         self.resolve_for_decode(handle).map(|(slot, ..)| slot)

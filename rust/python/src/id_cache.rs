@@ -5,17 +5,17 @@
 //!
 //! Each entry keeps its str alive, so its address cannot be taken by
 //! another object while the entry exists; the entry's handle (slot +
-//! generation) says whether the slot still holds that request.
+//! generation) says whether the slot still holds that request. The table
+//! (`AddrTable`) learns the order of the hot calls, for them to prefetch
+//! the next one's data.
 
-use std::collections::HashMap;
-
-use hybridcache_core::fast_hash::FxBuild;
+use hybridcache_core::addr_table::{AddrTable, NextCall};
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
 #[derive(Default)]
 pub struct IdCache {
-    by_addr: HashMap<usize, u64, FxBuild>,
+    table: AddrTable,
     // Per slot: the str its entry holds (at most one entry per slot).
     held: Vec<Option<Py<PyString>>>,
 }
@@ -23,12 +23,13 @@ pub struct IdCache {
 impl IdCache {
     /// The handle last seen for this very str object.
     pub fn get(&self, id: &Bound<'_, PyString>) -> Option<u64> {
-        self.get_addr(id.as_ptr() as usize)
+        self.table.get_addr(id.as_ptr() as usize)
     }
 
-    /// `get` by the object's address.
-    pub fn get_addr(&self, addr: usize) -> Option<u64> {
-        self.by_addr.get(&addr).copied()
+    /// `get` for a hot call, by the str's address; also where the call
+    /// after it was last time (`AddrTable::get_hot`).
+    pub fn get_hot(&mut self, addr: usize) -> Option<(u64, Option<NextCall>)> {
+        self.table.get_hot(addr)
     }
 
     /// Remembers that `id` names the request of `handle` (slot in the low
@@ -39,9 +40,9 @@ impl IdCache {
             self.held.resize_with(slot + 1, || None);
         }
         if let Some(old) = self.held[slot].take() {
-            self.by_addr.remove(&(old.as_ptr() as usize));
+            self.table.remove(old.as_ptr() as usize);
         }
-        self.by_addr.insert(id.as_ptr() as usize, handle);
+        self.table.insert(id.as_ptr() as usize, handle);
         self.held[slot] = Some(id.clone().unbind());
     }
 }

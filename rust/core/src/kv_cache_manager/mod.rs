@@ -413,6 +413,12 @@ impl KvCacheManager {
 
     /// The live slot a handle names, if any (`resolve_handle` without an
     /// error to build).
+    /// Where the decode data of the handle's request lives (see
+    /// `RequestRegistry::hot_line_addr`): a caller may prefetch it.
+    pub fn hot_line_addr(&self, handle: u64) -> Option<*const u8> {
+        self.reqs.hot_line_addr(handle)
+    }
+
     pub fn slot_of_handle(&self, handle: u64) -> Option<ReqSlot> {
         self.reqs.resolve_handle(handle)
     }

@@ -218,9 +218,10 @@ unsafe fn decode_fast<'py>(
         }
         let rid = Bound::from_owned_ptr(py, rid);
         // Only str ids are cached (by address: the cache holds the str).
-        let Some(handle) = this.ids.get_addr(rid.as_ptr() as usize) else {
+        let Some((handle, next)) = this.ids.get_hot(rid.as_ptr() as usize) else {
             return Fast::Other;
         };
+        super::prefetch_next(&this, next);
         let Some(num_computed_tokens) = count_attr(request, intern!(py, "num_computed_tokens"))
         else {
             return Fast::Other;

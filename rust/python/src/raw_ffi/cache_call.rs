@@ -86,7 +86,7 @@ unsafe fn is_noop(
         };
         // `slf` is a manager (see `bound_cache_blocks`).
         let obj = Borrowed::from_ptr(py, slf);
-        let Ok(this) = obj.downcast_unchecked::<NativeManager>().try_borrow() else {
+        let Ok(mut this) = obj.downcast_unchecked::<NativeManager>().try_borrow_mut() else {
             return false;
         };
         // The core keeps the request's computed count (the shared-prefix
@@ -102,9 +102,10 @@ unsafe fn is_noop(
         let addr = rid as usize;
         ffi::Py_DECREF(rid);
         // The id cache holds the str, so its address still names it.
-        let Some(handle) = this.ids.get_addr(addr) else {
+        let Some((handle, next)) = this.ids.get_hot(addr) else {
             return false;
         };
+        super::prefetch_next(&this, next);
         this.inner
             .cache_blocks_is_noop_by_handle(handle, n)
             .is_some_and(|(_, noop)| noop)
