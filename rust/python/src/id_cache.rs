@@ -27,7 +27,9 @@ impl IdCache {
     }
 
     /// `get` for a hot call, by the str's address; also where the call
-    /// after it was last time (`AddrTable::get_hot`).
+    /// after it was last time (`AddrTable::get_hot`). Only the raw entry
+    /// points make hot calls.
+    #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
     pub fn get_hot(&mut self, addr: usize) -> Option<(u64, Option<NextCall>)> {
         self.table.get_hot(addr)
     }
