@@ -100,6 +100,7 @@ class _BlocksLike(Protocol):
     def blocks(self) -> Sequence[Sequence[Any]]: ...
 
 _AllocateSlots: TypeAlias = Callable[..., KVCacheBlocks | None]
+_CacheBlocks: TypeAlias = Callable[..., None]
 
 @disjoint_base
 class NativeManager:
@@ -302,7 +303,7 @@ class NativeManager:
         """`allocate_slots` as a builtin bound to this manager (no PyO3
         argument matching); the facade sets it as the instance's
         `allocate_slots`, so both spellings are the same call."""
-    def _bound_cache_blocks(self) -> Callable[[_Request, int], None]:
+    def _bound_cache_blocks(self) -> _CacheBlocks:
         """`cache_blocks` as a builtin bound to this manager (the calls that
         cache nothing new are answered from the request's hot line); the
         facade sets it as the instance's `cache_blocks`."""

@@ -120,26 +120,15 @@ impl KvCacheManager {
         debug_assert_eq!(
             noop,
             {
-                let args = AllocateArgs {
-                    num_new_tokens,
-                    num_computed_tokens,
-                    num_tokens,
-                    num_lookahead_tokens: lookahead,
-                    ..Default::default()
-                };
+                let args = plain_args(num_new_tokens, num_computed_tokens, num_tokens, lookahead);
                 !self.may_need_hashes(known, &args) && self.is_noop_decode(slot, &args)
             },
             "hot-line check of slot {slot} disagrees with is_noop_decode"
         );
         #[cfg(debug_assertions)]
         if noop {
-            self.check_noop_decode(
-                slot,
-                num_new_tokens,
-                num_computed_tokens,
-                num_tokens,
-                lookahead,
-            );
+            let args = plain_args(num_new_tokens, num_computed_tokens, num_tokens, lookahead);
+            self.check_noop_decode(slot, &args);
         }
         Some((slot, noop))
     }
@@ -148,26 +137,12 @@ impl KvCacheManager {
     /// path would (blocks, caching, checkpoints, events), bar the
     /// planner's note and the horizon it re-derives.
     #[cfg(debug_assertions)]
-    fn check_noop_decode(
-        &self,
-        slot: ReqSlot,
-        num_new_tokens: usize,
-        num_computed_tokens: usize,
-        num_tokens: usize,
-        lookahead: usize,
-    ) {
-        let args = AllocateArgs {
-            num_new_tokens,
-            num_computed_tokens,
-            num_tokens,
-            num_lookahead_tokens: lookahead,
-            ..Default::default()
-        };
+    fn check_noop_decode(&self, slot: ReqSlot, args: &AllocateArgs) {
         let (mut general, mut noop) = (self.clone(), self.clone());
         let mut out = NewBlocks::new();
-        assert!(general.allocate_general_checked(slot, &args, None, &mut out));
+        assert!(general.allocate_general_checked(slot, args, None, &mut out));
         assert!(out.is_empty(), "no-op decode of slot {slot} allocates");
-        noop.record_noop_decode(slot, &args);
+        noop.record_noop_decode(slot, args);
         for m in [&mut general, &mut noop] {
             m.set_horizon(slot, None);
         }
@@ -272,6 +247,23 @@ impl KvCacheManager {
         }
         self.allocated(slot, c.total_computed, args.num_new_tokens);
         true
+    }
+}
+
+/// The arguments of the scheduler's decode call (the debug checks rebuild
+/// them from its counts).
+fn plain_args(
+    num_new_tokens: usize,
+    num_computed_tokens: usize,
+    num_tokens: usize,
+    lookahead: usize,
+) -> AllocateArgs<'static> {
+    AllocateArgs {
+        num_new_tokens,
+        num_computed_tokens,
+        num_tokens,
+        num_lookahead_tokens: lookahead,
+        ..Default::default()
     }
 }
 
