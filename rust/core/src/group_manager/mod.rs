@@ -120,6 +120,11 @@ impl SingleTypeManager {
         self.req(slot).and_then(|r| r.worker_view.as_deref())
     }
 
+    /// Where the request's record lives (for a caller to prefetch).
+    pub fn record_addr(&self, slot: ReqSlot) -> Option<*const u8> {
+        self.req(slot).map(|r| std::ptr::from_ref(r).cast())
+    }
+
     pub fn is_mamba_align(&self) -> bool {
         self.attn.align().is_some()
     }

@@ -411,14 +411,25 @@ impl KvCacheManager {
         self.reqs.handle(slot)
     }
 
-    /// The live slot a handle names, if any (`resolve_handle` without an
-    /// error to build).
-    /// Where the decode data of the handle's request lives (see
-    /// `RequestRegistry::hot_line_addr`): a caller may prefetch it.
-    pub fn hot_line_addr(&self, handle: u64) -> Option<*const u8> {
-        self.reqs.hot_line_addr(handle)
+    /// Where the decode data of the handle's request lives, for a caller to
+    /// prefetch before its next call: the hot line (`RequestRegistry::
+    /// hot_line_addr`), then each group's record (two lines each), which a
+    /// decode that changes blocks reads.
+    pub fn for_each_decode_line(&self, handle: u64, mut f: impl FnMut(*const u8)) {
+        let Some(hot) = self.reqs.hot_line_addr(handle) else {
+            return;
+        };
+        f(hot);
+        for m in &self.coord.managers {
+            if let Some(r) = m.record_addr(handle as u32) {
+                f(r);
+                f(r.wrapping_add(64));
+            }
+        }
     }
 
+    /// The live slot a handle names, if any (`resolve_handle` without an
+    /// error to build).
     pub fn slot_of_handle(&self, handle: u64) -> Option<ReqSlot> {
         self.reqs.resolve_handle(handle)
     }

@@ -74,7 +74,7 @@ pub(crate) fn prefetch(p: *const u8) {
     let _ = p;
 }
 
-/// The learned next hot call's id entry and hot line, prefetched.
+/// The learned next hot call's id entry and decode data, prefetched.
 #[inline(always)]
 pub(crate) fn prefetch_next(
     this: &crate::NativeManager,
@@ -82,9 +82,7 @@ pub(crate) fn prefetch_next(
 ) {
     if let Some(n) = next {
         prefetch(n.entry);
-        if let Some(line) = this.inner.hot_line_addr(n.handle) {
-            prefetch(line);
-        }
+        this.inner.for_each_decode_line(n.handle, prefetch);
     }
 }
 
