@@ -138,18 +138,48 @@ impl KvCacheManager {
     /// planner's note and the horizon it re-derives.
     #[cfg(debug_assertions)]
     fn check_noop_decode(&self, slot: ReqSlot, args: &AllocateArgs) {
-        let (mut general, mut noop) = (self.clone(), self.clone());
-        let mut out = NewBlocks::new();
-        assert!(general.allocate_general_checked(slot, args, None, &mut out));
-        assert!(out.is_empty(), "no-op decode of slot {slot} allocates");
-        noop.record_noop_decode(slot, args);
-        for m in [&mut general, &mut noop] {
+        self.assert_skip_matches(
+            slot,
+            "no-op decode",
+            |general| {
+                let mut out = NewBlocks::new();
+                assert!(general.allocate_general_checked(slot, args, None, &mut out));
+                assert!(out.is_empty(), "no-op decode of slot {slot} allocates");
+            },
+            |noop| noop.record_noop_decode(slot, args),
+        );
+    }
+
+    /// Debug builds: what a fast path did instead of a call (`skip`) leaves
+    /// the manager as the call in full (`run`) would, bar the request's
+    /// horizon (each may re-derive it) and lookup hints (`Hint(n)`).
+    #[cfg(debug_assertions)]
+    pub(super) fn assert_skip_matches(
+        &self,
+        slot: ReqSlot,
+        what: &str,
+        run: impl FnOnce(&mut KvCacheManager),
+        skip: impl FnOnce(&mut KvCacheManager),
+    ) {
+        let (mut called, mut skipped) = (self.clone(), self.clone());
+        run(&mut called);
+        skip(&mut skipped);
+        let state = |m: &mut KvCacheManager| {
             m.set_horizon(slot, None);
-        }
+            let s = format!("{m:?}");
+            let mut out = String::with_capacity(s.len());
+            let mut parts = s.split("Hint(");
+            out.push_str(parts.next().unwrap_or_default());
+            for p in parts {
+                out.push_str("Hint(_");
+                out.push_str(p.trim_start_matches(|c: char| c.is_ascii_digit()));
+            }
+            out
+        };
         assert_eq!(
-            debug_state(&general),
-            debug_state(&noop),
-            "no-op decode of slot {slot} differs from the general path"
+            state(&mut called),
+            state(&mut skipped),
+            "{what} of slot {slot} differs from the call in full"
         );
     }
 
@@ -265,19 +295,4 @@ fn plain_args(
         num_lookahead_tokens: lookahead,
         ..Default::default()
     }
-}
-
-/// Debug builds: the manager's state as the no-op checks compare it;
-/// lookup hints (`Hint(n)`) may move, they change no result.
-#[cfg(debug_assertions)]
-pub(super) fn debug_state(m: &KvCacheManager) -> String {
-    let s = format!("{m:?}");
-    let mut out = String::with_capacity(s.len());
-    let mut parts = s.split("Hint(");
-    out.push_str(parts.next().unwrap_or_default());
-    for p in parts {
-        out.push_str("Hint(_");
-        out.push_str(p.trim_start_matches(|c: char| c.is_ascii_digit()));
-    }
-    out
 }

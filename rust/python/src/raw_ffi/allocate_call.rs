@@ -14,7 +14,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
-use super::{bind, call_args, raw_call, CallArgs, MethodDef};
+use super::{bind, call_args, held_request, plain_count, raw_call, CallArgs, MethodDef};
 use crate::allocate_params::{call_matched, param_name, Param};
 use crate::NativeManager;
 
@@ -107,24 +107,6 @@ unsafe fn call_full(
     call_matched(&manager, positional.into_iter(), keywords.into_iter())
 }
 
-/// A non-negative int, or None where it is not one (no exception left set).
-///
-/// # Safety
-/// `obj` is a live object; the GIL is held.
-pub(crate) unsafe fn plain_count(obj: *mut ffi::PyObject) -> Option<usize> {
-    // SAFETY: as this function's.
-    unsafe {
-        if ffi::PyLong_Check(obj) == 0 {
-            return None;
-        }
-        let v = ffi::PyLong_AsLong(obj);
-        if v == -1 && !ffi::PyErr_Occurred().is_null() {
-            ffi::PyErr_Clear();
-        }
-        usize::try_from(v).ok()
-    }
-}
-
 /// `request.<name>` as a plain count, or None (no exception left set).
 ///
 /// # Safety
@@ -211,17 +193,9 @@ unsafe fn decode_fast<'py>(
             return Fast::Other;
         }
         let request = *args;
-        let rid = ffi::PyObject_GetAttr(request, intern!(py, "request_id").as_ptr());
-        if rid.is_null() {
-            ffi::PyErr_Clear();
-            return Fast::Other;
-        }
-        let rid = Bound::from_owned_ptr(py, rid);
-        // Only str ids are cached (by address: the cache holds the str).
-        let Some((handle, next)) = this.ids.get_hot(rid.as_ptr() as usize) else {
+        let Some((rid, handle)) = held_request(py, &mut this, request) else {
             return Fast::Other;
         };
-        super::prefetch_next(&this, next);
         let Some(num_computed_tokens) = count_attr(request, intern!(py, "num_computed_tokens"))
         else {
             return Fast::Other;

@@ -12,7 +12,7 @@ use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 
-use super::{bind, call_with, raw_call, MethodDef};
+use super::{bind, call_with, held_request, plain_count, raw_call, MethodDef};
 use crate::NativeManager;
 
 static CACHE_BLOCKS: MethodDef = MethodDef(ffi::PyMethodDef {
@@ -81,7 +81,7 @@ unsafe fn is_noop(
     }
     // SAFETY: the vectorcall contract: `args` holds 2 live values.
     unsafe {
-        let Some(n) = super::allocate_call::plain_count(*args.add(1)) else {
+        let Some(n) = plain_count(*args.add(1)) else {
             return false;
         };
         // `slf` is a manager (see `bound_cache_blocks`).
@@ -94,18 +94,9 @@ unsafe fn is_noop(
         if this.inner.wants_num_computed_tokens() {
             return false;
         }
-        let rid = ffi::PyObject_GetAttr(*args, intern!(py, "request_id").as_ptr());
-        if rid.is_null() {
-            ffi::PyErr_Clear();
-            return false;
-        }
-        let addr = rid as usize;
-        ffi::Py_DECREF(rid);
-        // The id cache holds the str, so its address still names it.
-        let Some((handle, next)) = this.ids.get_hot(addr) else {
+        let Some((_, handle)) = held_request(py, &mut this, *args) else {
             return false;
         };
-        super::prefetch_next(&this, next);
         this.inner
             .cache_blocks_is_noop_by_handle(handle, n)
             .is_some_and(|(_, noop)| noop)

@@ -74,16 +74,53 @@ pub(crate) fn prefetch(p: *const u8) {
     let _ = p;
 }
 
-/// The learned next hot call's id entry and decode data, prefetched.
-#[inline(always)]
-pub(crate) fn prefetch_next(
-    this: &crate::NativeManager,
-    next: Option<hybridcache_core::addr_table::NextCall>,
-) {
+/// A non-negative int, or None where it is not one (no exception left set).
+///
+/// # Safety
+/// `obj` is a live object; the GIL is held.
+pub(crate) unsafe fn plain_count(obj: *mut ffi::PyObject) -> Option<usize> {
+    // SAFETY: as this function's.
+    unsafe {
+        if ffi::PyLong_Check(obj) == 0 {
+            return None;
+        }
+        let v = ffi::PyLong_AsLong(obj);
+        if v == -1 && !ffi::PyErr_Occurred().is_null() {
+            ffi::PyErr_Clear();
+        }
+        usize::try_from(v).ok()
+    }
+}
+
+/// A hot call's `request.request_id` and the handle the id cache holds for
+/// that very str (None: no such attribute, or an id not seen before; no
+/// exception left set). The call the scheduler made after this one last
+/// time has its id entry and decode data prefetched.
+///
+/// # Safety
+/// `request` is a live object; the GIL is held.
+pub(crate) unsafe fn held_request<'py>(
+    py: Python<'py>,
+    this: &mut crate::NativeManager,
+    request: *mut ffi::PyObject,
+) -> Option<(Bound<'py, PyAny>, u64)> {
+    // SAFETY: as this function's; the attribute is a new reference, owned
+    // by the Bound returned.
+    let rid = unsafe {
+        let rid = ffi::PyObject_GetAttr(request, pyo3::intern!(py, "request_id").as_ptr());
+        if rid.is_null() {
+            ffi::PyErr_Clear();
+            return None;
+        }
+        Bound::from_owned_ptr(py, rid)
+    };
+    // Only str ids are cached (by address: the cache holds the str).
+    let (handle, next) = this.ids.get_hot(rid.as_ptr() as usize)?;
     if let Some(n) = next {
         prefetch(n.entry);
         this.inner.for_each_decode_line(n.handle, prefetch);
     }
+    Some((rid, handle))
 }
 
 /// A vectorcall's arguments as objects: the positional values, then the
