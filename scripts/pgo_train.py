@@ -17,10 +17,14 @@ from hybridcache.bench import CONFIGS, Workload, run_workload
 from hybridcache.bench_batched import accept_drafts, decoding_manager
 
 SEED = 7
+# Each release's facade and rules: their hot paths differ (0.33.0's scheduler
+# calls `cache_blocks` for every running request, its Mamba caching rules).
+RELEASES = ("0.23.0", "0.33.0")
 
 
-def drop_in(config: str, running: int, steps: int) -> None:
-    result = run_workload(Workload(config=config, running=running, steps=steps, seed=SEED), use_vllm=False)
+def drop_in(config: str, running: int, steps: int, release: str) -> None:
+    w = Workload(config=config, running=running, steps=steps, seed=SEED, release=release)
+    result = run_workload(w, use_vllm=False)
     if not result["verified"]:
         raise SystemExit(f"training replay diverged: {result.get('divergence')}")
 
@@ -44,8 +48,9 @@ def arrays(config: str, running: int, steps: int) -> None:
 
 def main() -> int:
     for config in CONFIGS:
-        for running in (128, 512):
-            drop_in(config, running, steps=30)
+        for release in RELEASES:
+            for running in (128, 512):
+                drop_in(config, running, steps=30, release=release)
         arrays(config, running=384, steps=40)
         print(f"pgo training: {config} done", file=sys.stderr)
     return 0
