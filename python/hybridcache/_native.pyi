@@ -409,9 +409,10 @@ class NativeManager:
         """Call once at the start of every scheduler step (vLLM's
         `Scheduler.schedule` does): per-step bookkeeping such as the Mamba
         align groups' blocks cached this step."""
-    def _take_boundary_state_offloads_033(self) -> list[tuple[str, int, int, int]]:
+    def _take_boundary_state_offloads_033(self) -> dict[str, list[tuple[int, int, int]]]:
         """vLLM 0.33.0 Mamba align states cached since the last call:
-        (request id, group, block id, boundary tokens), oldest first."""
+        {request id: [(group, block id, boundary tokens), ...]}, oldest
+        first."""
     def _take_kv_cache_block_copies_033(self) -> list[tuple[int, int]]:
         """vLLM 0.33.0 copy-on-write copies of partial hash hits since the
         last call: (source, copy) block ids, each holding an extra reference

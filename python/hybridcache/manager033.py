@@ -74,6 +74,8 @@ class KVCacheManager033(KVCacheManager):
 
     # Each group's kind as layout033 names it ("full", "mamba", ...).
     _kinds: tuple[str, ...]
+    # Indices of the groups `estimate_cached_tokens` counts.
+    _estimated_groups: tuple[int, ...]
 
     # Multi-module MTP's re-prefillable tail (num_prefill_lookahead - 1).
     num_reprefillable_tokens: int
@@ -226,11 +228,15 @@ class KVCacheManager033(KVCacheManager):
             )
         self._adopt_core(fresh)
         self._group_infos = fresh._group_infos
+        self._estimated_groups = fresh._estimated_groups
         self._retention_interval = value
 
     def _init_033(self, groups: list[Any], hash_block_size: int, watermark: float,
                   num_hash_lookahead_tokens: int, log_stats: bool, shared_prefix_checkpoint: bool) -> None:
         self._group_infos = groups
+        # The groups `estimate_cached_tokens` counts: prefix-cacheable, not cross attention.
+        self._estimated_groups = tuple(i for i, (g, kind) in enumerate(zip(groups, self._kinds))
+                                       if g.native.prefix_cacheable and kind != "cross_attention")
         self._specs = [g.kv_cache_spec for g in self.kv_cache_config.kv_cache_groups]
         self._hash_block_size = hash_block_size
         # Tokens per block of each group, as the core sizes them (dcp scales them).
@@ -364,13 +370,9 @@ class KVCacheManager033(KVCacheManager):
         the most any of a group's blocks' hash covers (`block_hash_num_tokens`:
         a full block's end, a partial entry's boundary inside the block, or
         the boundary a Mamba state is keyed at)."""
-        cached: int | None = None
         # The scheduler asks once per finished prefill: one native call.
-        for tokens, g, kind in zip(self._max_hash_num_tokens(request.request_id), self._groups, self._kinds):
-            if not g.native.prefix_cacheable or kind == "cross_attention":
-                continue
-            cached = tokens if cached is None else min(cached, tokens)
-        return cached or 0
+        tokens = self._max_hash_num_tokens(request.request_id)
+        return min((tokens[i] for i in self._estimated_groups), default=0)
 
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
         """`blocks` (a lookup result) cut to `num_computed_tokens` tokens, a
@@ -420,10 +422,7 @@ class KVCacheManager033(KVCacheManager):
         """Mamba align boundary states for a KV connector, drained:
         {request id: [(group, block id, boundary tokens), ...]}, every state
         cached since the last call (none without Mamba prefix caching)."""
-        offloads: dict[str, list[tuple[int, int, int]]] = {}
-        for req_id, group, block, tokens in self._take_boundary_state_offloads_033():
-            offloads.setdefault(req_id, []).append((group, block, tokens))
-        return offloads
+        return self._take_boundary_state_offloads_033()
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
         """A finishing request's Mamba align producer tails (its own prompt

@@ -591,9 +591,12 @@ impl NativeManager {
         self.inner.new_step_starts();
     }
 
-    /// Mamba align boundary states cached since the last take: (request
-    /// id, group, block id, boundary tokens), oldest first.
-    fn _take_boundary_state_offloads_033(&mut self) -> Vec<(String, u32, u32, usize)> {
-        self.inner.take_boundary_state_offloads()
+    /// Mamba align boundary states cached since the last take: {request
+    /// id: [(group, block id, boundary tokens), ...]}, oldest first.
+    fn _take_boundary_state_offloads_033<'py>(
+        &mut self,
+        py: Python<'py>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        self.boundary_state_offloads(py)
     }
 }

@@ -5,6 +5,7 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
 
 use crate::convert::{count_obj, guard, req_attr};
 use crate::native_manager::NativeManager;
@@ -107,5 +108,28 @@ impl NativeManager {
             .into_iter()
             .map(|b| Ok(pool.block_hash_num_tokens(self.block_id(b)?)))
             .collect()
+    }
+
+    /// vLLM 0.33.0's `take_boundary_state_offloads`, drained: {request id:
+    /// [(group, block id, boundary tokens), ...]}, requests in the order of
+    /// their first entry. Built here: at 1024 running a step has hundreds.
+    pub(crate) fn boundary_state_offloads<'py>(
+        &mut self,
+        py: Python<'py>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        let mut lists: std::collections::HashMap<u32, Bound<'py, PyList>> = Default::default();
+        for (slot, group, block, tokens) in self.inner.take_boundary_state_offloads() {
+            let list = match lists.entry(slot) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let list = PyList::empty(py);
+                    out.set_item(self.inner.request_id_at(slot), &list)?;
+                    e.insert(list)
+                }
+            };
+            list.append((group, block, tokens))?;
+        }
+        Ok(out)
     }
 }

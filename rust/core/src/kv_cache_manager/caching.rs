@@ -6,7 +6,7 @@ use super::KvCacheManager;
 use crate::decode_bounds::DecodeHorizon;
 use crate::error::{invalid, CoreResult};
 use crate::hashes::HashUpdate;
-use crate::ReqSlot;
+use crate::{BlockId, ReqSlot};
 
 impl KvCacheManager {
     /// Caches the request's full blocks up to `num_computed_tokens`.
@@ -134,16 +134,26 @@ impl KvCacheManager {
     /// over the groups it counts.
     pub fn max_hash_num_tokens(&self, request_id: &str) -> Vec<u32> {
         let slot = self.slot(request_id);
+        let pool = &self.coord.pool;
         self.coord
             .managers
             .iter()
             .map(|m| {
                 slot.map_or(0, |s| {
-                    m.blocks(s)
-                        .iter()
-                        .filter_map(|&b| self.coord.pool.block_hash_num_tokens(b))
-                        .max()
-                        .unwrap_or(0)
+                    let covers = |&b: &BlockId| pool.block_hash_num_tokens(b);
+                    let blocks = m.blocks(s);
+                    let most = if m.is_mamba_align() {
+                        // Align tables move speculative blocks: all of them.
+                        blocks.iter().filter_map(covers).max()
+                    } else {
+                        // Block i holds tokens [i·bs, (i+1)·bs) and a cached
+                        // block's hash ends inside it (the invariants check
+                        // it), so the last cached block covers the most: a
+                        // long table's other blocks (cold lines) go unread.
+                        blocks.iter().rev().find_map(covers)
+                    };
+                    debug_assert_eq!(most, blocks.iter().filter_map(covers).max());
+                    most.unwrap_or(0)
                 })
             })
             .collect()

@@ -95,6 +95,13 @@ impl KvCacheManager {
                                 "group {g}: block {b} at position {i} is cached under another hash"
                             ));
                         }
+                        // `max_hash_num_tokens` reads only the last cached block.
+                        if !align && !(covers > i * bs && covers <= (i + 1) * bs) {
+                            return fail(format!(
+                                "group {g}: block {b} at position {i} covers {covers} tokens, \
+                                 outside its own block"
+                            ));
+                        }
                     }
                 }
             }

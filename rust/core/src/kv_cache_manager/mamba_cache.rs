@@ -5,7 +5,7 @@ use super::KvCacheManager;
 use crate::coordinator::CacheHit;
 use crate::error::{invalid, CoreResult};
 use crate::hashes::HashList;
-use crate::BlockId;
+use crate::{BlockId, ReqSlot};
 
 impl KvCacheManager {
     /// 0.33.0's `get_computed_blocks_for_connector` on hybrid models with
@@ -47,14 +47,13 @@ impl KvCacheManager {
 
     /// vLLM 0.33.0's `take_boundary_state_offloads`: the Mamba align states
     /// cached since the last take, group by group, oldest first: (request
-    /// id, group, block, boundary tokens).
-    pub fn take_boundary_state_offloads(&mut self) -> Vec<(String, u32, BlockId, usize)> {
+    /// slot, group, block, boundary tokens). Every slot is live (a free
+    /// drops the request's entries): `request_id_at` names it.
+    pub fn take_boundary_state_offloads(&mut self) -> Vec<(ReqSlot, u32, BlockId, usize)> {
         let mut raw = Vec::new();
         for m in self.coord.managers.iter_mut() {
             m.take_offloads(&mut raw);
         }
-        raw.into_iter()
-            .map(|(s, g, b, t)| (self.reqs.id_at(s).to_string(), g, b, t))
-            .collect()
+        raw
     }
 }
