@@ -100,7 +100,8 @@ def _pair(name: str, block_size: int, lookahead: int) -> tuple[Any, Any]:
     fn = get_hash_fn_by_name(name)
     kv_cache_utils.init_none_hash(fn)
     native = hc_vllm.native_request_block_hasher(VLLM_FACTORY)(block_size, fn, lookahead)
-    assert isinstance(native, BlockHasher) and native.num_hash_lookahead_tokens == lookahead
+    hasher = hc_vllm.native_hasher_of(native)
+    assert isinstance(hasher, BlockHasher) and hasher.num_hash_lookahead_tokens == lookahead
     return VLLM_FACTORY(block_size, fn, lookahead), native
 
 
@@ -199,15 +200,15 @@ def test_factory_takes_033s_signature_and_falls_back_otherwise() -> None:
     fn = get_hash_fn_by_name("sha256")
     kv_cache_utils.init_none_hash(fn)
     factory = hc_vllm.native_request_block_hasher(VLLM_FACTORY)
+    native = hc_vllm.native_hasher_of
     for call in [(16, fn), (16, fn, 0), (16, fn, 2)]:
-        assert isinstance(factory(*call), BlockHasher)
-    assert isinstance(factory(16, fn, num_hash_lookahead_tokens=3), BlockHasher)
-    assert factory(16, fn, num_hash_lookahead_tokens=3).num_hash_lookahead_tokens == 3
+        assert isinstance(native(factory(*call)), BlockHasher)
+    assert native(factory(16, fn, num_hash_lookahead_tokens=3)).num_hash_lookahead_tokens == 3
 
     def custom(data: Any) -> bytes:
         return b"x" * 32
 
-    assert not isinstance(factory(16, custom, 1), BlockHasher)
+    assert native(factory(16, custom, 1)) is None
     # Calls 0.33.0's factory does not take go to it (and fail there as in vLLM).
     with pytest.raises(TypeError):
         factory(16, fn, 1, 2)
@@ -222,7 +223,7 @@ def test_install_rebinds_the_033_engines_hasher() -> None:
         fn = get_hash_fn_by_name(NAMES[-1])
         kv_cache_utils.init_none_hash(fn)
         # The engine's own call (vllm/v1/engine/core.py): (hash_block_size, fn, lookahead).
-        hasher = engine_core.get_request_block_hasher(16, fn, 1)
+        hasher = hc_vllm.native_hasher_of(engine_core.get_request_block_hasher(16, fn, 1))
         assert isinstance(hasher, BlockHasher) and hasher.none_hash == kv_cache_utils.NONE_HASH
     finally:
         hc_vllm._uninstall_hasher()

@@ -68,8 +68,8 @@ def test_other_hash_functions_fall_back_to_vllms_hasher() -> None:
     def custom(data: Any) -> bytes:
         return b"x" * 32
 
-    assert not isinstance(factory(16, custom), BlockHasher)
-    assert isinstance(factory(16, get_hash_fn_by_name("sha256")), BlockHasher)
+    assert hc_vllm.native_hasher_of(factory(16, custom)) is None
+    assert isinstance(hc_vllm.native_hasher_of(factory(16, get_hash_fn_by_name("sha256"))), BlockHasher)
 
 
 def _request(rid: str, tokens: list[int], lora: bool, salt: str | None) -> Request:
@@ -93,7 +93,7 @@ def test_block_hashes_identical_to_vllms(name: str, lora: bool, salt: str | None
     fn = get_hash_fn_by_name(name)
     kv_cache_utils.init_none_hash(fn)
     native = hc_vllm.native_request_block_hasher(VLLM_FACTORY)(block_size, fn)
-    assert isinstance(native, BlockHasher)
+    assert isinstance(hc_vllm.native_hasher_of(native), BlockHasher)
     python = VLLM_FACTORY(block_size, fn)
     rng = random.Random(hash((name, lora, salt, block_size)) & 0xFFFF)
     prompt = [rng.randrange(0, 50000) for _ in range(rng.randint(1, 70))]

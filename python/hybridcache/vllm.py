@@ -133,12 +133,28 @@ def native_request_block_hasher(vllm_factory: Any) -> Any:
         if not native:
             return vllm_factory(block_size, caching_hash_fn, *args, **kwargs)
         assert release is not None and lookahead is not None
-        return make_request_block_hasher(
+        hasher = make_request_block_hasher(
             block_size, caching_hash_fn, profile=release, num_hash_lookahead_tokens=lookahead
         )
+        # vLLM calls it at every appended token: a one-argument builtin
+        # bound to the hasher is the cheapest call (`native_hasher_of` finds
+        # the hasher again).
+        return hasher._bound_call()
 
     get_request_block_hasher.hybridcache_native = True  # type: ignore[attr-defined]
     return get_request_block_hasher
+
+
+def native_hasher_of(hasher: Any) -> Any:
+    """The `BlockHasher` behind a request block hasher the installed
+    factory built (the hasher itself, or the builtin bound to it), else
+    None (vLLM's own Python hasher)."""
+    from hybridcache._native import BlockHasher
+
+    for h in (hasher, getattr(hasher, "__self__", None)):
+        if isinstance(h, BlockHasher):
+            return h
+    return None
 
 
 def _install_hasher() -> None:

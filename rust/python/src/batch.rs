@@ -315,11 +315,7 @@ fn run_requests<'py>(
             None
         } else {
             if args.num_tokens == NUM_TOKENS_UNREAD {
-                args.num_tokens = count_obj(
-                    "request.num_tokens",
-                    &req_attr(&request, intern!(py, "num_tokens")).map_err(at)?,
-                )
-                .map_err(at)?;
+                args.num_tokens = crate::convert::request_num_tokens(&request).map_err(at)?;
             }
             let update = if inner.may_need_hashes(known, &args) {
                 hash_update(

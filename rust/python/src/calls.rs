@@ -9,7 +9,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 
 use crate::blocks::KVCacheBlocks;
-use crate::convert::{self, block_ids, count_obj, fill_hash_update, guard, hash_update, req_attr};
+use crate::convert::{
+    self, block_ids, count_obj, fill_hash_update, guard, hash_update, req_attr, request_num_tokens,
+};
 use crate::native_manager::{Bound_, NativeManager};
 use crate::{opt_count, request_id, NUM_TOKENS_UNREAD};
 
@@ -340,10 +342,7 @@ impl NativeManager {
         mut args: AllocateArgs,
     ) -> PyResult<bool> {
         if args.num_tokens == NUM_TOKENS_UNREAD {
-            args.num_tokens = count_obj(
-                "request.num_tokens",
-                &req_attr(request, intern!(request.py(), "num_tokens"))?,
-            )?;
+            args.num_tokens = request_num_tokens(request)?;
         }
         args.num_prompt_tokens = prompt_len_if_wanted(&self.inner, slot, request)?;
         read_033_fields(&self.inner, request, &mut args)?;

@@ -66,6 +66,22 @@ pub fn u32_arg(name: &str, v: i64) -> PyResult<u32> {
     u32::try_from(v).map_err(|_| PyValueError::new_err(format!("{name} out of range: {v}")))
 }
 
+/// `request.num_tokens`. vLLM's is a property, `len(self._all_token_ids)`
+/// (0.23.0 and 0.33.0), run as Python code at every read: where the request
+/// has that list, its length is read instead (as the native hasher does).
+pub fn request_num_tokens(request: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let py = request.py();
+    if let Ok(tokens) = request.getattr(pyo3::intern!(py, "_all_token_ids")) {
+        if let Ok(list) = tokens.downcast_exact::<pyo3::types::PyList>() {
+            return Ok(list.len());
+        }
+    }
+    count_obj(
+        "request.num_tokens",
+        &req_attr(request, pyo3::intern!(py, "num_tokens"))?,
+    )
+}
+
 /// `request.<name>`, where a missing attribute means the caller passed
 /// something that is not a request: a TypeError saying what was expected.
 #[inline]

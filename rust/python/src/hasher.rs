@@ -367,6 +367,46 @@ impl BlockHasher {
         py: Python<'py>,
         request: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
+        self.hash_new_blocks(py, request)
+    }
+
+    /// This hasher as the engine calls it: with the `raw-ffi` feature a
+    /// one-argument builtin bound to it (see `raw_ffi::hasher_call`), else
+    /// the hasher itself. Same results either way.
+    fn _bound_call(slf: &Bound<'_, Self>) -> PyResult<PyObject> {
+        #[cfg(feature = "raw-ffi")]
+        return crate::raw_ffi::hasher_call::bound_hasher(slf);
+        #[cfg(not(feature = "raw-ffi"))]
+        return Ok(slf.clone().into_any().unbind());
+    }
+}
+
+impl BlockHasher {
+    /// Whether `request` has no full block past its hashes, judged from two
+    /// list lengths (false where they are not lists: the full call decides).
+    #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
+    pub(crate) fn has_no_new_block(&self, request: &Borrowed<'_, '_, PyAny>) -> bool {
+        let py = request.py();
+        let len = |name: &Bound<'_, pyo3::types::PyString>| {
+            let v = request.getattr(name).ok()?;
+            v.downcast_exact::<PyList>().ok().map(|l| l.len())
+        };
+        let (Some(have), Some(num_tokens)) = (
+            len(intern!(py, "block_hashes")),
+            len(intern!(py, "_all_token_ids")),
+        ) else {
+            return false;
+        };
+        let bs = self.core.block_size();
+        have * bs + bs > hashable_tokens(num_tokens, self.lookahead)
+    }
+
+    /// `__call__`'s body: the hashes of the request's new full blocks.
+    pub(crate) fn hash_new_blocks<'py>(
+        &self,
+        py: Python<'py>,
+        request: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
         let bs = self.core.block_size();
         let la = self.lookahead;
         let out = PyList::empty(py);

@@ -47,10 +47,7 @@ pub(crate) fn lookup<'py>(
     }
     let rid = request_id(request)?;
     let rid = rid.to_str()?;
-    let num_tokens = count_obj(
-        "request.num_tokens",
-        &req_attr(request, intern!(py, "num_tokens"))?,
-    )?;
+    let num_tokens = crate::convert::request_num_tokens(request)?;
     let (hit, boundary) = {
         let mut this = slf.borrow_mut();
         let update = this.pending_hashes(request, rid)?;

@@ -8,11 +8,14 @@
 //! - `block_ids_call`: `KVCacheBlocks.get_block_ids` as a raw method
 //!   descriptor for its two common spellings;
 //! - `cache_call`: `cache_blocks` as a builtin bound to one manager, with
-//!   a hot-line path for the calls that cache nothing new.
+//!   a hot-line path for the calls that cache nothing new;
+//! - `hasher_call`: a `BlockHasher` as a one-argument builtin, with a
+//!   path for the calls that find no new full block.
 
 pub(crate) mod allocate_call;
 pub(crate) mod block_ids_call;
 pub(crate) mod cache_call;
+pub(crate) mod hasher_call;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
