@@ -1,6 +1,8 @@
 //! Conversions between Python objects and core arguments, with errors that
 //! name the offending argument. No allocation decision is made here.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use hybridcache_core::{
     BehaviourProfile, CoreError, GroupSpec, HashUpdate, MambaCheckpoints, MambaMode, ManagerConfig,
     SpecKind,
@@ -71,16 +73,25 @@ pub fn u32_arg(name: &str, v: i64) -> PyResult<u32> {
 /// has that list, its length is read instead (as the native hasher does).
 pub fn request_num_tokens(request: &Bound<'_, PyAny>) -> PyResult<usize> {
     let py = request.py();
-    if let Ok(tokens) = request.getattr(pyo3::intern!(py, "_all_token_ids")) {
-        if let Ok(list) = tokens.downcast_exact::<pyo3::types::PyList>() {
-            return Ok(list.len());
+    let ty = request.get_type().as_ptr() as usize;
+    if TYPE_WITHOUT_TOKEN_LIST.load(Ordering::Relaxed) != ty {
+        if let Ok(tokens) = request.getattr(pyo3::intern!(py, "_all_token_ids")) {
+            if let Ok(list) = tokens.downcast_exact::<pyo3::types::PyList>() {
+                return Ok(list.len());
+            }
         }
+        TYPE_WITHOUT_TOKEN_LIST.store(ty, Ordering::Relaxed);
     }
     count_obj(
         "request.num_tokens",
         &req_attr(request, pyo3::intern!(py, "num_tokens"))?,
     )
 }
+
+/// The type of the last request found without a `_all_token_ids` list:
+/// requests of that type go straight to `num_tokens` (a failed attribute
+/// read builds an exception). A hint only: both reads give the count.
+static TYPE_WITHOUT_TOKEN_LIST: AtomicUsize = AtomicUsize::new(0);
 
 /// `request.<name>`, where a missing attribute means the caller passed
 /// something that is not a request: a TypeError saying what was expected.
