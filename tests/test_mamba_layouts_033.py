@@ -13,7 +13,6 @@ Then a fuzz slice of each (`full_coarse_mamba`, `full_mamba_circ`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,70 +23,21 @@ pytestmark = pytest.mark.vllm("0.33.0")
 oracle.module_needs_vllm("0.33.0")
 
 from hybridcache import fuzz  # noqa: E402
-from hybridcache.testing.compare import norm_allocated, norm_blocks, pool_state  # noqa: E402
+from hybridcache.testing.compare import norm_allocated, norm_blocks  # noqa: E402
 from hybridcache.testing.fuzz_setup import Group, Setup  # noqa: E402
-from hybridcache.testing.release_api import V033  # noqa: E402
+from hybridcache.testing.pair import ManagerPair  # noqa: E402
 
-API = V033()
+
+def Pair(s: Setup) -> ManagerPair:
+    """vLLM 0.33.0's manager and the facade; after every call the pool,
+    the events and the tables compared too."""
+    return ManagerPair(s, strict=True)
 
 
 def _setup(groups: tuple[Group, ...], sbs: int, hbs: int, use_eagle: bool = False) -> Setup:
     return Setup(mix="test", caching=True, groups=groups, scheduler_block_size=sbs, hash_block_size=hbs,
                  num_blocks=40, use_eagle=use_eagle, events=True, log_stats=False, max_model_len=1024,
                  release="0.33.0")
-
-
-class Pair:
-    """vLLM 0.33.0's manager and the facade on one setup, the same requests;
-    every answer, the pool, the events and the tables compared."""
-
-    def __init__(self, s: Setup) -> None:
-        self.s = s
-        self.ref = API.build_reference(s)
-        self.ours = API.build_facade(s)
-        self.reqs: dict[str, tuple[Any, Any]] = {}
-
-    def request(self, rid: str, tokens: list[int]) -> None:
-        self.reqs[rid] = (API.make_request(self.s, rid, tokens), API.make_request(self.s, rid, tokens))
-
-    def both(self, fn: Callable[[Any, int], Any], norm: Callable[[Any], Any] = lambda x: x) -> Any:
-        a, b = norm(fn(self.ref, 0)), norm(fn(self.ours, 1))
-        assert a == b
-        assert pool_state(self.ref) == pool_state(self.ours)
-        assert [API.norm_event(e) for e in self.ours.take_events()] == [
-            API.norm_event(e) for e in self.ref.take_events()]
-        for rid in self.reqs:
-            assert self.ours.get_block_ids(rid) == self.ref.get_block_ids(rid)
-        return a
-
-    def lookup(self, rid: str) -> tuple[Any, Any, int]:
-        a, n, _ = self.ref.get_computed_blocks(self.reqs[rid][0])
-        b, n2, _ = self.ours.get_computed_blocks(self.reqs[rid][1])
-        assert (norm_blocks(b), n2) == (norm_blocks(a), n)
-        return a, b, n
-
-    def allocate(self, rid: str, new: int, hit: tuple[Any, Any, int] | None = None) -> Any:
-        def call(m: Any, side: int) -> Any:
-            r = self.reqs[rid][side]
-            kw = {} if hit is None else dict(num_new_computed_tokens=hit[2], new_computed_blocks=hit[side])
-            out = m.allocate_slots(r, new, **kw)
-            assert out is not None
-            r.num_computed_tokens += new + (hit[2] if hit else 0)
-            return out
-
-        return self.both(call, norm_allocated)
-
-    def copies(self) -> list[tuple[int, int]]:
-        """The step's copy-on-write pairs, compared, then given back."""
-        def take(m: Any, side: int) -> Any:
-            copies, kept = m.take_kv_cache_block_copies()
-            m.block_pool.free_blocks(kept)
-            return [(c.src_block_id, c.dst_block_id) for c in copies]
-
-        return list(self.both(take))
-
-    def new_step(self) -> None:
-        self.both(lambda m, side: m.new_step_starts())
 
 
 def _tokens(n: int, base: int = 1000) -> list[int]:
@@ -123,7 +73,7 @@ def test_block_granular_group_turns_hits_off_but_states_are_keyed_inside_blocks(
     p.allocate("b", 40 - hit[2], hit)
     p.copies()
     for rid in ("a", "b"):
-        p.both(lambda m, side, rid=rid: m.free(p.reqs[rid][side]))
+        p.both(lambda m, side, rid=rid: m.free(p.req(rid, side)))
 
 
 def test_mamba_beside_a_circular_buffer_keeps_partial_hits() -> None:
@@ -149,7 +99,7 @@ def test_mamba_beside_a_circular_buffer_keeps_partial_hits() -> None:
     ring = [p.ref.get_block_ids(rid)[2] for rid in ("a", "b")]
     assert len(ring[0]) == len(ring[1]) == 1 and ring[0] != ring[1]
     for rid in ("a", "b"):
-        p.both(lambda m, side, rid=rid: m.free(p.reqs[rid][side]))
+        p.both(lambda m, side, rid=rid: m.free(p.req(rid, side)))
 
 
 def test_connector_hit_with_mamba_lagging_inside_its_block() -> None:

@@ -22,9 +22,7 @@ if vllm.__version__.split("+")[0] != "0.33.0":  # pragma: no cover
     pytest.skip(f"needs vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True)
 
 from hybridcache.testing.fuzz_setup import Group, Setup  # noqa: E402
-from hybridcache.testing.release_api import release  # noqa: E402
-
-API = release("0.33.0")
+from hybridcache.testing.pair import ManagerPair as Pair  # noqa: E402
 
 
 def _setup(full: int = 32, mamba: int = 64, hbs: int = 16, num_blocks: int = 30) -> Setup:
@@ -34,80 +32,13 @@ def _setup(full: int = 32, mamba: int = 64, hbs: int = 16, num_blocks: int = 30)
                  use_eagle=False, events=True, log_stats=False, release="0.33.0")
 
 
-def _ids(x: Any) -> Any:
-    if x is None or isinstance(x, (int, bool)):
-        return x
-    if hasattr(x, "get_block_ids"):
-        return x.get_block_ids()
-    return x
-
-
-class Pair:
-    """vLLM 0.33.0's manager and the facade, one request object each per
-    request (the managers write to them), every answer compared."""
-
-    def __init__(self, s: Setup) -> None:
-        self.s = s
-        self.theirs = API.build_reference(s)
-        self.ours = API.build_facade(s)
-        self.reqs: dict[str, tuple[Any, Any]] = {}
-
-    def request(self, rid: str, tokens: list[int]) -> None:
-        self.reqs[rid] = (API.make_request(self.s, rid, tokens), API.make_request(self.s, rid, tokens))
-
-    def both(self, call: Any, rid: str | None = None) -> Any:
-        t_req, o_req = self.reqs[rid] if rid else (None, None)
-        t, o = call(self.theirs, t_req), call(self.ours, o_req)
-        assert _ids(o) == _ids(t)
-        assert self.ours.block_pool.get_num_free_blocks() == self.theirs.block_pool.get_num_free_blocks()
-        return t
-
-    def events(self) -> list[Any]:
-        t, o = self.theirs.take_events(), self.ours.take_events()
-        assert [API.norm_event(e) for e in o] == [API.norm_event(e) for e in t]
-        return t
-
-    def admit(self, rid: str, num_new: int | None = None) -> int:
-        t_req, o_req = self.reqs[rid]
-        t_blocks, hit, _ = self.theirs.get_computed_blocks(t_req)
-        o_blocks, o_hit, _ = self.ours.get_computed_blocks(o_req)
-        assert (o_hit, _ids(o_blocks)) == (hit, _ids(t_blocks))
-        n = t_req.num_tokens - hit if num_new is None else num_new
-        t = self.theirs.allocate_slots(t_req, n, hit, t_blocks)
-        o = self.ours.allocate_slots(o_req, n, hit, o_blocks)
-        assert t is not None and _ids(o) == _ids(t)
-        for r in (t_req, o_req):
-            r.num_computed_tokens = hit + n
-        return hit
-
-    def step(self, rid: str, n: int) -> None:
-        self.both(lambda m, r: m.allocate_slots(r, n), rid)
-        for r in self.reqs[rid]:
-            r.num_computed_tokens += n
-
-    def take_copies(self) -> list[tuple[int, int]]:
-        """The step's copies, compared, then given back as the scheduler does."""
-        (t_copies, t_kept), (o_copies, o_kept) = (self.theirs.take_kv_cache_block_copies(),
-                                                  self.ours.take_kv_cache_block_copies())
-        pairs = [(c.src_block_id, c.dst_block_id) for c in t_copies]
-        assert [(c.src_block_id, c.dst_block_id) for c in o_copies] == pairs
-        assert type(o_copies[0]).__name__ == "KVCacheBlockCopy" if o_copies else True
-        assert [b.block_id for b in o_kept] == [b.block_id for b in t_kept] == [b for p in pairs for b in p]
-        free = self.theirs.block_pool.get_num_free_blocks()
-        assert self.ours.block_pool.get_num_free_blocks() == free
-        self.theirs.block_pool.free_blocks(t_kept)
-        self.ours.block_pool.free_blocks(o_kept)
-        assert self.ours.block_pool.get_num_free_blocks() == self.theirs.block_pool.get_num_free_blocks()
-        return pairs
-
-
 PROMPT = list(range(1000, 1050))  # 50 tokens: the last reusable hash boundary is 48
 
 
 def test_layout_turns_partial_hash_hits_on_only_where_vllm_does() -> None:
     assert Pair(_setup()).ours.coordinator.enable_partial_hash_hits is True
     same = Pair(_setup(full=16, mamba=16, hbs=16))
-    assert same.ours.coordinator.enable_partial_hash_hits is same.theirs.coordinator.enable_partial_hash_hits
+    assert same.ours.coordinator.enable_partial_hash_hits is same.ref.coordinator.enable_partial_hash_hits
     assert same.ours.coordinator.enable_partial_hash_hits is False
 
 
@@ -122,12 +53,12 @@ def test_hit_ending_inside_blocks_copies_both_tails() -> None:
     p.admit("a", 48)
     p.events()
     # A state cached this step serves hits from the next one on.
-    p.both(lambda m, r: m.new_step_starts())
+    p.new_step()
     p.request("b", PROMPT)
     free_before = p.ours.block_pool.get_num_free_blocks()
     assert p.admit("b") == 48
-    a_blocks = p.theirs.get_blocks("a").get_block_ids()
-    pairs = p.take_copies()
+    a_blocks = p.ref.get_blocks("a").get_block_ids()
+    pairs = p.copies()
     assert len(pairs) == 2
     # Full attention copies A's second block, Mamba A's state block.
     assert pairs[0][0] == a_blocks[0][1] and pairs[1][0] == a_blocks[1][0]
@@ -137,7 +68,7 @@ def test_hit_ending_inside_blocks_copies_both_tails() -> None:
     # running state (vLLM's count, +1 per copy); nothing is left over.
     assert free_before - p.ours.block_pool.get_num_free_blocks() >= 2
     p.events()
-    assert p.take_copies() == []
+    assert p.copies() == []
 
 
 def test_producer_copies_its_own_tail_and_moves_the_key() -> None:
@@ -148,12 +79,12 @@ def test_producer_copies_its_own_tail_and_moves_the_key() -> None:
     p = Pair(_setup())
     p.request("a", PROMPT)
     p.admit("a", 48)
-    a_state = p.theirs.get_blocks("a").get_block_ids()[1][0]
+    a_state = p.ref.get_blocks("a").get_block_ids()[1][0]
     p.step("a", 2)
-    pairs = p.take_copies()
+    pairs = p.copies()
     assert len(pairs) == 1 and pairs[0][0] == a_state
     assert p.ours.get_blocks("a").get_block_ids()[1][0] == a_state
-    offloads = p.both(lambda m, r: m.take_boundary_state_offloads())
+    offloads = p.both(lambda m, side: m.take_boundary_state_offloads())
     assert (1, pairs[0][1], 48) in offloads["a"]
     p.events()
 
@@ -164,12 +95,12 @@ def test_finalize_partial_tail_offloads_of_a_finished_producer() -> None:
     p = Pair(_setup())
     p.request("a", PROMPT)
     p.admit("a", 48)
-    a_state = p.theirs.get_blocks("a").get_block_ids()[1][0]
-    got = p.both(lambda m, r: m.finalize_partial_tail_offloads(r), "a")
+    a_state = p.ref.get_blocks("a").get_block_ids()[1][0]
+    got = p.both(lambda m, side: m.finalize_partial_tail_offloads(p.req("a", side)))
     assert got == [(1, a_state, 48)]
-    assert p.both(lambda m, r: m.finalize_partial_tail_offloads(r), "a") == []
-    p.both(lambda m, r: m.free(r), "a")
-    assert p.take_copies() == []
+    assert p.both(lambda m, side: m.finalize_partial_tail_offloads(p.req("a", side))) == []
+    p.both(lambda m, side: m.free(p.req("a", side)))
+    assert p.copies() == []
 
 
 def test_dcp_turns_partial_hash_hits_on_for_a_mamba_block_as_wide_as_the_hash_block() -> None:
@@ -182,17 +113,17 @@ def test_dcp_turns_partial_hash_hits_on_for_a_mamba_block_as_wide_as_the_hash_bl
     s = dataclasses.replace(_setup(full=8, mamba=16, hbs=16), scheduler_block_size=16, dcp=2, pcp=1,
                             replicated=(1,))
     p = Pair(s)
-    assert p.theirs.coordinator.enable_partial_hash_hits is True
+    assert p.ref.coordinator.enable_partial_hash_hits is True
     assert p.ours.coordinator.enable_partial_hash_hits is True
     p.request("a", PROMPT)
     p.admit("a", 48)
     p.step("a", 2)
-    p.both(lambda m, r: m.new_step_starts())
-    p.take_copies()
+    p.new_step()
+    p.copies()
     p.request("b", PROMPT)
     # The hit and every block, copy and event agree with vLLM's (compared).
     p.admit("b")
-    p.take_copies()
+    p.copies()
     p.events()
 
 
@@ -212,7 +143,7 @@ def test_reused_hit_events_for_a_hit_inside_a_block_the_prompt_fills() -> None:
     p = Pair(_setup())
     p.request("a", PROMPT)
     p.admit("a", 48)
-    p.both(lambda m, r: m.new_step_starts())
+    p.new_step()
     p.events()
     p.request("b", PROMPT + list(range(50)))
     for r in p.reqs["b"]:
@@ -229,14 +160,14 @@ def test_reused_hit_events_for_a_hit_inside_the_prompts_last_block_where_vllm_ra
     p = Pair(_setup())
     p.request("a", PROMPT)
     p.admit("a", 48)
-    p.both(lambda m, r: m.new_step_starts())
+    p.new_step()
     p.events()
     p.request("b", PROMPT)
     t_req, o_req = p.reqs["b"]
     for r in (t_req, o_req):
         r.kv_cache_report_mode = "full"
     with pytest.raises(IndexError):
-        p.theirs.get_computed_blocks(t_req)
+        p.ref.get_computed_blocks(t_req)
     blocks, hit, _ = p.ours.get_computed_blocks(o_req)
     assert hit == 48 and [len(g) for g in blocks.get_block_ids()] == [2, 1]
     assert _reported(p.ours.take_events()) == [(0, 1)]
