@@ -21,6 +21,7 @@ if vllm.__version__.split("+")[0] != "0.33.0":  # pragma: no cover
     pytest.skip(f"needs vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True)
 
 from hybridcache.testing.fuzz_setup import Group, Setup  # noqa: E402
+from hybridcache.testing.pair import block_ids_of  # noqa: E402
 from hybridcache.testing.release_api import release  # noqa: E402
 
 API = release("0.33.0")
@@ -43,7 +44,7 @@ class Pair:
 
     def both(self, call: Any) -> Any:
         t, o = call(self.theirs), call(self.ours)
-        assert _ids(o) == _ids(t)
+        assert block_ids_of(o) == block_ids_of(t)
         return t
 
     def events(self) -> list[Any]:
@@ -61,15 +62,15 @@ class Pair:
     def admit(self, r: Any) -> None:
         t_blocks, hit, _ = self.theirs.get_computed_blocks(r)
         o_blocks, o_hit, _ = self.ours.get_computed_blocks(r)
-        assert (o_hit, _ids(o_blocks)) == (hit, _ids(t_blocks))
+        assert (o_hit, block_ids_of(o_blocks)) == (hit, block_ids_of(t_blocks))
         t = self.theirs.allocate_slots(r, r.num_tokens - hit, hit, t_blocks)
         o = self.ours.allocate_slots(r, r.num_tokens - hit, hit, o_blocks)
-        assert t is not None and _ids(o) == _ids(t)
+        assert t is not None and block_ids_of(o) == block_ids_of(t)
         r.num_computed_tokens = r.num_tokens
 
     def decode(self, r: Any, n: int) -> None:
         for _ in range(n):
-            r.append_output_token_ids(7)
+            r.append_output_tokenblock_ids_of(7)
             self.both(lambda m: m.allocate_slots(r, 1))
             r.num_computed_tokens = r.num_tokens
 
@@ -78,14 +79,6 @@ class Pair:
 
     def free(self, r: Any) -> None:
         self.both(lambda m: m.free(r))
-
-
-def _ids(x: Any) -> Any:
-    if x is None or isinstance(x, (int, bool)):
-        return x
-    if hasattr(x, "get_block_ids"):
-        return x.get_block_ids()
-    return x
 
 
 def test_partial_tail_is_promoted_when_its_block_fills() -> None:
