@@ -70,7 +70,7 @@ class Pair:
 
     def decode(self, r: Any, n: int) -> None:
         for _ in range(n):
-            r.append_output_tokenblock_ids_of(7)
+            r.append_output_token_ids(7)
             self.both(lambda m: m.allocate_slots(r, 1))
             r.num_computed_tokens = r.num_tokens
 
