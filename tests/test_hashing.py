@@ -325,3 +325,34 @@ def test_none_hash_matches_init_none_hash(name: str, kcu: Any, monkeypatch: pyte
     kcu.init_none_hash(vllm_fn(name))
     assert none_hash_for(name) == kcu.NONE_HASH
     assert make_request_block_hasher(16, name).none_hash == kcu.NONE_HASH
+
+
+def test_bound_hasher_answers_as_the_hasher() -> None:
+    """The engine's hasher under `install()` (`BlockHasher._bound_call`, a
+    one-argument builtin): the same hashes as calling the hasher, whether
+    the request has a new full block or not, and the same errors."""
+    from types import SimpleNamespace
+
+    h = BlockHasher("sha256_cbor", 4, NONE)
+    bound = h._bound_call()
+    assert getattr(bound, "__self__", bound) is h
+    r = SimpleNamespace(block_hashes=[], _all_token_ids=[], mm_features=None, prompt_embeds=None,
+                        lora_request=None, cache_salt=None)
+    for token in range(1, 14):
+        r._all_token_ids.append(token)
+        got = bound(r)
+        assert got == h(r)
+        assert got == ([] if token % 4 else [h.hash_block(r.block_hashes[-1] if r.block_hashes else None,
+                                                          r._all_token_ids[-4:])])
+        r.block_hashes.extend(got)
+    assert len(r.block_hashes) == 3
+    # Lists of other types, or no such attributes: the hasher's own path and errors.
+    t = SimpleNamespace(block_hashes=tuple(r.block_hashes[:1]), _all_token_ids=list(range(1, 9)),
+                        mm_features=None, prompt_embeds=None, lora_request=None, cache_salt=None)
+    assert bound(t) == h(t) == [r.block_hashes[1]]
+    for bad in (None, object()):
+        with pytest.raises(AttributeError) as theirs:
+            h(bad)
+        with pytest.raises(AttributeError) as ours:
+            bound(bad)
+        assert str(ours.value) == str(theirs.value)
