@@ -22,11 +22,7 @@ REF, OURS = 0, 1  # the sides, as `both` passes them
 
 def block_ids_of(x: Any) -> Any:
     """A lookup's or allocation's block ids; other answers as they are."""
-    if x is None or isinstance(x, (int, bool)):
-        return x
-    if hasattr(x, "get_block_ids"):
-        return x.get_block_ids()
-    return x
+    return x.get_block_ids() if hasattr(x, "get_block_ids") else x
 
 
 class ManagerPair:

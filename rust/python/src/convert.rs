@@ -68,30 +68,39 @@ pub fn u32_arg(name: &str, v: i64) -> PyResult<u32> {
     u32::try_from(v).map_err(|_| PyValueError::new_err(format!("{name} out of range: {v}")))
 }
 
-/// `request.num_tokens`. vLLM's is a property, `len(self._all_token_ids)`
-/// (0.23.0 and 0.33.0), run as Python code at every read: where the request
-/// has that list, its length is read instead (as the native hasher does).
-pub fn request_num_tokens(request: &Bound<'_, PyAny>) -> PyResult<usize> {
-    let py = request.py();
+/// vLLM's `Request._all_token_ids`, the list behind `all_token_ids`, whose
+/// length is `num_tokens` (a property, run as Python code at every read;
+/// 0.23.0 and 0.33.0); None where the request has no such list.
+pub fn token_list<'py>(request: &Bound<'py, PyAny>) -> Option<Bound<'py, PyList>> {
     let ty = request.get_type().as_ptr() as usize;
-    if TYPE_WITHOUT_TOKEN_LIST.load(Ordering::Relaxed) != ty {
-        if let Ok(tokens) = request.getattr(pyo3::intern!(py, "_all_token_ids")) {
-            if let Ok(list) = tokens.downcast_exact::<pyo3::types::PyList>() {
-                return Ok(list.len());
-            }
-        }
+    if TYPE_WITHOUT_TOKEN_LIST.load(Ordering::Relaxed) == ty {
+        return None;
+    }
+    let list = request
+        .getattr(pyo3::intern!(request.py(), "_all_token_ids"))
+        .ok()
+        .and_then(|t| t.downcast_into_exact::<PyList>().ok());
+    if list.is_none() {
         TYPE_WITHOUT_TOKEN_LIST.store(ty, Ordering::Relaxed);
     }
-    count_obj(
-        "request.num_tokens",
-        &req_attr(request, pyo3::intern!(py, "num_tokens"))?,
-    )
+    list
 }
 
 /// The type of the last request found without a `_all_token_ids` list:
-/// requests of that type go straight to `num_tokens` (a failed attribute
-/// read builds an exception). A hint only: both reads give the count.
+/// requests of that type are not asked again (a failed attribute read
+/// builds an exception). A hint only: the callers read the properties then.
 static TYPE_WITHOUT_TOKEN_LIST: AtomicUsize = AtomicUsize::new(0);
+
+/// `request.num_tokens`, read as the length of `token_list` where there is one.
+pub fn request_num_tokens(request: &Bound<'_, PyAny>) -> PyResult<usize> {
+    if let Some(list) = token_list(request) {
+        return Ok(list.len());
+    }
+    count_obj(
+        "request.num_tokens",
+        &req_attr(request, pyo3::intern!(request.py(), "num_tokens"))?,
+    )
+}
 
 /// `request.<name>`, where a missing attribute means the caller passed
 /// something that is not a request: a TypeError saying what was expected.

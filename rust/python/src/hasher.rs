@@ -382,25 +382,6 @@ impl BlockHasher {
 }
 
 impl BlockHasher {
-    /// Whether `request` has no full block past its hashes, judged from two
-    /// list lengths (false where they are not lists: the full call decides).
-    #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
-    pub(crate) fn has_no_new_block(&self, request: &Borrowed<'_, '_, PyAny>) -> bool {
-        let py = request.py();
-        let len = |name: &Bound<'_, pyo3::types::PyString>| {
-            let v = request.getattr(name).ok()?;
-            v.downcast_exact::<PyList>().ok().map(|l| l.len())
-        };
-        let (Some(have), Some(num_tokens)) = (
-            len(intern!(py, "block_hashes")),
-            len(intern!(py, "_all_token_ids")),
-        ) else {
-            return false;
-        };
-        let bs = self.core.block_size();
-        have * bs + bs > hashable_tokens(num_tokens, self.lookahead)
-    }
-
     /// `__call__`'s body: the hashes of the request's new full blocks.
     pub(crate) fn hash_new_blocks<'py>(
         &self,
@@ -413,14 +394,13 @@ impl BlockHasher {
         let hashes = request.getattr(intern!(py, "block_hashes"))?;
         let have = hashes.len()?;
         let mut start = have * bs;
-        // vLLM's Request.num_tokens is len(self._all_token_ids), the list
-        // behind all_token_ids: read both straight from that list.
-        let (tokens, num_tokens) = match request.getattr(intern!(py, "_all_token_ids")) {
-            Ok(t) if t.is_exact_instance_of::<PyList>() => {
-                let n = t.len()?;
-                (t, n)
+        // The tokens and their count straight from vLLM's list where there is one.
+        let (tokens, num_tokens) = match crate::convert::token_list(request) {
+            Some(t) => {
+                let n = t.len();
+                (t.into_any(), n)
             }
-            _ => (
+            None => (
                 request.getattr(intern!(py, "all_token_ids"))?,
                 request.getattr(intern!(py, "num_tokens"))?.extract()?,
             ),
