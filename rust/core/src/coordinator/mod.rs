@@ -242,7 +242,9 @@ impl Coordinator {
         for m in &self.managers {
             let mut g = m.decode_horizon(slot, marks)?;
             if g.min_to_cache > 0 {
-                g.min_to_cache = first_count_caching(self.cacheable(), m, g.min_to_cache);
+                g.min_to_cache = m.keying_bound(slot, g.min_to_cache, |n| {
+                    first_count_caching(self.cacheable(), m, n)
+                });
             }
             // tokens_to_cache(t) / bs <= cached  <=>  tokens_to_cache(t) < limit
             let limit = (m.num_cached_blocks(slot) + 1) * m.block_size as usize;

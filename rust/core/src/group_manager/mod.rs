@@ -142,6 +142,19 @@ impl SingleTypeManager {
         self.req(slot).is_some_and(GroupReq::holds)
     }
 
+    /// `first(n)`, remembered per request (see `GroupReq::keying_bound`).
+    pub fn keying_bound(
+        &self,
+        slot: ReqSlot,
+        n: usize,
+        first: impl FnOnce(usize) -> usize,
+    ) -> usize {
+        match self.req(slot) {
+            Some(r) => r.keying_bound(n, first),
+            None => first(n),
+        }
+    }
+
     pub fn num_cached_blocks(&self, slot: ReqSlot) -> usize {
         self.req(slot).and_then(|r| r.num_cached).unwrap_or(0)
     }

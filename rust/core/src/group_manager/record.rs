@@ -26,6 +26,10 @@ pub(crate) struct GroupReq {
     /// appended while the request holds its table, so the first real block
     /// only moves right: each search for it starts where the last ended.
     pub null_prefix: Hint,
+    /// The decode horizon's keying bound, `(n, fewest tokens caching n)`,
+    /// for the last `n` asked (a request's `n` is fixed by its prompt): the
+    /// bisection that finds it runs once per request, not per allocation.
+    pub keying_bound: (Hint, Hint),
 }
 
 /// A search hint kept up to date through `&self` (a relaxed atomic: plain
@@ -50,6 +54,33 @@ impl Hint {
 }
 
 impl GroupReq {
+    /// `first(n)` for `n > 0`, remembered for the last `n` (`first` is a
+    /// function of `n` alone for a given group; `usize::MAX` is kept).
+    pub fn keying_bound(&self, n: usize, first: impl FnOnce(usize) -> usize) -> usize {
+        let (key, value) = &self.keying_bound;
+        let Ok(n32) = u32::try_from(n) else {
+            return first(n);
+        };
+        if n32 != 0 && key.get() == n32 {
+            let v = value.get();
+            return if v == u32::MAX {
+                usize::MAX
+            } else {
+                v as usize
+            };
+        }
+        let v = first(n);
+        let stored = match v {
+            usize::MAX => Some(u32::MAX),
+            v => u32::try_from(v).ok().filter(|&x| x != u32::MAX),
+        };
+        if let Some(x) = stored {
+            key.set(n32);
+            value.set(x);
+        }
+        v
+    }
+
     pub fn holds(&self) -> bool {
         self.has_blocks || self.num_cached.is_some() || self.align.is_some()
     }
