@@ -1,0 +1,261 @@
+"""Where hybridcache's own code spends the scheduler step, in instructions and
+simulated instruction-cache misses, measured in situ under callgrind.
+
+    python benchmarks/step_callgrind.py --running 256 --layout full+3xmamba-align
+    python benchmarks/step_callgrind.py --report callgrind.out.1   # an earlier dump
+
+The step bench's hybridcache scheduler (`hybridcache.step_bench.Lockstep`)
+runs under `valgrind --tool=callgrind --cache-sim=yes`, with instrumentation
+off while vLLM imports and the workload warms up. It is then switched on
+(`callgrind_control -i on`), a few steps run to fill the simulated caches,
+the counters are zeroed, the measured steps run, and the counters are dumped.
+
+Under the Python scheduler, between two calls into the extension, the
+interpreter evicts its code from the 32 KiB L1 instruction cache; a call then
+misses on about every line of code it runs. Those misses, not the
+instruction count, set most of a call's cost in situ. A wall-clock
+bench cannot separate the two, and this machine's guest has no PMU; the
+simulation can, and it is deterministic for a given binary.
+
+The report lists, per function of `_native.abi3.so` (inlined code counted
+in the function it was inlined into), instructions and L1 instruction
+misses per step; `--callers NAME` adds the inclusive costs of the calls
+made by functions matching NAME. Needs valgrind (Linux).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+OBJECT = "_native.abi3.so"
+
+
+@dataclass
+class Profile:
+    """Self costs by function and inclusive costs by call edge, for the
+    functions of one object file."""
+
+    ir: collections.Counter[str] = field(default_factory=collections.Counter)
+    i1_misses: collections.Counter[str] = field(default_factory=collections.Counter)
+    edge_ir: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    edge_i1: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    edge_calls: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+
+
+_NAMED = re.compile(r"(\w+)=\((\d+)\)(?: (.*))?")
+
+
+def _position(token: str, previous: int) -> int:
+    """A callgrind position: absolute (hex or decimal), relative, or `*`."""
+    if token.startswith("0x"):
+        return int(token, 16)
+    if token[0] in "+-":
+        step = int(token[1:], 16) if token[1:3] == "0x" else int(token[1:])
+        return previous + step if token[0] == "+" else previous - step
+    if token == "*":
+        return previous
+    return int(token)
+
+
+def parse(path: str | Path, obj: str = OBJECT) -> Profile:
+    """A callgrind dump (`positions: instr line`, events starting `Ir`, with
+    `I1mr` among them) read into a `Profile` of the functions of `obj`.
+    Names compressed as `(id)` are resolved whichever line first named them."""
+    prof = Profile()
+    names: dict[str, dict[str, str]] = collections.defaultdict(dict)
+    fn: str | None = None
+    callee: str | None = None
+    in_obj = False
+    pending_call = False
+    columns: dict[str, int] = {}
+    positions = 1
+    instr = 0
+    with open(path) as f:
+        for line in f:
+            if not line.strip() or line[0] == "#":
+                continue
+            if line[0].isalpha():
+                if line.startswith("events:"):
+                    events = line.split(":", 1)[1].split()
+                    columns = {e: i for i, e in enumerate(events)}
+                    continue
+                if line.startswith("positions:"):
+                    positions = len(line.split(":", 1)[1].split())
+                    continue
+                m = _NAMED.match(line.strip())
+                if m is None:
+                    if line.startswith("calls="):
+                        pending_call = True
+                        count = int(line.split("=", 1)[1].split()[0])
+                        if in_obj and fn is not None and callee is not None:
+                            prof.edge_calls[(fn, callee)] += count
+                    continue
+                key, ident, name = m.groups()
+                table = {"ob": "ob", "cob": "ob", "fn": "fn", "cfn": "fn"}.get(key)
+                if table is None:
+                    continue
+                if name is not None:
+                    names[table][ident] = name
+                resolved = names[table].get(ident, "?")
+                if key == "ob":
+                    in_obj = resolved.endswith(obj)
+                elif key == "fn":
+                    fn = resolved
+                elif key == "cfn":
+                    callee = resolved
+                continue
+            tokens = line.split()
+            instr = _position(tokens[0], instr)
+            costs = tokens[positions:]
+            ir = int(costs[columns["Ir"]]) if len(costs) > columns["Ir"] else 0
+            i1_col = columns.get("I1mr")
+            i1 = int(costs[i1_col]) if i1_col is not None and len(costs) > i1_col else 0
+            if pending_call:
+                # The line after `calls=` holds the call's inclusive cost.
+                pending_call = False
+                if in_obj and fn is not None and callee is not None:
+                    prof.edge_ir[(fn, callee)] += ir
+                    prof.edge_i1[(fn, callee)] += i1
+                continue
+            if in_obj and fn is not None:
+                prof.ir[fn] += ir
+                prof.i1_misses[fn] += i1
+    return prof
+
+
+def _short(name: str, width: int = 100) -> str:
+    return name.replace("hybridcache_core::", "")[:width]
+
+
+def report(prof: Profile, steps: int, top: int = 30, callers: str | None = None) -> str:
+    """Per step: the totals, then the `top` functions by instructions and by
+    instruction-cache misses; with `callers`, the calls those functions make."""
+    out = [
+        f"{OBJECT}, per step: {sum(prof.ir.values()) // steps} instructions, "
+        f"{sum(prof.i1_misses.values()) // steps} L1 instruction-cache misses (simulated, 32 KiB)",
+        "",
+        f"{'instr':>9} {'I1 miss':>8}  function (self, inlined code included)",
+    ]
+    for name, ir in prof.ir.most_common(top):
+        out.append(f"{ir // steps:9d} {prof.i1_misses[name] // steps:8d}  {_short(name)}")
+    out += ["", f"{'I1 miss':>8} {'instr':>9}  function, by misses"]
+    for name, miss in prof.i1_misses.most_common(top):
+        out.append(f"{miss // steps:8d} {prof.ir[name] // steps:9d}  {_short(name)}")
+    if callers:
+        out.append("")
+        for caller in sorted({c for c, _ in prof.edge_ir if callers in c}):
+            out.append(f"calls made by {_short(caller)} (self {prof.ir[caller] // steps}):")
+            edges = [(e, n) for e, n in prof.edge_ir.items() if e[0] == caller]
+            for (c, callee), ir in sorted(edges, key=lambda x: -x[1]):
+                calls = prof.edge_calls[(c, callee)] / steps
+                out.append(
+                    f"  {ir // steps:9d} {prof.edge_i1[(c, callee)] // steps:7d} "
+                    f"x{calls:7.1f}  {_short(callee, 90)}"
+                )
+    return "\n".join(out)
+
+
+def _child(args: argparse.Namespace) -> None:
+    """Runs under callgrind: warm up uninstrumented, then step on the
+    parent's signals (files in `args.sync`)."""
+    import gc
+
+    from hybridcache.step_bench import Lockstep, configs, record_stock
+
+    sync = Path(args.sync)
+    (cfg,) = configs(True, [args.running], [args.layout], args.warm + args.steps)
+    run = Lockstep(cfg, ["hybridcache"], record_stock(cfg))
+    for i in range(cfg.warmup):
+        run.step(i)
+    gc.collect()
+    gc.disable()
+
+    def handshake(mine: str, theirs: str) -> None:
+        (sync / mine).write_text(str(os.getpid()))
+        while not (sync / theirs).exists():
+            time.sleep(0.1)
+
+    handshake("ready", "instrumented")
+    for i in range(cfg.warmup, cfg.warmup + args.warm):
+        run.step(i)
+    handshake("warm", "zeroed")
+    for i in range(cfg.warmup + args.warm, cfg.warmup + args.warm + args.steps):
+        run.step(i)
+    handshake("done", "dumped")
+
+
+def _measure(args: argparse.Namespace) -> Path:
+    for tool in ("valgrind", "callgrind_control"):
+        if shutil.which(tool) is None:
+            sys.exit(f"step_callgrind: {tool} not found (install valgrind)")
+    sync = Path(tempfile.mkdtemp(prefix="step-callgrind-"))
+    out = Path(args.out or sync / "callgrind.out")
+    cmd = [
+        "valgrind", "--tool=callgrind", "--instr-atstart=no", "--cache-sim=yes",
+        f"--callgrind-out-file={out}", sys.executable, __file__, "--child",
+        "--sync", str(sync), "--running", str(args.running), "--layout", args.layout,
+        "--steps", str(args.steps), "--warm", str(args.warm),
+    ]
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1")
+    log = open(sync / "child.log", "w")
+    child = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def wait_for(name: str) -> None:
+        while not (sync / name).exists():
+            if child.poll() is not None:
+                sys.exit(f"step_callgrind: the run ended early, see {sync / 'child.log'}")
+            time.sleep(0.2)
+
+    def control(*flags: str) -> None:
+        pid = (sync / "ready").read_text()
+        subprocess.run(["callgrind_control", *flags, pid], check=True, capture_output=True)
+
+    wait_for("ready")
+    control("-i", "on")
+    (sync / "instrumented").touch()
+    wait_for("warm")
+    control("-z")
+    (sync / "zeroed").touch()
+    wait_for("done")
+    control("-d")
+    time.sleep(1)
+    (sync / "dumped").touch()
+    child.wait()
+    dumps = sorted(out.parent.glob(out.name + ".*"))
+    if not dumps:
+        sys.exit(f"step_callgrind: no dump written, see {sync / 'child.log'}")
+    return dumps[0]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--running", type=int, default=256)
+    p.add_argument("--layout", default="full+3xmamba-align")
+    p.add_argument("--steps", type=int, default=10, help="measured steps")
+    p.add_argument("--warm", type=int, default=4, help="instrumented steps before the counters are zeroed")
+    p.add_argument("--out", help="callgrind output file (default: a temporary folder)")
+    p.add_argument("--report", help="report on this dump instead of measuring")
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--callers", help="also list the calls made by functions whose name contains this")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--sync", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return _child(args)
+    dump = Path(args.report) if args.report else _measure(args)
+    print(f"{dump}: {args.steps} steps, {args.layout}, {args.running} running")
+    print(report(parse(dump), args.steps, args.top, args.callers))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The callgrind reader of benchmarks/step_callgrind.py, on a small dump in
+callgrind's compressed format (names given once as `(id) name`, then as
+`(id)`; positions absolute, relative or `*`; a call's inclusive cost on the
+line after `calls=`)."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("step_callgrind", ROOT / "benchmarks/step_callgrind.py")
+step_callgrind = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(step_callgrind)
+
+DUMP = """# callgrind format
+version: 1
+positions: instr line
+events: Ir Dr Dw I1mr D1mr
+
+ob=(1) /usr/lib/libpython3.11.so
+fl=(1) ceval.c
+fn=(1) _PyEval_EvalFrameDefault
+0x1000 5 50 0 0 9
++4 * 1
+
+ob=(2) /site/hybridcache/_native.abi3.so
+fl=(2) allocate_call.rs
+fn=(2) allocate_slots_fast
+0x2000 10 3 1 0 1 0
++8 12 2 0 0 0 1
+cob=(1)
+cfi=(1)
+cfn=(3) PyObject_GetAttr
+calls=2 0x3000 0
+* * 40 9 0 2
+cob=(2)
+cfn=(4) general
+calls=1 0x4000 0
++2 13 100 20 5 7
+-6 * 1
+fn=(4)
+0x4000 7 60 5 0 3
+fn=(2)
+0x2010 1 2
+"""
+
+
+def test_self_costs_count_only_the_object_and_skip_call_lines(tmp_path):
+    path = tmp_path / "callgrind.out.1"
+    path.write_text(DUMP)
+    prof = step_callgrind.parse(path)
+    # allocate_slots_fast's own lines: 3 + 2 + 1 + 2 instructions; the
+    # inclusive lines after `calls=` (40, 100) are its callees'.
+    assert prof.ir["allocate_slots_fast"] == 8
+    assert prof.i1_misses["allocate_slots_fast"] == 1
+    assert (prof.ir["general"], prof.i1_misses["general"]) == (60, 3)
+    # Code of other objects is left out.
+    assert "_PyEval_EvalFrameDefault" not in prof.ir
+    # Call edges: inclusive cost and count, whichever object the callee is in.
+    edge = ("allocate_slots_fast", "PyObject_GetAttr")
+    assert (prof.edge_ir[edge], prof.edge_i1[edge], prof.edge_calls[edge]) == (40, 2, 2)
+    edge = ("allocate_slots_fast", "general")
+    assert (prof.edge_ir[edge], prof.edge_i1[edge], prof.edge_calls[edge]) == (100, 7, 1)
+
+
+def test_report_is_per_step(tmp_path):
+    path = tmp_path / "callgrind.out.1"
+    path.write_text(DUMP)
+    text = step_callgrind.report(step_callgrind.parse(path), steps=2, callers="allocate_slots_fast")
+    assert "per step: 34 instructions, 2 L1 instruction-cache misses" in text
+    assert "calls made by allocate_slots_fast (self 4):" in text
+    assert "       50       3 x    0.5  general" in text
+    assert "       20       1 x    1.0  PyObject_GetAttr" in text
