@@ -174,6 +174,35 @@ mod tests {
         assert_eq!(r.first_real(), Some(5));
     }
 
+    /// The bound is computed once per `n`, a new `n` replaces it, and
+    /// values that do not fit the memo are computed every time.
+    #[test]
+    fn keying_bound_is_remembered_per_n() {
+        let r = GroupReq::default();
+        let calls = std::cell::Cell::new(0);
+        let first = |n: usize| {
+            calls.set(calls.get() + 1);
+            n + 15 - (n + 15) % 16
+        };
+        assert_eq!(r.keying_bound(33, first), 48);
+        assert_eq!(r.keying_bound(33, first), 48);
+        assert_eq!(calls.get(), 1);
+        assert_eq!(r.keying_bound(65, first), 80);
+        assert_eq!(r.keying_bound(33, first), 48);
+        assert_eq!(calls.get(), 3);
+        // "No count caches n" is kept as such.
+        assert_eq!(r.keying_bound(7, |_| usize::MAX), usize::MAX);
+        assert_eq!(r.keying_bound(7, |_| unreachable!()), usize::MAX);
+        // Past u32: no memo, the rule answers each time.
+        let big = u32::MAX as usize + 1;
+        assert_eq!(r.keying_bound(big, |n| n + 1), big + 1);
+        assert_eq!(
+            r.keying_bound(9, |n| n + (u32::MAX as usize)),
+            9 + u32::MAX as usize
+        );
+        assert_eq!(r.keying_bound(9, |n| n), 9);
+    }
+
     #[test]
     fn first_non_null_finds_the_first_live_block() {
         assert_eq!(first_non_null(&[]), None);
