@@ -142,17 +142,19 @@ impl KvCacheManager {
                 slot.map_or(0, |s| {
                     let covers = |&b: &BlockId| pool.block_hash_num_tokens(b);
                     let blocks = m.blocks(s);
+                    let all = || blocks.iter().filter_map(covers).max();
                     let most = if m.is_mamba_align() {
                         // Align tables move speculative blocks: all of them.
-                        blocks.iter().filter_map(covers).max()
+                        all()
                     } else {
                         // Block i holds tokens [i·bs, (i+1)·bs) and a cached
                         // block's hash ends inside it (the invariants check
                         // it), so the last cached block covers the most: a
                         // long table's other blocks (cold lines) go unread.
-                        blocks.iter().rev().find_map(covers)
+                        let last = blocks.iter().rev().find_map(covers);
+                        debug_assert_eq!(last, all());
+                        last
                     };
-                    debug_assert_eq!(most, blocks.iter().filter_map(covers).max());
                     most.unwrap_or(0)
                 })
             })
