@@ -46,7 +46,43 @@ def arrays(config: str, running: int, steps: int) -> None:
         m.new_step_starts()
 
 
+class _VllmShapedRequest:
+    """vLLM's `Request` as far as the native `append_output_token_ids`
+    reads it (vLLM is not imported here): the training exercises that
+    descriptor's path, which vLLM's scheduler takes once per sampled token."""
+
+    def __init__(self, prompt: list[int], hasher: object) -> None:
+        self._output_token_ids: list[int] = []
+        self._all_token_ids = list(prompt)
+        self.block_hashes: list[bytes] = []
+        self._block_hasher = hasher
+
+    def append_output_token_ids(self, token_ids: int) -> None:
+        raise AssertionError("replaced by the native descriptor")
+
+    def update_block_hashes(self) -> None:
+        raise AssertionError("the native hasher's requests are hashed by the descriptor")
+
+
+def token_appends(requests: int, tokens: int) -> None:
+    from hybridcache import _native
+    from hybridcache.hashing import make_request_block_hasher
+
+    cls = _VllmShapedRequest
+    descriptor = _native.native_token_append(cls, cls.__dict__["append_output_token_ids"],
+                                             cls.__dict__["update_block_hashes"])
+    if descriptor is None:
+        return  # built without raw-ffi
+    cls.append_output_token_ids = descriptor  # type: ignore[method-assign]
+    hasher = make_request_block_hasher(16, "sha256_cbor")._bound_call()
+    reqs = [_VllmShapedRequest(list(range(i % 40 + 1)), hasher) for i in range(requests)]
+    for t in range(tokens):
+        for r in reqs:
+            r.append_output_token_ids(t)
+
+
 def main() -> int:
+    token_appends(requests=256, tokens=200)
     for config in CONFIGS:
         for release in RELEASES:
             for running in (128, 512):

@@ -160,6 +160,11 @@ class _Recorder:
 
         self.cls, self.factory = self._make_factory()
         vkm.KVCacheManager = self.cls
+        # install()'s native append_output_token_ids (vLLM's hashers stay:
+        # the tests build their own), under vLLM's request and scheduler tests.
+        from hybridcache.vllm_tokens import install_token_append
+
+        install_token_append()
         if self.swap_scheduler:
             import vllm.v1.core.sched.scheduler as sched
 

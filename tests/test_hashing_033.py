@@ -218,7 +218,7 @@ def test_factory_takes_033s_signature_and_falls_back_otherwise() -> None:
 
 def test_install_rebinds_the_033_engines_hasher() -> None:
     try:
-        hc_vllm._install_hasher()
+        hc_vllm._install_hasher(hc_vllm.check_vllm_version())
         assert hc_vllm.native_hashing_installed()
         fn = get_hash_fn_by_name(NAMES[-1])
         kv_cache_utils.init_none_hash(fn)

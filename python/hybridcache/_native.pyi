@@ -20,6 +20,7 @@ __all__ = [
     "__version__",
     "block_extra_keys",
     "block_view",
+    "native_token_append",
     "none_hash_seed",
 ]
 
@@ -537,6 +538,13 @@ class BlockHasher:
         the cheapest call for vLLM's `Request`; same results as calling the
         hasher (the safe build returns the hasher itself)."""
 
+def native_token_append(request_class: type, append: Any, update: Any) -> Any | None:
+    """A method descriptor for vLLM's `Request` class standing for its
+    `append_output_token_ids` (`append`) that hashes appended tokens with a
+    request's `BlockHasher` in the same call; `update` is the class's
+    `update_block_hashes`. ValueError for another class or methods than the
+    first call's; None without the raw-ffi feature. Use
+    `hybridcache.vllm_tokens.install_token_append`."""
 
 def block_view(owner: NativeManager, block_id: int) -> BlockView:
     """The one view of block `block_id` of manager `owner` (vLLM keeps one

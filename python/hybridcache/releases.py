@@ -31,6 +31,11 @@ class Release:
             block hasher to hybridcache's native one, i.e. whether that
             hasher is bit-identical to this release's hashing (NONE_HASH and
             extra keys changed after 0.23.0).
+        native_token_append: whether, with native hashing, `install()` may
+            put hybridcache's native `append_output_token_ids` on vLLM's
+            `Request` (`hybridcache.vllm_tokens`), i.e. whether that
+            release's `append_output_token_ids` and `update_block_hashes`
+            have the bodies it follows.
         layouts: the benchmark layouts (`hybridcache bench`'s configs, `bench
             --step`'s layouts, `replay`'s default trace: "full") this
             release's facade covers; None: every layout. The tools skip the
@@ -41,6 +46,7 @@ class Release:
     facade: str
     tools_oracle: bool = False
     native_hasher: bool = False
+    native_token_append: bool = False
     layouts: tuple[str, ...] | None = None
 
     @property
@@ -71,11 +77,12 @@ class Release:
 
 
 RELEASES: tuple[Release, ...] = (
-    Release("0.23.0", "hybridcache.vllm:VllmKVCacheManager", tools_oracle=True, native_hasher=True),
+    Release("0.23.0", "hybridcache.vllm:VllmKVCacheManager", tools_oracle=True, native_hasher=True,
+            native_token_append=True),
     # 0.33.0: every benchmark layout (Mamba align with prefix caching where
     # its block is one hash block, as the benchmarks' is).
     Release("0.33.0", "hybridcache.vllm033:VllmKVCacheManager033", tools_oracle=True, native_hasher=True,
-            layouts=None),
+            native_token_append=True, layouts=None),
 )
 SUPPORTED_VLLM_VERSIONS: tuple[str, ...] = tuple(r.version for r in RELEASES)
 

@@ -360,6 +360,8 @@ class Lockstep:
         update_from_output() per variant."""
         from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
+        from hybridcache.vllm_tokens import install_token_append, uninstall_token_append
+
         self._admit()
         clock = self.clock
         k = i % len(self.variants)
@@ -382,12 +384,19 @@ class Lockstep:
         drafts = propose_drafts(self.cfg, outs[ref_v], ref, self.rng) if self.cfg.num_spec else None
         engine: dict[str, Any] = {}
         for v in order:
+            # hc+native's requests append tokens with install()'s native
+            # append (a class attribute: set for that variant alone).
+            if v == "hc+native":
+                install_token_append()
+            else:
+                uninstall_token_append()
             mro = ModelRunnerOutput(req_ids=list(model.req_ids), req_id_to_index=dict(model.req_id_to_index),
                                     sampled_token_ids=[list(t) for t in model.sampled_token_ids])
             sched = self.scheds[v]
             t0 = clock()
             engine[v] = sched.update_from_output(outs[v], mro)
             ns[v] += clock() - t0
+        uninstall_token_append()
         if check:
             want_e = norm_engine(engine[ref_v])
             for v in self.variants[1:]:

@@ -8,7 +8,9 @@ constructs hybridcache's manager; any other vLLM version raises a
 RuntimeError listing the supported ones. It also rebinds
 `get_request_block_hasher` in `vllm.v1.engine.core`, so the engine hashes
 request blocks with hybridcache's native hasher (bit-identical for vLLM's four
-hash functions; any other function keeps vLLM's hasher). `install(native_hashing=False)`
+hash functions; any other function keeps vLLM's hasher), and puts a native
+`append_output_token_ids` on vLLM's `Request` that hashes appended tokens in
+the same call (`hybridcache.vllm_tokens`). `install(native_hashing=False)`
 or HYBRIDCACHE_NATIVE_HASHING=0 keeps vLLM's hasher. `uninstall()` restores
 both. `register()` is the `vllm.general_plugins` entry point: it installs
 when the environment variable HYBRIDCACHE_ENABLE=1.
@@ -157,10 +159,14 @@ def native_hasher_of(hasher: Any) -> Any:
     return None
 
 
-def _install_hasher() -> None:
+def _install_hasher(release: releases.Release) -> None:
     global _original_hasher_factory
     import importlib
 
+    from hybridcache.vllm_tokens import install_token_append
+
+    if release.native_token_append:
+        install_token_append()
     engine: Any = importlib.import_module(_ENGINE_MODULE)
     current = engine.get_request_block_hasher
     if getattr(current, "hybridcache_native", False):
@@ -171,6 +177,9 @@ def _install_hasher() -> None:
 
 def _uninstall_hasher() -> None:
     global _original_hasher_factory
+    from hybridcache.vllm_tokens import uninstall_token_append
+
+    uninstall_token_append()
     if _original_hasher_factory is None:
         return
     import sys
@@ -198,7 +207,7 @@ def install(native_hashing: bool | None = None) -> None:
     module = _scheduler_module()
     with _lock:
         if native_hashing:
-            _install_hasher()
+            _install_hasher(release)
         else:
             _uninstall_hasher()
         if _original is not None:
@@ -213,9 +222,10 @@ def install(native_hashing: bool | None = None) -> None:
 
 
 def uninstall() -> None:
-    """Restores vLLM's own `KVCacheManager` in the scheduler module and
-    vLLM's `get_request_block_hasher` in the engine (no-op if not installed).
-    Schedulers and requests already built keep what they have."""
+    """Restores vLLM's own `KVCacheManager` in the scheduler module,
+    vLLM's `get_request_block_hasher` in the engine and its
+    `Request.append_output_token_ids` (no-op if not installed). Schedulers
+    and requests already built keep their manager and hasher."""
     global _original, _installed
     with _lock:
         _uninstall_hasher()

@@ -27,7 +27,28 @@ use crate::hash_keys::{
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<BlockHasher>()?;
+    m.add_function(wrap_pyfunction!(native_token_append, m)?)?;
     crate::hash_keys::register(m)
+}
+
+/// A method descriptor for vLLM's `Request` class (`request_class`) standing
+/// for its `append_output_token_ids` (`append`) and hashing appended tokens
+/// with a request's `BlockHasher` in the same call (see
+/// `raw_ffi::append_call`); `update` is the class's `update_block_hashes`.
+/// None without the `raw-ffi` feature: vLLM's method stays.
+#[pyfunction]
+fn native_token_append(
+    request_class: &Bound<'_, pyo3::types::PyType>,
+    append: PyObject,
+    update: PyObject,
+) -> PyResult<Option<PyObject>> {
+    #[cfg(feature = "raw-ffi")]
+    return crate::raw_ffi::append_call::token_append(request_class, append, update).map(Some);
+    #[cfg(not(feature = "raw-ffi"))]
+    {
+        let _ = (request_class, append, update);
+        Ok(None)
+    }
 }
 
 /// Scratch space reused across the blocks of one call.
@@ -382,6 +403,14 @@ impl BlockHasher {
 }
 
 impl BlockHasher {
+    /// Whether a request holding `have` block hashes and `num_tokens`
+    /// tokens has a new full block to hash (whose lookahead tokens exist).
+    #[inline]
+    pub(crate) fn has_new_block(&self, have: usize, num_tokens: usize) -> bool {
+        let bs = self.core.block_size();
+        (have + 1) * bs <= hashable_tokens(num_tokens, self.lookahead)
+    }
+
     /// `__call__`'s body: the hashes of the request's new full blocks.
     pub(crate) fn hash_new_blocks<'py>(
         &self,
@@ -405,10 +434,10 @@ impl BlockHasher {
                 request.getattr(intern!(py, "num_tokens"))?.extract()?,
             ),
         };
-        let num_tokens = hashable_tokens(num_tokens, la);
-        if start + bs > num_tokens {
-            return Ok(out); // no new full block
+        if !self.has_new_block(have, num_tokens) {
+            return Ok(out);
         }
+        let num_tokens = hashable_tokens(num_tokens, la);
         let mut parent = if have > 0 {
             Some(hashes.get_item(have - 1)?)
         } else {

@@ -42,3 +42,32 @@ unsafe extern "C" fn request_block_hasher(
         })
     }
 }
+
+/// The `BlockHasher` a request's `_block_hasher` is (one of `bound_hasher`'s
+/// builtins, or the hasher itself), as a borrowed pointer; None: any other
+/// callable.
+///
+/// # Safety
+/// `obj` is a live object; the GIL is held.
+pub(crate) unsafe fn native_hasher(
+    py: Python<'_>,
+    obj: *mut ffi::PyObject,
+) -> Option<*mut ffi::PyObject> {
+    // SAFETY: as this function's; a builtin's `self` is live while it is.
+    unsafe {
+        let target = if ffi::PyCFunction_Check(obj) != 0 {
+            // Only this module's builtin: other methods bound to a hasher
+            // (`hasher.hash_blocks`) are builtins with the same `self`.
+            let f = ffi::PyCFunction_GetFunction(obj)?;
+            if f as *const () != request_block_hasher as *const () {
+                return None;
+            }
+            ffi::PyCFunction_GetSelf(obj)
+        } else {
+            obj
+        };
+        let is_hasher =
+            !target.is_null() && Borrowed::from_ptr(py, target).is_instance_of::<BlockHasher>();
+        is_hasher.then_some(target)
+    }
+}

@@ -10,9 +10,12 @@
 //! - `cache_call`: `cache_blocks` as a builtin bound to one manager, with
 //!   a hot-line path for the calls that cache nothing new;
 //! - `hasher_call`: a `BlockHasher` as a one-argument builtin, with a
-//!   path for the calls that find no new full block.
+//!   path for the calls that find no new full block;
+//! - `append_call`: vLLM's `Request.append_output_token_ids` as a raw
+//!   method descriptor hashing with a `BlockHasher` in the same call.
 
 pub(crate) mod allocate_call;
+pub(crate) mod append_call;
 pub(crate) mod block_ids_call;
 pub(crate) mod cache_call;
 pub(crate) mod hasher_call;

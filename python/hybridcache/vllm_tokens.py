@@ -1,0 +1,82 @@
+"""vLLM's `Request.append_output_token_ids` with hybridcache's native block
+hashing in the same call (part of `hybridcache.vllm.install()`'s native
+hashing).
+
+vLLM's scheduler appends every sampled token with
+`request.append_output_token_ids(token)`: two list appends, then
+`update_block_hashes()`, then the request's block hasher, which mostly finds
+no new full block. That is two Python frames and a builtin call per token.
+`install_token_append()` replaces the method on vLLM's `Request` class with
+a native method descriptor (`hybridcache._native.native_token_append`)
+doing the same work in one call, for the body both supported releases share
+(`Release.native_token_append`). Requests whose hasher is not hybridcache's,
+subclasses and other spellings run vLLM's own code. Without the binding's
+`raw-ffi` feature there is no descriptor and vLLM's method stays.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+_REQUEST_MODULE = "vllm.v1.request"
+
+logger = logging.getLogger(__name__)
+
+_descriptor: Any = None  # the native descriptor, made once per process
+_vllm_append: Any = None  # the vLLM function it stands for
+
+
+def _request_class() -> Any:
+    return importlib.import_module(_REQUEST_MODULE).Request
+
+
+def install_token_append() -> bool:
+    """Puts the native `append_output_token_ids` on vLLM's `Request` class.
+    True where it is there now; False where the binding has none, or the
+    method is no longer vLLM's (vLLM's method, or the other, stays).
+    Idempotent."""
+    global _descriptor, _vllm_append
+    from hybridcache import _native
+
+    cls = _request_class()
+    current = cls.__dict__.get("append_output_token_ids")
+    if current is None:
+        return False
+    if current is _descriptor:
+        return True
+    if _descriptor is None:
+        try:
+            _descriptor = _native.native_token_append(cls, current, cls.__dict__.get("update_block_hashes"))
+        except ValueError as e:
+            # Another Request class or method than the first install's.
+            logger.warning("hybridcache: vLLM's append_output_token_ids kept: %s", e)
+            return False
+        if _descriptor is None:
+            return False
+        _vllm_append = current
+    elif current is not _vllm_append:
+        logger.warning("hybridcache: Request.append_output_token_ids was replaced by another; kept")
+        return False
+    cls.append_output_token_ids = _descriptor
+    return True
+
+
+def uninstall_token_append() -> None:
+    """Restores vLLM's `append_output_token_ids` (no-op if not installed)."""
+    import sys
+
+    module = sys.modules.get(_REQUEST_MODULE)
+    if module is not None and _descriptor is not None \
+            and module.Request.__dict__.get("append_output_token_ids") is _descriptor:
+        module.Request.append_output_token_ids = _vllm_append
+
+
+def token_append_installed() -> bool:
+    """Whether vLLM's `Request` class has the native `append_output_token_ids`."""
+    import sys
+
+    module = sys.modules.get(_REQUEST_MODULE)
+    return (module is not None and _descriptor is not None
+            and module.Request.__dict__.get("append_output_token_ids") is _descriptor)
