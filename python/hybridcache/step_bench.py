@@ -253,14 +253,32 @@ def make_arrivals(cfg: StepConfig) -> Iterator[Arrival]:
         n += 1
 
 
-def make_request(a: Arrival, hasher: Any) -> Any:
+def make_request(a: Arrival, hasher: Any, cls: Any = None) -> Any:
+    """vLLM's `Request` for arrival `a` (or one of class `cls`)."""
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
     params = SamplingParams(max_tokens=a.max_tokens, stop_token_ids=[STOP_TOKEN_ID])
     params.update_from_generation_config({}, EOS_TOKEN_ID)
-    return Request(request_id=a.request_id, prompt_token_ids=list(a.prompt), sampling_params=params,
-                   pooling_params=None, arrival_time=0.0, block_hasher=hasher)
+    return (cls or Request)(request_id=a.request_id, prompt_token_ids=list(a.prompt), sampling_params=params,
+                            pooling_params=None, arrival_time=0.0, block_hasher=hasher)
+
+
+def request_classes(variants: Sequence[str]) -> dict[str, Any]:
+    """The request class of each variant. hc+native's requests append tokens
+    with install()'s native `append_output_token_ids` on vLLM's `Request`
+    (put there by the caller); the others get a subclass carrying vLLM's own
+    method back, so the class attribute is set once, not toggled each step
+    (each change of a class drops the interpreter's attribute caches)."""
+    from vllm.v1.request import Request
+
+    from hybridcache.vllm_tokens import token_append_installed, vllm_append_output_token_ids
+
+    if not token_append_installed():
+        return {v: Request for v in variants}
+    stock = type("VllmMethodRequest", (Request,),
+                 {"append_output_token_ids": vllm_append_output_token_ids(), "__module__": __name__})
+    return {v: Request if v == "hc+native" else stock for v in variants}
 
 
 def simulate_model(so: Any, sched: Any, rng: random.Random) -> Any:
@@ -334,9 +352,16 @@ class Lockstep:
                  wrap: Callable[[str, Any], None] | None = None) -> None:
         from hybridcache.step_floor import FloorManager
 
+        from hybridcache.vllm_tokens import install_token_append, token_append_installed
+
         self.cfg = cfg
         self.variants = tuple(variants)
         self.scheds = {v: build_scheduler(cfg, v) for v in self.variants}
+        # After the schedulers (their install() / uninstall() take it off).
+        # Put on here, it is taken off in close() (the caller's `with`).
+        self.native_append = ("hc+native" in self.variants and not token_append_installed()
+                              and install_token_append())
+        self.request_classes = request_classes(self.variants)
         self.hashers = {v: request_block_hasher(cfg, v) for v in self.variants}
         if "floor" in self.scheds:
             self.scheds["floor"].kv_cache_manager = FloorManager(recording)
@@ -347,20 +372,32 @@ class Lockstep:
         self.rng = random.Random(cfg.seed * 104729 + 17)
         self.clock = time.perf_counter_ns
 
+    def __enter__(self) -> Lockstep:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Restores vLLM's `append_output_token_ids` where this run put the native one."""
+        from hybridcache.vllm_tokens import uninstall_token_append
+
+        if self.native_append:
+            uninstall_token_append()
+            self.native_append = False
+
     def _admit(self) -> None:
         ref = self.scheds[self.variants[0]]
         # Keep the running set full, with a short queue of admissions waiting.
         for _ in range(self.cfg.running + max(4, self.cfg.running // 16) - len(ref.requests)):
             a = next(self.arrivals)
             for v, s in self.scheds.items():
-                s.add_request(make_request(a, self.hashers[v]))
+                s.add_request(make_request(a, self.hashers[v], self.request_classes[v]))
 
     def step(self, i: int, check: bool = True) -> dict[str, int]:
         """One scheduler step of every variant; ns spent in schedule() +
         update_from_output() per variant."""
         from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
-
-        from hybridcache.vllm_tokens import install_token_append, uninstall_token_append
 
         self._admit()
         clock = self.clock
@@ -384,19 +421,12 @@ class Lockstep:
         drafts = propose_drafts(self.cfg, outs[ref_v], ref, self.rng) if self.cfg.num_spec else None
         engine: dict[str, Any] = {}
         for v in order:
-            # hc+native's requests append tokens with install()'s native
-            # append (a class attribute: set for that variant alone).
-            if v == "hc+native":
-                install_token_append()
-            else:
-                uninstall_token_append()
             mro = ModelRunnerOutput(req_ids=list(model.req_ids), req_id_to_index=dict(model.req_id_to_index),
                                     sampled_token_ids=[list(t) for t in model.sampled_token_ids])
             sched = self.scheds[v]
             t0 = clock()
             engine[v] = sched.update_from_output(outs[v], mro)
             ns[v] += clock() - t0
-        uninstall_token_append()
         if check:
             want_e = norm_engine(engine[ref_v])
             for v in self.variants[1:]:
@@ -421,9 +451,9 @@ def record_stock(cfg: StepConfig) -> Any:
         s.kv_cache_manager = RecordingManager(s.kv_cache_manager)
         recorder.append(s.kv_cache_manager)
 
-    run = Lockstep(cfg, ["stock"], wrap=wrap)
-    for i in range(cfg.warmup + cfg.steps):
-        run.step(i, check=False)
+    with Lockstep(cfg, ["stock"], wrap=wrap) as run:
+        for i in range(cfg.warmup + cfg.steps):
+            run.step(i, check=False)
     return recorder[0]
 
 
@@ -444,6 +474,7 @@ def timed_run(cfg: StepConfig, variants: Sequence[str] = VARIANTS) -> dict[str, 
                 gc.collect()
     finally:
         gc.enable()
+        run.close()
     return samples
 
 
