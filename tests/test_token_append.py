@@ -156,8 +156,15 @@ def test_errors_and_odd_callers_as_vllms_method() -> None:
     theirs._block_hasher = ours._block_hasher = broken
     assert _outcome(lambda: ours.append_output_token_ids(5)) == _outcome(lambda: VLLM_APPEND(theirs, 5))
     assert _state(ours) == _state(theirs)
+    # A request missing its token list: vLLM's method appends the output
+    # token, then fails on the other list.
+    theirs, ours = _twins("gone", list(range(7)), hashers["native"])
+    del theirs._all_token_ids, ours._all_token_ids
+    assert _outcome(lambda: ours.append_output_token_ids(5))[:2] == \
+        _outcome(lambda: VLLM_APPEND(theirs, 5))[:2]
+    assert list(ours._output_token_ids) == list(theirs._output_token_ids) == [5]
     # block_hashes replaced by something that is not a list: vLLM's rule.
-    theirs._block_hasher = ours._block_hasher = hashers["native"]
+    theirs, ours = _twins("r2", list(range(7)), hashers["native"])
     theirs.block_hashes, ours.block_hashes = tuple(theirs.block_hashes), tuple(ours.block_hashes)
     assert _outcome(lambda: ours.append_output_token_ids(5)) == _outcome(lambda: VLLM_APPEND(theirs, 5))
     assert _state(ours) == _state(theirs)

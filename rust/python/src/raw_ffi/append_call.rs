@@ -132,8 +132,14 @@ unsafe fn append_token(
             return Ok(false);
         }
         let request = Bound::from_borrowed_ptr(py, request);
-        let output = request.getattr(intern!(py, "_output_token_ids"))?;
-        let all = request.getattr(intern!(py, "_all_token_ids"))?;
+        // Both lists read before either is changed: anything odd (a missing
+        // list, another type) is vLLM's code's to run, and to fail as it does.
+        let (Ok(output), Ok(all)) = (
+            request.getattr(intern!(py, "_output_token_ids")),
+            request.getattr(intern!(py, "_all_token_ids")),
+        ) else {
+            return Ok(false);
+        };
         if ffi::PyList_CheckExact(output.as_ptr()) == 0 || ffi::PyList_CheckExact(all.as_ptr()) == 0
         {
             return Ok(false);
