@@ -50,6 +50,9 @@ class Profile:
     edge_ir: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     edge_i1: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     edge_calls: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    # Self costs of every object (the interpreter, libc, ...): the whole step.
+    total_ir: int = 0
+    total_i1: int = 0
 
 
 _NAMED = re.compile(r"(\w+)=\((\d+)\)(?: (.*))?")
@@ -127,6 +130,8 @@ def parse(path: str | Path, obj: str = OBJECT) -> Profile:
                     prof.edge_ir[(fn, callee)] += ir
                     prof.edge_i1[(fn, callee)] += i1
                 continue
+            prof.total_ir += ir
+            prof.total_i1 += i1
             if in_obj and fn is not None:
                 prof.ir[fn] += ir
                 prof.i1_misses[fn] += i1
@@ -141,6 +146,8 @@ def report(prof: Profile, steps: int, top: int = 30, callers: str | None = None)
     """Per step: the totals, then the `top` functions by instructions and by
     instruction-cache misses; with `callers`, the calls those functions make."""
     out = [
+        f"whole process, per step: {prof.total_ir // steps} instructions, "
+        f"{prof.total_i1 // steps} L1 instruction-cache misses",
         f"{OBJECT}, per step: {sum(prof.ir.values()) // steps} instructions, "
         f"{sum(prof.i1_misses.values()) // steps} L1 instruction-cache misses (simulated, 32 KiB)",
         "",
@@ -174,7 +181,13 @@ def _child(args: argparse.Namespace) -> None:
 
     sync = Path(args.sync)
     (cfg,) = configs(True, [args.running], [args.layout], args.warm + args.steps)
-    run = Lockstep(cfg, ["hybridcache"], record_stock(cfg))
+    run = Lockstep(cfg, [args.variant], record_stock(cfg) if args.variant == "floor" else None)
+    if args.variant == "hc+native" and not args.no_token_append:
+        # install()'s native append_output_token_ids, which the in-process
+        # step bench leaves out (a class attribute of vLLM's Request).
+        from hybridcache.vllm_tokens import install_token_append
+
+        install_token_append()
     for i in range(cfg.warmup):
         run.step(i)
     gc.collect()
@@ -204,8 +217,8 @@ def _measure(args: argparse.Namespace) -> Path:
         "valgrind", "--tool=callgrind", "--instr-atstart=no", "--cache-sim=yes",
         f"--callgrind-out-file={out}", sys.executable, __file__, "--child",
         "--sync", str(sync), "--running", str(args.running), "--layout", args.layout,
-        "--steps", str(args.steps), "--warm", str(args.warm),
-    ]
+        "--steps", str(args.steps), "--warm", str(args.warm), "--variant", args.variant,
+    ] + (["--no-token-append"] if args.no_token_append else [])
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1")
     log = open(sync / "child.log", "w")
     child = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -247,13 +260,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--report", help="report on this dump instead of measuring")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--callers", help="also list the calls made by functions whose name contains this")
+    p.add_argument("--variant", default="hybridcache", choices=("hybridcache", "hc+native", "floor", "stock"),
+                   help="the step bench's scheduler to run (hc+native: with install()'s native token append)")
+    p.add_argument("--no-token-append", action="store_true",
+                   help="hc+native: vLLM's own Request.append_output_token_ids")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--sync", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         return _child(args)
     dump = Path(args.report) if args.report else _measure(args)
-    print(f"{dump}: {args.steps} steps, {args.layout}, {args.running} running")
+    print(f"{dump}: {args.steps} steps, {args.layout}, {args.running} running, {args.variant}"
+          + (" without the native token append" if args.no_token_append else ""))
     print(report(parse(dump), args.steps, args.top, args.callers))
 
 

@@ -37,26 +37,6 @@ def test_step_bench_row(layout: str) -> None:
     assert layout in text and "floor" in text
 
 
-def test_only_hc_native_appends_natively_and_the_method_is_restored() -> None:
-    """hc+native's requests append with install()'s native method, the other
-    variants' with vLLM's own; vLLM's method is back on `Request` after the run."""
-    from vllm.v1.request import Request
-
-    from hybridcache import vllm_tokens
-
-    vllms = Request.__dict__["append_output_token_ids"]
-    with step_bench.Lockstep(tiny("full"), step_bench.VARIANTS[:3]) as run:
-        if not run.native_append:
-            pytest.skip("the binding is built without raw-ffi")
-        for i in range(8):
-            run.step(i)
-        for v, sched in run.scheds.items():
-            method = type(next(iter(sched.requests.values()))).append_output_token_ids
-            assert (method is vllms) == (v != "hc+native"), v
-    assert Request.__dict__["append_output_token_ids"] is vllms
-    assert not vllm_tokens.token_append_installed()
-
-
 def test_floor_answers_from_the_recording_only() -> None:
     cfg = tiny("full+3xmamba-align")
     recording = step_bench.record_stock(cfg)

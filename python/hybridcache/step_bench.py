@@ -8,8 +8,11 @@ simulated model:
 
 - ``stock``: vLLM's `KVCacheManager`, vLLM's Python request block hasher;
 - ``hybridcache``: `hybridcache.vllm.install()` without native hashing;
-- ``hc+native``: `install()` as shipped: hybridcache's manager and its native
-  request block hasher (what `HYBRIDCACHE_ENABLE=1` gives);
+- ``hc+native``: `install()`'s manager and its native request block hasher
+  (what `HYBRIDCACHE_ENABLE=1` gives, less the native token append: that is
+  a class attribute of vLLM's `Request`, which one process cannot give one
+  variant alone without slowing the others, so `benchmarks/step_callgrind.py
+  --variant hc+native` measures it apart);
 - ``floor``: a manager that answers every call from a recording of an earlier
   stock run, in O(1), with vLLM's hasher. It is the least any drop-in manager
   can cost under that scheduler.
@@ -253,32 +256,14 @@ def make_arrivals(cfg: StepConfig) -> Iterator[Arrival]:
         n += 1
 
 
-def make_request(a: Arrival, hasher: Any, cls: Any = None) -> Any:
-    """vLLM's `Request` for arrival `a` (or one of class `cls`)."""
+def make_request(a: Arrival, hasher: Any) -> Any:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
     params = SamplingParams(max_tokens=a.max_tokens, stop_token_ids=[STOP_TOKEN_ID])
     params.update_from_generation_config({}, EOS_TOKEN_ID)
-    return (cls or Request)(request_id=a.request_id, prompt_token_ids=list(a.prompt), sampling_params=params,
-                            pooling_params=None, arrival_time=0.0, block_hasher=hasher)
-
-
-def request_classes(variants: Sequence[str]) -> dict[str, Any]:
-    """The request class of each variant. hc+native's requests append tokens
-    with install()'s native `append_output_token_ids` on vLLM's `Request`
-    (put there by the caller); the others get a subclass carrying vLLM's own
-    method back, so the class attribute is set once, not toggled each step
-    (each change of a class drops the interpreter's attribute caches)."""
-    from vllm.v1.request import Request
-
-    from hybridcache.vllm_tokens import token_append_installed, vllm_append_output_token_ids
-
-    if not token_append_installed():
-        return {v: Request for v in variants}
-    stock = type("VllmMethodRequest", (Request,),
-                 {"append_output_token_ids": vllm_append_output_token_ids(), "__module__": __name__})
-    return {v: Request if v == "hc+native" else stock for v in variants}
+    return Request(request_id=a.request_id, prompt_token_ids=list(a.prompt), sampling_params=params,
+                   pooling_params=None, arrival_time=0.0, block_hasher=hasher)
 
 
 def simulate_model(so: Any, sched: Any, rng: random.Random) -> Any:
@@ -352,16 +337,9 @@ class Lockstep:
                  wrap: Callable[[str, Any], None] | None = None) -> None:
         from hybridcache.step_floor import FloorManager
 
-        from hybridcache.vllm_tokens import install_token_append, token_append_installed
-
         self.cfg = cfg
         self.variants = tuple(variants)
         self.scheds = {v: build_scheduler(cfg, v) for v in self.variants}
-        # After the schedulers (their install() / uninstall() take it off).
-        # Put on here, it is taken off in close() (the caller's `with`).
-        self.native_append = ("hc+native" in self.variants and not token_append_installed()
-                              and install_token_append())
-        self.request_classes = request_classes(self.variants)
         self.hashers = {v: request_block_hasher(cfg, v) for v in self.variants}
         if "floor" in self.scheds:
             self.scheds["floor"].kv_cache_manager = FloorManager(recording)
@@ -372,27 +350,13 @@ class Lockstep:
         self.rng = random.Random(cfg.seed * 104729 + 17)
         self.clock = time.perf_counter_ns
 
-    def __enter__(self) -> Lockstep:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Restores vLLM's `append_output_token_ids` where this run put the native one."""
-        from hybridcache.vllm_tokens import uninstall_token_append
-
-        if self.native_append:
-            uninstall_token_append()
-            self.native_append = False
-
     def _admit(self) -> None:
         ref = self.scheds[self.variants[0]]
         # Keep the running set full, with a short queue of admissions waiting.
         for _ in range(self.cfg.running + max(4, self.cfg.running // 16) - len(ref.requests)):
             a = next(self.arrivals)
             for v, s in self.scheds.items():
-                s.add_request(make_request(a, self.hashers[v], self.request_classes[v]))
+                s.add_request(make_request(a, self.hashers[v]))
 
     def step(self, i: int, check: bool = True) -> dict[str, int]:
         """One scheduler step of every variant; ns spent in schedule() +
@@ -451,9 +415,9 @@ def record_stock(cfg: StepConfig) -> Any:
         s.kv_cache_manager = RecordingManager(s.kv_cache_manager)
         recorder.append(s.kv_cache_manager)
 
-    with Lockstep(cfg, ["stock"], wrap=wrap) as run:
-        for i in range(cfg.warmup + cfg.steps):
-            run.step(i, check=False)
+    run = Lockstep(cfg, ["stock"], wrap=wrap)
+    for i in range(cfg.warmup + cfg.steps):
+        run.step(i, check=False)
     return recorder[0]
 
 
@@ -474,7 +438,6 @@ def timed_run(cfg: StepConfig, variants: Sequence[str] = VARIANTS) -> dict[str, 
                 gc.collect()
     finally:
         gc.enable()
-        run.close()
     return samples
 
 

@@ -111,15 +111,14 @@ def profile_shares(cfg: StepConfig, variants: Sequence[str] = ("hybridcache", "h
     run._admit = admit_untimed  # type: ignore[method-assign]
     steps = max(20, cfg.steps // 3)
     total = {v: 0 for v in variants}
-    with run:
-        for i in range(cfg.warmup + steps):
-            measuring = i >= cfg.warmup
-            for m, h in watches.values():
-                m.on = h.on = measuring
-            ns = run.step(i)
-            if measuring:
-                for v in variants:
-                    total[v] += ns[v]
+    for i in range(cfg.warmup + steps):
+        measuring = i >= cfg.warmup
+        for m, h in watches.values():
+            m.on = h.on = measuring
+        ns = run.step(i)
+        if measuring:
+            for v in variants:
+                total[v] += ns[v]
     inner, full = _stopwatch_overhead_ns()
     shares = {}
     for v in variants:

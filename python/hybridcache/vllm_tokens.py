@@ -73,12 +73,6 @@ def uninstall_token_append() -> None:
         module.Request.append_output_token_ids = _vllm_append
 
 
-def vllm_append_output_token_ids() -> Any:
-    """vLLM's own `Request.append_output_token_ids`, installed or not."""
-    current = _request_class().__dict__.get("append_output_token_ids")
-    return _vllm_append if current is _descriptor and _descriptor is not None else current
-
-
 def token_append_installed() -> bool:
     """Whether vLLM's `Request` class has the native `append_output_token_ids`."""
     import sys
