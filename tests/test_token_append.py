@@ -81,15 +81,32 @@ def _twins(rid: str, tokens: list[int], hasher: Any, cls: type = Request) -> tup
 
 
 @needs_descriptor
-def test_install_puts_it_on_and_uninstall_takes_it_off() -> None:
+def test_the_engines_native_hasher_puts_it_on_and_uninstall_takes_it_off() -> None:
+    import vllm.v1.engine.core as engine_core
+
+    fn = get_hash_fn_by_name("sha256")
+    kv_cache_utils.init_none_hash(fn)
     hc_vllm.install()
+    assert not vllm_tokens.token_append_installed()  # until the engine builds its hasher
+    assert hc_vllm.native_hasher_of(engine_core.get_request_block_hasher(16, fn)) is not None
     assert vllm_tokens.token_append_installed()
     assert Request.__dict__["append_output_token_ids"] is not VLLM_APPEND
     hc_vllm.install()  # idempotent
     assert vllm_tokens.token_append_installed()
+
+    # A hash function hybridcache does not reproduce: vLLM's hasher, and
+    # vLLM's method (requests hashed in Python keep their Python path).
+    def custom(data: Any) -> bytes:
+        return b"x" * 32
+
+    assert hc_vllm.native_hasher_of(engine_core.get_request_block_hasher(16, custom)) is None
+    assert not vllm_tokens.token_append_installed()
+    engine_core.get_request_block_hasher(16, fn)
+    assert vllm_tokens.token_append_installed()
     hc_vllm.uninstall()
     assert not vllm_tokens.token_append_installed()
     hc_vllm.install(native_hashing=False)
+    assert engine_core.get_request_block_hasher is kv_cache_utils.get_request_block_hasher
     assert not vllm_tokens.token_append_installed() and hc_vllm.is_installed()
 
 
@@ -213,5 +230,8 @@ def test_another_method_in_place_is_kept() -> None:
 @pytest.mark.skipif(RAW_FFI, reason="the binding has the raw-ffi descriptor")
 def test_without_raw_ffi_vllms_method_stays() -> None:
     hc_vllm.install()
+    _hashers(16, 0)
+    hc_vllm.native_request_block_hasher(kv_cache_utils.get_request_block_hasher, token_append=True)(
+        16, get_hash_fn_by_name("sha256"))
     assert not vllm_tokens.token_append_installed()
     assert Request.__dict__["append_output_token_ids"] is VLLM_APPEND

@@ -31,9 +31,10 @@ class Release:
             block hasher to hybridcache's native one, i.e. whether that
             hasher is bit-identical to this release's hashing (NONE_HASH and
             extra keys changed after 0.23.0).
-        native_token_append: whether, with native hashing, `install()` may
-            put hybridcache's native `append_output_token_ids` on vLLM's
-            `Request` (`hybridcache.vllm_tokens`), i.e. whether that
+        native_token_append: whether, with native hashing, the engine's
+            native hasher may put hybridcache's native
+            `append_output_token_ids` on vLLM's `Request`
+            (`hybridcache.vllm_tokens`), i.e. whether that
             release's `append_output_token_ids` and `update_block_hashes`
             have the bodies it follows.
         layouts: the benchmark layouts (`hybridcache bench`'s configs, `bench

@@ -8,9 +8,9 @@ constructs hybridcache's manager; any other vLLM version raises a
 RuntimeError listing the supported ones. It also rebinds
 `get_request_block_hasher` in `vllm.v1.engine.core`, so the engine hashes
 request blocks with hybridcache's native hasher (bit-identical for vLLM's four
-hash functions; any other function keeps vLLM's hasher), and puts a native
-`append_output_token_ids` on vLLM's `Request` that hashes appended tokens in
-the same call (`hybridcache.vllm_tokens`). `install(native_hashing=False)`
+hash functions; any other function keeps vLLM's hasher); a native hasher
+also puts a native `append_output_token_ids` on vLLM's `Request` that hashes
+appended tokens in the same call (`hybridcache.vllm_tokens`). `install(native_hashing=False)`
 or HYBRIDCACHE_NATIVE_HASHING=0 keeps vLLM's hasher. `uninstall()` restores
 both. `register()` is the `vllm.general_plugins` entry point: it installs
 when the environment variable HYBRIDCACHE_ENABLE=1.
@@ -114,14 +114,19 @@ def _lookahead_tokens(release: str, args: tuple[Any, ...], kwargs: dict[str, Any
     return value if type(value) is int and value >= 0 else None
 
 
-def native_request_block_hasher(vllm_factory: Any) -> Any:
+def native_request_block_hasher(vllm_factory: Any, token_append: bool = False) -> Any:
     """A drop-in for vLLM's `get_request_block_hasher` (0.23.0: `(block_size,
     hash_fn)`; 0.33.0: `(hash_block_size, hash_fn, num_hash_lookahead_tokens=0)`):
     hybridcache's native hasher, under the installed release's rules, when
     `hash_fn` is one of vLLM's own hash functions (it reads vLLM's
     `NONE_HASH`, which the engine initialises just before), else
-    `vllm_factory`'s Python hasher (also for a release it has no rules for)."""
+    `vllm_factory`'s Python hasher (also for a release it has no rules for).
+    With `token_append`, a native hasher also puts the native
+    `append_output_token_ids` on vLLM's `Request` (`hybridcache.vllm_tokens`)
+    and vLLM's Python hasher takes it off: requests hashed in Python would
+    pay for calls from native code into Python at every token."""
     from hybridcache.hashing import HASH_FUNCTION_NAMES, make_request_block_hasher
+    from hybridcache.vllm_tokens import install_token_append, uninstall_token_append
 
     def get_request_block_hasher(block_size: int, caching_hash_fn: Any, *args: Any, **kwargs: Any) -> Any:
         name = getattr(caching_hash_fn, "__name__", None)
@@ -133,11 +138,15 @@ def native_request_block_hasher(vllm_factory: Any) -> Any:
             and name in HASH_FUNCTION_NAMES
         )
         if not native:
+            if token_append:
+                uninstall_token_append()
             return vllm_factory(block_size, caching_hash_fn, *args, **kwargs)
         assert release is not None and lookahead is not None
         hasher = make_request_block_hasher(
             block_size, caching_hash_fn, profile=release, num_hash_lookahead_tokens=lookahead
         )
+        if token_append:
+            install_token_append()
         # vLLM calls it at every appended token: a one-argument builtin
         # bound to the hasher is the cheapest call (`native_hasher_of` finds
         # the hasher again).
@@ -163,16 +172,12 @@ def _install_hasher(release: releases.Release) -> None:
     global _original_hasher_factory
     import importlib
 
-    from hybridcache.vllm_tokens import install_token_append
-
-    if release.native_token_append:
-        install_token_append()
     engine: Any = importlib.import_module(_ENGINE_MODULE)
     current = engine.get_request_block_hasher
     if getattr(current, "hybridcache_native", False):
         return
     _original_hasher_factory = current
-    engine.get_request_block_hasher = native_request_block_hasher(current)
+    engine.get_request_block_hasher = native_request_block_hasher(current, release.native_token_append)
 
 
 def _uninstall_hasher() -> None:
