@@ -202,14 +202,19 @@ def test_a_subclass_and_a_replaced_update_run_their_own() -> None:
     seen.clear()
     r.append_output_token_ids(9)
     assert seen == ["sub"]
+    # A replaced update_block_hashes: the next install keeps vLLM's method,
+    # which calls the replacement.
     plain = _request("plain", list(range(6)), hasher)
     original_update = Request.__dict__["update_block_hashes"]
     try:
         Request.update_block_hashes = lambda self: seen.append("replaced")  # type: ignore[method-assign]
+        assert not vllm_tokens.install_token_append()
+        assert Request.__dict__["append_output_token_ids"] is VLLM_APPEND
         plain.append_output_token_ids(9)
     finally:
         Request.update_block_hashes = original_update  # type: ignore[method-assign]
     assert seen == ["sub", "replaced"]
+    assert vllm_tokens.install_token_append()
 
 
 @needs_descriptor

@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 _descriptor: Any = None  # the native descriptor, made once per process
 _vllm_append: Any = None  # the vLLM function it stands for
+_vllm_update: Any = None  # the class's update_block_hashes it follows
 
 
 def _request_class() -> Any:
@@ -35,27 +36,35 @@ def _request_class() -> Any:
 def install_token_append() -> bool:
     """Puts the native `append_output_token_ids` on vLLM's `Request` class.
     True where it is there now; False where the binding has none, or the
-    method is no longer vLLM's (vLLM's method, or the other, stays).
-    Idempotent."""
-    global _descriptor, _vllm_append
+    class's `append_output_token_ids` or `update_block_hashes` is no longer
+    the one the descriptor follows (vLLM's method, or the other, stays).
+    Idempotent. The descriptor does not look at `update_block_hashes` at
+    every token: one replaced after this call is followed from the next
+    call on (the engine's next hasher, or `install()`)."""
+    global _descriptor, _vllm_append, _vllm_update
     from hybridcache import _native
 
     cls = _request_class()
     current = cls.__dict__.get("append_output_token_ids")
+    update = cls.__dict__.get("update_block_hashes")
     if current is None:
+        return False
+    if _descriptor is not None and update is not _vllm_update:
+        uninstall_token_append()
+        logger.warning("hybridcache: Request.update_block_hashes was replaced; vLLM's append kept")
         return False
     if current is _descriptor:
         return True
     if _descriptor is None:
         try:
-            _descriptor = _native.native_token_append(cls, current, cls.__dict__.get("update_block_hashes"))
+            _descriptor = _native.native_token_append(cls, current, update)
         except ValueError as e:
             # Another Request class or method than the first install's.
             logger.warning("hybridcache: vLLM's append_output_token_ids kept: %s", e)
             return False
         if _descriptor is None:
             return False
-        _vllm_append = current
+        _vllm_append, _vllm_update = current, update
     elif current is not _vllm_append:
         logger.warning("hybridcache: Request.append_output_token_ids was replaced by another; kept")
         return False
