@@ -47,11 +47,11 @@ def install_token_append() -> bool:
     cls = _request_class()
     current = cls.__dict__.get("append_output_token_ids")
     update = cls.__dict__.get("update_block_hashes")
-    if current is None:
-        return False
     if _descriptor is not None and update is not _vllm_update:
         uninstall_token_append()
         logger.warning("hybridcache: Request.update_block_hashes was replaced; vLLM's append kept")
+        return False
+    if current is None or update is None:
         return False
     if current is _descriptor:
         return True
