@@ -186,7 +186,12 @@ def _requests(case: Case, native: bool) -> dict[int, list[Any]]:
 
     init_none_hash(sha256)
 
-    factory = hc_vllm.native_request_block_hasher(get_request_block_hasher) if native else get_request_block_hasher
+    # hybridcache's side: the engine's hasher under install(), which also puts
+    # the native append_output_token_ids on vLLM's Request (a class
+    # attribute, so stock's requests, hashed in Python, take its path for
+    # other hashers; tests/test_token_append.py pins both against vLLM's method).
+    factory = (hc_vllm.native_request_block_hasher(get_request_block_hasher, token_append=True) if native
+               else get_request_block_hasher)
     rng = random.Random(case.seed)
     prefixes = [[rng.randrange(1, 900) for _ in range(n)] for n in (0, 16, 40, 64)]
     plan: dict[int, list[Any]] = {}
@@ -328,9 +333,23 @@ def run_lockstep(helpers: Any, case: Case) -> dict[str, int]:
     return seen
 
 
+def _raw_ffi() -> bool:
+    """Whether the binding has its raw entry points (the safe build's bound
+    hasher is the hasher itself, and it has no native append)."""
+    from hybridcache._native import BlockHasher
+
+    return not isinstance(BlockHasher("sha256", 4, b"\0" * 32)._bound_call(), BlockHasher)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_scheduler_lockstep(helpers: Any, case: Case) -> None:
-    seen = run_lockstep(helpers, case)
+    from hybridcache import vllm_tokens
+
+    try:
+        seen = run_lockstep(helpers, case)
+        assert vllm_tokens.token_append_installed() == _raw_ffi()
+    finally:
+        vllm_tokens.uninstall_token_append()
     print(case.name, seen)
     assert seen["steps"] == case.steps and seen["tokens"] > 1000 and seen["finished"] > 10
     # What each case is there for happened.

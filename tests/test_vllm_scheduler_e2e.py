@@ -377,7 +377,11 @@ def make_request(spec: ReqSpec, block_size: int, native_hashing: bool = False) -
         _hash_ready = True
     factory = get_request_block_hasher
     if native_hashing:
-        factory = hc_vllm.native_request_block_hasher(get_request_block_hasher)
+        # As the engine's hasher under install(): it also puts the native
+        # append_output_token_ids on vLLM's Request (a class attribute: the
+        # stock side's requests, hashed in Python, take its path for other
+        # hashers; tests/test_token_append.py pins both against vLLM's method).
+        factory = hc_vllm.native_request_block_hasher(get_request_block_hasher, token_append=True)
     params = SamplingParams(max_tokens=spec.max_tokens, stop_token_ids=[STOP_TOKEN_ID])
     params.update_from_generation_config({}, EOS_TOKEN_ID)
     return Request(
@@ -716,8 +720,13 @@ def model_dir(tmp_path_factory: Any) -> str:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_scheduler_lockstep(case: Case, model_dir: str) -> None:
+    from hybridcache import vllm_tokens
+
     t0 = time.perf_counter()
-    totals = run_lockstep(case, model_dir)
+    try:
+        totals = run_lockstep(case, model_dir)
+    finally:
+        vllm_tokens.uninstall_token_append()
     # The workload must actually exercise what the configuration is about.
     assert totals["scheduled_tokens"] > 0 and totals["finished"] > 0 and totals["aborted"] > 0
     if case.prefix_caching:
