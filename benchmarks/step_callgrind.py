@@ -182,9 +182,11 @@ def _child(args: argparse.Namespace) -> None:
     sync = Path(args.sync)
     (cfg,) = configs(True, [args.running], [args.layout], args.warm + args.steps)
     run = Lockstep(cfg, [args.variant], record_stock(cfg) if args.variant == "floor" else None)
+    # hc+native: install()'s native append_output_token_ids as install()
+    # puts it, on vLLM's Request class (one variant a process), not bound
+    # per request as the in-process bench does; or none at all.
+    run.token_append = None
     if args.variant == "hc+native" and not args.no_token_append:
-        # install()'s native append_output_token_ids, which the in-process
-        # step bench leaves out (a class attribute of vLLM's Request).
         from hybridcache.vllm_tokens import install_token_append
 
         install_token_append()

@@ -37,6 +37,29 @@ def test_step_bench_row(layout: str) -> None:
     assert layout in text and "floor" in text
 
 
+def test_hc_native_requests_alone_carry_the_native_append() -> None:
+    """install()'s native append_output_token_ids, bound to each hc+native
+    request (the in-process stand-in for the class attribute install() sets);
+    vLLM's Request class and the other variants' requests keep vLLM's method."""
+    from vllm.v1.request import Request
+
+    from hybridcache import vllm_tokens
+
+    vllms = Request.__dict__["append_output_token_ids"]
+    run = step_bench.Lockstep(tiny("full"), step_bench.VARIANTS[:3])
+    if run.token_append is None:
+        pytest.skip("the binding is built without raw-ffi")
+    for i in range(8):
+        run.step(i)
+    assert Request.__dict__["append_output_token_ids"] is vllms and not vllm_tokens.token_append_installed()
+    for v, sched in run.scheds.items():
+        request = next(iter(sched.requests.values()))
+        bound = request.__dict__.get("append_output_token_ids")
+        assert (bound is not None) == (v == "hc+native"), v
+        if bound is not None:
+            assert bound.__self__ is request and bound.__name__ == "append_output_token_ids"
+
+
 def test_floor_answers_from_the_recording_only() -> None:
     cfg = tiny("full+3xmamba-align")
     recording = step_bench.record_stock(cfg)

@@ -8,11 +8,12 @@ simulated model:
 
 - ``stock``: vLLM's `KVCacheManager`, vLLM's Python request block hasher;
 - ``hybridcache``: `hybridcache.vllm.install()` without native hashing;
-- ``hc+native``: `install()`'s manager and its native request block hasher
-  (what `HYBRIDCACHE_ENABLE=1` gives, less the native token append: that is
-  a class attribute of vLLM's `Request`, which one process cannot give one
-  variant alone without slowing the others, so `benchmarks/step_callgrind.py
-  --variant hc+native` measures it apart);
+- ``hc+native``: `install()` as shipped: hybridcache's manager, its native
+  request block hasher and its native `append_output_token_ids` (what
+  `HYBRIDCACHE_ENABLE=1` gives). `install()` puts that method on vLLM's
+  `Request` class, which would reach the other variants' requests too, so
+  here it is bound to each hc+native request instead (the same native
+  function; an instance attribute, a little slower to look up);
 - ``floor``: a manager that answers every call from a recording of an earlier
   stock run, in O(1), with vLLM's hasher. It is the least any drop-in manager
   can cost under that scheduler.
@@ -336,11 +337,15 @@ class Lockstep:
     def __init__(self, cfg: StepConfig, variants: Sequence[str], recording: Any = None,
                  wrap: Callable[[str, Any], None] | None = None) -> None:
         from hybridcache.step_floor import FloorManager
+        from hybridcache.vllm_tokens import token_append_descriptor
 
         self.cfg = cfg
         self.variants = tuple(variants)
         self.scheds = {v: build_scheduler(cfg, v) for v in self.variants}
         self.hashers = {v: request_block_hasher(cfg, v) for v in self.variants}
+        # install()'s native append, bound to each hc+native request (see the
+        # module's docstring); None without the binding's raw-ffi feature.
+        self.token_append = token_append_descriptor() if "hc+native" in self.variants else None
         if "floor" in self.scheds:
             self.scheds["floor"].kv_cache_manager = FloorManager(recording)
         if wrap is not None:
@@ -356,7 +361,13 @@ class Lockstep:
         for _ in range(self.cfg.running + max(4, self.cfg.running // 16) - len(ref.requests)):
             a = next(self.arrivals)
             for v, s in self.scheds.items():
-                s.add_request(make_request(a, self.hashers[v]))
+                r = make_request(a, self.hashers[v])
+                if v == "hc+native" and self.token_append is not None:
+                    # vLLM's Request has 40-50 attributes, past the shared
+                    # keys' 30: every instance has its own dict already, and
+                    # one more key leaves the others' attribute caches alone.
+                    r.append_output_token_ids = self.token_append.__get__(r, type(r))
+                s.add_request(r)
 
     def step(self, i: int, check: bool = True) -> dict[str, int]:
         """One scheduler step of every variant; ns spent in schedule() +

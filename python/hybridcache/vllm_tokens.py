@@ -41,9 +41,6 @@ def install_token_append() -> bool:
     Idempotent. The descriptor does not look at `update_block_hashes` at
     every token: one replaced after this call is followed from the next
     call on (the engine's next hasher, or `install()`)."""
-    global _descriptor, _vllm_append, _vllm_update
-    from hybridcache import _native
-
     cls = _request_class()
     current = cls.__dict__.get("append_output_token_ids")
     update = cls.__dict__.get("update_block_hashes")
@@ -56,20 +53,39 @@ def install_token_append() -> bool:
     if current is _descriptor:
         return True
     if _descriptor is None:
-        try:
-            _descriptor = _native.native_token_append(cls, current, update)
-        except ValueError as e:
-            # Another Request class or method than the first install's.
-            logger.warning("hybridcache: vLLM's append_output_token_ids kept: %s", e)
+        if token_append_descriptor() is None:
             return False
-        if _descriptor is None:
-            return False
-        _vllm_append, _vllm_update = current, update
     elif current is not _vllm_append:
         logger.warning("hybridcache: Request.append_output_token_ids was replaced by another; kept")
         return False
     cls.append_output_token_ids = _descriptor
     return True
+
+
+def token_append_descriptor() -> Any:
+    """The native descriptor standing for vLLM's `append_output_token_ids`
+    (made on first use, not put on the class), or None without the raw-ffi
+    feature or where the class's methods are not vLLM's. Its `__get__(request)`
+    binds it to one request (the step bench's `hc+native` requests)."""
+    global _descriptor, _vllm_append, _vllm_update
+    from hybridcache import _native
+
+    if _descriptor is not None:
+        return _descriptor
+    cls = _request_class()
+    current = cls.__dict__.get("append_output_token_ids")
+    update = cls.__dict__.get("update_block_hashes")
+    if current is None or update is None:
+        return None
+    try:
+        _descriptor = _native.native_token_append(cls, current, update)
+    except ValueError as e:
+        # Another Request class or method than the first one's.
+        logger.warning("hybridcache: vLLM's append_output_token_ids kept: %s", e)
+        return None
+    if _descriptor is not None:
+        _vllm_append, _vllm_update = current, update
+    return _descriptor
 
 
 def uninstall_token_append() -> None:
