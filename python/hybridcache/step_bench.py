@@ -512,8 +512,8 @@ def format_rows(rows: list[dict[str, Any]], vllm_version: str) -> str:
         lines.append(f"{r['layout']:<20} {r['running']:>5} {cells} {q['stock/hybridcache']:>9.2f} "
                      f"{q['hybridcache/floor']:>9.2f} {q['hc+native/floor']:>9.2f} {q['stock/hc+native']:>9.2f}")
     if any("shares" in r for r in rows):
-        lines += ["", "Where the step goes (profiled pass, not timed): manager / request block hashing / "
-                      "vLLM's scheduler code"]
+        lines += ["", "Where the step goes (profiled pass, not timed): manager / token appends with their "
+                      "block hashing / vLLM's scheduler code"]
         for r in rows:
             s = r.get("shares")
             if not s:

@@ -1,7 +1,15 @@
 """Where the whole scheduler step goes, for `hybridcache bench --step`: a
 pass of the step bench's lockstep (not timed) with stopwatches around every
-manager call and every request block hasher call; their own cost is
-measured and taken out of the shares."""
+manager call and every request's `append_output_token_ids` (where the step
+hashes a request's new blocks); their own cost is measured and taken out of
+the shares.
+
+The hasher itself is not wrapped: `install()`'s native append recognises
+its native hasher and tests for a new block without calling it, and a
+wrapper would send every token through a Python call instead, timing a path
+that is never shipped. The appends are timed in every variant alike, so the
+shares compare: vLLM's method (the list appends, then its hasher) against
+the native one (the appends and the hashing in one call)."""
 
 from __future__ import annotations
 
@@ -10,9 +18,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hybridcache.step_bench import Lockstep, StepConfig
-
-
-
 
 class _Stopwatch:
     def __init__(self) -> None:
@@ -83,32 +88,32 @@ class _TimedManager:
 
 
 def profile_shares(cfg: StepConfig, variants: Sequence[str] = ("hybridcache", "hc+native")) -> dict[str, dict[str, float]]:
-    """Share of each variant's step in the manager, in request block hashing
-    and in the rest (vLLM's scheduler), from stopwatches around the manager's
-    calls and the request block hasher."""
+    """Share of each variant's step in the manager, in the token appends
+    with their block hashing ("hashing"), and in the rest (vLLM's
+    scheduler), from stopwatches around the manager's calls and each
+    request's `append_output_token_ids`."""
     watches = {v: (_Stopwatch(), _Stopwatch()) for v in variants}
 
     def wrap(v: str, s: Any) -> None:
         s.kv_cache_manager = _TimedManager(s.kv_cache_manager, watches[v][0])
 
     run = Lockstep(cfg, variants, wrap=wrap)
-    for v in variants:
-        run.hashers[v] = _timed_callable(run.hashers[v], watches[v][1])
     admit = run._admit
 
-    def admit_untimed() -> None:
-        # A new request's prompt is hashed when it is added, outside the
-        # timed schedule() + update_from_output(): not the step's hashing.
-        on = [(h, h.on) for _, h in watches.values()]
-        for h, _ in on:
-            h.on = False
-        try:
-            admit()
-        finally:
-            for h, was in on:
-                h.on = was
+    def admit_timing_appends() -> None:
+        # A new request's prompt is hashed when it is made, outside the timed
+        # schedule() + update_from_output() (and outside the appends): not the
+        # step's hashing. Its appends get a stopwatch, as an instance
+        # attribute (hc+native's is the native method bound to the request).
+        admit()
+        for v in variants:
+            for request in run.scheds[v].requests.values():
+                if "_profile_append" not in request.__dict__:
+                    request._profile_append = True
+                    request.append_output_token_ids = _timed_callable(
+                        request.append_output_token_ids, watches[v][1])
 
-    run._admit = admit_untimed  # type: ignore[method-assign]
+    run._admit = admit_timing_appends  # type: ignore[method-assign]
     steps = max(20, cfg.steps // 3)
     total = {v: 0 for v in variants}
     for i in range(cfg.warmup + steps):
@@ -123,7 +128,7 @@ def profile_shares(cfg: StepConfig, variants: Sequence[str] = ("hybridcache", "h
     shares = {}
     for v in variants:
         m, h = watches[v]
-        # The hasher runs inside update_from_output, never inside a manager
+        # The appends run inside update_from_output, never inside a manager
         # call. Each stopwatch's own cost is taken out of what it measured
         # and out of the step (the wrapper around it is not the scheduler's).
         manager = max(m.ns - m.calls * inner, 0.0)
