@@ -3,6 +3,8 @@ simulated instruction-cache misses, measured in situ under callgrind.
 
     python benchmarks/step_callgrind.py --running 256 --layout full+3xmamba-align
     python benchmarks/step_callgrind.py --report callgrind.out.1   # an earlier dump
+    python benchmarks/step_callgrind.py --variant floor --out floor.out
+    python benchmarks/step_callgrind.py --against floor.out.1      # where the step exceeds the floor's
 
 The step bench's hybridcache scheduler (`hybridcache.step_bench.Lockstep`)
 runs under `valgrind --tool=callgrind --cache-sim=yes`, with instrumentation
@@ -20,7 +22,16 @@ simulation can, and it is deterministic for a given binary.
 The report lists, per function of `_native.abi3.so` (inlined code counted
 in the function it was inlined into), instructions and L1 instruction
 misses per step; `--callers NAME` adds the inclusive costs of the calls
-made by functions matching NAME. Needs valgrind (Linux).
+made by functions matching NAME. `--against DUMP` compares the whole
+process with another run's dump (the floor's, say), per object and per
+function of every object: the interpreter's code that the extension's code
+evicts shows up there, as misses the extension's own functions do not
+count. Per object the counts are exact. Per function they are for the
+functions entered after instrumentation was switched on: the interpreter
+loop already running then (in 3.11 every Python frame of the step runs in
+it) is named by callgrind as it guessed at that moment, which differs
+between runs (`_PyEval_EvalFrameDefault` in one, `PyObject_Vectorcall` in
+another). Needs valgrind (Linux).
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 OBJECT = "_native.abi3.so"
 
@@ -50,9 +62,12 @@ class Profile:
     edge_ir: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     edge_i1: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     edge_calls: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
-    # Self costs of every object (the interpreter, libc, ...): the whole step.
+    # Self costs of every object (the interpreter, libc, ...): the whole step,
+    # and by (object file name, function).
     total_ir: int = 0
     total_i1: int = 0
+    any_ir: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    any_i1: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
 
 
 _NAMED = re.compile(r"(\w+)=\((\d+)\)(?: (.*))?")
@@ -79,6 +94,7 @@ def parse(path: str | Path, obj: str = OBJECT) -> Profile:
     fn: str | None = None
     callee: str | None = None
     in_obj = False
+    current = "?"
     pending_call = False
     columns: dict[str, int] = {}
     positions = 1
@@ -112,6 +128,7 @@ def parse(path: str | Path, obj: str = OBJECT) -> Profile:
                 resolved = names[table].get(ident, "?")
                 if key == "ob":
                     in_obj = resolved.endswith(obj)
+                    current = resolved.rsplit("/", 1)[-1]
                 elif key == "fn":
                     fn = resolved
                 elif key == "cfn":
@@ -132,6 +149,8 @@ def parse(path: str | Path, obj: str = OBJECT) -> Profile:
                 continue
             prof.total_ir += ir
             prof.total_i1 += i1
+            prof.any_ir[(current, fn or "?")] += ir
+            prof.any_i1[(current, fn or "?")] += i1
             if in_obj and fn is not None:
                 prof.ir[fn] += ir
                 prof.i1_misses[fn] += i1
@@ -169,6 +188,46 @@ def report(prof: Profile, steps: int, top: int = 30, callers: str | None = None)
                     f"  {ir // steps:9d} {prof.edge_i1[(c, callee)] // steps:7d} "
                     f"x{calls:7.1f}  {_short(callee, 90)}"
                 )
+    return "\n".join(out)
+
+
+def compare(prof: Profile, steps: int, base: Profile, base_steps: int, top: int = 30) -> str:
+    """Per step, this run against `base` (another variant's dump): the
+    whole process, each object, and the `top` functions of any object by
+    the difference in instruction-cache misses, then in instructions."""
+
+    def per_step(counter: collections.Counter, key: Any, n: int) -> float:
+        return counter[key] / n
+
+    out = [
+        f"whole process, per step: {prof.total_ir // steps} instructions, {prof.total_i1 // steps} "
+        f"L1 instruction-cache misses; against {base.total_ir // base_steps} and {base.total_i1 // base_steps}: "
+        f"{prof.total_ir // steps - base.total_ir // base_steps:+d} instructions, "
+        f"{prof.total_i1 // steps - base.total_i1 // base_steps:+d} misses",
+        "",
+        f"{'instr':>11} {'I1 miss':>9} {'base instr':>11} {'base miss':>9}  object",
+    ]
+    objects: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    for (o, _), v in prof.any_ir.items():
+        objects[o][0] += v / steps
+    for (o, _), v in prof.any_i1.items():
+        objects[o][1] += v / steps
+    for (o, _), v in base.any_ir.items():
+        objects[o][2] += v / base_steps
+    for (o, _), v in base.any_i1.items():
+        objects[o][3] += v / base_steps
+    for o, (ir, i1, bir, bi1) in sorted(objects.items(), key=lambda x: -(x[1][0] + x[1][2])):
+        if ir + bir >= 1:
+            out.append(f"{ir:11.0f} {i1:9.0f} {bir:11.0f} {bi1:9.0f}  {o}")
+    keys = set(prof.any_ir) | set(base.any_ir)
+    diff = {k: (per_step(prof.any_i1, k, steps) - per_step(base.any_i1, k, base_steps),
+                per_step(prof.any_ir, k, steps) - per_step(base.any_ir, k, base_steps)) for k in keys}
+    out += ["", "(the interpreter loop running when instrumentation started is named as callgrind "
+                "guessed then, differently between runs: compare it by object)"]
+    for title, index in (("by the difference in misses", 0), ("by the difference in instructions", 1)):
+        out += ["", f"{'miss +/-':>9} {'instr +/-':>10}  object: function, {title}"]
+        for (o, f), (dm, di) in sorted(diff.items(), key=lambda x: -x[1][index])[:top]:
+            out.append(f"{dm:+9.0f} {di:+10.0f}  {o}: {_short(f, 80)}")
     return "\n".join(out)
 
 
@@ -262,6 +321,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--report", help="report on this dump instead of measuring")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--callers", help="also list the calls made by functions whose name contains this")
+    p.add_argument("--against", help="compare the whole process with this dump (another variant's)")
+    p.add_argument("--against-steps", type=int, help="measured steps of the --against dump (default: --steps)")
     p.add_argument("--variant", default="hybridcache", choices=("hybridcache", "hc+native", "floor", "stock"),
                    help="the step bench's scheduler to run (hc+native: with install()'s native token append)")
     p.add_argument("--no-token-append", action="store_true",
@@ -274,7 +335,11 @@ def main(argv: list[str] | None = None) -> None:
     dump = Path(args.report) if args.report else _measure(args)
     print(f"{dump}: {args.steps} steps, {args.layout}, {args.running} running, {args.variant}"
           + (" without the native token append" if args.no_token_append else ""))
-    print(report(parse(dump), args.steps, args.top, args.callers))
+    prof = parse(dump)
+    if args.against:
+        print(compare(prof, args.steps, parse(args.against), args.against_steps or args.steps, args.top))
+    else:
+        print(report(prof, args.steps, args.top, args.callers))
 
 
 if __name__ == "__main__":

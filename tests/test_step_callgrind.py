@@ -74,3 +74,36 @@ def test_report_is_per_step(tmp_path):
     assert "calls made by allocate_slots_fast (self 4):" in text
     assert "       50       3 x    0.5  general" in text
     assert "       20       1 x    1.0  PyObject_GetAttr" in text
+
+
+BASE = """# callgrind format
+version: 1
+positions: instr line
+events: Ir Dr Dw I1mr D1mr
+
+ob=(1) /usr/lib/libpython3.11.so
+fl=(1) ceval.c
+fn=(1) _PyEval_EvalFrameDefault
+0x1000 5 30 0 0 4
+"""
+
+
+def test_compare_counts_every_object_against_the_base(tmp_path):
+    """--against: the whole process and each object's functions, per step,
+    against another run's dump (the interpreter's own misses included)."""
+    run, base = tmp_path / "run.out.1", tmp_path / "base.out.1"
+    run.write_text(DUMP)
+    base.write_text(BASE)
+    prof = step_callgrind.parse(run)
+    assert prof.any_ir[("libpython3.11.so", "_PyEval_EvalFrameDefault")] == 51
+    assert prof.any_i1[("_native.abi3.so", "general")] == 3
+    text = step_callgrind.compare(prof, 1, step_callgrind.parse(base), 1)
+    assert "against 30 and 4: +89 instructions, +9 misses" in text
+    # The interpreter missed 9 lines here against 4 in the base.
+    assert "       +5        +21  libpython3.11.so: _PyEval_EvalFrameDefault" in text
+    assert "       +3        +60  _native.abi3.so: general" in text
+    lines = text.splitlines()
+    objects = lines[lines.index(next(x for x in lines if x.endswith("  object"))) + 1:][:2]
+    # Most instructions in both runs first.
+    assert objects[0].split() == ["51", "9", "30", "4", "libpython3.11.so"]
+    assert objects[1].split() == ["68", "4", "0", "0", "_native.abi3.so"]
