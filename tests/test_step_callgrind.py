@@ -13,11 +13,13 @@ step_callgrind = importlib.util.module_from_spec(spec)
 sys.modules["step_callgrind"] = step_callgrind  # dataclasses look their module up there
 spec.loader.exec_module(step_callgrind)
 
-DUMP = """# callgrind format
+HEADER = """# callgrind format
 version: 1
 positions: instr line
 events: Ir Dr Dw I1mr D1mr
+"""
 
+DUMP = HEADER + """
 ob=(1) /usr/lib/libpython3.11.so
 fl=(1) ceval.c
 fn=(1) _PyEval_EvalFrameDefault
@@ -76,11 +78,7 @@ def test_report_is_per_step(tmp_path):
     assert "       20       1 x    1.0  PyObject_GetAttr" in text
 
 
-BASE = """# callgrind format
-version: 1
-positions: instr line
-events: Ir Dr Dw I1mr D1mr
-
+BASE = HEADER + """
 ob=(1) /usr/lib/libpython3.11.so
 fl=(1) ceval.c
 fn=(1) _PyEval_EvalFrameDefault
