@@ -47,6 +47,19 @@ impl DecodeHorizon {
         }
     }
 
+    /// The phases of a plain decode whose bound these counts cross: each
+    /// bound stands for one phase in every group (`decode_horizon`), so a
+    /// phase within its bound changes nothing and can be left out.
+    pub fn crossed(&self, c: &DecodeCounts) -> DecodePhases {
+        DecodePhases {
+            frees: c.total_computed > self.max_total,
+            allocation: c.need_slot > self.max_need_slot || c.main_model > self.max_main,
+            caching: c
+                .to_cache
+                .is_some_and(|t| t > self.max_to_cache || t < self.min_to_cache),
+        }
+    }
+
     pub fn allows(&self, c: &DecodeCounts) -> bool {
         c.total_computed <= self.max_total
             && c.need_slot <= self.max_need_slot
@@ -54,6 +67,24 @@ impl DecodeHorizon {
             && c.to_cache
                 .is_none_or(|t| t <= self.max_to_cache && t >= self.min_to_cache)
     }
+}
+
+/// Which phases of a plain decode run: the window and Mamba state frees,
+/// the allocation, the caching.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodePhases {
+    pub frees: bool,
+    pub allocation: bool,
+    pub caching: bool,
+}
+
+impl DecodePhases {
+    /// Every phase (a request without a known horizon).
+    pub const ALL: DecodePhases = DecodePhases {
+        frees: true,
+        allocation: true,
+        caching: true,
+    };
 }
 
 /// The token counts a plain decode step is sized by (as `allocate_slots`
@@ -86,7 +117,51 @@ pub(crate) fn eagle_max_to_cache(limit: usize, sbs: usize, bs: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::eagle_max_to_cache;
+    use super::{eagle_max_to_cache, DecodeCounts, DecodeHorizon, DecodePhases};
+
+    /// A decode the horizon allows crosses no phase's bound, and one it does
+    /// not allow crosses at least one (the phases split `allows` exactly).
+    #[test]
+    fn phases_split_allows() {
+        let none = DecodePhases {
+            frees: false,
+            allocation: false,
+            caching: false,
+        };
+        let h = DecodeHorizon {
+            max_total: 10,
+            max_need_slot: 12,
+            max_main: 11,
+            max_to_cache: 9,
+            min_to_cache: 4,
+        };
+        for total in 8..13 {
+            for extra in 0..4 {
+                for to_cache in [None, Some(2), Some(4), Some(9), Some(10)] {
+                    let c = DecodeCounts {
+                        total_computed: total,
+                        need_slot: total + extra,
+                        main_model: total + extra.min(1),
+                        to_cache,
+                    };
+                    let p = h.crossed(&c);
+                    assert_eq!(h.allows(&c), p == none, "{c:?}: {p:?}");
+                    assert_eq!(p.frees, total > 10);
+                    assert_eq!(p.allocation, c.need_slot > 12 || c.main_model > 11);
+                    assert_eq!(p.caching, to_cache.is_some_and(|t| !(4..=9).contains(&t)));
+                }
+            }
+        }
+        assert_eq!(
+            DecodeHorizon::UNKNOWN.crossed(&DecodeCounts {
+                total_computed: 1,
+                need_slot: 2,
+                main_model: 2,
+                to_cache: Some(1),
+            }),
+            DecodePhases::ALL
+        );
+    }
 
     /// The closed form against a scan of `min(t, t / sbs * sbs + bs)`.
     #[test]

@@ -10,7 +10,7 @@ mod hit_search;
 mod partial_hits;
 
 use crate::block_pool::BlockPool;
-use crate::decode_bounds::{DecodeCounts, DecodeHorizon};
+use crate::decode_bounds::{DecodeCounts, DecodeHorizon, DecodePhases};
 use crate::group_manager::SingleTypeManager;
 use crate::hashes::{HashList, ScaledHashes};
 use crate::new_blocks::NewBlocks;
@@ -362,11 +362,14 @@ impl Coordinator {
     /// has room after `reserved` blocks) the new blocks, then caching up
     /// to `c.to_cache` tokens. The same steps, in the same order, as the
     /// general path; false: no room (the window frees stay done, as there).
-    /// `out` starts empty.
+    /// `out` starts empty. A phase left out of `phases` is one the request's
+    /// decode horizon shows changes nothing: its code is not run at all.
+    #[allow(clippy::too_many_arguments)]
     pub fn plain_decode(
         &mut self,
         slot: ReqSlot,
         c: &DecodeCounts,
+        phases: DecodePhases,
         reserved: usize,
         hashes: &HashList,
         marks: RetentionMarks,
@@ -374,24 +377,34 @@ impl Coordinator {
     ) -> bool {
         debug_assert!(self.runs_everywhere(slot));
         let mut need = 0;
-        for m in self.managers.iter_mut() {
-            need += m.plain_decode_need(&mut self.pool, slot, c);
+        // Within the allocation bound no group needs a block, and a Mamba
+        // align group may need fewer than none: the count matters past the
+        // bound, or where the pool has no room beyond `reserved`.
+        let no_room = (self.pool.num_free_blocks() as usize) < reserved;
+        if phases.frees || phases.allocation || no_room {
+            for m in self.managers.iter_mut() {
+                need += m.plain_decode_need(&mut self.pool, slot, c, phases.frees);
+            }
         }
         if need > self.pool.num_free_blocks() as i64 - reserved as i64 {
             return false;
         }
-        for m in self.managers.iter_mut() {
-            m.allocate_new_blocks(
-                &mut self.pool,
-                slot,
-                c.need_slot,
-                c.main_model,
-                false,
-                &mut out.ids,
-            );
-            out.ends.push(out.ids.len() as u32);
+        if phases.allocation {
+            for m in self.managers.iter_mut() {
+                m.allocate_new_blocks(
+                    &mut self.pool,
+                    slot,
+                    c.need_slot,
+                    c.main_model,
+                    false,
+                    &mut out.ids,
+                );
+                out.ends.push(out.ids.len() as u32);
+            }
+        } else {
+            out.push_empty_groups(self.managers.len());
         }
-        if let Some(t) = c.to_cache {
+        if let Some(t) = c.to_cache.filter(|_| phases.caching) {
             self.cache_blocks(slot, hashes, t, marks);
         }
         true

@@ -98,7 +98,8 @@ impl SingleTypeManager {
     }
 
     /// A plain decode's first phase in this group, for a request running
-    /// here: frees what left the window (`remove_skipped_blocks`) and
+    /// here: frees what left the window (`remove_skipped_blocks`; not when
+    /// `frees` is off, where the horizon shows none leaves) and
     /// returns the blocks the group needs (`get_num_blocks_to_allocate`'s
     /// running-request arm, without computed blocks). Only those arms run,
     /// so the common decode that changes blocks keeps to little code.
@@ -107,8 +108,9 @@ impl SingleTypeManager {
         pool: &mut BlockPool,
         slot: ReqSlot,
         c: &DecodeCounts,
+        frees: bool,
     ) -> i64 {
-        if self.attn.has_window() {
+        if frees && self.attn.has_window() {
             self.remove_skipped_blocks(pool, slot, c.total_computed, None);
         }
         let have = self.blocks(slot).len();

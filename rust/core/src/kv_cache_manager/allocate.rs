@@ -196,6 +196,9 @@ impl KvCacheManager {
         out: &mut NewBlocks,
     ) -> bool {
         out.clear();
+        // The last horizon picks the plain decode's phases; any allocation
+        // re-derives it.
+        let last = self.reqs.horizon(slot);
         self.set_horizon(slot, None);
         if let Some(n) = args.num_prompt_tokens {
             self.reqs.set_num_prompt_tokens(slot, n);
@@ -219,7 +222,7 @@ impl KvCacheManager {
                 let ok = general.allocate_general_checked(slot, args, update, &mut general_out);
                 (ok, general_out, format!("{general:?}"))
             };
-            let ok = self.allocate_plain_decode(slot, args, update, out);
+            let ok = self.allocate_plain_decode(slot, args, last, update, out);
             #[cfg(debug_assertions)]
             {
                 assert_eq!(

@@ -4,7 +4,7 @@
 //! general path (`allocate.rs`).
 
 use super::{AllocateArgs, KvCacheManager};
-use crate::decode_bounds::{DecodeCounts, DecodeHorizon};
+use crate::decode_bounds::{DecodeCounts, DecodeHorizon, DecodePhases};
 use crate::hashes::HashUpdate;
 use crate::new_blocks::NewBlocks;
 use crate::ReqSlot;
@@ -245,11 +245,14 @@ impl KvCacheManager {
     }
 
     /// `allocate_checked` for a plain decode (see `AllocateArgs::is_plain`)
-    /// of a request running in every group: the coordinator's compact path.
+    /// of a request running in every group: the coordinator's compact path,
+    /// only the phases whose bound in the request's last horizon (`last`,
+    /// None: unknown) these counts cross.
     pub(super) fn allocate_plain_decode(
         &mut self,
         slot: ReqSlot,
         args: &AllocateArgs,
+        last: Option<DecodeHorizon>,
         update: Option<&HashUpdate>,
         out: &mut NewBlocks,
     ) -> bool {
@@ -263,10 +266,12 @@ impl KvCacheManager {
             args.num_lookahead_tokens,
             !args.delay_cache_blocks,
         );
+        let phases = last.map_or(DecodePhases::ALL, |h| h.crossed(&c));
         let (hashes, marks) = (self.reqs.hashes(slot), self.retention_marks(slot));
         if !self.coord.plain_decode(
             slot,
             &c,
+            phases,
             args.reserved_blocks + args.watermark_blocks,
             hashes,
             marks,
