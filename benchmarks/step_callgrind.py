@@ -47,7 +47,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 OBJECT = "_native.abi3.so"
 
@@ -195,10 +194,6 @@ def compare(prof: Profile, steps: int, base: Profile, base_steps: int, top: int 
     """Per step, this run against `base` (another variant's dump): the
     whole process, each object, and the `top` functions of any object by
     the difference in instruction-cache misses, then in instructions."""
-
-    def per_step(counter: collections.Counter, key: Any, n: int) -> float:
-        return counter[key] / n
-
     out = [
         f"whole process, per step: {prof.total_ir // steps} instructions, {prof.total_i1 // steps} "
         f"L1 instruction-cache misses; against {base.total_ir // base_steps} and {base.total_i1 // base_steps}: "
@@ -207,21 +202,19 @@ def compare(prof: Profile, steps: int, base: Profile, base_steps: int, top: int 
         "",
         f"{'instr':>11} {'I1 miss':>9} {'base instr':>11} {'base miss':>9}  object",
     ]
-    objects: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
-    for (o, _), v in prof.any_ir.items():
-        objects[o][0] += v / steps
-    for (o, _), v in prof.any_i1.items():
-        objects[o][1] += v / steps
-    for (o, _), v in base.any_ir.items():
-        objects[o][2] += v / base_steps
-    for (o, _), v in base.any_i1.items():
-        objects[o][3] += v / base_steps
+    # Per step, by (object, function): instructions, misses, base's instructions, base's misses.
+    costs: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0] * 4)
+    for column, (counter, n) in enumerate(((prof.any_ir, steps), (prof.any_i1, steps),
+                                           (base.any_ir, base_steps), (base.any_i1, base_steps))):
+        for key, v in counter.items():
+            costs[key][column] += v / n
+    objects: dict[str, list[float]] = collections.defaultdict(lambda: [0.0] * 4)
+    for (o, _), c in costs.items():
+        objects[o] = [a + b for a, b in zip(objects[o], c)]
     for o, (ir, i1, bir, bi1) in sorted(objects.items(), key=lambda x: -(x[1][0] + x[1][2])):
         if ir + bir >= 1:
             out.append(f"{ir:11.0f} {i1:9.0f} {bir:11.0f} {bi1:9.0f}  {o}")
-    keys = set(prof.any_ir) | set(base.any_ir)
-    diff = {k: (per_step(prof.any_i1, k, steps) - per_step(base.any_i1, k, base_steps),
-                per_step(prof.any_ir, k, steps) - per_step(base.any_ir, k, base_steps)) for k in keys}
+    diff = {k: (c[1] - c[3], c[0] - c[2]) for k, c in costs.items()}
     out += ["", "(the interpreter loop running when instrumentation started is named as callgrind "
                 "guessed then, differently between runs: compare it by object)"]
     for title, index in (("by the difference in misses", 0), ("by the difference in instructions", 1)):

@@ -90,12 +90,8 @@ def token_append_descriptor() -> Any:
 
 def uninstall_token_append() -> None:
     """Restores vLLM's `append_output_token_ids` (no-op if not installed)."""
-    import sys
-
-    module = sys.modules.get(_REQUEST_MODULE)
-    if module is not None and _descriptor is not None \
-            and module.Request.__dict__.get("append_output_token_ids") is _descriptor:
-        module.Request.append_output_token_ids = _vllm_append
+    if token_append_installed():
+        _request_class().append_output_token_ids = _vllm_append
 
 
 def token_append_installed() -> bool:

@@ -60,12 +60,10 @@ impl DecodeHorizon {
         }
     }
 
+    /// Whether a plain decode with these counts changes no block: it
+    /// crosses no phase's bound.
     pub fn allows(&self, c: &DecodeCounts) -> bool {
-        c.total_computed <= self.max_total
-            && c.need_slot <= self.max_need_slot
-            && c.main_model <= self.max_main
-            && c.to_cache
-                .is_none_or(|t| t <= self.max_to_cache && t >= self.min_to_cache)
+        self.crossed(c) == DecodePhases::NONE
     }
 }
 
@@ -79,6 +77,13 @@ pub struct DecodePhases {
 }
 
 impl DecodePhases {
+    /// No phase (a decode that changes no block).
+    pub const NONE: DecodePhases = DecodePhases {
+        frees: false,
+        allocation: false,
+        caching: false,
+    };
+
     /// Every phase (a request without a known horizon).
     pub const ALL: DecodePhases = DecodePhases {
         frees: true,
@@ -123,11 +128,7 @@ mod tests {
     /// not allow crosses at least one (the phases split `allows` exactly).
     #[test]
     fn phases_split_allows() {
-        let none = DecodePhases {
-            frees: false,
-            allocation: false,
-            caching: false,
-        };
+        let none = DecodePhases::NONE;
         let h = DecodeHorizon {
             max_total: 10,
             max_need_slot: 12,
