@@ -5,6 +5,7 @@ simulated instruction-cache misses, measured in situ under callgrind.
     python benchmarks/step_callgrind.py --report callgrind.out.1   # an earlier dump
     python benchmarks/step_callgrind.py --variant floor --out floor.out
     python benchmarks/step_callgrind.py --against floor.out.1      # where the step exceeds the floor's
+    python benchmarks/step_callgrind.py --l2 1024 ...              # the L2 as the simulated last level
 
 The step bench's hybridcache scheduler (`hybridcache.step_bench.Lockstep`)
 runs under `valgrind --tool=callgrind --cache-sim=yes`, with instrumentation
@@ -32,6 +33,12 @@ loop already running then (in 3.11 every Python frame of the step runs in
 it) is named by callgrind as it guessed at that moment, which differs
 between runs (`_PyEval_EvalFrameDefault` in one, `PyObject_Vectorcall` in
 another). Needs valgrind (Linux).
+
+`--l2 1024` makes the simulated last level this machine's 1 MiB L2 instead of
+the host's L3 (valgrind's default, large enough that almost nothing misses
+it); `--against` then adds data misses per object and last-level misses per
+function. Under a Python scheduler those matter as much as the instruction
+misses: what misses L2 comes from L3 or memory, at tens of ns a line.
 """
 
 from __future__ import annotations
@@ -67,7 +74,16 @@ class Profile:
     total_i1: int = 0
     any_ir: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     any_i1: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    # Every event's self cost per object, and last-level misses (ILmr + DLmr
+    # + DLmw, where the dump has them) by (object, function).
+    obj_events: dict[str, collections.Counter[str]] = field(
+        default_factory=lambda: collections.defaultdict(collections.Counter))
+    any_ll: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
 
+
+# Misses of the simulated last level, code and data (with `--l2`, the
+# machine's L2: what missed there came from L3 or memory).
+_LAST_LEVEL = ("ILmr", "DLmr", "DLmw")
 
 _NAMED = re.compile(r"(\w+)=\((\d+)\)(?: (.*))?")
 
@@ -150,6 +166,15 @@ def parse(path: str | Path, obj: str = OBJECT) -> Profile:
             prof.total_i1 += i1
             prof.any_ir[(current, fn or "?")] += ir
             prof.any_i1[(current, fn or "?")] += i1
+            per_object = prof.obj_events[current]
+            ll = 0
+            for event, col in columns.items():
+                if col < len(costs):
+                    v = int(costs[col])
+                    per_object[event] += v
+                    if event in _LAST_LEVEL:
+                        ll += v
+            prof.any_ll[(current, fn or "?")] += ll
             if in_obj and fn is not None:
                 prof.ir[fn] += ir
                 prof.i1_misses[fn] += i1
@@ -221,7 +246,36 @@ def compare(prof: Profile, steps: int, base: Profile, base_steps: int, top: int 
         out += ["", f"{'miss +/-':>9} {'instr +/-':>10}  object: function, {title}"]
         for (o, f), (dm, di) in sorted(diff.items(), key=lambda x: -x[1][index])[:top]:
             out.append(f"{dm:+9.0f} {di:+10.0f}  {o}: {_short(f, 80)}")
-    return "\n".join(out)
+    return "\n".join(out + _compare_data(prof, steps, base, base_steps, top))
+
+
+def _compare_data(prof: Profile, steps: int, base: Profile, base_steps: int, top: int) -> list[str]:
+    """Data misses per object and last-level misses per function against
+    `base`, per step, when both dumps simulated them."""
+    def has(p: Profile, event: str) -> bool:
+        return any(event in c for c in p.obj_events.values())
+
+    if not (has(prof, "D1mr") and has(base, "D1mr")):
+        return []
+    ll = has(prof, "DLmr") and has(base, "DLmr")
+    out = ["", "data misses per step (L1: D1mr + D1mw; last level: ILmr + DLmr + DLmw), against the base",
+           f"{'L1 data':>9} {'base':>9} {'last lvl':>9} {'base':>9}  object"]
+    rows = []
+    for o in set(prof.obj_events) | set(base.obj_events):
+        a, b = prof.obj_events.get(o, collections.Counter()), base.obj_events.get(o, collections.Counter())
+        d1 = ((a["D1mr"] + a["D1mw"]) / steps, (b["D1mr"] + b["D1mw"]) / base_steps)
+        last = (sum(a[e] for e in _LAST_LEVEL) / steps, sum(b[e] for e in _LAST_LEVEL) / base_steps)
+        rows.append((o, d1, last))
+    for o, d1, last in sorted(rows, key=lambda r: -(r[1][0] + r[1][1])):
+        if d1[0] + d1[1] >= 1:
+            out.append(f"{d1[0]:9.0f} {d1[1]:9.0f} {last[0]:9.0f} {last[1]:9.0f}  {o}")
+    if ll:
+        keys = set(prof.any_ll) | set(base.any_ll)
+        diff = {k: prof.any_ll[k] / steps - base.any_ll[k] / base_steps for k in keys}
+        out += ["", f"{'last +/-':>9}  object: function, by the difference in last-level misses"]
+        for (o, f), d in sorted(diff.items(), key=lambda x: -x[1])[:top]:
+            out.append(f"{d:+9.0f}  {o}: {_short(f, 80)}")
+    return out
 
 
 def _child(args: argparse.Namespace) -> None:
@@ -267,8 +321,12 @@ def _measure(args: argparse.Namespace) -> Path:
             sys.exit(f"step_callgrind: {tool} not found (install valgrind)")
     sync = Path(tempfile.mkdtemp(prefix="step-callgrind-"))
     out = Path(args.out or sync / "callgrind.out")
+    # By default valgrind takes the last level from the host's L3; `--l2`
+    # makes it the L2 instead, so misses there (served by L3 or memory,
+    # tens of ns each) show up.
+    last_level = [f"--LL={args.l2 * 1024},16,64"] if args.l2 else []
     cmd = [
-        "valgrind", "--tool=callgrind", "--instr-atstart=no", "--cache-sim=yes",
+        "valgrind", "--tool=callgrind", "--instr-atstart=no", "--cache-sim=yes", *last_level,
         f"--callgrind-out-file={out}", sys.executable, __file__, "--child",
         "--sync", str(sync), "--running", str(args.running), "--layout", args.layout,
         "--steps", str(args.steps), "--warm", str(args.warm), "--variant", args.variant,
@@ -318,6 +376,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--against-steps", type=int, help="measured steps of the --against dump (default: --steps)")
     p.add_argument("--variant", default="hybridcache", choices=("hybridcache", "hc+native", "floor", "stock"),
                    help="the step bench's scheduler to run (hc+native: with install()'s native token append)")
+    p.add_argument("--l2", type=int, metavar="KIB",
+                   help="simulate a last level of KIB KiB, 16-way (this machine's L2 is 1024), not the host's L3")
     p.add_argument("--no-token-append", action="store_true",
                    help="hc+native: vLLM's own Request.append_output_token_ids")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

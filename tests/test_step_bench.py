@@ -33,8 +33,35 @@ def test_step_bench_row(layout: str) -> None:
     for share in row["shares"].values():
         assert abs(share["manager"] + share["hashing"] + share["scheduler"] - 1) < 1e-9
         assert 0 < share["manager"] < 1 and 0 < share["hashing"] < 1
+    # The in-situ accounts per manager method, the floor's beside them.
+    calls = row["manager_calls"]
+    assert set(calls) == {"hybridcache", "hc+native", "floor"}
+    for v in calls:
+        kinds = {k for k in calls[v] if k.startswith("allocate_slots (")}
+        assert kinds and kinds <= {"allocate_slots (new blocks)", "allocate_slots (no new block)",
+                                   "allocate_slots (None)"}
+    # Every variant answered the same calls (the schedules were identical).
+    assert {k: round(c["calls_per_step"], 6) for k, c in calls["hybridcache"].items()} == \
+        {k: round(c["calls_per_step"], 6) for k, c in calls["floor"].items()}
     text = step_bench.format_rows([row], "0.23.0")
-    assert layout in text and "floor" in text
+    assert layout in text and "floor" in text and "allocate_slots (new blocks)" in text
+
+
+def test_excess_over_floor_ranks_methods_by_time_over_the_floor() -> None:
+    from hybridcache.step_profile import excess_over_floor
+
+    calls = {
+        "hybridcache": {"a": {"calls_per_step": 10.0, "ns_per_call": 500.0},
+                        "b": {"calls_per_step": 100.0, "ns_per_call": 300.0},
+                        "c": {"calls_per_step": 1.0, "ns_per_call": 50.0}},
+        "floor": {"a": {"calls_per_step": 10.0, "ns_per_call": 100.0},
+                  "b": {"calls_per_step": 100.0, "ns_per_call": 250.0},
+                  "c": {"calls_per_step": 1.0, "ns_per_call": 80.0}},
+    }
+    rows = excess_over_floor(calls, top=3)
+    assert [r[0] for r in rows] == ["b", "a", "c"]
+    assert rows[0][4] == pytest.approx(5.0) and rows[1][4] == pytest.approx(4.0)
+    assert rows[2][4] == pytest.approx(-0.03)
 
 
 def test_hc_native_requests_alone_carry_the_native_append() -> None:

@@ -105,3 +105,52 @@ def test_compare_counts_every_object_against_the_base(tmp_path):
     # Most instructions in both runs first.
     assert objects[0].split() == ["51", "9", "30", "4", "libpython3.11.so"]
     assert objects[1].split() == ["68", "4", "0", "0", "_native.abi3.so"]
+
+
+LL_HEADER = """# callgrind format
+version: 1
+positions: instr line
+events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw
+"""
+
+LL_RUN = LL_HEADER + """
+ob=(1) /usr/lib/libpython3.11.so
+fl=(1) ceval.c
+fn=(1) _PyEval_EvalFrameDefault
+0x1000 5 50 10 2 6 4 3 1 3 2
+ob=(2) /site/hybridcache/_native.abi3.so
+fl=(2) allocate_call.rs
+fn=(2) general
+0x2000 10 30 4 1 5 5 2 0 4 1
+"""
+
+LL_BASE = LL_HEADER + """
+ob=(1) /usr/lib/libpython3.11.so
+fl=(1) ceval.c
+fn=(1) _PyEval_EvalFrameDefault
+0x1000 5 40 8 1 4 3 1 0 1 0
+"""
+
+
+def test_compare_adds_data_and_last_level_misses_where_simulated(tmp_path):
+    """--l2 runs: L1 data misses per object, and the last level's (code and
+    data) per object and per function, against the base."""
+    run, base = tmp_path / "run.out.1", tmp_path / "base.out.1"
+    run.write_text(LL_RUN)
+    base.write_text(LL_BASE)
+    prof = step_callgrind.parse(run)
+    assert prof.obj_events["_native.abi3.so"]["DLmr"] == 4
+    assert prof.any_ll[("libpython3.11.so", "_PyEval_EvalFrameDefault")] == 1 + 3 + 2
+    text = step_callgrind.compare(prof, 1, step_callgrind.parse(base), 1)
+    lines = text.splitlines()
+    at = lines.index(next(x for x in lines if x.startswith("data misses per step")))
+    # L1 data (D1mr + D1mw), base's, last level (ILmr + DLmr + DLmw), base's.
+    assert lines[at + 2].split() == ["7", "4", "6", "1", "libpython3.11.so"]
+    assert lines[at + 3].split() == ["7", "0", "5", "0", "_native.abi3.so"]
+    assert "       +5  libpython3.11.so: _PyEval_EvalFrameDefault" in text
+    assert "       +5  _native.abi3.so: general" in text
+    # Dumps without data misses (the I1-only HEADER above) add nothing.
+    plain = tmp_path / "plain.out.1"
+    plain.write_text(BASE)
+    assert "data misses" not in step_callgrind.compare(step_callgrind.parse(plain), 1,
+                                                       step_callgrind.parse(plain), 1)

@@ -432,9 +432,11 @@ def record_stock(cfg: StepConfig) -> Any:
     return recorder[0]
 
 
-def timed_run(cfg: StepConfig, variants: Sequence[str] = VARIANTS) -> dict[str, list[int]]:
-    """ns per step per variant over cfg.steps steps after cfg.warmup untimed ones."""
-    recording = record_stock(cfg) if "floor" in variants else None
+def timed_run(cfg: StepConfig, variants: Sequence[str] = VARIANTS, recording: Any = None) -> dict[str, list[int]]:
+    """ns per step per variant over cfg.steps steps after cfg.warmup untimed
+    ones (the floor answers from `recording`, else from a new stock run)."""
+    if recording is None and "floor" in variants:
+        recording = record_stock(cfg)
     run = Lockstep(cfg, variants, recording)
     samples: dict[str, list[int]] = {v: [] for v in variants}
     gc.collect()
@@ -462,7 +464,8 @@ def _pct(xs: list[int], q: float) -> float:
 
 
 def run_config(cfg: StepConfig, profile: bool = True) -> dict[str, Any]:
-    samples = timed_run(cfg)
+    recording = record_stock(cfg)
+    samples = timed_run(cfg, VARIANTS, recording)
     row: dict[str, Any] = {"layout": cfg.layout, "running": cfg.running, "steps": cfg.steps, "verified": True}
     for v in VARIANTS:
         row[v] = {"p50_us": _pct(samples[v], 0.5), "p90_us": _pct(samples[v], 0.9),
@@ -475,9 +478,9 @@ def run_config(cfg: StepConfig, profile: bool = True) -> dict[str, Any]:
         "hc+native/floor": p50["hc+native"] / p50["floor"],
     }
     if profile:
-        from hybridcache.step_profile import profile_shares
+        from hybridcache.step_profile import profile_step
 
-        row["shares"] = profile_shares(cfg)
+        row["shares"], row["manager_calls"] = profile_step(cfg, recording=recording)
     return row
 
 
@@ -520,6 +523,17 @@ def format_rows(rows: list[dict[str, Any]], vllm_version: str) -> str:
                 continue
             cells = "   ".join(f"{v}: {s[v]['manager']:5.1%} / {s[v]['hashing']:5.1%} / {s[v]['scheduler']:5.1%}"
                                for v in s)
+            lines.append(f"{r['layout']:<20} {r['running']:>5}   {cells}")
+    if any("manager_calls" in r for r in rows):
+        from hybridcache.step_profile import excess_over_floor
+
+        lines += ["", "Where hybridcache's manager calls cost more than the floor's (profiled pass, in situ): "
+                      "method, calls per step, ns per call hybridcache / floor, us per step over the floor"]
+        for r in rows:
+            if "manager_calls" not in r:
+                continue
+            cells = "; ".join(f"{name} x{n:.1f} {mine:.0f}/{base:.0f} {over:+.1f}"
+                              for name, n, mine, base, over in excess_over_floor(r["manager_calls"]))
             lines.append(f"{r['layout']:<20} {r['running']:>5}   {cells}")
     return "\n".join(lines)
 

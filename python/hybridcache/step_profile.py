@@ -26,17 +26,22 @@ class _Stopwatch:
         self.on = False
 
 
-def _timed_callable(fn: Callable[..., Any], watch: _Stopwatch) -> Callable[..., Any]:
+def _timed_callable(fn: Callable[..., Any], watch: _Stopwatch,
+                    per_call: Callable[[int, Any], None] | None = None) -> Callable[..., Any]:
+    """`fn` with its time inside going to `watch`; `per_call(ns, result)`
+    gets each call's time and answer as well (per-method accounts)."""
     clock = time.perf_counter_ns
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         t0 = clock()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            if watch.on:
-                watch.ns += clock() - t0
-                watch.calls += 1
+        result = fn(*args, **kwargs)
+        if watch.on:
+            dt = clock() - t0
+            watch.ns += dt
+            watch.calls += 1
+            if per_call is not None:
+                per_call(dt, result)
+        return result
 
     return timed
 
@@ -68,17 +73,40 @@ def _noop(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-class _TimedManager:
-    """Forwards to the manager; the time inside its calls goes to a stopwatch."""
+def allocation_kind(result: Any) -> str:
+    """`allocate_slots` split by its answer: a decode that hands out blocks
+    costs a manager far more than one that hands out none."""
+    if result is None:
+        return "allocate_slots (None)"
+    if any(result.get_block_ids()):
+        return "allocate_slots (new blocks)"
+    return "allocate_slots (no new block)"
 
-    def __init__(self, inner: Any, watch: _Stopwatch) -> None:
+
+class _TimedManager:
+    """Forwards to the manager; the time inside its calls goes to a
+    stopwatch, and per method (`allocate_slots` by its answer) to `methods`."""
+
+    def __init__(self, inner: Any, watch: _Stopwatch, methods: dict[str, _Stopwatch]) -> None:
         object.__setattr__(self, "_inner", inner)
         object.__setattr__(self, "_watch", watch)
+        object.__setattr__(self, "_methods", methods)
+
+    def _account(self, name: str) -> Callable[[int, Any], None]:
+        methods = self._methods
+
+        def add(ns: int, result: Any) -> None:
+            key = allocation_kind(result) if name == "allocate_slots" else name
+            w = methods.setdefault(key, _Stopwatch())
+            w.ns += ns
+            w.calls += 1
+
+        return add
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
         if callable(attr) and not name.startswith("__"):
-            attr = _timed_callable(attr, self._watch)
+            attr = _timed_callable(attr, self._watch, self._account(name))
             object.__setattr__(self, name, attr)  # wrap once
         return attr
 
@@ -87,17 +115,23 @@ class _TimedManager:
         return self._inner.usage
 
 
-def profile_shares(cfg: StepConfig, variants: Sequence[str] = ("hybridcache", "hc+native")) -> dict[str, dict[str, float]]:
-    """Share of each variant's step in the manager, in the token appends
-    with their block hashing ("hashing"), and in the rest (vLLM's
-    scheduler), from stopwatches around the manager's calls and each
-    request's `append_output_token_ids`."""
-    watches = {v: (_Stopwatch(), _Stopwatch()) for v in variants}
+def profile_step(cfg: StepConfig, variants: Sequence[str] = ("hybridcache", "hc+native"),
+                 recording: Any = None) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, dict[str, float]]]]:
+    """The profiled pass: each variant's shares of its step in the manager,
+    in the token appends with their block hashing ("hashing"), and in the
+    rest (vLLM's scheduler), from stopwatches around the manager's calls and
+    each request's `append_output_token_ids`; and, per manager method, calls
+    per step and ns per call in situ, for those variants and (given the stock
+    run's `recording`) the floor, whose manager calls are the least any
+    drop-in manager's cost there."""
+    timed = tuple(variants) + (("floor",) if recording is not None else ())
+    watches = {v: (_Stopwatch(), _Stopwatch()) for v in timed}
+    methods: dict[str, dict[str, _Stopwatch]] = {v: {} for v in timed}
 
     def wrap(v: str, s: Any) -> None:
-        s.kv_cache_manager = _TimedManager(s.kv_cache_manager, watches[v][0])
+        s.kv_cache_manager = _TimedManager(s.kv_cache_manager, watches[v][0], methods[v])
 
-    run = Lockstep(cfg, variants, wrap=wrap)
+    run = Lockstep(cfg, timed, recording, wrap=wrap)
     admit = run._admit
 
     def admit_timing_appends() -> None:
@@ -106,7 +140,7 @@ def profile_shares(cfg: StepConfig, variants: Sequence[str] = ("hybridcache", "h
         # step's hashing. Its appends get a stopwatch, as an instance
         # attribute (hc+native's is the native method bound to the request).
         admit()
-        for v in variants:
+        for v in timed:
             for request in run.scheds[v].requests.values():
                 if "_profile_append" not in request.__dict__:
                     request._profile_append = True
@@ -114,15 +148,16 @@ def profile_shares(cfg: StepConfig, variants: Sequence[str] = ("hybridcache", "h
                         request.append_output_token_ids, watches[v][1])
 
     run._admit = admit_timing_appends  # type: ignore[method-assign]
-    steps = max(20, cfg.steps // 3)
-    total = {v: 0 for v in variants}
+    # A third of the timed steps, at least 20; no more than were recorded.
+    steps = min(cfg.steps, max(20, cfg.steps // 3))
+    total = {v: 0 for v in timed}
     for i in range(cfg.warmup + steps):
         measuring = i >= cfg.warmup
         for m, h in watches.values():
             m.on = h.on = measuring
         ns = run.step(i)
         if measuring:
-            for v in variants:
+            for v in timed:
                 total[v] += ns[v]
     inner, full = _stopwatch_overhead_ns()
     shares = {}
@@ -136,4 +171,28 @@ def profile_shares(cfg: StepConfig, variants: Sequence[str] = ("hybridcache", "h
         step = total[v] - (m.calls + h.calls) * full
         shares[v] = {"manager": manager / step, "hashing": hashing / step,
                      "scheduler": 1 - (manager + hashing) / step}
-    return shares
+    calls = {v: {name: {"calls_per_step": w.calls / steps,
+                        "ns_per_call": max(w.ns / w.calls - inner, 0.0)}
+                 for name, w in methods[v].items() if w.calls}
+             for v in timed}
+    return shares, calls
+
+
+def profile_shares(cfg: StepConfig, variants: Sequence[str] = ("hybridcache", "hc+native")) -> dict[str, dict[str, float]]:
+    """`profile_step`'s shares alone."""
+    return profile_step(cfg, variants)[0]
+
+
+def excess_over_floor(calls: dict[str, dict[str, dict[str, float]]], variant: str = "hybridcache",
+                      top: int = 6) -> list[tuple[str, float, float, float, float]]:
+    """Per manager method, where `variant`'s calls cost more than the
+    floor's (`profile_step`'s accounts): (method, calls per step, ns per
+    call of the variant, of the floor, us per step over the floor), the
+    largest excess first."""
+    mine, floor = calls.get(variant, {}), calls.get("floor", {})
+    rows = []
+    for name, c in mine.items():
+        base = floor.get(name, {"ns_per_call": 0.0})["ns_per_call"]
+        over = c["calls_per_step"] * (c["ns_per_call"] - base) / 1000
+        rows.append((name, c["calls_per_step"], c["ns_per_call"], base, over))
+    return sorted(rows, key=lambda r: -r[4])[:top]
