@@ -331,7 +331,10 @@ def _measure(args: argparse.Namespace) -> Path:
         "--sync", str(sync), "--running", str(args.running), "--layout", args.layout,
         "--steps", str(args.steps), "--warm", str(args.warm), "--variant", args.variant,
     ] + (["--no-token-append"] if args.no_token_append else [])
-    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1")
+    # A fixed hash seed: str hashes (dict probes, set orders) otherwise
+    # change every run, and with them tens of thousands of the
+    # interpreter's instructions a step.
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", PYTHONHASHSEED="0")
     log = open(sync / "child.log", "w")
     child = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 

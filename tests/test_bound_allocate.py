@@ -157,6 +157,62 @@ def test_slot_reuse_never_hands_out_another_requests_blocks() -> None:
     m.check_invariants()
 
 
+def test_the_hot_calls_let_go_of_a_freed_request_object() -> None:
+    """Decodes find a running request by its object (kept alive while the
+    manager holds the request); freeing the request lets go of it."""
+    import gc
+    import weakref
+
+    m = _make()
+    r = Request("a", list(range(8)), BS)
+    assert _ids(m.allocate_slots(r, 8)) == ([1, 2],)
+    r.num_computed_tokens = 8
+    for _ in range(3):  # the scheduler's spelling: the hot path
+        assert m.allocate_slots(r, 1, num_lookahead_tokens=0) is not None
+        r.num_computed_tokens += 1
+    ref = weakref.ref(r)
+    m.free(r)
+    del r
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_request_object_back_in_a_new_slot_is_found_there() -> None:
+    """One request object freed and admitted again (vLLM's preemption) takes
+    whatever slot is free then; its decodes must reach that slot, and the
+    request that took its old slot keeps its own table."""
+    bound, classic = _make(num_blocks=60, mamba=True), _make(num_blocks=60, mamba=True)
+    out: dict[str, list[Any]] = {"bound": [], "classic": []}
+    for name, m in (("bound", bound), ("classic", classic)):
+        a, b, c = (Request(x, list(range(6)), BS) for x in "abc")
+        call = m.allocate_slots if name == "bound" else (lambda *p, **k: NativeManager.allocate_slots(m, *p, **k))
+
+        def decode(r: Request, n: int) -> None:
+            out[name].append(_ids(call(r, n, num_lookahead_tokens=1)))
+            r.num_computed_tokens += n
+            r.append_output_token_ids([n] * n)
+
+        for r in (a, b):
+            out[name].append(_ids(call(r, 6)))
+            r.num_computed_tokens = 6
+        for step in range(4):
+            decode(a, 2)
+            decode(b, 1)
+        m.free(a)  # preempted: its slot goes to c
+        out[name].append(_ids(call(c, 6)))
+        c.num_computed_tokens = 6
+        a.num_computed_tokens = 0
+        out[name].append(_ids(call(a, a.num_tokens)))  # back, in a new slot
+        a.num_computed_tokens = a.num_tokens
+        for step in range(5):
+            decode(a, 2)
+            decode(c, 1)
+            decode(b, 3)
+        out[name].append(_state(m, ["a", "b", "c"]))
+        m.check_invariants()
+    assert out["bound"] == out["classic"]
+
+
 @pytest.mark.parametrize("events", [False, True])
 def test_a_dropped_manager_is_collected(events: bool) -> None:
     """A manager is in reference cycles (its bound builtin, its pool and

@@ -228,6 +228,20 @@ impl BlockPool {
         }
     }
 
+    /// Where taking the next `n` free blocks reads: their queue links and
+    /// metadata (the queue is walked, so only lines already at hand).
+    pub fn for_each_next_free_line(&self, n: usize, f: &mut impl FnMut(*const u8)) {
+        for b in self.queue.first(n) {
+            self.for_each_block_line(b, f);
+        }
+    }
+
+    /// Where block `b`'s state lives: its metadata and its queue links.
+    pub fn for_each_block_line(&self, b: BlockId, f: &mut impl FnMut(*const u8)) {
+        f(std::ptr::from_ref(&self.meta[b as usize]).cast());
+        f(self.queue.link_addr(b));
+    }
+
     fn maybe_evict_cached_block(&mut self, b: BlockId) -> bool {
         // vLLM tells its collector first, whether the block is cached or not.
         if self.record_metrics {

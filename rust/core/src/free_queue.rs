@@ -45,6 +45,21 @@ impl FreeQueue {
         (self.links.len() - 1) as u32
     }
 
+    /// Up to `n` blocks from the front, in queue order.
+    pub fn first(&self, n: usize) -> impl Iterator<Item = BlockId> + '_ {
+        let mut at = self.head();
+        let tail = self.tail();
+        (0..n).map_while(move |_| {
+            at = self.links[at as usize][NEXT];
+            (at != tail).then_some(at)
+        })
+    }
+
+    /// Where block `b`'s links live.
+    pub fn link_addr(&self, b: BlockId) -> *const u8 {
+        std::ptr::from_ref(&self.links[b as usize]).cast()
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

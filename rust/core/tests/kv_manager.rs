@@ -439,3 +439,28 @@ fn block_metrics_log_vllms_collector_calls() {
     assert_eq!(off.take_block_metrics(), vec![Allocated(1), Allocated(2)]);
     assert!(!off.has_block_metrics());
 }
+
+#[test]
+fn prefetch_hints_name_the_lines_a_decode_and_a_free_read() {
+    let mut m = KvCacheManager::new(config(10, 4, true, false)).unwrap();
+    m.sync_hashes("a", 0, hashes(1, 2)).unwrap();
+    assert_eq!(alloc(&mut m, "a", 10, 0, 10), Some(vec![vec![1, 2, 3]]));
+    let slot = m.lookup("a").unwrap();
+    let mut decode = Vec::new();
+    m.for_each_general_decode_line(slot, |p| decode.push(p as usize));
+    // The table's tail, then the first free block's metadata and links.
+    assert_eq!(decode.len(), 3);
+    let mut free = Vec::new();
+    m.for_each_free_line("a", |p| free.push(p as usize));
+    // Metadata and links of each of the three blocks, all distinct.
+    assert_eq!(free.len(), 6);
+    free.sort_unstable();
+    free.dedup();
+    assert_eq!(free.len(), 6);
+    let mut none = 0;
+    m.for_each_free_line("nobody", |_| none += 1);
+    assert_eq!(none, 0);
+    // Hints read nothing they change: the manager is as it was.
+    m.free("a");
+    assert_eq!(m.pool().num_free_blocks(), 10 - 1);
+}

@@ -329,7 +329,7 @@ impl NativeManager {
                 return Ok(true);
             }
         }
-        self.allocate_general(slot, request, rid, args)
+        self.allocate_general(slot, request, Some(rid), args)
     }
 
     /// `allocate_one` past the no-op decode test (which failed, or does
@@ -338,7 +338,7 @@ impl NativeManager {
         &mut self,
         slot: Option<u32>,
         request: &Bound<'_, PyAny>,
-        rid: &Bound<'_, PyString>,
+        rid: Option<&Bound<'_, PyString>>,
         mut args: AllocateArgs,
     ) -> PyResult<bool> {
         if args.num_tokens == NUM_TOKENS_UNREAD {
@@ -353,6 +353,11 @@ impl NativeManager {
             // A held request's id is the core's own: no UTF-8 view of the str.
             Some(s) => guard(|| inner.allocate_held_into(s, &args, update, out)),
             None => {
+                // A new request: callers with no slot pass the id they read.
+                let rid = match rid {
+                    Some(r) => r.clone(),
+                    None => crate::request_id(request)?,
+                };
                 let rid = rid.to_str()?;
                 guard(|| inner.allocate_general_into(None, rid, &args, update, out))
             }
@@ -370,6 +375,14 @@ impl NativeManager {
             self.ids.remember(rid, self.inner.handle_at(s));
         }
         Ok(slot)
+    }
+
+    /// Lets go of the request object the hot calls know a request by
+    /// (`IdCache::remember_request`) when the manager lets go of the request.
+    pub(crate) fn forget_request_object(&mut self, request_id: &str) {
+        if let Some(slot) = self.inner.lookup(request_id) {
+            self.ids.forget_request(slot);
+        }
     }
 
     /// The request's hashes the core lacks, read only when this allocation

@@ -88,11 +88,15 @@ impl NativeManager {
                 visit.call(sink)?;
             }
         }
+        for request in self.ids.held_requests() {
+            visit.call(request)?;
+        }
         Ok(())
     }
 
     fn __clear__(&mut self) {
         self.py_side = None;
+        self.ids.forget_requests();
     }
 
     /// Called once by the facade: the shared empty KVCacheBlocks, the event
@@ -224,6 +228,7 @@ impl NativeManager {
     /// forgotten, its blocks (table order, leading nulls left out) stay
     /// referenced until `_free_handed_out`.
     fn _pop_blocks_for_free(&mut self, request_id: &str) -> Vec<u32> {
+        self.forget_request_object(request_id);
         self.pop_handed_out(request_id)
     }
 
@@ -399,6 +404,9 @@ impl NativeManager {
     fn free(&mut self, request: &Bound<'_, PyAny>) -> PyResult<()> {
         let rid = request_id(request)?;
         let rid = rid.to_str()?;
+        self.forget_request_object(rid);
+        #[cfg(feature = "raw-ffi")]
+        self.inner.for_each_free_line(rid, crate::raw_ffi::prefetch);
         guard(|| {
             self.inner.free(rid);
             Ok(())

@@ -125,6 +125,18 @@ impl SingleTypeManager {
         self.req(slot).map(|r| std::ptr::from_ref(r).cast())
     }
 
+    /// Where the request's tables end (the line a decode reads or grows).
+    pub fn for_each_table_tail(&self, slot: ReqSlot, f: &mut impl FnMut(*const u8)) {
+        let Some(r) = self.req(slot) else {
+            return;
+        };
+        let tail = |t: &[BlockId]| t.as_ptr().wrapping_add(t.len().saturating_sub(1)).cast();
+        f(tail(&r.blocks));
+        if let Some(w) = &r.worker_view {
+            f(tail(w));
+        }
+    }
+
     pub fn is_mamba_align(&self) -> bool {
         self.attn.align().is_some()
     }

@@ -428,6 +428,32 @@ impl KvCacheManager {
         }
     }
 
+    /// Where a decode of `slot` that changes blocks reads beyond the lines
+    /// `for_each_decode_line` gives: each group's table tails and the
+    /// first free blocks. A caller prefetches them all at once, so their
+    /// misses overlap instead of coming one after another.
+    pub fn for_each_general_decode_line(&self, slot: ReqSlot, mut f: impl FnMut(*const u8)) {
+        for m in &self.coord.managers {
+            m.for_each_table_tail(slot, &mut f);
+        }
+        self.coord.pool.for_each_next_free_line(1, &mut f);
+    }
+
+    /// Where freeing the request reads: the pool lines (metadata, queue
+    /// links) of every block its tables hold, for a caller to prefetch
+    /// before `free` (they are scattered and cold: fetched together, their
+    /// misses overlap instead of coming one after another).
+    pub fn for_each_free_line(&self, request_id: &str, mut f: impl FnMut(*const u8)) {
+        let Some(slot) = self.slot(request_id) else {
+            return;
+        };
+        for m in &self.coord.managers {
+            for &b in m.blocks(slot).iter().filter(|&&b| b != crate::NULL_BLOCK) {
+                self.coord.pool.for_each_block_line(b, &mut f);
+            }
+        }
+    }
+
     /// The live slot a handle names, if any (`resolve_handle` without an
     /// error to build).
     pub fn slot_of_handle(&self, handle: u64) -> Option<ReqSlot> {

@@ -60,11 +60,11 @@ unsafe fn call(
     let manager = || unsafe { Bound::from_borrowed_ptr(py, slf).downcast_into_unchecked() };
     match fast {
         Fast::Done(result) => Ok(result),
-        Fast::General { slot, args: a, rid } => {
+        Fast::General { slot, args: a } => {
             // The reads were done and checked: go on from there.
             // SAFETY: args[0] is the request, live for the call.
             let request = unsafe { Bound::from_borrowed_ptr(py, *args) };
-            general(&manager(), &request, slot, &rid, a)
+            general(&manager(), &request, slot, a)
         }
         // SAFETY: as this function's.
         Fast::Other => unsafe { call_full(py, manager(), args, nargs, kwnames) },
@@ -78,11 +78,10 @@ fn general(
     manager: &Bound<'_, NativeManager>,
     request: &Bound<'_, PyAny>,
     slot: u32,
-    rid: &Bound<'_, PyString>,
     a: AllocateArgs<'static>,
 ) -> PyResult<PyObject> {
     NativeManager::allocation_result(manager, request, |this| {
-        this.allocate_general(Some(slot), request, rid, a)
+        this.allocate_general(Some(slot), request, None, a)
     })
 }
 
@@ -126,7 +125,7 @@ unsafe fn count_attr(request: *mut ffi::PyObject, name: &Bound<'_, PyString>) ->
 }
 
 /// What `decode_fast` made of a call.
-enum Fast<'py> {
+enum Fast {
     /// A decode that changed no block: the shared empty result.
     Done(PyObject),
     /// The scheduler's spelling for a running request, its values read and
@@ -134,7 +133,6 @@ enum Fast<'py> {
     General {
         slot: u32,
         args: AllocateArgs<'static>,
-        rid: Bound<'py, PyString>,
     },
     /// Anything else (other spellings, odd values, unknown requests): the
     /// full path handles it, errors included (the reads here have no side
@@ -150,13 +148,13 @@ enum Fast<'py> {
 ///
 /// # Safety
 /// As `allocate_slots_fast`'s arguments, with the GIL held.
-unsafe fn decode_fast<'py>(
-    py: Python<'py>,
+unsafe fn decode_fast(
+    py: Python<'_>,
     slf: *mut ffi::PyObject,
     args: *const *mut ffi::PyObject,
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
-) -> Fast<'py> {
+) -> Fast {
     if nargs != 2 {
         return Fast::Other;
     }
@@ -193,7 +191,7 @@ unsafe fn decode_fast<'py>(
             return Fast::Other;
         }
         let request = *args;
-        let Some((rid, handle)) = held_request(py, &mut this, request) else {
+        let Some(handle) = held_request(py, &mut this, request) else {
             return Fast::Other;
         };
         let Some(num_computed_tokens) = count_attr(request, intern!(py, "num_computed_tokens"))
@@ -221,6 +219,10 @@ unsafe fn decode_fast<'py>(
                 .record_plain_noop_decode(slot, num_computed_tokens, num_new_tokens);
             return Fast::Done(side.empty.clone_ref(py));
         }
+        // The general path reads the tables and the free queue soon: fetch
+        // their lines together now (they are cold under a Python scheduler).
+        this.inner
+            .for_each_general_decode_line(slot, super::prefetch);
         let args = AllocateArgs {
             num_new_tokens,
             num_computed_tokens,
@@ -228,9 +230,6 @@ unsafe fn decode_fast<'py>(
             num_lookahead_tokens: lookahead,
             ..Default::default()
         };
-        match rid.downcast_into::<PyString>() {
-            Ok(rid) => Fast::General { slot, args, rid },
-            Err(_) => Fast::Other,
-        }
+        Fast::General { slot, args }
     }
 }

@@ -94,7 +94,7 @@ unsafe fn is_noop(
         if this.inner.wants_num_computed_tokens() {
             return false;
         }
-        let Some((_, handle)) = held_request(py, &mut this, *args) else {
+        let Some(handle) = held_request(py, &mut this, *args) else {
             return false;
         };
         this.inner

@@ -98,20 +98,49 @@ pub(crate) unsafe fn plain_count(obj: *mut ffi::PyObject) -> Option<usize> {
     }
 }
 
-/// A hot call's `request.request_id` and the handle the id cache holds for
-/// that very str (None: no such attribute, or an id not seen before; no
-/// exception left set). The call the scheduler made after this one last
-/// time has its id entry and decode data prefetched.
+/// The handle of a hot call's request: by the request object when this
+/// object was seen before and its slot still holds it, else through
+/// `request.request_id` and the id cache (`learn_request`). None: no such
+/// attribute, or an id not seen before (no exception left set). The call
+/// the scheduler made after this one last time has its entry and decode
+/// data prefetched.
 ///
 /// # Safety
 /// `request` is a live object; the GIL is held.
-pub(crate) unsafe fn held_request<'py>(
-    py: Python<'py>,
+#[inline]
+pub(crate) unsafe fn held_request(
+    py: Python<'_>,
     this: &mut crate::NativeManager,
     request: *mut ffi::PyObject,
-) -> Option<(Bound<'py, PyAny>, u64)> {
+) -> Option<u64> {
+    if let Some((handle, next)) = this.ids.get_hot_request(request as usize) {
+        if let Some(n) = next {
+            prefetch(n.entry);
+            this.inner.for_each_decode_line(n.handle, prefetch);
+        }
+        if this.inner.slot_of_handle(handle).is_some() {
+            return Some(handle);
+        }
+    }
+    // SAFETY: as this function's.
+    unsafe { learn_request(py, this, request) }
+}
+
+/// `held_request` for a request object not known (yet, or any more): its
+/// handle by `request.request_id`, the object remembered for next time. Out
+/// of line: the hot calls' code stays a few cache lines.
+///
+/// # Safety
+/// As `held_request`'s.
+#[cold]
+#[inline(never)]
+unsafe fn learn_request(
+    py: Python<'_>,
+    this: &mut crate::NativeManager,
+    request: *mut ffi::PyObject,
+) -> Option<u64> {
     // SAFETY: as this function's; the attribute is a new reference, owned
-    // by the Bound returned.
+    // by the Bound made of it.
     let rid = unsafe {
         let rid = ffi::PyObject_GetAttr(request, pyo3::intern!(py, "request_id").as_ptr());
         if rid.is_null() {
@@ -121,12 +150,14 @@ pub(crate) unsafe fn held_request<'py>(
         Bound::from_owned_ptr(py, rid)
     };
     // Only str ids are cached (by address: the cache holds the str).
-    let (handle, next) = this.ids.get_hot(rid.as_ptr() as usize)?;
-    if let Some(n) = next {
-        prefetch(n.entry);
-        this.inner.for_each_decode_line(n.handle, prefetch);
-    }
-    Some((rid, handle))
+    let handle = this
+        .ids
+        .get(rid.downcast::<pyo3::types::PyString>().ok()?)?;
+    this.inner.slot_of_handle(handle)?;
+    // SAFETY: `request` is live (this function's contract).
+    let request = unsafe { Borrowed::from_ptr(py, request) };
+    this.ids.remember_request(&request, handle);
+    Some(handle)
 }
 
 /// A vectorcall's arguments as objects: the positional values, then the
