@@ -20,21 +20,64 @@ use hybridcache_core::addr_table::{AddrTable, NextCall};
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
+/// Objects by address, each kept alive by its entry (so no other object
+/// can take the address while it stands), at most one entry per slot and
+/// one slot per object.
+struct Pinned<T> {
+    table: AddrTable,
+    // Per slot: the object its entry holds.
+    held: Vec<Option<Py<T>>>,
+}
+
+impl<T> Default for Pinned<T> {
+    fn default() -> Self {
+        Pinned {
+            table: AddrTable::default(),
+            held: Vec::new(),
+        }
+    }
+}
+
+impl<T> Pinned<T> {
+    /// Remembers that `obj` stands for the request of `handle` (slot in
+    /// the low 32 bits), replacing the slot's previous entry.
+    fn remember(&mut self, obj: &Bound<'_, T>, handle: u64) {
+        let slot = handle as u32 as usize;
+        if slot >= self.held.len() {
+            self.held.resize_with(slot + 1, || None);
+        }
+        self.forget(slot);
+        let addr = obj.as_ptr() as usize;
+        // An entry left by an earlier tenure of the object (a slot the
+        // manager dropped on its own) lets go of it.
+        if let Some(earlier) = self.table.get_addr(addr) {
+            if let Some(held) = self.held.get_mut(earlier as u32 as usize) {
+                *held = None;
+            }
+        }
+        self.table.insert(addr, handle);
+        self.held[slot] = Some(obj.clone().unbind());
+    }
+
+    /// Lets go of the slot's object.
+    fn forget(&mut self, slot: usize) {
+        if let Some(old) = self.held.get_mut(slot).and_then(Option::take) {
+            self.table.remove(old.as_ptr() as usize);
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct IdCache {
-    table: AddrTable,
-    // Per slot: the str its entry holds (at most one entry per slot).
-    held: Vec<Option<Py<PyString>>>,
-    // The hot calls' table, by request object, and per slot the request
-    // its entry holds.
-    requests: AddrTable,
-    held_requests: Vec<Option<PyObject>>,
+    ids: Pinned<PyString>,
+    // The hot calls' table, by request object.
+    requests: Pinned<PyAny>,
 }
 
 impl IdCache {
     /// The handle last seen for this very str object.
     pub fn get(&self, id: &Bound<'_, PyString>) -> Option<u64> {
-        self.table.get_addr(id.as_ptr() as usize)
+        self.ids.table.get_addr(id.as_ptr() as usize)
     }
 
     /// The handle of the request object at `addr`, for a hot call; also
@@ -42,67 +85,34 @@ impl IdCache {
     /// the raw entry points make hot calls.
     #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
     pub fn get_hot_request(&mut self, addr: usize) -> Option<(u64, Option<NextCall>)> {
-        self.requests.get_hot(addr)
+        self.requests.table.get_hot(addr)
     }
 
-    /// Remembers that `request` is the request of `handle`, replacing the
-    /// slot's previous entry.
+    /// Remembers that `request` is the request of `handle`.
     #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
     pub fn remember_request(&mut self, request: &Bound<'_, PyAny>, handle: u64) {
-        let slot = handle as u32 as usize;
-        if slot >= self.held_requests.len() {
-            self.held_requests.resize_with(slot + 1, || None);
-        }
-        if let Some(old) = self.held_requests[slot].take() {
-            self.requests.remove(old.as_ptr() as usize);
-        }
-        let addr = request.as_ptr() as usize;
-        // One slot per object: an entry left by an earlier tenure (a slot
-        // the manager dropped on its own) lets go of it.
-        if let Some(earlier) = self.requests.get_addr(addr) {
-            if let Some(held) = self.held_requests.get_mut(earlier as u32 as usize) {
-                *held = None;
-            }
-        }
-        self.requests.insert(addr, handle);
-        self.held_requests[slot] = Some(request.clone().unbind());
+        self.requests.remember(request, handle);
     }
 
     /// The request objects held (for the garbage collector: a request may
     /// reach its manager, through an event sink or a hasher).
     pub fn held_requests(&self) -> impl Iterator<Item = &PyObject> {
-        self.held_requests.iter().flatten()
+        self.requests.held.iter().flatten()
     }
 
     /// Lets go of every request object (the garbage collector's clear).
     pub fn forget_requests(&mut self) {
-        self.requests = AddrTable::default();
-        self.held_requests.clear();
+        self.requests = Pinned::default();
     }
 
     /// Lets go of the request object of a slot the manager freed (its
     /// token lists are large; the str of its id is not).
     pub fn forget_request(&mut self, slot: u32) {
-        if let Some(old) = self
-            .held_requests
-            .get_mut(slot as usize)
-            .and_then(Option::take)
-        {
-            self.requests.remove(old.as_ptr() as usize);
-        }
+        self.requests.forget(slot as usize);
     }
 
-    /// Remembers that `id` names the request of `handle` (slot in the low
-    /// 32 bits), replacing the slot's previous entry.
+    /// Remembers that `id` names the request of `handle`.
     pub fn remember(&mut self, id: &Bound<'_, PyString>, handle: u64) {
-        let slot = handle as u32 as usize;
-        if slot >= self.held.len() {
-            self.held.resize_with(slot + 1, || None);
-        }
-        if let Some(old) = self.held[slot].take() {
-            self.table.remove(old.as_ptr() as usize);
-        }
-        self.table.insert(id.as_ptr() as usize, handle);
-        self.held[slot] = Some(id.clone().unbind());
+        self.ids.remember(id, handle);
     }
 }
