@@ -178,11 +178,6 @@ def profile_step(cfg: StepConfig, variants: Sequence[str] = ("hybridcache", "hc+
     return shares, calls
 
 
-def profile_shares(cfg: StepConfig, variants: Sequence[str] = ("hybridcache", "hc+native")) -> dict[str, dict[str, float]]:
-    """`profile_step`'s shares alone."""
-    return profile_step(cfg, variants)[0]
-
-
 def excess_over_floor(calls: dict[str, dict[str, dict[str, float]]], variant: str = "hybridcache",
                       top: int = 6) -> list[tuple[str, float, float, float, float]]:
     """Per manager method, where `variant`'s calls cost more than the

@@ -378,11 +378,12 @@ impl NativeManager {
     }
 
     /// Lets go of the request object the hot calls know a request by
-    /// (`IdCache::remember_request`) when the manager lets go of the request.
-    pub(crate) fn forget_request_object(&mut self, request_id: &str) {
-        if let Some(slot) = self.inner.lookup(request_id) {
-            self.ids.forget_request(slot);
-        }
+    /// (`IdCache::remember_request`) when the manager lets go of the request;
+    /// the request's slot, if it holds one.
+    pub(crate) fn forget_request_object(&mut self, request_id: &str) -> Option<u32> {
+        let slot = self.inner.lookup(request_id)?;
+        self.ids.forget_request(slot);
+        Some(slot)
     }
 
     /// The request's hashes the core lacks, read only when this allocation

@@ -228,7 +228,7 @@ impl NativeManager {
     /// forgotten, its blocks (table order, leading nulls left out) stay
     /// referenced until `_free_handed_out`.
     fn _pop_blocks_for_free(&mut self, request_id: &str) -> Vec<u32> {
-        self.forget_request_object(request_id);
+        let _ = self.forget_request_object(request_id);
         self.pop_handed_out(request_id)
     }
 
@@ -404,9 +404,14 @@ impl NativeManager {
     fn free(&mut self, request: &Bound<'_, PyAny>) -> PyResult<()> {
         let rid = request_id(request)?;
         let rid = rid.to_str()?;
-        self.forget_request_object(rid);
+        let slot = self.forget_request_object(rid);
         #[cfg(feature = "raw-ffi")]
-        self.inner.for_each_free_line(rid, crate::raw_ffi::prefetch);
+        if let Some(s) = slot {
+            self.inner
+                .for_each_free_line_at(s, crate::raw_ffi::prefetch);
+        }
+        #[cfg(not(feature = "raw-ffi"))]
+        let _ = slot;
         guard(|| {
             self.inner.free(rid);
             Ok(())

@@ -443,10 +443,15 @@ impl KvCacheManager {
     /// links) of every block its tables hold, for a caller to prefetch
     /// before `free` (they are scattered and cold: fetched together, their
     /// misses overlap instead of coming one after another).
-    pub fn for_each_free_line(&self, request_id: &str, mut f: impl FnMut(*const u8)) {
-        let Some(slot) = self.slot(request_id) else {
-            return;
-        };
+    pub fn for_each_free_line(&self, request_id: &str, f: impl FnMut(*const u8)) {
+        if let Some(slot) = self.slot(request_id) {
+            self.for_each_free_line_at(slot, f);
+        }
+    }
+
+    /// `for_each_free_line` of the request in `slot` (a caller that has
+    /// resolved the id already).
+    pub fn for_each_free_line_at(&self, slot: ReqSlot, mut f: impl FnMut(*const u8)) {
         for m in &self.coord.managers {
             for &b in m.blocks(slot).iter().filter(|&&b| b != crate::NULL_BLOCK) {
                 self.coord.pool.for_each_block_line(b, &mut f);
