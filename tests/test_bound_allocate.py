@@ -6,7 +6,9 @@ re-used or rebuilt."""
 
 from __future__ import annotations
 
+import dis
 import random
+import sys
 from typing import Any
 
 import pytest
@@ -40,11 +42,75 @@ def _ids(blocks: Any) -> Any:
     return None if blocks is None else blocks.get_block_ids()
 
 
-def test_is_a_bound_builtin_next_to_the_class_method() -> None:
+RAW_FFI = NativeManager._raw_methods(KVCacheManager) is not None
+needs_raw = pytest.mark.skipif(not RAW_FFI, reason="the binding is built without raw-ffi")
+
+
+@needs_raw
+def test_is_the_classs_raw_method_next_to_the_native_one() -> None:
     m = _make()
     assert m.allocate_slots.__self__ is m
     assert m.allocate_slots.__name__ == "allocate_slots"
-    assert type(m).allocate_slots is NativeManager.allocate_slots
+    for name in ("allocate_slots", "cache_blocks"):
+        # The class's method, made for exactly the class; not the instance's.
+        raw = type(m).__dict__[name]
+        assert raw.__objclass__ is type(m) and raw is not getattr(NativeManager, name)
+        assert name not in vars(m)
+
+
+def test_a_subclass_gets_its_own_raw_methods_and_keeps_its_overrides() -> None:
+    class Mine(KVCacheManager):
+        def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+            raise RuntimeError("mine")
+
+    class Below(Mine):
+        pass
+
+    m = Below(KVCacheConfig(8, [], [KVCacheGroupSpec(["a"], FullAttentionSpec(block_size=BS))]), 64, BS, BS)
+    r = Request("a", list(range(4)), BS)
+    assert _ids(m.allocate_slots(r, 4)) == ([1],)
+    if RAW_FFI:
+        assert Below.__dict__["allocate_slots"].__objclass__ is Below
+    with pytest.raises(RuntimeError, match="mine"):
+        m.cache_blocks(r, 4)
+    # CPython checks `self` against the descriptor's class.
+    with pytest.raises(TypeError):
+        KVCacheManager.__dict__.get("allocate_slots", NativeManager.allocate_slots)(object(), r, 4)
+    with pytest.raises(TypeError, match="not a NativeManager subclass"):
+        NativeManager._raw_methods(int)
+
+
+@needs_raw
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="specialization is CPython 3.11's")
+def test_the_schedulers_method_lookups_on_a_manager_specialize() -> None:
+    """A manager's instance dict stays within CPython's shared keys (30
+    names, the facade's private state in slots) and its hot methods are the
+    class's: the scheduler's `manager.allocate_slots(...)` and
+    `manager.cache_blocks(...)` lookups specialize (a generic lookup per call
+    cost a cold instance-dict probe)."""
+    from hybridcache.manager033 import KVCacheManager033
+
+    groups = [KVCacheGroupSpec(["attn"], FullAttentionSpec(block_size=BS))]
+    for cls in (KVCacheManager, KVCacheManager033):
+        m = cls(KVCacheConfig(400, [], groups), 4096, BS, BS)
+        assert len(vars(m)) < 30, sorted(vars(m))
+        reqs = [Request(f"r{i}", list(range(8)), BS) for i in range(4)]
+
+        def hot(m: Any, r: Any) -> None:
+            m.allocate_slots(r, 1, num_lookahead_tokens=0)
+            m.cache_blocks(r, r.num_computed_tokens)
+
+        for r in reqs:
+            m.allocate_slots(r, 8)
+            r.num_computed_tokens = 8
+        for _ in range(200):
+            for r in reqs:
+                hot(m, r)
+        ops = [(i.opname, i.argval) for i in dis.get_instructions(hot, adaptive=True)
+               if i.argval in ("allocate_slots", "cache_blocks")]
+        # 3.11: LOAD_METHOD_WITH_DICT / _WITH_VALUES; 3.12+: LOAD_ATTR_METHOD_*.
+        specialized = [op for op, _ in ops if "METHOD_" in op and not op.endswith("ADAPTIVE")]
+        assert len(ops) == 2 and len(specialized) == 2, (cls, ops)
 
 
 @pytest.mark.parametrize("mamba", [False, True])

@@ -71,7 +71,7 @@ def test_key_docs_state_the_contract() -> None:
 
     assert "KVCacheBlocks | None" in (hybridcache.KVCacheManager.__doc__ or "")
     stub = (PKG / "_native.pyi").read_text()
-    alloc = stub[stub.index("def allocate_slots(") : stub.index("def _bound_allocate_slots")]
+    alloc = stub[stub.index("def allocate_slots(") : stub.index("def _raw_methods")]
     assert ") -> KVCacheBlocks | None:" in alloc
     for word in ("Args:", "Returns:", "Raises:", "allow_none=True", "preempt"):
         assert word in alloc, word

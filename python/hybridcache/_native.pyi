@@ -300,14 +300,13 @@ class NativeManager:
                 manager is unchanged.
             TypeError: a count that is not an int (bool, float, None).
         """
-    def _bound_allocate_slots(self) -> _AllocateSlots:
-        """`allocate_slots` as a builtin bound to this manager (no PyO3
-        argument matching); the facade sets it as the instance's
-        `allocate_slots`, so both spellings are the same call."""
-    def _bound_cache_blocks(self) -> _CacheBlocks:
-        """`cache_blocks` as a builtin bound to this manager (the calls that
-        cache nothing new are answered from the request's hot line); the
-        facade sets it as the instance's `cache_blocks`."""
+    @staticmethod
+    def _raw_methods(cls: type) -> tuple[_AllocateSlots, _CacheBlocks] | None:
+        """`allocate_slots` and `cache_blocks` as method descriptors of `cls`
+        (a subclass of this class; TypeError otherwise): no PyO3 argument
+        matching, and the calls that change nothing are answered from the
+        request's hot line. The facade's classes take them as their own
+        methods. None in a build without the raw entry points."""
     def allocate_decode_batch(
         self,
         requests: Sequence[_Request],

@@ -29,6 +29,27 @@ def _positive_int(name: str, v: Any) -> int:
 _METRIC_METHODS = ("on_block_allocated", "on_block_accessed", "on_block_evicted")
 
 
+# The type of a native class's methods (PyO3's and the raw entry points).
+_METHOD_DESCRIPTOR = type(_native.NativeManager.allocate_slots)
+
+
+def _install_raw_methods(cls: type) -> None:
+    """Gives `cls` the native raw entry points as its `allocate_slots` and
+    `cache_blocks` (no PyO3 argument matching; most scheduler calls are
+    answered from the request's hot line). They are the class's methods, made
+    for exactly `cls`, so CPython specializes the scheduler's lookup and call
+    of them; a method a subclass writes in Python stays in force."""
+    raw = None
+    for i, name in enumerate(("allocate_slots", "cache_blocks")):
+        first = next(c.__dict__[name] for c in cls.__mro__ if name in c.__dict__)
+        if type(first) is not _METHOD_DESCRIPTOR:
+            continue
+        raw = raw or _native.NativeManager._raw_methods(cls)
+        if raw is None:
+            return
+        setattr(cls, name, raw[i])
+
+
 class KVCacheManager(_native.NativeManager):
     """Drop-in for `vllm.v1.core.kv_cache_manager.KVCacheManager` (vLLM
     0.23.0): the KV-cache blocks of every request of a serving loop, over one
@@ -115,6 +136,15 @@ class KVCacheManager(_native.NativeManager):
     The caller's contract between calls (what to update on the request) is
     in the README.
     """
+
+    # The facade's private state in slots: the instance dict keeps within
+    # CPython's shared-keys limit (30 names), so the scheduler's method
+    # and attribute lookups on a manager stay specialized.
+    __slots__ = ("__dict__", "__weakref__", "_block_views", "_events", "_event_builder", "_stats_cls")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _install_raw_methods(cls)
 
     dcp_world_size: int
     pcp_world_size: int
@@ -243,12 +273,6 @@ class KVCacheManager(_native.NativeManager):
             self.log_stats,
             self._on_block_metrics if metrics_collector is not None else None,
         )
-        # The scheduler's hottest call, bound to this manager: it skips PyO3's
-        # keyword matching (same arguments, same result as the class method).
-        self.allocate_slots = self._bound_allocate_slots()  # type: ignore[method-assign]
-        # 0.33.0's scheduler caches every running request every step: most
-        # calls cache nothing new and are answered from the request's hot line.
-        self.cache_blocks = self._bound_cache_blocks()  # type: ignore[method-assign]
         self.block_pool = BlockPoolView(self)
         self.coordinator = coordinator_view(self)
 
@@ -312,3 +336,5 @@ class KVCacheManager(_native.NativeManager):
         events, self._events = self._events, []
         return events
 
+
+_install_raw_methods(KVCacheManager)

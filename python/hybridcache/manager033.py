@@ -72,6 +72,11 @@ class KVCacheManager033(KVCacheManager):
             block size.
     """
 
+    # Private state in slots (see `KVCacheManager.__slots__`).
+    __slots__ = ("_args", "_block_sizes", "_estimated_groups", "_group_infos", "_hash_block_size", "_kinds",
+                 "_live_stats", "_retention_interval", "_scheduler_block_size", "_specs")
+
+
     # Each group's kind as layout033 names it ("full", "mamba", ...).
     _kinds: tuple[str, ...]
     # Indices of the groups `estimate_cached_tokens` counts.

@@ -278,8 +278,8 @@ impl NativeManager {
     /// num_lookahead_tokens=0, num_external_computed_tokens=0,
     /// delay_cache_blocks=False, num_encoder_tokens=0,
     /// full_sequence_must_fit=False, reserved_blocks=0)`; the parameters
-    /// are matched as Python does (`allocate_params`). The facade calls it
-    /// through `_bound_allocate_slots`.
+    /// are matched as Python does (`allocate_params`). The facade's class
+    /// has the raw entry point in its place (`_raw_methods`).
     #[pyo3(signature = (*args, **kwargs))]
     fn allocate_slots(
         slf: &Bound<'_, Self>,
@@ -289,28 +289,30 @@ impl NativeManager {
         allocate_params::call_matched(slf, args.iter(), kwargs.into_iter().flat_map(|k| k.iter()))
     }
 
-    /// `allocate_slots` bound to this manager: with the `raw-ffi` feature a
-    /// builtin called without PyO3's argument matching (see
-    /// `raw_ffi::allocate_call`), else the bound method.
-    fn _bound_allocate_slots(slf: &Bound<'_, Self>) -> PyResult<PyObject> {
+    /// Method descriptors of `cls` (a subclass of this class) for
+    /// `allocate_slots` and `cache_blocks`: the raw entry points, which skip
+    /// PyO3's argument matching and answer most scheduler calls from the
+    /// request's hot line. None without the `raw-ffi` feature.
+    #[staticmethod]
+    fn _raw_methods(
+        cls: &Bound<'_, pyo3::types::PyType>,
+    ) -> PyResult<Option<(PyObject, PyObject)>> {
+        if !cls.is_subclass_of::<NativeManager>()? {
+            return Err(PyTypeError::new_err(format!(
+                "_raw_methods: {} is not a NativeManager subclass",
+                cls.name()?
+            )));
+        }
         #[cfg(feature = "raw-ffi")]
-        return crate::raw_ffi::allocate_call::bound_allocate_slots(slf);
+        return Ok(Some((
+            crate::raw_ffi::allocate_call::allocate_slots_descriptor(cls)?,
+            crate::raw_ffi::cache_call::cache_blocks_descriptor(cls)?,
+        )));
         #[cfg(not(feature = "raw-ffi"))]
-        return Ok(slf
-            .getattr(pyo3::intern!(slf.py(), "allocate_slots"))?
-            .unbind());
-    }
-
-    /// `cache_blocks` bound to this manager: with the `raw-ffi` feature a
-    /// builtin that answers the calls caching nothing new from the
-    /// request's hot line (see `raw_ffi::cache_call`), else the bound method.
-    fn _bound_cache_blocks(slf: &Bound<'_, Self>) -> PyResult<PyObject> {
-        #[cfg(feature = "raw-ffi")]
-        return crate::raw_ffi::cache_call::bound_cache_blocks(slf);
-        #[cfg(not(feature = "raw-ffi"))]
-        return Ok(slf
-            .getattr(pyo3::intern!(slf.py(), "cache_blocks"))?
-            .unbind());
+        return {
+            let _ = cls;
+            Ok(None)
+        };
     }
 
     /// The decode `allocate_slots` of a whole step in one call: for each

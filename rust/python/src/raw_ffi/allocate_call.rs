@@ -1,12 +1,13 @@
-//! `allocate_slots` as a builtin bound to one manager, called with
+//! `allocate_slots` as a method of the facade's class, called with
 //! CPython's vectorcall convention (METH_FASTCALL | METH_KEYWORDS).
 //!
 //! vLLM's scheduler calls `allocate_slots` once per running request per
 //! step, with keywords. PyO3's generic argument matching (ten parameters,
 //! names compared as strings) is a fifth of a no-op decode's cost; here
-//! keywords match interned names by address first. The facade stores the
-//! builtin on the manager instance, where attribute lookup finds it before
-//! the class's method; `NativeManager.allocate_slots` stays the same call.
+//! keywords match interned names by address first. The facade's class holds
+//! it as its `allocate_slots` (a method descriptor of exactly that class,
+//! so CPython specializes the scheduler's lookup and call);
+//! `NativeManager.allocate_slots` stays the same call.
 
 use hybridcache_core::AllocateArgs;
 use pyo3::ffi;
@@ -14,7 +15,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
-use super::{bind, call_args, held_request, plain_count, raw_call, CallArgs, MethodDef};
+use super::{call_args, held_request, plain_count, raw_call, CallArgs, MethodDef};
 use crate::allocate_params::{call_matched, param_name, Param};
 use crate::NativeManager;
 
@@ -24,12 +25,13 @@ static ALLOCATE_SLOTS: MethodDef = MethodDef(ffi::PyMethodDef {
         PyCFunctionFastWithKeywords: allocate_slots_fast,
     },
     ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-    ml_doc: c"vLLM 0.23.0's KVCacheManager.allocate_slots, bound to this manager.".as_ptr(),
+    ml_doc: c"vLLM 0.23.0's KVCacheManager.allocate_slots.".as_ptr(),
 });
 
-/// A new builtin calling `allocate_slots` of `manager`.
-pub fn bound_allocate_slots(manager: &Bound<'_, NativeManager>) -> PyResult<PyObject> {
-    bind(&ALLOCATE_SLOTS, manager.as_any())
+/// A method descriptor of `cls` (a `NativeManager` subclass: CPython
+/// checks every `self` against it) calling `allocate_slots`.
+pub fn allocate_slots_descriptor(cls: &Bound<'_, pyo3::types::PyType>) -> PyResult<PyObject> {
+    super::method_descriptor(&ALLOCATE_SLOTS, cls)
 }
 
 unsafe extern "C" fn allocate_slots_fast(
@@ -38,7 +40,7 @@ unsafe extern "C" fn allocate_slots_fast(
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
 ) -> *mut ffi::PyObject {
-    // SAFETY: CPython calls builtins with the GIL held; the vectorcall
+    // SAFETY: CPython calls methods with the GIL held; the vectorcall
     // contract: `args` holds `nargs` positional values then one value per
     // name in `kwnames` (a tuple, or NULL).
     unsafe { raw_call(|py| call(py, slf, args, nargs, kwnames)) }
@@ -55,8 +57,8 @@ unsafe fn call(
 ) -> PyResult<PyObject> {
     // SAFETY: as this function's.
     let fast = unsafe { decode_fast(py, slf, args, nargs, kwnames) };
-    // SAFETY: `slf` is the manager the builtin was bound to (a live object;
-    // `bound_allocate_slots` binds only managers).
+    // SAFETY: `slf` is a live manager: CPython checks it against the
+    // descriptor's class, a `NativeManager` subclass (`_raw_methods`).
     let manager = || unsafe { Bound::from_borrowed_ptr(py, slf).downcast_into_unchecked() };
     match fast {
         Fast::Done(result) => Ok(result),

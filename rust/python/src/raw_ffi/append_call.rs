@@ -74,13 +74,7 @@ pub fn token_append(
             request_class.name()?
         )));
     }
-    let def = std::ptr::addr_of!(APPEND_OUTPUT_TOKEN_IDS.0).cast_mut();
-    // SAFETY: `request_class` is a live type object and `def` a static
-    // definition CPython never writes to; the result is a new reference or NULL.
-    unsafe {
-        Bound::from_owned_ptr_or_err(py, ffi::PyDescr_NewMethod(request_class.as_type_ptr(), def))
-            .map(Bound::unbind)
-    }
+    super::method_descriptor(&APPEND_OUTPUT_TOKEN_IDS, request_class)
 }
 
 unsafe extern "C" fn append_fast(

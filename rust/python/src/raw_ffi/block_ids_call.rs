@@ -39,12 +39,10 @@ pub fn install(ty: &Bound<'_, PyType>) -> PyResult<()> {
         .set(py, original)
         .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("installed twice"))?;
     ALLOW_NONE.get_or_init(py, || PyString::intern(py, "allow_none").unbind());
-    let def = std::ptr::addr_of!(GET_BLOCK_IDS.0).cast_mut();
-    // SAFETY: `ty` is a live type object and `def` a static definition
-    // CPython never writes to; the result is a new reference or NULL.
-    let descr =
-        unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyDescr_NewMethod(ty.as_type_ptr(), def))? };
-    ty.setattr("get_block_ids", descr)
+    ty.setattr(
+        "get_block_ids",
+        super::method_descriptor(&GET_BLOCK_IDS, ty)?,
+    )
 }
 
 /// The answer for `allow_none` (shared with the PyO3 method's semantics).

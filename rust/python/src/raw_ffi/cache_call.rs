@@ -1,18 +1,19 @@
-//! `cache_blocks` as a builtin bound to one manager, called with CPython's
-//! vectorcall convention (METH_FASTCALL | METH_KEYWORDS).
+//! `cache_blocks` as a method of the facade's class (a method descriptor
+//! of exactly that class), called with CPython's vectorcall convention
+//! (METH_FASTCALL | METH_KEYWORDS).
 //!
 //! vLLM 0.33.0's scheduler calls `cache_blocks(request, n)` for every
 //! running request after every step, and most such calls cache nothing
 //! new. Those are judged from the request's hot line (its decode horizon)
 //! and end here, without PyO3's argument matching and without reading the
 //! request's hashes or shared-prefix boundary. Every other call goes to
-//! the class's `cache_blocks`, which the facade's attribute shadows.
+//! `NativeManager.cache_blocks`, which this method replaces on the facade.
 
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 
-use super::{bind, call_with, held_request, plain_count, raw_call, MethodDef};
+use super::{call_with, held_request, plain_count, raw_call, MethodDef};
 use crate::NativeManager;
 
 static CACHE_BLOCKS: MethodDef = MethodDef(ffi::PyMethodDef {
@@ -21,14 +22,13 @@ static CACHE_BLOCKS: MethodDef = MethodDef(ffi::PyMethodDef {
         PyCFunctionFastWithKeywords: cache_blocks_fast,
     },
     ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-    ml_doc:
-        c"vLLM's KVCacheManager.cache_blocks(request, num_computed_tokens), bound to this manager."
-            .as_ptr(),
+    ml_doc: c"vLLM's KVCacheManager.cache_blocks(request, num_computed_tokens).".as_ptr(),
 });
 
-/// A new builtin calling `cache_blocks` of `manager`.
-pub fn bound_cache_blocks(manager: &Bound<'_, NativeManager>) -> PyResult<PyObject> {
-    bind(&CACHE_BLOCKS, manager.as_any())
+/// A method descriptor of `cls` (a `NativeManager` subclass: CPython
+/// checks every `self` against it) calling `cache_blocks`.
+pub fn cache_blocks_descriptor(cls: &Bound<'_, pyo3::types::PyType>) -> PyResult<PyObject> {
+    super::method_descriptor(&CACHE_BLOCKS, cls)
 }
 
 unsafe extern "C" fn cache_blocks_fast(
@@ -37,14 +37,15 @@ unsafe extern "C" fn cache_blocks_fast(
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
 ) -> *mut ffi::PyObject {
-    // SAFETY: CPython calls builtins with the GIL held, under the
+    // SAFETY: CPython calls methods with the GIL held, under the
     // vectorcall contract (see `allocate_call`).
     unsafe {
         raw_call(|py| {
             if is_noop(py, slf, args, nargs, kwnames) {
                 return Ok(py.None());
             }
-            // SAFETY: `slf` is the manager the builtin was bound to.
+            // SAFETY: `slf` is a live manager: CPython checks it against the
+            // descriptor's class, a `NativeManager` subclass (`_raw_methods`).
             let manager = Bound::from_borrowed_ptr(py, slf);
             if nargs == 2 && kwnames.is_null() {
                 // The scheduler's spelling: the method's body, directly.
@@ -55,8 +56,10 @@ unsafe extern "C" fn cache_blocks_fast(
                 NativeManager::cache_blocks(manager.downcast_unchecked(), &request, &n)?;
                 return Ok(py.None());
             }
-            // The class's method: the instance attribute is this builtin.
-            let method = manager.get_type().getattr(intern!(py, "cache_blocks"))?;
+            // The native class's method (a subclass's attribute may be this).
+            let method = py
+                .get_type::<NativeManager>()
+                .getattr(intern!(py, "cache_blocks"))?;
             call_with(&method, Some(&manager), args, nargs, kwnames)
         })
     }
@@ -84,7 +87,7 @@ unsafe fn is_noop(
         let Some(n) = plain_count(*args.add(1)) else {
             return false;
         };
-        // `slf` is a manager (see `bound_cache_blocks`).
+        // `slf` is a manager (see `cache_blocks_fast`).
         let obj = Borrowed::from_ptr(py, slf);
         let Ok(mut this) = obj.downcast_unchecked::<NativeManager>().try_borrow_mut() else {
             return false;

@@ -3,12 +3,14 @@
 //! `unsafe` code and the PyO3 methods they shadow serve the same calls
 //! (same results, same errors; only slower to reach).
 //!
-//! - `allocate_call`: `allocate_slots` as a builtin bound to one manager,
-//!   with a straight-line path for the scheduler's decode call;
+//! - `allocate_call`: `allocate_slots` as a raw method descriptor of the
+//!   facade's class, with a straight-line path for the scheduler's decode
+//!   call;
 //! - `block_ids_call`: `KVCacheBlocks.get_block_ids` as a raw method
 //!   descriptor for its two common spellings;
-//! - `cache_call`: `cache_blocks` as a builtin bound to one manager, with
-//!   a hot-line path for the calls that cache nothing new;
+//! - `cache_call`: `cache_blocks` as a raw method descriptor of the
+//!   facade's class, with a hot-line path for the calls that cache nothing
+//!   new;
 //! - `hasher_call`: a `BlockHasher` as a one-argument builtin, with a
 //!   path for the calls that find no new full block;
 //! - `append_call`: vLLM's `Request.append_output_token_ids` as a raw
@@ -39,6 +41,23 @@ pub(crate) fn bind(def: &'static MethodDef, to: &Bound<'_, PyAny>) -> PyResult<P
     unsafe {
         let f = ffi::PyCFunction_NewEx(def, to.as_ptr(), std::ptr::null_mut());
         Bound::from_owned_ptr_or_err(to.py(), f).map(Bound::unbind)
+    }
+}
+
+/// A new method descriptor of `def` for class `cls`: CPython checks that
+/// every `self` it passes is an instance of `cls`, and specializes calls on
+/// instances of exactly `cls`.
+pub(crate) fn method_descriptor(
+    def: &'static MethodDef,
+    cls: &Bound<'_, pyo3::types::PyType>,
+) -> PyResult<PyObject> {
+    let def = std::ptr::addr_of!(def.0).cast_mut();
+    // SAFETY: `def` is a static definition CPython never writes to; `cls`
+    // is a live type; the result is a new reference, or NULL with an
+    // exception set.
+    unsafe {
+        let d = ffi::PyDescr_NewMethod(cls.as_type_ptr(), def);
+        Bound::from_owned_ptr_or_err(cls.py(), d).map(Bound::unbind)
     }
 }
 
