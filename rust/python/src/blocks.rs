@@ -161,7 +161,7 @@ pub type GroupIds = SmallVec<[i64; 2]>;
 
 /// Block ids per KV-cache group (vLLM's `KVCacheBlocks`); `blocks` builds
 /// block views on demand.
-#[pyclass(module = "hybridcache._native", name = "KVCacheBlocks", frozen, dict)]
+#[pyclass(module = "hybridcache._native", name = "KVCacheBlocks", frozen)]
 pub struct KVCacheBlocks {
     // Inline for up to four groups of up to two blocks (a decode result):
     // building one allocates nothing beyond the Python object.
