@@ -284,6 +284,9 @@ def run_lockstep(helpers: Any, case: Case) -> dict[str, int]:
 
     stock, hc = _scheduler(helpers, case, False), _scheduler(helpers, case, True)
     assert type(hc.kv_cache_manager).__name__ == "VllmKVCacheManager033"
+    # Within CPython's shared keys: the scheduler's lookups on it specialize
+    # (tests/test_bound_allocate.py).
+    assert len(vars(hc.kv_cache_manager)) < 30, sorted(vars(hc.kv_cache_manager))
     groups = stock.kv_cache_config.kv_cache_groups
     assert [type(g.kv_cache_spec).__name__ for g in groups] == [
         {"full": "FullAttentionSpec", "sw": "SlidingWindowSpec", "chunked": "ChunkedLocalAttentionSpec",

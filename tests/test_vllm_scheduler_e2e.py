@@ -201,6 +201,10 @@ def build_scheduler(case: Case, model_dir: str, hybrid: bool, kv_events_config: 
             hc_vllm.uninstall()
     expected = hc_vllm.VllmKVCacheManager if hybrid else vllm.v1.core.kv_cache_manager.KVCacheManager
     assert type(scheduler.kv_cache_manager) is expected
+    if hybrid:
+        # Within CPython's shared keys: the scheduler's lookups on it
+        # specialize (tests/test_bound_allocate.py).
+        assert len(vars(scheduler.kv_cache_manager)) < 30, sorted(vars(scheduler.kv_cache_manager))
     scheduler.kv_event_publisher = EventRecorder(scheduler.kv_event_publisher)
     if scheduler.kv_metrics_collector is not None:
         record_calls(scheduler.kv_metrics_collector)
