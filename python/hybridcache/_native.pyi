@@ -440,9 +440,11 @@ class NativeManager:
         """vLLM 0.33.0's `block_hash_num_tokens` of each block: the prefix
         tokens its hash covers (a full block's end or a partial entry's
         boundary), None without a hash."""
-    def _max_hash_num_tokens(self, request_id: str) -> list[int]:
-        """Per group, the most tokens any of the request's blocks' hash
-        covers (0: none; zeros for an unknown request)."""
+    def _estimate_cached_tokens(self, request: _Request) -> int:
+        """vLLM 0.33.0's `estimate_cached_tokens(request)`: over the
+        prefix-cacheable groups other than cross attention, the fewest of
+        each group's most tokens any of the request's blocks' hash covers
+        (0 for none, or for a request the manager does not hold)."""
     def unhashed(self, block_ids: Sequence[int]) -> list[bool]:
         """Which of the given blocks carry no cached hash."""
     def cached_block_ids(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None:

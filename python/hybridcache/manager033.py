@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from hybridcache import _native
 from hybridcache.blocks import BlockView, KVCacheBlocks, block_view
 from hybridcache.config import read_groups
 from hybridcache.layout033 import assigned_retention, check_layout, check_retention, context_parallel, layout_kind, needs_zeroing
@@ -73,14 +74,12 @@ class KVCacheManager033(KVCacheManager):
     """
 
     # Private state in slots (see `KVCacheManager.__slots__`).
-    __slots__ = ("_args", "_block_sizes", "_estimated_groups", "_group_infos", "_hash_block_size", "_kinds",
-                 "_live_stats", "_retention_interval", "_scheduler_block_size", "_specs")
+    __slots__ = ("_args", "_block_sizes", "_group_infos", "_hash_block_size", "_kinds", "_live_stats",
+                 "_retention_interval", "_scheduler_block_size", "_specs")
 
 
     # Each group's kind as layout033 names it ("full", "mamba", ...).
     _kinds: tuple[str, ...]
-    # Indices of the groups `estimate_cached_tokens` counts.
-    _estimated_groups: tuple[int, ...]
 
     # Multi-module MTP's re-prefillable tail (num_prefill_lookahead - 1).
     num_reprefillable_tokens: int
@@ -233,15 +232,11 @@ class KVCacheManager033(KVCacheManager):
             )
         self._adopt_core(fresh)
         self._group_infos = fresh._group_infos
-        self._estimated_groups = fresh._estimated_groups
         self._retention_interval = value
 
     def _init_033(self, groups: list[Any], hash_block_size: int, watermark: float,
                   num_hash_lookahead_tokens: int, log_stats: bool, shared_prefix_checkpoint: bool) -> None:
         self._group_infos = groups
-        # The groups `estimate_cached_tokens` counts: prefix-cacheable, not cross attention.
-        self._estimated_groups = tuple(i for i, (g, kind) in enumerate(zip(groups, self._kinds))
-                                       if g.native.prefix_cacheable and kind != "cross_attention")
         self._specs = [g.kv_cache_spec for g in self.kv_cache_config.kv_cache_groups]
         self._hash_block_size = hash_block_size
         # Tokens per block of each group, as the core sizes them (dcp scales them).
@@ -369,15 +364,13 @@ class KVCacheManager033(KVCacheManager):
             out.append(ids[: -(-num_computed_tokens // int(spec.block_size))] if positional else ids)
         return tuple(out)
 
-    def estimate_cached_tokens(self, request: Any) -> int:
-        """Tokens of the request's prefix its cached blocks cover (the
-        fewest over the prefix-cacheable groups other than cross attention):
-        the most any of a group's blocks' hash covers (`block_hash_num_tokens`:
-        a full block's end, a partial entry's boundary inside the block, or
-        the boundary a Mamba state is keyed at)."""
-        # The scheduler asks once per finished prefill: one native call.
-        tokens = self._max_hash_num_tokens(request.request_id)
-        return min((tokens[i] for i in self._estimated_groups), default=0)
+    # Tokens of the request's prefix its cached blocks cover (the fewest
+    # over the prefix-cacheable groups other than cross attention): the most
+    # any of a group's blocks' hash covers (`block_hash_num_tokens`: a full
+    # block's end, a partial entry's boundary inside the block, or the
+    # boundary a Mamba state is keyed at). The scheduler asks once per
+    # finished prefill: the native method itself, no Python frame.
+    estimate_cached_tokens = _native.NativeManager._estimate_cached_tokens
 
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
         """`blocks` (a lookup result) cut to `num_computed_tokens` tokens, a

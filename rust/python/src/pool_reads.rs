@@ -37,10 +37,13 @@ impl NativeManager {
         self.hash_num_tokens(block_ids)
     }
 
-    /// Per group, the most tokens the request's blocks' hashes cover (0:
-    /// none): `estimate_cached_tokens` in one call, no id lists built.
-    fn _max_hash_num_tokens(&self, request_id: &str) -> Vec<u32> {
-        self.inner.max_hash_num_tokens(request_id)
+    /// vLLM 0.33.0's `estimate_cached_tokens(request)`: the 0.33.0
+    /// facade's method, in one native call (the request found by its id
+    /// object, no id lists built).
+    fn _estimate_cached_tokens(&mut self, request: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let rid = crate::request_id(request)?;
+        let slot = self.lookup_id(&rid)?;
+        Ok(self.inner.estimate_cached_tokens(slot))
     }
 
     /// Which of the given blocks carry no cached hash.

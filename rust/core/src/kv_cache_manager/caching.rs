@@ -6,6 +6,7 @@ use super::KvCacheManager;
 use crate::decode_bounds::DecodeHorizon;
 use crate::error::{invalid, CoreResult};
 use crate::hashes::HashUpdate;
+use crate::spec::SpecKind;
 use crate::{BlockId, ReqSlot};
 
 impl KvCacheManager {
@@ -128,36 +129,39 @@ impl KvCacheManager {
         self.reqs.set_num_computed_tokens(slot, n);
     }
 
-    /// Per group, the most tokens any of the request's blocks' hash covers
-    /// (`BlockPool::block_hash_num_tokens`, 0 for none; zeros for an unknown
-    /// request): vLLM 0.33.0's `estimate_cached_tokens` takes the fewest
-    /// over the groups it counts.
-    pub fn max_hash_num_tokens(&self, request_id: &str) -> Vec<u32> {
-        let slot = self.slot(request_id);
+    /// vLLM 0.33.0's `estimate_cached_tokens`: over the groups it counts
+    /// (prefix-cacheable, not cross attention), the fewest of each group's
+    /// most tokens any of the request's blocks' hash covers
+    /// (`BlockPool::block_hash_num_tokens`); 0 for none, or for a request
+    /// the manager does not hold.
+    pub fn estimate_cached_tokens(&self, slot: Option<ReqSlot>) -> usize {
+        let Some(s) = slot else {
+            return 0;
+        };
         let pool = &self.coord.pool;
         self.coord
             .managers
             .iter()
+            .filter(|m| m.spec.prefix_cacheable && m.spec.kind != SpecKind::CrossAttention)
             .map(|m| {
-                slot.map_or(0, |s| {
-                    let covers = |&b: &BlockId| pool.block_hash_num_tokens(b);
-                    let blocks = m.blocks(s);
-                    let all = || blocks.iter().filter_map(covers).max();
-                    let most = if m.is_mamba_align() {
-                        // Align tables move speculative blocks: all of them.
-                        all()
-                    } else {
-                        // Block i holds tokens [i·bs, (i+1)·bs) and a cached
-                        // block's hash ends inside it (the invariants check
-                        // it), so the last cached block covers the most: a
-                        // long table's other blocks (cold lines) go unread.
-                        let last = blocks.iter().rev().find_map(covers);
-                        debug_assert_eq!(last, all());
-                        last
-                    };
-                    most.unwrap_or(0)
-                })
+                let covers = |&b: &BlockId| pool.block_hash_num_tokens(b);
+                let blocks = m.blocks(s);
+                let all = || blocks.iter().filter_map(covers).max();
+                let most = if m.is_mamba_align() {
+                    // Align tables move speculative blocks: all of them.
+                    all()
+                } else {
+                    // Block i holds tokens [i·bs, (i+1)·bs) and a cached
+                    // block's hash ends inside it (the invariants check
+                    // it), so the last cached block covers the most: a
+                    // long table's other blocks (cold lines) go unread.
+                    let last = blocks.iter().rev().find_map(covers);
+                    debug_assert_eq!(last, all());
+                    last
+                };
+                most.unwrap_or(0) as usize
             })
-            .collect()
+            .min()
+            .unwrap_or(0)
     }
 }

@@ -95,7 +95,7 @@ impl KvCacheManager {
                                 "group {g}: block {b} at position {i} is cached under another hash"
                             ));
                         }
-                        // `max_hash_num_tokens` reads only the last cached block.
+                        // `estimate_cached_tokens` reads only the last cached block.
                         if !align && !(covers > i * bs && covers <= (i + 1) * bs) {
                             return fail(format!(
                                 "group {g}: block {b} at position {i} covers {covers} tokens, \
