@@ -67,3 +67,10 @@ def test_instructions_neither_specialized_are_not_listed() -> None:
     mine = {"f:0": ("LOAD_ATTR_ADAPTIVE", "x", 1), "f:2": ("LOAD_ATTR_ADAPTIVE", "y", 1),
             "f:4": ("LOAD_ATTR_ADAPTIVE", "z", 2)}
     assert step_specialization.unspecialized(ref, mine) == [("f:4", "LOAD_ATTR_SLOT", "LOAD_ATTR_ADAPTIVE", "z", 2)]
+
+
+def test_only_instructions_steady_over_the_snapshots_count() -> None:
+    a = {"f:0": ("LOAD_METHOD_WITH_DICT", "m", 3), "f:2": ("LOAD_ATTR_SLOT", "x", 4)}
+    b = {"f:0": ("LOAD_METHOD_ADAPTIVE", "m", 3), "f:2": ("LOAD_ATTR_SLOT", "x", 4)}
+    assert step_specialization.steady([a, b, a]) == {"f:2": ("LOAD_ATTR_SLOT", "x", 4)}
+    assert step_specialization.steady([a]) == a
