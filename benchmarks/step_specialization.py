@@ -35,6 +35,9 @@ from typing import Any
 
 Spec = dict[str, tuple[str, str, int]]
 
+# Snapshots taken, after each of the last steps (see `steady`).
+SNAPSHOTS = 6
+
 
 def snapshot(prefixes: tuple[str, ...] = ("vllm.v1",)) -> Spec:
     """Every instruction of the loaded modules' functions under `prefixes`,
@@ -104,10 +107,6 @@ def _child(variant: str, running: int, steps: int, layout: str, out: str) -> Non
     Path(out).write_text(json.dumps(snapshots))
 
 
-# Snapshots taken, after each of the last steps (see `steady`).
-SNAPSHOTS = 6
-
-
 def measure(variant: str, running: int, steps: int, layout: str) -> Spec:
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "spec.json")
@@ -124,7 +123,7 @@ def main() -> int:
     p.add_argument("--variant", default="hybridcache", choices=("hybridcache", "hc+native"))
     p.add_argument("--against", default="floor", choices=("floor", "stock"))
     p.add_argument("--running", type=int, default=64)
-    p.add_argument("--steps", type=int, default=60, help="steps run before the snapshot")
+    p.add_argument("--steps", type=int, default=60, help="steps run (snapshots after the last few)")
     p.add_argument("--layout", default="full+3xmamba-align")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)

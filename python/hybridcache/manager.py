@@ -39,15 +39,13 @@ def _install_raw_methods(cls: type) -> None:
     answered from the request's hot line). They are the class's methods, made
     for exactly `cls`, so CPython specializes the scheduler's lookup and call
     of them; a method a subclass writes in Python stays in force."""
-    raw = None
-    for i, name in enumerate(("allocate_slots", "cache_blocks")):
+    raw = _native.NativeManager._raw_methods(cls)
+    if raw is None:
+        return
+    for name, method in zip(("allocate_slots", "cache_blocks"), raw):
         first = next(c.__dict__[name] for c in cls.__mro__ if name in c.__dict__)
-        if type(first) is not _METHOD_DESCRIPTOR:
-            continue
-        raw = raw or _native.NativeManager._raw_methods(cls)
-        if raw is None:
-            return
-        setattr(cls, name, raw[i])
+        if type(first) is _METHOD_DESCRIPTOR:
+            setattr(cls, name, method)
 
 
 class KVCacheManager(_native.NativeManager):
