@@ -157,3 +157,48 @@ def test_fuzz_slice_junctions() -> None:
     assert f.calls.get("shared_prefix_checkpoint_setups", 0) > 0, f.summary()
     assert f.calls.get("chunks_ending_at_junctions", 0) > 0, f.summary()
     assert f.calls.get("cache_blocks_at_computed_junctions", 0) > 0, f.summary()
+
+
+def _count_junction_reads(req: Any) -> list[int]:
+    """Makes `req.shared_prefix_boundary` a property that counts its reads
+    (a subclass of the request's class; the value is kept)."""
+    reads = [0]
+    value = req.__dict__.pop("shared_prefix_boundary", 0)
+
+    class Counting(type(req)):  # type: ignore[misc]
+        @property
+        def shared_prefix_boundary(self) -> int:
+            reads[0] += 1
+            return int(self.__dict__["_junction"])
+
+        @shared_prefix_boundary.setter
+        def shared_prefix_boundary(self, v: int) -> None:
+            self.__dict__["_junction"] = v
+
+    req.__class__ = Counting
+    req.shared_prefix_boundary = value
+    return reads
+
+
+@pytest.mark.parametrize("enable", [True, False])
+def test_the_junction_is_read_only_where_a_rule_uses_it(enable: bool) -> None:
+    """The facade reads `request.shared_prefix_boundary` only where a rule
+    uses its value: this checkpoint (and a prefill checkpoint's reuse,
+    sparse retention's replay tails). Without one, no allocation or
+    `cache_blocks` call reads it (vLLM 0.33.0 reads it whenever it caches a
+    full block, and uses it only under sparse retention); the answers are
+    vLLM's either way (`Pair.both`)."""
+    p = Pair(_setup(shared_prefix_checkpoint=enable))
+    p.request("a", STEM[:60])
+    theirs, ours = (_count_junction_reads(r) for r in p.reqs["a"])
+    p.lookup("a")
+    p.allocate("a", 32)
+    p.allocate("a", 28)
+    for tok in range(50):
+        for r in p.reqs["a"]:
+            r.append_output_token_ids(tok)
+        p.allocate("a", 1)
+        p.both(lambda m, r: m.cache_blocks(r, r.num_computed_tokens), "a")
+        p.new_step()
+    assert theirs[0] > 0
+    assert (ours[0] > 0) == enable, ours

@@ -185,6 +185,17 @@ impl Coordinator {
         self.managers.iter().any(|m| m.align_extras_may_act(slot))
     }
 
+    /// Whether a caching rule uses the requests' shared-prefix junction:
+    /// sparse retention keeping replay boundaries, or a Mamba group's
+    /// checkpoint rules (vLLM 0.33.0 uses `request.shared_prefix_boundary`
+    /// there and nowhere else).
+    pub fn reads_junction(&self) -> bool {
+        matches!(
+            self.settled.1,
+            Some((_, crate::profile::Retention::ReplayBoundaries))
+        ) || self.managers.iter().any(|m| m.reads_junction())
+    }
+
     /// vLLM 0.33.0's `shared_prefix_checkpoint` on every Mamba group (only
     /// align caching reads it).
     pub fn set_shared_prefix_checkpoint(&mut self, on: bool) {

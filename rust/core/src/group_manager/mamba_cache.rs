@@ -22,6 +22,15 @@ impl SingleTypeManager {
             && self.spec.mamba_checkpoints.is_some()
     }
 
+    /// Whether a rule of this group uses the request's shared-prefix
+    /// junction: a prefill checkpoint's reuse (`checkpoint_is_reusable`;
+    /// only specs with an alignment reserve checkpoints) or the
+    /// shared-prefix checkpoint (`keys_prompt_state_at`).
+    pub(crate) fn reads_junction(&self) -> bool {
+        self.spec.mamba_checkpoints.is_some_and(|c| c.alignment > 0)
+            || self.shared_prefix_checkpoint
+    }
+
     /// Records the checkpoint of this count (0.33.0's `_checkpoints`, set
     /// by every count outside the admission check): `on` for a chunk ending
     /// at `query_end` that reserves one.

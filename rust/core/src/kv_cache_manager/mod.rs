@@ -26,7 +26,7 @@ use crate::error::{invalid, CoreError, CoreResult};
 use crate::events::{BlockMetric, PoolEvent};
 use crate::hashes::HashList;
 use crate::mamba_plan::PlannerState;
-use crate::profile::{BehaviourProfile, Retention};
+use crate::profile::BehaviourProfile;
 use crate::requests::RequestRegistry;
 use crate::spec::GroupSpec;
 use crate::{BlockId, ReqSlot};
@@ -185,7 +185,7 @@ impl KvCacheManager {
             .iter()
             .any(|m| m.attn.frees_blocks() && !m.attn.has_window());
         let partial_tails = coord.managers.iter().any(|m| m.caches_partial_tails());
-        Ok(KvCacheManager {
+        let mut m = KvCacheManager {
             sizes_from_computed: admission_check::sizes_from_computed(&coord),
             coord,
             stats: LookupStats::default(),
@@ -211,13 +211,12 @@ impl KvCacheManager {
                     .groups
                     .iter()
                     .any(|g| g.mamba_checkpoints.is_some_and(|c| c.only_at_prefill_end)),
-            reads_junction: cfg.enable_caching
-                && (cfg.retention_interval.is_some()
-                    && cfg.profile.retention == Retention::ReplayBoundaries
-                    || cfg.groups.iter().any(|g| g.mamba_checkpoints.is_some())),
+            reads_junction: false,
             reads_request_computed: false,
             reads_in_flight: cfg.profile.frees_on_processed_tokens && has_window,
-        })
+        };
+        m.reads_junction = m.enable_caching && m.coord.reads_junction();
+        Ok(m)
     }
 
     /// Whether an allocation of the request in `slot` (None: new) should
@@ -391,6 +390,7 @@ impl KvCacheManager {
         }
         self.coord.set_shared_prefix_checkpoint(on);
         self.reads_request_computed = on;
+        self.reads_junction = self.enable_caching && self.coord.reads_junction();
         Ok(())
     }
 
