@@ -240,3 +240,66 @@ def test_without_raw_ffi_vllms_method_stays() -> None:
         16, get_hash_fn_by_name("sha256"))
     assert not vllm_tokens.token_append_installed()
     assert Request.__dict__["append_output_token_ids"] is VLLM_APPEND
+
+
+_SHADOWED_FIELD = '''
+import sys
+from hybridcache import _native
+from hybridcache.hashing import make_request_block_hasher
+
+reads = []
+
+
+class Shaped:
+    """vLLM's Request as the native append reads it, but with a property
+    named like a field, shadowing a stale entry of the same name in the
+    instance dict (as a data descriptor does in CPython's lookup)."""
+
+    def __init__(self, prompt, hasher):
+        self._output_token_ids = []
+        self._all_token_ids = list(prompt)
+        self._block_hasher = hasher
+        self._hashes = []
+        self.__dict__["block_hashes"] = ["stale"]
+
+    @property
+    def block_hashes(self):
+        reads.append(1)
+        return self._hashes
+
+    def append_output_token_ids(self, token_ids):
+        raise AssertionError("replaced by the native descriptor")
+
+    def update_block_hashes(self):
+        raise AssertionError("the native hasher's requests are hashed by the descriptor")
+
+
+d = _native.native_token_append(Shaped, Shaped.__dict__["append_output_token_ids"],
+                                Shaped.__dict__["update_block_hashes"])
+if d is None:
+    print("no raw-ffi")
+    sys.exit(0)
+Shaped.append_output_token_ids = d
+r = Shaped(list(range(3)), make_request_block_hasher(4, "sha256_cbor")._bound_call())
+for t in range(10):
+    r.append_output_token_ids(t)
+assert r._all_token_ids == list(range(3)) + list(range(10)) and r._output_token_ids == list(range(10))
+assert len(reads) >= 10, reads  # every append, and the hashing of each new block
+assert len(r._hashes) == 3 and r.__dict__["block_hashes"] == ["stale"], (r._hashes, r.__dict__["block_hashes"])
+print("ok")
+'''
+
+
+def test_a_class_attribute_named_like_a_field_is_honoured() -> None:
+    """The descriptor reads the request's fields from its dict only where
+    the class defines none of them: a property of that name wins over the
+    dict's entry, as in CPython's lookup (a fresh process: the descriptor
+    is made for one class per process)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _SHADOWED_FIELD], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() in ("ok", "no raw-ffi")
+    if RAW_FFI:
+        assert out.stdout.strip() == "ok"

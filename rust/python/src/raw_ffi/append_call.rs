@@ -15,7 +15,12 @@
 //! and subclasses their own methods. The class's `update_block_hashes` is
 //! checked where the descriptor is put on (`hybridcache.vllm_tokens`), not
 //! at every token: reading a class attribute from native code costs about
-//! a third of what the descriptor saves.
+//! a third of what the descriptor saves. So is the class's lack of
+//! attributes named like the four fields a token append reads: the fields
+//! are then read from the request's own dict, which is what CPython's
+//! generic lookup finds there, at a fraction of its cost (it first searches
+//! the class for a descriptor of that name). A field missing from the dict
+//! is looked up as vLLM's code would, errors included.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
@@ -47,7 +52,18 @@ struct Originals {
     append: PyObject,
     /// `update_block_hashes`: called for hashers other than hybridcache's.
     update: PyObject,
+    /// The class has no attribute named like a field `append_token` reads:
+    /// an instance's fields are its dict's entries.
+    fields_in_dict: bool,
 }
+
+/// The request fields a token append reads.
+const FIELDS: [&str; 4] = [
+    "_output_token_ids",
+    "_all_token_ids",
+    "_block_hasher",
+    "block_hashes",
+];
 
 /// Set by the first `token_append` (vLLM has one `Request` class per process).
 static ORIGINALS: GILOnceCell<Originals> = GILOnceCell::new();
@@ -61,10 +77,14 @@ pub fn token_append(
     update: PyObject,
 ) -> PyResult<PyObject> {
     let py = request_class.py();
+    let fields_in_dict = FIELDS
+        .iter()
+        .all(|name| matches!(request_class.hasattr(*name), Ok(false)));
     let mine = ORIGINALS.get_or_init(py, || Originals {
         class: request_class.clone().unbind(),
         append: append.clone_ref(py),
         update: update.clone_ref(py),
+        fields_in_dict,
     });
     if !mine.class.is(request_class) || !mine.append.is(&append) || !mine.update.is(&update) {
         return Err(PyValueError::new_err(format!(
@@ -123,11 +143,12 @@ unsafe fn append_token(
             return Ok(false);
         }
         let request = Bound::from_borrowed_ptr(py, request);
+        let fields = Fields::of(mine, &request);
         // Both lists read before either is changed: anything odd (a missing
         // list, another type) is vLLM's code's to run, and to fail as it does.
         let (Ok(output), Ok(all)) = (
-            request.getattr(intern!(py, "_output_token_ids")),
-            request.getattr(intern!(py, "_all_token_ids")),
+            fields.get(intern!(py, "_output_token_ids")),
+            fields.get(intern!(py, "_all_token_ids")),
         ) else {
             return Ok(false);
         };
@@ -138,11 +159,11 @@ unsafe fn append_token(
         list_append(py, &output, token)?;
         list_append(py, &all, token)?;
         // vLLM's update_block_hashes, for hybridcache's hasher.
-        let hasher = request.getattr(intern!(py, "_block_hasher"))?;
+        let hasher = fields.get(intern!(py, "_block_hasher"))?;
         if hasher.is_none() {
             return Ok(true);
         }
-        let hashes = request.getattr(intern!(py, "block_hashes"))?;
+        let hashes = fields.get(intern!(py, "block_hashes"))?;
         if ffi::PyList_CheckExact(hashes.as_ptr()) == 0 {
             mine.update.bind(py).call1((request,))?;
             return Ok(true);
@@ -170,6 +191,54 @@ unsafe fn append_token(
             return Ok(true);
         }
         extend(py, &hashes, h.hash_new_blocks(py, &request)?)
+    }
+}
+
+/// A request's fields as `request.<name>` finds them: from its dict where
+/// the class defines none of them (`Originals::fields_in_dict`).
+struct Fields<'a, 'py> {
+    request: &'a Bound<'py, PyAny>,
+    dict: Option<Bound<'py, PyAny>>,
+}
+
+impl<'a, 'py> Fields<'a, 'py> {
+    fn of(mine: &Originals, request: &'a Bound<'py, PyAny>) -> Self {
+        let dict = mine.fields_in_dict.then(|| {
+            // SAFETY: `request` is live and the GIL is held; the result is a
+            // new reference, or NULL with an exception set (cleared here).
+            unsafe {
+                let d = ffi::PyObject_GenericGetDict(request.as_ptr(), std::ptr::null_mut());
+                if d.is_null() {
+                    ffi::PyErr_Clear();
+                }
+                Bound::from_owned_ptr_or_opt(request.py(), d)
+            }
+        });
+        Fields {
+            request,
+            dict: dict.flatten(),
+        }
+    }
+
+    /// `request.<name>`: the dict's entry, else the generic lookup (which
+    /// then finds nothing else and raises vLLM's AttributeError).
+    fn get(&self, name: &Bound<'py, pyo3::types::PyString>) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(d) = &self.dict {
+            // SAFETY: `d` is a live dict and `name` a str; the result is
+            // borrowed from the dict (made owned at once), or NULL with or
+            // without an exception set (cleared: the lookup below decides).
+            let found = unsafe {
+                let v = ffi::PyDict_GetItemWithError(d.as_ptr(), name.as_ptr());
+                if v.is_null() {
+                    ffi::PyErr_Clear();
+                }
+                Bound::from_borrowed_ptr_or_opt(self.request.py(), v)
+            };
+            if let Some(v) = found {
+                return Ok(v);
+            }
+        }
+        self.request.getattr(name)
     }
 }
 
