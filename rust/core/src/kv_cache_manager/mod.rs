@@ -215,7 +215,7 @@ impl KvCacheManager {
             reads_request_computed: false,
             reads_in_flight: cfg.profile.frees_on_processed_tokens && has_window,
         };
-        m.reads_junction = m.enable_caching && m.coord.reads_junction();
+        m.note_junction_readers();
         Ok(m)
     }
 
@@ -390,8 +390,15 @@ impl KvCacheManager {
         }
         self.coord.set_shared_prefix_checkpoint(on);
         self.reads_request_computed = on;
-        self.reads_junction = self.enable_caching && self.coord.reads_junction();
+        self.note_junction_readers();
         Ok(())
+    }
+
+    /// Whether allocations and `cache_blocks` read the requests'
+    /// shared-prefix junction: with caching on, where a rule uses it
+    /// (`Coordinator::reads_junction`); again after any setting it follows.
+    fn note_junction_readers(&mut self) {
+        self.reads_junction = self.enable_caching && self.coord.reads_junction();
     }
 
     /// The request's slot, if the manager knows it (saves lookups when

@@ -203,21 +203,22 @@ struct Fields<'a, 'py> {
 
 impl<'a, 'py> Fields<'a, 'py> {
     fn of(mine: &Originals, request: &'a Bound<'py, PyAny>) -> Self {
-        let dict = mine.fields_in_dict.then(|| {
-            // SAFETY: `request` is live and the GIL is held; the result is a
-            // new reference, or NULL with an exception set (cleared here).
-            unsafe {
-                let d = ffi::PyObject_GenericGetDict(request.as_ptr(), std::ptr::null_mut());
-                if d.is_null() {
-                    ffi::PyErr_Clear();
-                }
-                Bound::from_owned_ptr_or_opt(request.py(), d)
-            }
-        });
-        Fields {
-            request,
-            dict: dict.flatten(),
+        if !mine.fields_in_dict {
+            return Fields {
+                request,
+                dict: None,
+            };
         }
+        // SAFETY: `request` is live and the GIL is held; the result is a
+        // new reference, or NULL with an exception set (cleared here).
+        let dict = unsafe {
+            let d = ffi::PyObject_GenericGetDict(request.as_ptr(), std::ptr::null_mut());
+            if d.is_null() {
+                ffi::PyErr_Clear();
+            }
+            Bound::from_owned_ptr_or_opt(request.py(), d)
+        };
+        Fields { request, dict }
     }
 
     /// `request.<name>`: the dict's entry, else the generic lookup (which
