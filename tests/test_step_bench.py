@@ -35,7 +35,7 @@ def test_step_bench_row(layout: str) -> None:
         assert 0 < share["manager"] < 1 and 0 < share["hashing"] < 1
     # The in-situ accounts per manager method, the floor's beside them.
     calls = row["manager_calls"]
-    assert set(calls) == {"hybridcache", "hc+native", "floor"}
+    assert set(calls) == {"stock", "hybridcache", "hc+native", "floor"}
     for v in calls:
         kinds = {k for k in calls[v] if k.startswith("allocate_slots (")}
         assert kinds and kinds <= {"allocate_slots (new blocks)", "allocate_slots (no new block)",
@@ -43,8 +43,14 @@ def test_step_bench_row(layout: str) -> None:
     # Every variant answered the same calls (the schedules were identical).
     assert {k: round(c["calls_per_step"], 6) for k, c in calls["hybridcache"].items()} == \
         {k: round(c["calls_per_step"], 6) for k, c in calls["floor"].items()}
+    # The step's excess over the floor splits into inside and outside the calls.
+    totals = row["manager_totals"]
+    assert set(totals) == {"stock", "hybridcache", "hc+native", "floor"}
+    for t in totals.values():
+        assert 0 < t["manager_us"] < t["step_us"]
     text = step_bench.format_rows([row], "0.23.0")
     assert layout in text and "floor" in text and "allocate_slots (new blocks)" in text
+    assert " inside " in text and " outside " in text
 
 
 def test_excess_over_floor_ranks_methods_by_time_over_the_floor() -> None:
@@ -62,6 +68,31 @@ def test_excess_over_floor_ranks_methods_by_time_over_the_floor() -> None:
     assert [r[0] for r in rows] == ["b", "a", "c"]
     assert rows[0][4] == pytest.approx(5.0) and rows[1][4] == pytest.approx(4.0)
     assert rows[2][4] == pytest.approx(-0.03)
+
+
+def test_excess_split_is_inside_plus_outside_the_manager_calls() -> None:
+    from hybridcache.step_profile import excess_split
+
+    totals = {"hybridcache": {"step_us": 3000.0, "manager_us": 280.0},
+              "floor": {"step_us": 2700.0, "manager_us": 150.0}}
+    assert excess_split(totals) == pytest.approx((300.0, 130.0, 170.0))
+
+
+def test_the_stub_model_folder_goes_with_the_process(tmp_path: Any) -> None:
+    """Each bench run made a config-only model folder in the temp dir and
+    left it there; it is removed when the process exits."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from hybridcache.step_bench import stub_model_dir; "
+            "d = stub_model_dir(sys.argv[1]); import os; assert os.path.isfile(os.path.join(d, 'config.json')); "
+            "print(d)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    made = out.stdout.strip().splitlines()[-1]
+    assert made.startswith(str(tmp_path)) and not (tmp_path / made).exists()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_hc_native_requests_alone_carry_the_native_append() -> None:

@@ -23,18 +23,22 @@ them); only `schedule()` and `update_from_output()` are timed, the garbage
 collector paused. Every variant's scheduler output and engine outputs must
 equal stock's at every step, else the configuration is reported as diverged.
 
-A separate pass under cProfile (not timed) splits the hybridcache step into
-the manager, request block hashing and the rest (vLLM's scheduler code).
+A separate pass with stopwatches around the manager's calls and the token
+appends (`step_profile`, not timed) splits each step into the manager,
+request block hashing and the rest (vLLM's scheduler code), and times each
+manager method in situ, stock's, hybridcache's and the floor's.
 
 This module needs vLLM 0.23.0 and torch; `import hybridcache` never loads it.
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -150,6 +154,8 @@ def stub_model_dir(root: str | None = None) -> str:
         if _STUB_ARCH not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(_STUB_ARCH, HybridcacheStubForCausalLM)
         d = tempfile.mkdtemp(prefix="hybridcache-stub-model-", dir=root)
+        # Made once per process; gone with it (each bench run made one).
+        atexit.register(shutil.rmtree, d, ignore_errors=True)
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump({
                 "architectures": [_STUB_ARCH], "model_type": "opt", "hidden_size": 64,
@@ -480,7 +486,9 @@ def run_config(cfg: StepConfig, profile: bool = True) -> dict[str, Any]:
     if profile:
         from hybridcache.step_profile import profile_step
 
-        row["shares"], row["manager_calls"] = profile_step(cfg, recording=recording)
+        # Stock's calls too: what each manager call costs vLLM, beside ours.
+        prof = profile_step(cfg, ("stock", "hybridcache", "hc+native"), recording=recording)
+        row["shares"], row["manager_calls"], row["manager_totals"] = prof
     return row
 
 
@@ -525,16 +533,26 @@ def format_rows(rows: list[dict[str, Any]], vllm_version: str) -> str:
                                for v in s)
             lines.append(f"{r['layout']:<20} {r['running']:>5}   {cells}")
     if any("manager_calls" in r for r in rows):
-        from hybridcache.step_profile import excess_over_floor
+        from hybridcache.step_profile import excess_over_floor, excess_split
 
         lines += ["", "Where hybridcache's manager calls cost more than the floor's (profiled pass, in situ): "
-                      "method, calls per step, ns per call hybridcache / floor, us per step over the floor"]
+                      "method, calls per step, ns per call stock / hybridcache / floor, us per step over the floor"]
         for r in rows:
             if "manager_calls" not in r:
                 continue
-            cells = "; ".join(f"{name} x{n:.1f} {mine:.0f}/{base:.0f} {over:+.1f}"
-                              for name, n, mine, base, over in excess_over_floor(r["manager_calls"]))
+            stock = r["manager_calls"].get("stock", {})
+            cells = "; ".join(
+                f"{name} x{n:.1f} {stock.get(name, {}).get('ns_per_call', 0):.0f}/{mine:.0f}/{base:.0f} {over:+.1f}"
+                for name, n, mine, base, over in excess_over_floor(r["manager_calls"]))
             lines.append(f"{r['layout']:<20} {r['running']:>5}   {cells}")
+        lines += ["", "hybridcache's step over the floor's (profiled pass), us per step: in all = inside the "
+                      "manager's calls + outside them (vLLM's own code, slower or faster around the calls)"]
+        for r in rows:
+            if "manager_totals" not in r:
+                continue
+            over, inside, outside = excess_split(r["manager_totals"])
+            lines.append(f"{r['layout']:<20} {r['running']:>5}   {over:+.0f} = {inside:+.0f} inside "
+                         f"{outside:+.0f} outside (floor's step {r['manager_totals']['floor']['step_us']:.0f})")
     return "\n".join(lines)
 
 

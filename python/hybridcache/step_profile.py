@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from hybridcache.step_bench import Lockstep, StepConfig
 
@@ -115,8 +115,20 @@ class _TimedManager:
         return self._inner.usage
 
 
+class StepProfile(NamedTuple):
+    """`profile_step`'s accounts, per variant."""
+
+    # Each profiled variant's shares of its step: manager, hashing, scheduler.
+    shares: dict[str, dict[str, float]]
+    # Per manager method: calls per step, ns per call (the floor's too).
+    calls: dict[str, dict[str, dict[str, float]]]
+    # µs per step of the whole step and of the manager's calls (the floor's
+    # too), the stopwatches' own cost taken out.
+    totals: dict[str, dict[str, float]]
+
+
 def profile_step(cfg: StepConfig, variants: Sequence[str] = ("hybridcache", "hc+native"),
-                 recording: Any = None) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, dict[str, float]]]]:
+                 recording: Any = None) -> StepProfile:
     """The profiled pass: each variant's shares of its step in the manager,
     in the token appends with their block hashing ("hashing"), and in the
     rest (vLLM's scheduler), from stopwatches around the manager's calls and
@@ -160,8 +172,8 @@ def profile_step(cfg: StepConfig, variants: Sequence[str] = ("hybridcache", "hc+
             for v in timed:
                 total[v] += ns[v]
     inner, full = _stopwatch_overhead_ns()
-    shares = {}
-    for v in variants:
+    shares, totals = {}, {}
+    for v in timed:
         m, h = watches[v]
         # The appends run inside update_from_output, never inside a manager
         # call. Each stopwatch's own cost is taken out of what it measured
@@ -169,13 +181,15 @@ def profile_step(cfg: StepConfig, variants: Sequence[str] = ("hybridcache", "hc+
         manager = max(m.ns - m.calls * inner, 0.0)
         hashing = max(h.ns - h.calls * inner, 0.0)
         step = total[v] - (m.calls + h.calls) * full
-        shares[v] = {"manager": manager / step, "hashing": hashing / step,
-                     "scheduler": 1 - (manager + hashing) / step}
+        totals[v] = {"step_us": step / steps / 1000, "manager_us": manager / steps / 1000}
+        if v in variants:
+            shares[v] = {"manager": manager / step, "hashing": hashing / step,
+                         "scheduler": 1 - (manager + hashing) / step}
     calls = {v: {name: {"calls_per_step": w.calls / steps,
                         "ns_per_call": max(w.ns / w.calls - inner, 0.0)}
                  for name, w in methods[v].items() if w.calls}
              for v in timed}
-    return shares, calls
+    return StepProfile(shares, calls, totals)
 
 
 def excess_over_floor(calls: dict[str, dict[str, dict[str, float]]], variant: str = "hybridcache",
@@ -191,3 +205,13 @@ def excess_over_floor(calls: dict[str, dict[str, dict[str, float]]], variant: st
         over = c["calls_per_step"] * (c["ns_per_call"] - base) / 1000
         rows.append((name, c["calls_per_step"], c["ns_per_call"], base, over))
     return sorted(rows, key=lambda r: -r[4])[:top]
+
+
+def excess_split(totals: dict[str, dict[str, float]], variant: str = "hybridcache") -> tuple[float, float, float]:
+    """`variant`'s step over the floor's in the profiled pass (`StepProfile.totals`),
+    in µs per step: in all, inside the manager's calls, and outside them
+    (vLLM's own code running slower or faster around those calls)."""
+    mine, floor = totals[variant], totals["floor"]
+    over = mine["step_us"] - floor["step_us"]
+    inside = mine["manager_us"] - floor["manager_us"]
+    return over, inside, over - inside
