@@ -78,6 +78,62 @@ def test_excess_split_is_inside_plus_outside_the_manager_calls() -> None:
     assert excess_split(totals) == pytest.approx((300.0, 130.0, 170.0))
 
 
+def test_steps_run_with_the_gc_paused_and_collect_between_them() -> None:
+    """The timed run and the profiled pass share one GC regime: no
+    collection inside a step (it would be charged to one variant), one every
+    16 steps between them, and the GC back on afterwards, early exit too."""
+    import gc
+
+    seen: list[tuple[str, int, bool]] = []
+
+    class FakeRun:
+        def step(self, i: int) -> dict[str, int]:
+            seen.append(("step", i, gc.isenabled()))
+            return {"x": i}
+
+    collections = []
+    real_collect = gc.collect
+
+    def counting_collect(*args: Any) -> int:
+        collections.append(len(seen))
+        return real_collect(*args)
+
+    gc.collect = counting_collect  # type: ignore[assignment]
+    try:
+        out = list(step_bench.gc_paused_steps(FakeRun(), 40,  # type: ignore[arg-type]
+                                              before=lambda i: seen.append(("before", i, gc.isenabled()))))
+    finally:
+        gc.collect = real_collect
+    assert out == [(i, {"x": i}) for i in range(40)]
+    assert [e[:2] for e in seen] == [(k, i) for i in range(40) for k in ("before", "step")]
+    assert not any(enabled for _, _, enabled in seen) and gc.isenabled()
+    assert collections == [0, 32, 64]  # before the first step, after steps 15 and 31
+    it = step_bench.gc_paused_steps(FakeRun(), 10)  # type: ignore[arg-type]
+    next(it)
+    assert not gc.isenabled()
+    it.close()
+    assert gc.isenabled()
+
+
+def test_the_profiled_pass_steps_with_the_gc_paused(monkeypatch: Any) -> None:
+    import gc
+
+    from hybridcache.step_profile import profile_step
+
+    enabled = []
+    step = step_bench.Lockstep.step
+
+    def watched(self: Any, i: int, check: bool = True) -> dict[str, int]:
+        enabled.append(gc.isenabled())
+        return step(self, i, check)
+
+    cfg = tiny("full")
+    recording = step_bench.record_stock(cfg)
+    monkeypatch.setattr(step_bench.Lockstep, "step", watched)
+    profile_step(cfg, recording=recording)
+    assert enabled and not any(enabled) and gc.isenabled()
+
+
 def test_the_stub_model_folder_goes_with_the_process(tmp_path: Any) -> None:
     """Each bench run made a config-only model folder in the temp dir and
     left it there; it is removed when the process exits."""

@@ -445,19 +445,31 @@ def timed_run(cfg: StepConfig, variants: Sequence[str] = VARIANTS, recording: An
         recording = record_stock(cfg)
     run = Lockstep(cfg, variants, recording)
     samples: dict[str, list[int]] = {v: [] for v in variants}
+    for i, ns in gc_paused_steps(run, cfg.warmup + cfg.steps):
+        if i >= cfg.warmup:
+            for v, t in ns.items():
+                samples[v].append(t)
+    return samples
+
+
+def gc_paused_steps(run: Lockstep, n: int,
+                    before: Callable[[int], None] | None = None) -> Iterator[tuple[int, dict[str, int]]]:
+    """Steps 0..n-1 of `run` as (i, ns per variant), `before(i)` called
+    ahead of each. The garbage collector is paused and run every 16 steps,
+    between steps: a collection inside a step lands on whichever variant
+    happens to allocate then, and the heap here (recordings, four
+    schedulers) makes a full one cost hundreds of ms."""
     gc.collect()
     gc.disable()
     try:
-        for i in range(cfg.warmup + cfg.steps):
-            ns = run.step(i)
-            if i >= cfg.warmup:
-                for v, t in ns.items():
-                    samples[v].append(t)
+        for i in range(n):
+            if before is not None:
+                before(i)
+            yield i, run.step(i)
             if i % 16 == 15:
                 gc.collect()
     finally:
         gc.enable()
-    return samples
 
 
 # --------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from hybridcache.step_bench import Lockstep, StepConfig
+from hybridcache.step_bench import Lockstep, StepConfig, gc_paused_steps
 
 class _Stopwatch:
     def __init__(self) -> None:
@@ -163,12 +163,15 @@ def profile_step(cfg: StepConfig, variants: Sequence[str] = ("hybridcache", "hc+
     # A third of the timed steps, at least 20; no more than were recorded.
     steps = min(cfg.steps, max(20, cfg.steps // 3))
     total = {v: 0 for v in timed}
-    for i in range(cfg.warmup + steps):
-        measuring = i >= cfg.warmup
+
+    def switch(i: int) -> None:
         for m, h in watches.values():
-            m.on = h.on = measuring
-        ns = run.step(i)
-        if measuring:
+            m.on = h.on = i >= cfg.warmup
+
+    # The GC as in the timed run: a collection inside one variant's step
+    # would be charged to it.
+    for i, ns in gc_paused_steps(run, cfg.warmup + steps, before=switch):
+        if i >= cfg.warmup:
             for v in timed:
                 total[v] += ns[v]
     inner, full = _stopwatch_overhead_ns()
