@@ -44,3 +44,17 @@ def test_version_flag_imports_neither_vllm_nor_torch() -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("hybridcache ")
     assert "\n" not in r.stdout.rstrip("\n")  # one line, never wrapped
+
+
+def test_version_and_benches_name_the_binding() -> None:
+    """`_native.RAW_FFI` says whether the hot calls have their raw entry
+    points; it agrees with what the facade got, and `--version` and the
+    benches' headers say which binding runs (a safe build answers the same,
+    slower: a bench of it is not the shipped wheel's)."""
+    from hybridcache import KVCacheManager
+    from hybridcache._native import RAW_FFI, NativeManager
+    from hybridcache.bench_report import binding_text
+
+    assert RAW_FFI == (NativeManager._raw_methods(KVCacheManager) is not None)
+    assert ("; raw-ffi binding;" if RAW_FFI else "; safe binding, built without raw-ffi;") in version_text()
+    assert binding_text().startswith("binding raw-ffi" if RAW_FFI else "binding safe")

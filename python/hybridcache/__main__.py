@@ -104,8 +104,11 @@ def version_text() -> str:
         installed = "vLLM not installed"
     else:
         installed = f"vLLM {found} installed" + ("" if releases.find(found) else ", not supported")
+    from ._native import RAW_FFI
+
+    binding = "raw-ffi binding" if RAW_FFI else "safe binding, built without raw-ffi"
     return (f"hybridcache {__version__} (drop-in for the KVCacheManager of vLLM {releases.supported_text()}; "
-            f"{installed})")
+            f"{binding}; {installed})")
 
 
 class _VersionAction(argparse.Action):

@@ -13,6 +13,7 @@ from typing import Any, Final, Literal, Protocol, TypeAlias, final, overload
 from typing_extensions import disjoint_base
 
 __all__ = [
+    "RAW_FFI",
     "BlockHasher",
     "BlockView",
     "KVCacheBlocks",
@@ -25,6 +26,8 @@ __all__ = [
 ]
 
 __version__: Final[str]
+# Built with the raw-ffi feature: the hot calls' raw entry points (same answers either way).
+RAW_FFI: Final[bool]
 
 # ("stored", hashes, parent hash, start_token, end_token, block_size, group, positions)
 _StoredEvent: TypeAlias = tuple[Literal["stored"], list[bytes], bytes | None, int, int, int, int, list[int]]

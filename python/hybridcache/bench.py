@@ -49,7 +49,7 @@ from typing import Any
 
 from . import releases
 from .bench_batched import format_batched, run_batched
-from .bench_report import Progress, format_report, matplotlib_missing, plot
+from .bench_report import Progress, binding_text, format_report, matplotlib_missing, plot
 from .testing.bench_trace import (
     ALLOC_NEW,
     ALLOC_RUN,
@@ -271,6 +271,7 @@ def run_bench(
         "vllm_note": note,
         "quick": quick,
         "clock": clock,
+        "binding": binding_text(),
         "load_average": _loadavg(),
         "seed": seed,
         "python": sys.version.split()[0],

@@ -94,6 +94,17 @@ def _fmt(v: float | None, digits: int = 1) -> str:
     return f"{v:,.{digits}f}"
 
 
+def binding_text() -> str:
+    """Which binding this build has, as the benches print it: a build
+    without the raw-ffi feature gives the same answers through PyO3 alone,
+    at several times the cost of a hot call."""
+    from hybridcache import _native
+
+    if _native.RAW_FFI:
+        return "binding raw-ffi"
+    return "binding safe (built without raw-ffi: every call through PyO3, slower)"
+
+
 def _fmt_ratio(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}x"
 
@@ -107,6 +118,8 @@ def format_report(report: dict[str, Any]) -> str:
     load, cpus = report.get("load_average"), report.get("cpu_count")
     if load:
         header += f", load {load[0]:.1f} on {cpus} CPUs"
+    if report.get("binding"):
+        header += f", {report['binding']}"
     lines.append(header)
     if load and cpus and max(load) > cpus:
         lines.append("warning: the machine is busy (load > CPUs); wall-clock figures inflate long steps more "

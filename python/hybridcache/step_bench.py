@@ -520,8 +520,11 @@ def configs(quick: bool, running: Sequence[int] | None = None, layouts: Sequence
 
 
 def format_rows(rows: list[dict[str, Any]], vllm_version: str) -> str:
+    from hybridcache.bench_report import binding_text
+
     lines = [
-        f"Whole scheduler step (vLLM {vllm_version} Scheduler.schedule + update_from_output), us per step, p50 / p90.",
+        f"Whole scheduler step (vLLM {vllm_version} Scheduler.schedule + update_from_output), us per step, p50 / p90; "
+        f"hybridcache's {binding_text()}.",
         "stock = vLLM's manager and hasher; hybridcache = install(native_hashing=False); "
         "hc+native = install() (native request block hashing); floor = a manager answering from a recording "
         "in O(1) (the least any drop-in manager costs). Every variant's schedule checked identical to stock's.",

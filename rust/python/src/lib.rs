@@ -83,5 +83,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(blocks::block_view, m)?)?;
     hasher::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // Whether the hot calls have their raw entry points (a build without
+    // them gives the same answers, slower): the benches print it.
+    m.add("RAW_FFI", cfg!(feature = "raw-ffi"))?;
     Ok(())
 }
