@@ -77,14 +77,14 @@ pub fn token_append(
     update: PyObject,
 ) -> PyResult<PyObject> {
     let py = request_class.py();
-    let fields_in_dict = FIELDS
-        .iter()
-        .all(|name| matches!(request_class.hasattr(*name), Ok(false)));
     let mine = ORIGINALS.get_or_init(py, || Originals {
         class: request_class.clone().unbind(),
         append: append.clone_ref(py),
         update: update.clone_ref(py),
-        fields_in_dict,
+        // Checked once, with the class it stands for (later calls must name it).
+        fields_in_dict: FIELDS
+            .iter()
+            .all(|name| matches!(request_class.hasattr(*name), Ok(false))),
     });
     if !mine.class.is(request_class) || !mine.append.is(&append) || !mine.update.is(&update) {
         return Err(PyValueError::new_err(format!(
