@@ -13,6 +13,7 @@ from hybridcache.blocks import BlockView, KVCacheBlocks, block_view
 from hybridcache.config import read_groups, read_num_blocks, read_retention_interval
 from hybridcache.coordinator import coordinator_view
 from hybridcache.events import EventBuilder, prefix_cache_stats_class
+from hybridcache.size_checks import check_scheduler_block_size
 
 
 # The vLLM release whose semantics the core follows (its behaviour profile).
@@ -204,12 +205,14 @@ class KVCacheManager(_native.NativeManager):
     ) -> Any:
         """The native manager of `release`'s semantics over `groups`, with
         the Python side every release's facade shares."""
+        scheduler_block_size = _positive_int("scheduler_block_size", scheduler_block_size)
+        check_scheduler_block_size(groups, scheduler_block_size, dcp_world_size * pcp_world_size)
         self = cast("KVCacheManager", _native.NativeManager.__new__(
             cls,
             read_num_blocks(kv_cache_config),
             [g.native for g in groups],
             max_model_len,
-            _positive_int("scheduler_block_size", scheduler_block_size),
+            scheduler_block_size,
             _positive_int("hash_block_size", hash_block_size),
             bool(enable_caching),
             bool(use_eagle),
