@@ -12,7 +12,7 @@ from hybridcache.block_pool import BlockPoolView
 from hybridcache.blocks import BlockView, KVCacheBlocks, block_view
 from hybridcache.config import read_groups, read_num_blocks, read_retention_interval
 from hybridcache.coordinator import coordinator_view
-from hybridcache.events import EventBuilder, prefix_cache_stats_class
+from hybridcache.events import EventBuilder, EventSource, prefix_cache_stats_class
 from hybridcache.size_checks import check_scheduler_block_size
 
 
@@ -148,6 +148,12 @@ class KVCacheManager(_native.NativeManager):
     dcp_world_size: int
     pcp_world_size: int
 
+    # hybridcache's own API: an allocation whose prefix hit waits for a step
+    # that never starts (`new_step_starts()` never called) raises a
+    # RuntimeError saying so. The facades of vLLM releases answer None there,
+    # as vLLM's managers do.
+    _EXPLAINS_STEP_WAITS = True
+
     def __new__(
         cls,
         kv_cache_config: Any,
@@ -273,6 +279,8 @@ class KVCacheManager(_native.NativeManager):
             self._on_events if builder else None,
             self.log_stats,
             self._on_block_metrics if metrics_collector is not None else None,
+            EventSource if builder else None,
+            type(self)._EXPLAINS_STEP_WAITS,
         )
         self.block_pool = BlockPoolView(self)
         self.coordinator = coordinator_view(self)

@@ -77,6 +77,8 @@ class KVCacheManager033(KVCacheManager):
     __slots__ = ("_args", "_block_sizes", "_group_infos", "_hash_block_size", "_kinds", "_live_stats",
                  "_retention_interval", "_scheduler_block_size", "_specs")
 
+    _EXPLAINS_STEP_WAITS = False  # vLLM 0.33.0's API: None, as its manager answers
+
     # Each group's kind as layout033 names it ("full", "mamba", ...).
     _kinds: tuple[str, ...]
 

@@ -6,6 +6,7 @@ back."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -56,7 +57,7 @@ def case_changed_id(flavour: str, change: str, call: str) -> None:
         out = call_it()
     except ValueError as e:
         msg = str(e)
-        assert "request_id" in msg and "'a'" in msg, msg
+        assert "request_id" in msg and re.search(r"[\"']a[\"']", msg), msg
     else:
         raise AssertionError(f"{call} of a request whose id changed while held ({with_ids}) returned {out!r}")
     assert w.snap() == before, "the refused call changed the state"
@@ -67,7 +68,7 @@ def case_changed_id(flavour: str, change: str, call: str) -> None:
     if n:
         assert w.m.allocate_slots(w.a, n) is not None
     w.m.free(w.a)
-    assert w.m.get_block_ids("a") == ((),)
+    assert not any(w.m.get_block_ids("a"))
     w.m.check_invariants()
 
 
@@ -87,10 +88,10 @@ def case_second_live_request(flavour: str, warm: bool) -> None:
     try:
         blocks, hit = w.lookup(twin)
     except ValueError as e:
-        assert "'a'" in str(e), e
+        assert re.search(r"[\"']a[\"']", str(e)), e
         blocks, hit = w.m.empty_kv_cache_blocks, 0
     assert w.snap() == before, "a lookup of a second request with a held id changed the state"
-    with pytest.raises(ValueError, match="'a'"):
+    with pytest.raises(ValueError, match=r"[\"']a[\"']"):
         w.m.allocate_slots(twin, twin.num_tokens - hit, hit, blocks)
     assert w.snap() == before
     w.m.check_invariants()

@@ -112,7 +112,7 @@ pub(crate) fn call_matched<'py>(
     keywords: impl Iterator<Item = (Bound<'py, PyAny>, Bound<'py, PyAny>)>,
 ) -> PyResult<PyObject> {
     let py = manager.py();
-    let n = manager.borrow().num_allocate_params();
+    let n = crate::call_guard::borrow(manager)?.num_allocate_params();
     if positional.len() > n {
         return Err(arg_error(ArgError::TooMany(positional.len(), n)));
     }

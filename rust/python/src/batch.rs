@@ -13,6 +13,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 
+use crate::call_guard::{borrow, borrow_mut};
 use crate::calls::{prompt_len_if_wanted, raw_events, read_033_fields};
 use crate::convert::{
     count, count_obj, fill_hash_update, guard, hash_update, req_attr, to_py_err, u32_bytes,
@@ -114,7 +115,7 @@ pub(crate) fn decode_batch<'py>(
         lookahead,
     };
     let (result, pending_events) = {
-        let mut this = slf.borrow_mut();
+        let mut this = borrow_mut(slf)?;
         let events_on = this
             .py_side
             .as_ref()
@@ -122,8 +123,7 @@ pub(crate) fn decode_batch<'py>(
         run_requests(&mut this, requests, &lists, events_on)?
     };
     if !pending_events.is_empty() {
-        let sink = slf
-            .borrow()
+        let sink = borrow(slf)?
             .py_side()?
             .event_sink
             .as_ref()
@@ -202,7 +202,7 @@ pub(crate) fn decode_arrays<'py>(
         num_tokens: totals,
         lookahead,
     };
-    let mut this = slf.borrow_mut();
+    let mut this = borrow_mut(slf)?;
     let events_on = this
         .py_side
         .as_ref()
@@ -243,6 +243,9 @@ struct DecodeLists {
 /// One request of `allocate_decode_batch` as pass 1 read and checked it.
 struct Checked<'py> {
     request: Bound<'py, PyAny>,
+    /// What the event sink reads of the request (the facade's
+    /// `event_read(request)`, read in pass 1), or the request.
+    source: Bound<'py, PyAny>,
     rid: Bound<'py, PyString>,
     slot: Option<ReqSlot>,
     args: AllocateArgs<'static>,
@@ -267,9 +270,21 @@ fn run_requests<'py>(
     // Pass 1: read and check; only the id cache changes.
     state.batch.start(state.inner.slot_capacity());
     let mut new_ids: Vec<String> = Vec::new();
+    let event_read = state
+        .py_side
+        .as_ref()
+        .and_then(|s| s.event_read.as_ref())
+        .filter(|_| events_on)
+        .map(|r| r.clone_ref(py));
     for (i, request) in requests.iter().enumerate() {
-        let at =
-            |e: PyErr| PyErr::from_type(e.get_type(py), format!("requests[{i}]: {}", e.value(py)));
+        // The binding's own errors name the request; the caller's own
+        // (raised by its code) propagate unchanged.
+        let at = |e: PyErr| {
+            if crate::convert::caller_raised(py, &e) {
+                return e;
+            }
+            PyErr::from_type(e.get_type(py), format!("requests[{i}]: {}", e.value(py)))
+        };
         let rid = request_id(&request).map_err(at)?;
         let num_computed = match &lists.num_computed_tokens {
             Some(c) => c[i],
@@ -291,7 +306,7 @@ fn run_requests<'py>(
             watermark_blocks: state.watermark_for(&request).map_err(at)?,
             ..Default::default()
         };
-        let slot = state.lookup_id(&rid)?;
+        let slot = state.checked_slot(&request, &rid).map_err(at)?;
         let twice = match slot {
             Some(s) => !state.batch.mark(s),
             None => {
@@ -332,7 +347,12 @@ fn run_requests<'py>(
             guard(|| inner.check_allocate(slot, id, &args, update.as_ref())).map_err(at)?;
             Some(update)
         };
+        let source = match (&event_read, &general) {
+            (Some(read), Some(_)) => read.bind(py).call1((&request,))?,
+            _ => request.clone(),
+        };
         items.push(Checked {
+            source,
             request,
             rid,
             slot,
@@ -356,17 +376,23 @@ fn run_requests<'py>(
             (Some(update), slot) => {
                 let (inner, out) = (&mut state.inner, &mut state.scratch);
                 let rid = item.rid.to_str()?;
-                guard(|| match slot {
+                let ok = guard(|| match slot {
                     Some(s) => Ok(inner.allocate_checked(s, &item.args, update.as_ref(), out)),
                     None => {
                         inner.allocate_general_into(None, rid, &item.args, update.as_ref(), out)
                     }
-                })?
+                })?;
+                if slot.is_none() {
+                    if let Some(s) = state.inner.lookup(rid) {
+                        state.remember_new_request(&item.request, s);
+                    }
+                }
+                ok
             }
             (None, None) => unreachable!("a no-op decode has a slot"),
         };
         if events_on && state.inner.has_events() {
-            events.push((state.inner.take_events(), item.request.clone()));
+            events.push((state.inner.take_events(), item.source.clone()));
         }
         result.push(got, &state.scratch, num_groups);
     }

@@ -116,27 +116,32 @@ pub(crate) fn read_033_fields(
     Ok(())
 }
 
-/// `request.shared_prefix_boundary` (and `num_computed_tokens`) noted for
-/// a `cache_blocks` call, when the core wants them.
-pub(crate) fn note_shared_prefix_boundary(
-    inner: &mut KvCacheManager,
+/// The request fields the core keeps for a `cache_blocks` call, read
+/// when it wants them: `shared_prefix_boundary` and `num_computed_tokens`.
+/// Both are read before either is set (a read that raises changes nothing).
+pub(crate) fn cache_fields(
+    inner: &KvCacheManager,
     request: &Bound<'_, PyAny>,
-    rid: &str,
-) -> PyResult<()> {
-    if inner.wants_shared_prefix_boundary() {
-        let n = req_attr(request, intern!(request.py(), "shared_prefix_boundary"))?;
-        inner.set_shared_prefix_boundary(rid, count_obj("request.shared_prefix_boundary", &n)?);
-    }
-    if inner.wants_num_computed_tokens() {
-        let n = req_attr(request, intern!(request.py(), "num_computed_tokens"))?;
-        inner.set_num_computed_tokens(rid, count_obj("request.num_computed_tokens", &n)?);
-    }
-    Ok(())
+) -> PyResult<(Option<usize>, Option<usize>)> {
+    let py = request.py();
+    let boundary = if inner.wants_shared_prefix_boundary() {
+        let b = req_attr(request, intern!(py, "shared_prefix_boundary"))?;
+        Some(count_obj("request.shared_prefix_boundary", &b)?)
+    } else {
+        None
+    };
+    let computed = if inner.wants_num_computed_tokens() {
+        let n = req_attr(request, intern!(py, "num_computed_tokens"))?;
+        Some(count_obj("request.num_computed_tokens", &n)?)
+    } else {
+        None
+    };
+    Ok((boundary, computed))
 }
 
 /// `cache_blocks` of a held request (`slot`): the hashes it lacks, its
-/// shared-prefix boundary and computed count where the core keeps them,
-/// then the core's call.
+/// shared-prefix boundary and computed count where the core keeps them
+/// (all read first), then the core's call.
 pub(crate) fn cache_held(
     this: &mut NativeManager,
     request: &Bound<'_, PyAny>,
@@ -144,20 +149,76 @@ pub(crate) fn cache_held(
     num_computed_tokens: usize,
 ) -> PyResult<()> {
     let update = this.pending_hashes_at(request, Some(slot))?;
-    if this.inner.wants_shared_prefix_boundary() {
-        let b = req_attr(request, intern!(request.py(), "shared_prefix_boundary"))?;
-        let b = count_obj("request.shared_prefix_boundary", &b)?;
+    let (boundary, computed) = cache_fields(&this.inner, request)?;
+    if let Some(b) = boundary {
         this.inner.set_shared_prefix_boundary_at(slot, b);
     }
-    if this.inner.wants_num_computed_tokens() {
-        let n = req_attr(request, intern!(request.py(), "num_computed_tokens"))?;
-        let n = count_obj("request.num_computed_tokens", &n)?;
+    if let Some(n) = computed {
         this.inner.set_num_computed_tokens_at(slot, n);
     }
     guard(|| {
         this.inner
             .cache_blocks_held(slot, num_computed_tokens, update)
     })
+}
+
+impl NativeManager {
+    /// `cache_blocks` after the call guard (the PyO3 method and the raw
+    /// entry land here).
+    pub(crate) fn cache_blocks_impl(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        num_computed_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let n = count_obj("num_computed_tokens", num_computed_tokens)?;
+        let rid = crate::request_id(request)?;
+        if !crate::call_guard::borrow(slf)?.inner.enable_caching() {
+            return Ok(());
+        }
+        let source = Self::event_source(slf, request)?;
+        {
+            let mut this = crate::call_guard::borrow_mut(slf)?;
+            // A held request by its id object's address (0.33.0 caches
+            // every running request every step): no str hashing.
+            if let Some(slot) = this.checked_slot(request, &rid)? {
+                cache_held(&mut this, request, slot, n)?;
+            } else {
+                let rid = rid.to_str()?;
+                let update = this.pending_hashes(request, rid)?;
+                let (boundary, computed) = cache_fields(&this.inner, request)?;
+                if let Some(b) = boundary {
+                    this.inner.set_shared_prefix_boundary(rid, b);
+                }
+                if let Some(c) = computed {
+                    this.inner.set_num_computed_tokens(rid, c);
+                }
+                guard(|| this.inner.cache_blocks(rid, n, update))?;
+            }
+        }
+        Self::flush_events(slf, Some(source.as_ref().unwrap_or(request)))
+    }
+
+    /// `free`'s identity check: ValueError when `request` is the object of
+    /// a held request whose id no longer reads as it did (renamed, or
+    /// swapped with another held request's).
+    pub(crate) fn check_free_identity(
+        &self,
+        request: &Bound<'_, PyAny>,
+        rid: &Bound<'_, PyString>,
+    ) -> PyResult<()> {
+        let Some(slot) = self
+            .ids
+            .handle_of_request(request.as_ptr() as usize)
+            .and_then(|h| self.inner.slot_of_handle(h))
+        else {
+            return Ok(());
+        };
+        let held = self.inner.request_id_at(slot);
+        if rid.to_str()? != held {
+            return Err(renamed_error(held, rid.to_str()?));
+        }
+        Ok(())
+    }
 }
 
 impl NativeManager {
@@ -172,11 +233,11 @@ impl NativeManager {
         let rid = request_id(request)?;
         let new_computed = Self::computed_ids(slf, opt.new_computed_blocks)?;
         let skip_zeroing_groups = match opt.skip_zeroing_group_ids {
-            Some(groups) => slf.borrow().group_mask("skip_zeroing_group_ids", groups)?,
+            Some(groups) => crate::call_guard::borrow(slf)?.group_mask("skip_zeroing_group_ids", groups)?,
             None => 0,
         };
         let watermark_blocks = if opt.has_scheduled_reqs {
-            slf.borrow().watermark_for(request)?
+            crate::call_guard::borrow(slf)?.watermark_for(request)?
         } else {
             0
         };
@@ -208,7 +269,13 @@ impl NativeManager {
             shared_prefix_boundary: None,
             num_in_flight_tokens: 0,
         };
-        Self::allocation_result(slf, request, |this| this.allocate_one(request, &rid, args))
+        Self::allocation_result(slf, request, |this| {
+            let ok = this.allocate_one(request, &rid, args)?;
+            if !ok {
+                this.step_waits.check(&this.inner, new_computed.as_deref())?;
+            }
+            Ok(ok)
+        })
     }
 
     /// Runs one allocation (`allocate` answers vLLM's None with false) and
@@ -218,8 +285,9 @@ impl NativeManager {
         request: &Bound<'_, PyAny>,
         allocate: impl FnOnce(&mut Self) -> PyResult<bool>,
     ) -> PyResult<PyObject> {
+        let source = Self::event_source(slf, request)?;
         let (result, has_events) = {
-            let mut this = slf.borrow_mut();
+            let mut this = crate::call_guard::borrow_mut(slf)?;
             let ok = allocate(&mut this)?;
             let result = if ok {
                 this.scratch_blocks(slf)?
@@ -230,10 +298,56 @@ impl NativeManager {
             (result, pending)
         };
         if has_events {
-            Self::flush_events(slf, Some(request))?;
+            Self::flush_events(slf, Some(source.as_ref().unwrap_or(request)))?;
         }
         Ok(result)
     }
+
+    /// What the event sink reads of `request`, read now, before the call
+    /// changes anything (the facade's `event_read`); None when events are
+    /// off or the sink reads the request itself.
+    pub(crate) fn event_source<'py>(
+        slf: &Bound<'py, Self>,
+        request: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let read = {
+            let this = crate::call_guard::borrow(slf)?;
+            match this.py_side.as_ref() {
+                Some(Bound_ {
+                    event_sink: Some(_),
+                    event_read: Some(read),
+                    ..
+                }) => read.clone_ref(slf.py()),
+                _ => return Ok(None),
+            }
+        };
+        read.bind(slf.py()).call1((request,)).map(Some)
+    }
+}
+
+/// Request objects the manager let go of: dropped by the caller once the
+/// manager's state is settled and no longer borrowed.
+#[allow(dead_code)] // held only to be dropped later
+pub(crate) struct HeldObjects(pub(crate) (PyObject, Option<Py<pyo3::types::PyDict>>));
+
+/// The error for a held request whose `request_id` changed.
+#[cold]
+#[inline(never)]
+pub(crate) fn renamed_error(held: &str, now: &str) -> PyErr {
+    PyValueError::new_err(format!(
+        "request {held:?}: its request_id was changed to {now:?} while the manager holds it \
+         (a request's id must stay the same until free(); vLLM never changes it)"
+    ))
+}
+
+/// The error for a second live request object with a held request's id.
+#[cold]
+#[inline(never)]
+pub(crate) fn second_request_error(id: &str) -> PyErr {
+    PyValueError::new_err(format!(
+        "request_id {id:?} is held by another live request: free() it before a new request \
+         takes its id (request ids are unique among the requests the manager holds)"
+    ))
 }
 
 impl NativeManager {
@@ -322,7 +436,7 @@ impl NativeManager {
         rid: &Bound<'_, PyString>,
         args: AllocateArgs,
     ) -> PyResult<bool> {
-        let slot = self.lookup_id(rid)?;
+        let slot = self.checked_slot(request, rid)?;
         if let Some(s) = slot {
             let (inner, out) = (&mut self.inner, &mut self.scratch);
             if guard(|| Ok(inner.try_noop_decode(s, &args, out)))? {
@@ -341,6 +455,10 @@ impl NativeManager {
         rid: Option<&Bound<'_, PyString>>,
         mut args: AllocateArgs,
     ) -> PyResult<bool> {
+        if slot.is_none() && self.inner.enable_caching() {
+            // A new request: its hashes are about to be used.
+            crate::hash_size::check(request, self.inner.pool().hash_block_size())?;
+        }
         if args.num_tokens == NUM_TOKENS_UNREAD {
             args.num_tokens = request_num_tokens(request)?;
         }
@@ -351,17 +469,86 @@ impl NativeManager {
         let update = has_update.then_some(&self.hash_buf);
         match slot {
             // A held request's id is the core's own: no UTF-8 view of the str.
-            Some(s) => guard(|| inner.allocate_held_into(s, &args, update, out)),
+            Some(s) => {
+                let ok = guard(|| inner.allocate_held_into(s, &args, update, out))?;
+                if ok && self.ids.request_at(s).is_none() {
+                    // A slot its lookup made: known by its object from now on.
+                    self.remember_new_request(request, s);
+                }
+                Ok(ok)
+            }
             None => {
                 // A new request: callers with no slot pass the id they read.
                 let rid = match rid {
                     Some(r) => r.clone(),
                     None => crate::request_id(request)?,
                 };
-                let rid = rid.to_str()?;
-                guard(|| inner.allocate_general_into(None, rid, &args, update, out))
+                let id = rid.to_str()?;
+                let ok = guard(|| inner.allocate_general_into(None, id, &args, update, out))?;
+                if let Some(s) = self.inner.lookup(id) {
+                    // Known by its object from now on (see `checked_slot`).
+                    self.remember_new_request(request, s);
+                }
+                Ok(ok)
             }
         }
+    }
+
+    /// The slot of the request `request` whose `request_id` read `rid`
+    /// (None: not held), after checking that the id still names this
+    /// request: ValueError, nothing changed, when the request object the
+    /// manager holds was renamed or its id swapped with another held
+    /// request's, or when another live request object holds the id.
+    pub(crate) fn checked_slot(
+        &mut self,
+        request: &Bound<'_, PyAny>,
+        rid: &Bound<'_, PyString>,
+    ) -> PyResult<Option<u32>> {
+        let by_id = self.lookup_id(rid)?;
+        let by_object = self
+            .ids
+            .handle_of_request(request.as_ptr() as usize)
+            .and_then(|h| self.inner.slot_of_handle(h));
+        match (by_object, by_id) {
+            (Some(o), Some(i)) if o == i => Ok(Some(i)),
+            (Some(o), _) => Err(renamed_error(self.inner.request_id_at(o), rid.to_str()?)),
+            (None, Some(i)) => {
+                if self.ids.request_at(i).is_some_and(|held| !held.is(request)) {
+                    return Err(second_request_error(rid.to_str()?));
+                }
+                Ok(Some(i))
+            }
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// Remembers `request` as the object of the held request in `slot`
+    /// (`checked_slot` then knows it); ValueError when another live object
+    /// is remembered there.
+    #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
+    pub(crate) fn remember_request_object(
+        &mut self,
+        request: &Bound<'_, PyAny>,
+        slot: u32,
+    ) -> PyResult<()> {
+        match self.ids.request_at(slot) {
+            Some(held) if held.is(request) => Ok(()),
+            Some(_) => Err(second_request_error(self.inner.request_id_at(slot))),
+            None => {
+                self.remember_new_request(request, slot);
+                Ok(())
+            }
+        }
+    }
+
+    /// `remember_request_object` for a slot no live object holds.
+    pub(crate) fn remember_new_request(&mut self, request: &Bound<'_, PyAny>, slot: u32) {
+        #[cfg(feature = "raw-ffi")]
+        let dict = crate::raw_ffi::id_dict(request);
+        #[cfg(not(feature = "raw-ffi"))]
+        let dict = None;
+        let handle = self.inner.handle_at(slot);
+        self.ids.remember_request(request, handle, dict);
     }
 
     /// The slot of the request whose id is `rid`: by the str object's
@@ -379,11 +566,14 @@ impl NativeManager {
 
     /// Lets go of the request object the hot calls know a request by
     /// (`IdCache::remember_request`) when the manager lets go of the request;
-    /// the request's slot, if it holds one.
-    pub(crate) fn forget_request_object(&mut self, request_id: &str) -> Option<u32> {
-        let slot = self.inner.lookup(request_id)?;
-        self.ids.forget_request(slot);
-        Some(slot)
+    /// the request's slot, if it holds one, and the objects let go of: the
+    /// caller drops them once the manager's state is settled (a finalizer
+    /// is Python code, which may call the manager).
+    pub(crate) fn forget_request_object(&mut self, request_id: &str) -> (Option<u32>, Option<HeldObjects>) {
+        let Some(slot) = self.inner.lookup(request_id) else {
+            return (None, None);
+        };
+        (Some(slot), self.ids.forget_request(slot).map(HeldObjects))
     }
 
     /// The request's hashes the core lacks, read only when this allocation
@@ -439,7 +629,7 @@ impl NativeManager {
         let Some(blocks) = blocks else {
             return Ok(None);
         };
-        let this = slf.borrow();
+        let this = crate::call_guard::borrow(slf)?;
         let side = this.py_side()?;
         if blocks.is(&side.empty) || blocks.is_none() {
             return Ok(None);
@@ -500,7 +690,7 @@ impl NativeManager {
     pub(crate) fn flush_block_metrics(slf: &Bound<'_, Self>) -> PyResult<()> {
         let py = slf.py();
         let (sink, log) = {
-            let mut this = slf.borrow_mut();
+            let mut this = crate::call_guard::borrow_mut(slf)?;
             if !this.inner.has_block_metrics() {
                 return Ok(());
             }
@@ -529,7 +719,7 @@ impl NativeManager {
         Self::flush_block_metrics(slf)?;
         let py = slf.py();
         let (sink, events) = {
-            let mut this = slf.borrow_mut();
+            let mut this = crate::call_guard::borrow_mut(slf)?;
             if !this.inner.has_events() {
                 return Ok(());
             }
@@ -558,7 +748,7 @@ impl NativeManager {
     /// A facade `KVCacheBlocks` for `ids`, or the shared empty one.
     pub(crate) fn make_blocks(slf: &Bound<'_, Self>, ids: &[Vec<u32>]) -> PyResult<PyObject> {
         let py = slf.py();
-        let this = slf.borrow();
+        let this = crate::call_guard::borrow(slf)?;
         let side = this.py_side()?;
         if ids.iter().all(Vec::is_empty) {
             return Ok(side.empty.clone_ref(py));

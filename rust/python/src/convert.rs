@@ -34,6 +34,15 @@ pub fn guard<T>(f: impl FnOnce() -> Result<T, CoreError>) -> PyResult<T> {
     }
 }
 
+/// Whether `e` was raised by the caller's Python code (a property,
+/// `__index__`, `__len__`, ...): it carries a traceback, where an error
+/// made by CPython's C code or by this binding has none. Such an error
+/// propagates unchanged, never replaced by one naming the argument.
+#[cold]
+pub fn caller_raised(py: Python<'_>, e: &PyErr) -> bool {
+    e.traceback(py).is_some()
+}
+
 pub fn count(name: &str, v: i64) -> PyResult<usize> {
     usize::try_from(v).map_err(|_| PyValueError::new_err(format!("{name} must be >= 0, got {v}")))
 }
@@ -54,6 +63,7 @@ pub fn count_obj(name: &str, v: &Bound<'_, PyAny>) -> PyResult<usize> {
 fn count_obj_error(name: &str, v: &Bound<'_, PyAny>, got: PyResult<i64>) -> PyResult<usize> {
     match got {
         Ok(i) => count(name, i),
+        Err(e) if caller_raised(v.py(), &e) => Err(e),
         Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(v.py()) => Err(
             PyValueError::new_err(format!("{name} must be >= 0 and < 2**63, got {v}")),
         ),
@@ -70,20 +80,23 @@ pub fn u32_arg(name: &str, v: i64) -> PyResult<u32> {
 
 /// vLLM's `Request._all_token_ids`, the list behind `all_token_ids`, whose
 /// length is `num_tokens` (a property, run as Python code at every read;
-/// 0.23.0 and 0.33.0); None where the request has no such list.
-pub fn token_list<'py>(request: &Bound<'py, PyAny>) -> Option<Bound<'py, PyList>> {
+/// 0.23.0 and 0.33.0); None where the request has no such list (no such
+/// attribute, or not a list). Any other error of the read propagates.
+pub fn token_list<'py>(request: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyList>>> {
+    let py = request.py();
     let ty = request.get_type().as_ptr() as usize;
     if TYPE_WITHOUT_TOKEN_LIST.load(Ordering::Relaxed) == ty {
-        return None;
+        return Ok(None);
     }
-    let list = request
-        .getattr(pyo3::intern!(request.py(), "_all_token_ids"))
-        .ok()
-        .and_then(|t| t.downcast_into_exact::<PyList>().ok());
+    let list = match request.getattr(pyo3::intern!(py, "_all_token_ids")) {
+        Ok(t) => t.downcast_into_exact::<PyList>().ok(),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => None,
+        Err(e) => return Err(e),
+    };
     if list.is_none() {
         TYPE_WITHOUT_TOKEN_LIST.store(ty, Ordering::Relaxed);
     }
-    list
+    Ok(list)
 }
 
 /// The type of the last request found without a `_all_token_ids` list:
@@ -93,7 +106,7 @@ static TYPE_WITHOUT_TOKEN_LIST: AtomicUsize = AtomicUsize::new(0);
 
 /// `request.num_tokens`, read as the length of `token_list` where there is one.
 pub fn request_num_tokens(request: &Bound<'_, PyAny>) -> PyResult<usize> {
-    if let Some(list) = token_list(request) {
+    if let Some(list) = token_list(request)? {
         return Ok(list.len());
     }
     count_obj(
@@ -301,10 +314,11 @@ pub fn block_ids(
         let mut ids = Vec::new();
         for b in g?.try_iter()? {
             let b = b?;
-            let id = b
-                .extract::<i64>()
-                .ok()
-                .and_then(|v| u32::try_from(v).ok())
+            let id = match b.extract::<i64>() {
+                Ok(v) => u32::try_from(v).ok(),
+                Err(e) if caller_raised(b.py(), &e) => return Err(e),
+                Err(_) => None,
+            }
                 .filter(|&v| v < num_blocks);
             match id {
                 Some(id) => ids.push(id),

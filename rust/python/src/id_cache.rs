@@ -18,7 +18,7 @@
 
 use hybridcache_core::addr_table::{AddrTable, NextCall};
 use pyo3::prelude::*;
-use pyo3::types::PyString;
+use pyo3::types::{PyDict, PyString};
 
 /// Objects by address, each kept alive by its entry (so no other object
 /// can take the address while it stands), at most one entry per slot and
@@ -61,9 +61,14 @@ impl<T> Pinned<T> {
 
     /// Lets go of the slot's object.
     fn forget(&mut self, slot: usize) {
-        if let Some(old) = self.held.get_mut(slot).and_then(Option::take) {
-            self.table.remove(old.as_ptr() as usize);
-        }
+        drop(self.take(slot));
+    }
+
+    /// Lets go of the slot's object, handed to the caller.
+    fn take(&mut self, slot: usize) -> Option<Py<T>> {
+        let old = self.held.get_mut(slot).and_then(Option::take)?;
+        self.table.remove(old.as_ptr() as usize);
+        Some(old)
     }
 }
 
@@ -72,6 +77,9 @@ pub struct IdCache {
     ids: Pinned<PyString>,
     // The hot calls' table, by request object.
     requests: Pinned<PyAny>,
+    // Per slot: the request object's `__dict__`, where `request.request_id`
+    // is read as that dict's entry (`remember_request`), else None.
+    dicts: Vec<Option<Py<PyDict>>>,
 }
 
 impl IdCache {
@@ -88,27 +96,71 @@ impl IdCache {
         self.requests.table.get_hot(addr)
     }
 
-    /// Remembers that `request` is the request of `handle`.
-    #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
-    pub fn remember_request(&mut self, request: &Bound<'_, PyAny>, handle: u64) {
+    /// Remembers that `request` is the request of `handle` (every
+    /// allocation of a request remembers it: a held request is known by
+    /// its object until it is freed). `dict`: the object's `__dict__`
+    /// where its `request_id` is that dict's entry (see `id_dict`).
+    pub fn remember_request(
+        &mut self,
+        request: &Bound<'_, PyAny>,
+        handle: u64,
+        dict: Option<Bound<'_, PyDict>>,
+    ) {
         self.requests.remember(request, handle);
+        let slot = handle as u32 as usize;
+        if slot >= self.dicts.len() {
+            self.dicts.resize_with(slot + 1, || None);
+        }
+        self.dicts[slot] = dict.map(Bound::unbind);
+    }
+
+    /// The request object held for `slot`, if any.
+    pub fn request_at(&self, slot: u32) -> Option<&PyObject> {
+        self.requests.held.get(slot as usize).and_then(Option::as_ref)
+    }
+
+    /// The handle the request object at `addr` was remembered with (the
+    /// slot may have changed hands since: check it).
+    pub fn handle_of_request(&self, addr: usize) -> Option<u64> {
+        self.requests.table.get_addr(addr)
+    }
+
+    /// The id str remembered for `slot`, if any.
+    #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
+    pub fn id_at(&self, slot: u32) -> Option<&Py<PyString>> {
+        self.ids.held.get(slot as usize).and_then(Option::as_ref)
+    }
+
+    /// The `__dict__` the request of `slot` keeps its `request_id` in, if
+    /// it was remembered with one.
+    #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
+    pub fn dict_at(&self, slot: u32) -> Option<&Py<PyDict>> {
+        self.dicts.get(slot as usize).and_then(Option::as_ref)
     }
 
     /// The request objects held (for the garbage collector: a request may
-    /// reach its manager, through an event sink or a hasher).
+    /// reach its manager, through an event sink or a hasher), and their dicts.
     pub fn held_requests(&self) -> impl Iterator<Item = &PyObject> {
-        self.requests.held.iter().flatten()
+        let dicts = self.dicts.iter().flatten().map(|d| d.as_any());
+        self.requests.held.iter().flatten().chain(dicts)
     }
 
     /// Lets go of every request object (the garbage collector's clear).
-    pub fn forget_requests(&mut self) {
+    pub fn forget_requests(&mut self) -> Vec<PyObject> {
+        let mut out: Vec<PyObject> = std::mem::take(&mut self.requests.held).into_iter().flatten().collect();
+        out.extend(std::mem::take(&mut self.dicts).into_iter().flatten().map(Py::into_any));
         self.requests = Pinned::default();
+        out
     }
 
     /// Lets go of the request object of a slot the manager freed (its
-    /// token lists are large; the str of its id is not).
-    pub fn forget_request(&mut self, slot: u32) {
-        self.requests.forget(slot as usize);
+    /// token lists are large; the str of its id is not). Returns what was
+    /// held, for the caller to drop once the manager's state is settled
+    /// (dropping a request can run its finalizer, which is Python code).
+    #[must_use]
+    pub fn forget_request(&mut self, slot: u32) -> Option<(PyObject, Option<Py<PyDict>>)> {
+        let dict = self.dicts.get_mut(slot as usize).and_then(Option::take);
+        self.requests.take(slot as usize).map(|r| (r, dict))
     }
 
     /// Remembers that `id` names the request of `handle`.

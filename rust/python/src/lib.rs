@@ -17,8 +17,10 @@ mod id_cache;
 #[cfg(feature = "raw-ffi")]
 mod raw_ffi;
 
+mod call_guard;
 mod calls;
 mod hash_keys;
+mod hash_size;
 mod hasher;
 mod lookup;
 mod native_manager;
@@ -26,6 +28,7 @@ mod partial_hits;
 mod pool_reads;
 mod rebuild;
 mod release_api;
+mod step_waits;
 
 use blocks::{BlockView, KVCacheBlocks};
 pub(crate) use calls::AllocateSlotsArgs;
@@ -82,6 +85,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<BlockView>()?;
     m.add_function(wrap_pyfunction!(blocks::block_view, m)?)?;
     hasher::register(m)?;
+    m.add_function(wrap_pyfunction!(hash_size::_register_request_class, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Whether the hot calls have their raw entry points (a build without
     // them gives the same answers, slower): the benches print it.

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::call_guard::{borrow, borrow_mut, enter};
 use crate::convert::{self, block_ids, count_obj, guard, ids_tuple, int_list, to_py_err};
 use crate::{allocate_params, batch, lookup, request_id};
 
@@ -16,6 +17,11 @@ pub(crate) struct Bound_ {
     pub(crate) empty: PyObject,
     /// `sink(raw_events, request)` turns raw events into event objects.
     pub(crate) event_sink: Option<PyObject>,
+    /// `read(request)`: what the event sink will read of a request, read
+    /// before the call changes anything (handed to the sink in its place),
+    /// so that a read that raises leaves the manager as it was. None: the
+    /// sink gets the request.
+    pub(crate) event_read: Option<PyObject>,
     /// `sink(raw_metrics)` makes the metrics collector's calls, from the
     /// pool's log of them: a list of (kind, block_id), kind 0 allocated,
     /// 1 accessed, 2 evicted, 3 reset (block_id 0).
@@ -35,6 +41,7 @@ pub(crate) struct NativeManager {
     pub(crate) batch: BatchScratch,
     pub(crate) ids: crate::id_cache::IdCache,
     pub(crate) watermark: crate::release_api::Watermark,
+    pub(crate) step_waits: crate::step_waits::StepWaits,
 }
 
 #[pymethods]
@@ -76,6 +83,7 @@ impl NativeManager {
             batch: BatchScratch::default(),
             ids: crate::id_cache::IdCache::default(),
             watermark: Default::default(),
+            step_waits: Default::default(),
         })
     }
 
@@ -84,7 +92,10 @@ impl NativeManager {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         if let Some(side) = &self.py_side {
             visit.call(&side.empty)?;
-            for sink in [&side.event_sink, &side.metrics_sink].into_iter().flatten() {
+            for sink in [&side.event_sink, &side.metrics_sink, &side.event_read]
+                .into_iter()
+                .flatten()
+            {
                 visit.call(sink)?;
             }
         }
@@ -101,20 +112,28 @@ impl NativeManager {
 
     /// Called once by the facade: the shared empty KVCacheBlocks, the event
     /// sink (None when events are off), whether lookups are counted and the
-    /// block-metrics sink (None without a metrics collector).
-    #[pyo3(signature = (empty, event_sink, log_stats=false, metrics_sink=None))]
+    /// block-metrics sink (None without a metrics collector), and what
+    /// reads a request for the event sink before a call changes anything.
+    /// `explain_step_waits`: an allocation whose hit waits for a step that
+    /// never starts (`new_step_starts()` never called) raises, not None.
+    #[pyo3(signature = (empty, event_sink, log_stats=false, metrics_sink=None, event_read=None,
+                        explain_step_waits=false))]
     fn _bind_python(
         &mut self,
         empty: PyObject,
         event_sink: Option<PyObject>,
         log_stats: bool,
         metrics_sink: Option<PyObject>,
+        event_read: Option<PyObject>,
+        explain_step_waits: bool,
     ) {
+        self.step_waits.explain = explain_step_waits;
         self.inner.set_record_block_metrics(metrics_sink.is_some());
         self.py_side = Some(Bound_ {
             empty,
             event_sink,
             metrics_sink,
+            event_read,
         });
         self.inner.set_log_stats(log_stats);
     }
@@ -159,6 +178,7 @@ impl NativeManager {
         request: &Bound<'py, PyAny>,
         max_cache_hit_length: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(PyObject, usize)> {
+        let _in_call = enter(slf, "get_computed_blocks")?;
         let (blocks, hit, _) = lookup::computed_blocks(slf, request, max_cache_hit_length)?;
         Ok((blocks, hit))
     }
@@ -172,6 +192,7 @@ impl NativeManager {
         request: &Bound<'py, PyAny>,
         max_cache_hit_length: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(PyObject, usize, usize)> {
+        let _in_call = enter(slf, "get_computed_blocks")?;
         lookup::computed_blocks(slf, request, max_cache_hit_length)
     }
 
@@ -182,6 +203,7 @@ impl NativeManager {
         block_hashes: &Bound<'py, PyAny>,
         max_cache_hit_length: &Bound<'py, PyAny>,
     ) -> PyResult<(PyObject, Vec<usize>)> {
+        let _in_call = enter(slf, "find_longest_cache_hit_per_group")?;
         lookup::per_group_hits(slf, block_hashes, max_cache_hit_length)
     }
 
@@ -194,6 +216,7 @@ impl NativeManager {
         request: &Bound<'py, PyAny>,
         max_cache_hit_length: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(PyObject, usize, usize, Option<bool>)> {
+        let _in_call = enter(slf, "get_computed_blocks_for_connector")?;
         lookup::lookup(slf, request, max_cache_hit_length, true)
     }
 
@@ -205,9 +228,11 @@ impl NativeManager {
 
     /// 0.33.0's multi-module MTP: the last `n` computed tokens are not
     /// cached (set at construction).
-    fn _set_reprefillable_tokens(&mut self, n: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn _set_reprefillable_tokens(slf: &Bound<'_, Self>, n: &Bound<'_, PyAny>) -> PyResult<()> {
+        let _in_call = enter(slf, "_set_reprefillable_tokens")?;
         let n = count_obj("num_reprefillable_tokens", n)?;
-        guard(|| self.inner.set_reprefillable_tokens(n))
+        let mut this = borrow_mut(slf)?;
+        guard(|| this.inner.set_reprefillable_tokens(n))
     }
 
     /// 0.33.0's watermark: `blocks` stay free when a request whose status
@@ -227,21 +252,28 @@ impl NativeManager {
     /// 0.24+'s `pop_blocks_for_free(request)`, as block ids: the request is
     /// forgotten, its blocks (table order, leading nulls left out) stay
     /// referenced until `_free_handed_out`.
-    fn _pop_blocks_for_free(&mut self, request_id: &str) -> Vec<u32> {
-        let _ = self.forget_request_object(request_id);
-        self.pop_handed_out(request_id)
+    fn _pop_blocks_for_free(slf: &Bound<'_, Self>, request_id: &str) -> PyResult<Vec<u32>> {
+        let _in_call = enter(slf, "pop_blocks_for_free")?;
+        let (ids, _held) = {
+            let mut this = borrow_mut(slf)?;
+            let (_, held) = this.forget_request_object(request_id);
+            (this.pop_handed_out(request_id), held)
+        };
+        Ok(ids) // `_held` dropped here, the manager settled (a finalizer may run)
     }
 
     /// 0.33.0's `record_blocks_for_zeroing(request_id, start_token)`: the
     /// request's blocks from `start_token` on, recorded for zeroing again
     /// in the groups that record new block ids.
     fn _record_blocks_for_zeroing(
-        &mut self,
+        slf: &Bound<'_, Self>,
         request_id: &str,
         start_token: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
+        let _in_call = enter(slf, "record_blocks_for_zeroing")?;
         let start = count_obj("start_token", start_token)?;
-        self.inner
+        borrow_mut(slf)?
+            .inner
             .record_blocks_for_zeroing(request_id, start)
             .map_err(to_py_err)
     }
@@ -249,20 +281,23 @@ impl NativeManager {
     /// 0.28+'s `block_pool.free_blocks(blocks)` for blocks
     /// `_pop_blocks_for_free` handed out (objects with `block_id`, or ids),
     /// in eviction order; ValueError (nothing freed) for any other block.
-    fn _free_handed_out(&mut self, blocks: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.free_handed_out(blocks)
+    fn _free_handed_out(slf: &Bound<'_, Self>, blocks: &Bound<'_, PyAny>) -> PyResult<()> {
+        let _in_call = enter(slf, "block_pool.free_blocks")?;
+        borrow_mut(slf)?.free_handed_out(blocks)
     }
 
     /// Prefix-cache lookup counters since the last call, reset:
     /// (reset, requests, queries, hits, preempted_requests, preempted_queries, preempted_hits).
     #[pyo3(signature = (take=true))]
-    fn _take_stats(&mut self, take: bool) -> (bool, u64, u64, u64, u64, u64, u64) {
+    fn _take_stats(slf: &Bound<'_, Self>, take: bool) -> PyResult<(bool, u64, u64, u64, u64, u64, u64)> {
+        let _in_call = enter(slf, "make_prefix_cache_stats")?;
+        let mut this = borrow_mut(slf)?;
         let s = if take {
-            self.inner.take_stats()
+            this.inner.take_stats()
         } else {
-            self.inner.stats()
+            this.inner.stats()
         };
-        (
+        Ok((
             s.reset,
             s.requests,
             s.queries,
@@ -270,7 +305,7 @@ impl NativeManager {
             s.preempted_requests,
             s.preempted_queries,
             s.preempted_hits,
-        )
+        ))
     }
 
     /// vLLM 0.23.0's `KVCacheManager.allocate_slots(request, num_new_tokens,
@@ -286,6 +321,7 @@ impl NativeManager {
         args: &Bound<'_, PyTuple>,
         kwargs: Option<&Bound<'_, pyo3::types::PyDict>>,
     ) -> PyResult<PyObject> {
+        let _in_call = enter(slf, "allocate_slots")?;
         allocate_params::call_matched(slf, args.iter(), kwargs.into_iter().flat_map(|k| k.iter()))
     }
 
@@ -333,6 +369,7 @@ impl NativeManager {
         num_computed_tokens: Option<&Bound<'py, PyAny>>,
         num_tokens: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>)> {
+        let _in_call = enter(slf, "allocate_decode_batch")?;
         batch::decode_batch(
             slf,
             requests,
@@ -384,6 +421,7 @@ impl NativeManager {
         Bound<'py, PyBytes>,
         Bound<'py, PyBytes>,
     )> {
+        let _in_call = enter(slf, "allocate_decode_arrays")?;
         batch::decode_arrays(
             slf,
             handles,
@@ -398,70 +436,66 @@ impl NativeManager {
     /// vLLM's `get_blocks(request_id)`: the request's blocks per group (the
     /// shared empty `KVCacheBlocks` for a request without blocks).
     fn get_blocks(slf: &Bound<'_, Self>, request_id: &str) -> PyResult<PyObject> {
-        let ids = slf.borrow().inner.get_block_ids(request_id);
+        let ids = borrow(slf)?.inner.get_block_ids(request_id);
         Self::make_blocks(slf, &ids)
     }
 
     /// vLLM's `free(request)`: frees the request's blocks, tail first.
-    fn free(&mut self, request: &Bound<'_, PyAny>) -> PyResult<()> {
-        let rid = request_id(request)?;
-        let rid = rid.to_str()?;
-        let slot = self.forget_request_object(rid);
-        #[cfg(feature = "raw-ffi")]
-        if let Some(s) = slot {
-            self.inner
-                .for_each_free_line_at(s, crate::raw_ffi::prefetch);
-        }
-        #[cfg(not(feature = "raw-ffi"))]
-        let _ = slot;
-        guard(|| {
-            self.inner.free(rid);
-            Ok(())
-        })
+    /// ValueError (nothing freed) for a held request whose id changed.
+    fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        let _in_call = enter(slf, "free")?;
+        let rid_obj = request_id(request)?;
+        let rid = rid_obj.to_str()?;
+        let _held = {
+            let mut this = borrow_mut(slf)?;
+            this.check_free_identity(request, &rid_obj)?;
+            let (slot, held) = this.forget_request_object(rid);
+            #[cfg(feature = "raw-ffi")]
+            if let Some(s) = slot {
+                this.inner
+                    .for_each_free_line_at(s, crate::raw_ffi::prefetch);
+            }
+            #[cfg(not(feature = "raw-ffi"))]
+            let _ = slot;
+            guard(|| {
+                this.inner.free(rid);
+                Ok(())
+            })?;
+            held
+        };
+        // The request objects let go of are dropped here, the manager
+        // settled and not borrowed (a finalizer may run and call it: it is
+        // refused, this call being in progress).
+        Ok(())
     }
 
     /// vLLM's `cache_blocks(request, num_computed_tokens)`.
-    pub(crate) fn cache_blocks(
+    fn cache_blocks(
         slf: &Bound<'_, Self>,
         request: &Bound<'_, PyAny>,
         num_computed_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let n = count_obj("num_computed_tokens", num_computed_tokens)?;
-        let rid = request_id(request)?;
-        {
-            let mut this = slf.borrow_mut();
-            if !this.inner.enable_caching() {
-                return Ok(());
-            }
-            // A held request by its id object's address (0.33.0 caches
-            // every running request every step): no str hashing.
-            if let Some(slot) = this.lookup_id(&rid)? {
-                crate::calls::cache_held(&mut this, request, slot, n)?;
-            } else {
-                let rid = rid.to_str()?;
-                let update = this.pending_hashes(request, rid)?;
-                crate::calls::note_shared_prefix_boundary(&mut this.inner, request, rid)?;
-                guard(|| this.inner.cache_blocks(rid, n, update))?;
-            }
-        }
-        Self::flush_events(slf, Some(request))
+        let _in_call = enter(slf, "cache_blocks")?;
+        Self::cache_blocks_impl(slf, request, num_computed_tokens)
     }
 
     /// `num_prompt_tokens` (vLLM 0.33.0's, None: not passed) frees R-SWA gaps.
     #[pyo3(signature = (request_id, total_computed_tokens, num_prompt_tokens=None))]
     fn remove_skipped_blocks(
-        &mut self,
+        slf: &Bound<'_, Self>,
         request_id: &str,
         total_computed_tokens: &Bound<'_, PyAny>,
         num_prompt_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let _in_call = enter(slf, "remove_skipped_blocks")?;
         let total = count_obj("total_computed_tokens", total_computed_tokens)?;
         let prompt = num_prompt_tokens
             .filter(|p| !p.is_none())
             .map(|p| count_obj("num_prompt_tokens", p))
             .transpose()?;
+        let mut this = borrow_mut(slf)?;
         guard(|| {
-            self.inner
+            this.inner
                 .remove_skipped_blocks_of_prompt(request_id, total, prompt);
             Ok(())
         })
@@ -469,32 +503,50 @@ impl NativeManager {
 
     /// Drops the given blocks (any iterable of ids) from the prefix cache.
     fn evict_blocks(slf: &Bound<'_, Self>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let _in_call = enter(slf, "evict_blocks")?;
+        // Read (the caller's iterable and ints run its code), then change.
+        let mut values = Vec::new();
+        for b in block_ids.try_iter()? {
+            let b = b?;
+            let v = b.extract::<i64>().map_err(|e| {
+                if convert::caller_raised(slf.py(), &e) {
+                    return e;
+                }
+                PyTypeError::new_err(format!(
+                    "evict_blocks: block_ids must be ints, got {}",
+                    convert::type_name(&b)
+                ))
+            })?;
+            values.push(v);
+        }
         {
-            let mut this = slf.borrow_mut();
-            let mut ids = Vec::new();
-            for b in block_ids.try_iter()? {
-                let b = b?;
-                let v = b.extract::<i64>().map_err(|_| {
-                    PyTypeError::new_err(format!(
-                        "evict_blocks: block_ids must be ints, got {}",
-                        convert::type_name(&b)
-                    ))
-                })?;
-                ids.push(this.block_id(v)?);
-            }
+            let mut this = borrow_mut(slf)?;
+            let ids = values
+                .into_iter()
+                .map(|v| this.block_id(v))
+                .collect::<PyResult<Vec<u32>>>()?;
             guard(|| this.inner.evict_blocks(&ids))?;
         }
         Self::flush_events(slf, None)
     }
 
     fn reset_prefix_cache(slf: &Bound<'_, Self>) -> PyResult<bool> {
-        let ok = guard(|| Ok(slf.borrow_mut().inner.reset_prefix_cache()))?;
+        let _in_call = enter(slf, "reset_prefix_cache")?;
+        let ok = {
+            let mut this = borrow_mut(slf)?;
+            guard(|| Ok(this.inner.reset_prefix_cache()))?
+        };
         Self::flush_events(slf, None)?;
         Ok(ok)
     }
 
-    fn get_num_common_prefix_blocks(&mut self, running_request_id: &str) -> PyResult<Vec<usize>> {
-        guard(|| Ok(self.inner.get_num_common_prefix_blocks(running_request_id)))
+    fn get_num_common_prefix_blocks(
+        slf: &Bound<'_, Self>,
+        running_request_id: &str,
+    ) -> PyResult<Vec<usize>> {
+        let _in_call = enter(slf, "get_num_common_prefix_blocks")?;
+        let mut this = borrow_mut(slf)?;
+        guard(|| Ok(this.inner.get_num_common_prefix_blocks(running_request_id)))
     }
 
     fn get_block_ids<'py>(
@@ -565,14 +617,16 @@ impl NativeManager {
     /// `group, dst, conv_src, temp_src, bias`, little endian) for the batch
     /// `request_ids`, given the worker's accepted-token counts.
     fn mamba_pre_copy_plan<'py>(
-        &mut self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
         request_ids: Vec<String>,
         num_accepted: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyByteArray>> {
+        let py = slf.py();
+        let _in_call = enter(slf, "mamba_pre_copy_plan")?;
         let num_accepted = int_list("num_accepted", num_accepted, false)?;
         let ids: Vec<&str> = request_ids.iter().map(String::as_str).collect();
-        let rows = guard(|| self.inner.mamba_pre_copy_plan(&ids, &num_accepted))?;
+        let mut this = borrow_mut(slf)?;
+        let rows = guard(|| this.inner.mamba_pre_copy_plan(&ids, &num_accepted))?;
         let bytes: Vec<u8> = rows
             .iter()
             .flatten()
@@ -598,12 +652,17 @@ impl NativeManager {
         Ok((PyByteArray::new(py, &bytes), cols))
     }
 
-    fn take_new_block_ids(&mut self) -> Vec<u32> {
-        self.inner.take_new_block_ids()
+    fn take_new_block_ids(slf: &Bound<'_, Self>) -> PyResult<Vec<u32>> {
+        let _in_call = enter(slf, "take_new_block_ids")?;
+        Ok(borrow_mut(slf)?.inner.take_new_block_ids())
     }
 
-    fn new_step_starts(&mut self) {
-        self.inner.new_step_starts();
+    fn new_step_starts(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let _in_call = enter(slf, "new_step_starts")?;
+        let mut this = borrow_mut(slf)?;
+        this.inner.new_step_starts();
+        this.step_waits.started = true;
+        Ok(())
     }
 
     /// Mamba align boundary states cached since the last take: {request

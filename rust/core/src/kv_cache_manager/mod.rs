@@ -629,6 +629,18 @@ impl KvCacheManager {
         self.coord.new_step_starts();
     }
 
+    /// Whether a hit of `new_computed` blocks (per group) waits a step in
+    /// some group: a state it ends on was cached in this very step, so an
+    /// allocation that takes it answers "no room" until `new_step_starts`.
+    pub fn hit_waits_a_step(&self, new_computed: &[Vec<BlockId>]) -> bool {
+        let pool = &self.coord.pool;
+        self.coord
+            .managers
+            .iter()
+            .zip(new_computed)
+            .any(|(m, blocks)| m.hit_waits_a_step(pool, blocks))
+    }
+
     /// Ids of the requests the manager holds state for (any order; reads only).
     pub fn request_ids(&self) -> impl Iterator<Item = &str> + '_ {
         self.reqs.ids()

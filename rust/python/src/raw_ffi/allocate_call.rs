@@ -55,8 +55,9 @@ unsafe fn call(
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
 ) -> PyResult<PyObject> {
+    let _in_call = crate::call_guard::enter_addr(py, slf as usize, "allocate_slots")?;
     // SAFETY: as this function's.
-    let fast = unsafe { decode_fast(py, slf, args, nargs, kwnames) };
+    let fast = unsafe { decode_fast(py, slf, args, nargs, kwnames) }?;
     // SAFETY: `slf` is a live manager: CPython checks it against the
     // descriptor's class, a `NativeManager` subclass (`_raw_methods`).
     let manager = || unsafe { Bound::from_borrowed_ptr(py, slf).downcast_into_unchecked() };
@@ -108,22 +109,42 @@ unsafe fn call_full(
     call_matched(&manager, positional.into_iter(), keywords.into_iter())
 }
 
-/// `request.<name>` as a plain count, or None (no exception left set).
+/// `request.<name>` as a plain count; None where it is something else or
+/// missing (the full path names the problem). A read that raised in the
+/// caller's code is that error (never read again by the full path, so it
+/// propagates unchanged, the manager untouched).
 ///
 /// # Safety
 /// `request` is a live object; the GIL is held.
-unsafe fn count_attr(request: *mut ffi::PyObject, name: &Bound<'_, PyString>) -> Option<usize> {
+unsafe fn count_attr(
+    py: Python<'_>,
+    request: *mut ffi::PyObject,
+    name: &Bound<'_, PyString>,
+) -> PyResult<Option<usize>> {
     // SAFETY: as this function's; the attribute is a new reference, released here.
     unsafe {
         let v = ffi::PyObject_GetAttr(request, name.as_ptr());
         if v.is_null() {
-            ffi::PyErr_Clear();
-            return None;
+            return missing_attr(py);
         }
         let n = plain_count(v);
         ffi::Py_DECREF(v);
-        n
+        Ok(n)
     }
+}
+
+/// The error of a failed attribute read: None (cleared) for a plain
+/// missing attribute, the full path names it; any other error propagates.
+#[cold]
+#[inline(never)]
+fn missing_attr(py: Python<'_>) -> PyResult<Option<usize>> {
+    let e = PyErr::fetch(py);
+    if !crate::convert::caller_raised(py, &e)
+        && e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py)
+    {
+        return Ok(None);
+    }
+    Err(e)
 }
 
 /// What `decode_fast` made of a call.
@@ -138,7 +159,8 @@ enum Fast {
     },
     /// Anything else (other spellings, odd values, unknown requests): the
     /// full path handles it, errors included (the reads here have no side
-    /// effects, so repeating them changes nothing).
+    /// effects, so repeating them changes nothing; a read that raised is
+    /// not repeated: `decode_fast` returns its error).
     Other,
 }
 
@@ -146,7 +168,8 @@ enum Fast {
 /// `(request, n, num_lookahead_tokens=k)`, in straight-line code with raw
 /// calls and no error plumbing: under a Python scheduler a call's cost is
 /// mostly instruction-cache misses. Most such calls change no block and end
-/// here. No exception is left set.
+/// here. An error: a read of the request raised, or the request's id
+/// changed while held (nothing changed).
 ///
 /// # Safety
 /// As `allocate_slots_fast`'s arguments, with the GIL held.
@@ -156,9 +179,9 @@ unsafe fn decode_fast(
     args: *const *mut ffi::PyObject,
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
-) -> Fast {
+) -> PyResult<Fast> {
     if nargs != 2 {
-        return Fast::Other;
+        return Ok(Fast::Other);
     }
     // SAFETY: the vectorcall contract: `args` holds 2 positional values and
     // one per keyword name; all are live for the call.
@@ -169,40 +192,41 @@ unsafe fn decode_fast(
                 && ffi::PyTuple_GetItem(kwnames, 0)
                     == param_name(py, Param::NumLookaheadTokens).as_ptr();
             if !only_lookahead {
-                return Fast::Other;
+                return Ok(Fast::Other);
             }
             let v = *args.add(2);
             if v != ffi::Py_None() {
                 match plain_count(v) {
                     Some(n) => lookahead = n,
-                    None => return Fast::Other,
+                    None => return Ok(Fast::Other),
                 }
             }
         }
         let Some(num_new_tokens) = plain_count(*args.add(1)).filter(|&n| n > 0) else {
-            return Fast::Other;
+            return Ok(Fast::Other);
         };
         // `slf` is a manager (see `call`).
         let obj = Borrowed::from_ptr(py, slf);
         let manager = obj.downcast_unchecked::<NativeManager>();
         let Ok(mut this) = manager.try_borrow_mut() else {
-            return Fast::Other;
+            return Ok(Fast::Other);
         };
         if this.watermark.blocks > 0 {
             // The watermark reads the request's status: the general path.
-            return Fast::Other;
+            return Ok(Fast::Other);
         }
         let request = *args;
-        let Some(handle) = held_request(py, &mut this, request) else {
-            return Fast::Other;
+        let Some(handle) = held_request(py, &mut this, request)? else {
+            return Ok(Fast::Other);
         };
-        let Some(num_computed_tokens) = count_attr(request, intern!(py, "num_computed_tokens"))
+        let Some(num_computed_tokens) =
+            count_attr(py, request, intern!(py, "num_computed_tokens"))?
         else {
-            return Fast::Other;
+            return Ok(Fast::Other);
         };
         let this = &mut *this;
         let Some(side) = &this.py_side else {
-            return Fast::Other;
+            return Ok(Fast::Other);
         };
         // Most decodes change no block: judged from the request's hot line.
         let unread = crate::NUM_TOKENS_UNREAD;
@@ -213,13 +237,13 @@ unsafe fn decode_fast(
             unread,
             lookahead,
         ) else {
-            return Fast::Other;
+            return Ok(Fast::Other);
         };
         if noop {
             // A decode that changes no block makes no event.
             this.inner
                 .record_plain_noop_decode(slot, num_computed_tokens, num_new_tokens);
-            return Fast::Done(side.empty.clone_ref(py));
+            return Ok(Fast::Done(side.empty.clone_ref(py)));
         }
         // The general path reads the tables and the free queue soon: fetch
         // their lines together now (they are cold under a Python scheduler).
@@ -232,6 +256,6 @@ unsafe fn decode_fast(
             num_lookahead_tokens: lookahead,
             ..Default::default()
         };
-        Fast::General { slot, args }
+        Ok(Fast::General { slot, args })
     }
 }

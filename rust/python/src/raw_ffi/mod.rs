@@ -119,10 +119,12 @@ pub(crate) unsafe fn plain_count(obj: *mut ffi::PyObject) -> Option<usize> {
 
 /// The handle of a hot call's request: by the request object when this
 /// object was seen before and its slot still holds it, else through
-/// `request.request_id` and the id cache (`learn_request`). None: no such
-/// attribute, or an id not seen before (no exception left set). The call
-/// the scheduler made after this one last time has its entry and decode
-/// data prefetched.
+/// `request.request_id` and the id cache (`learn_request`). None: an id
+/// not seen before, or a request whose id is not a str (the full path
+/// reads and judges them). An error: a read of the request raised (it
+/// propagates unchanged), the request's id was changed while the manager
+/// holds it, or another live request holds its id. The call the scheduler
+/// made after this one last time has its entry and decode data prefetched.
 ///
 /// # Safety
 /// `request` is a live object; the GIL is held.
@@ -131,23 +133,79 @@ pub(crate) unsafe fn held_request(
     py: Python<'_>,
     this: &mut crate::NativeManager,
     request: *mut ffi::PyObject,
-) -> Option<u64> {
+) -> PyResult<Option<u64>> {
     if let Some((handle, next)) = this.ids.get_hot_request(request as usize) {
         if let Some(n) = next {
             prefetch(n.entry);
             this.inner.for_each_decode_line(n.handle, prefetch);
         }
-        if this.inner.slot_of_handle(handle).is_some() {
-            return Some(handle);
+        if let Some(slot) = this.inner.slot_of_handle(handle) {
+            // SAFETY: as this function's.
+            unsafe { check_id(py, this, request, slot) }?;
+            return Ok(Some(handle));
         }
     }
     // SAFETY: as this function's.
     unsafe { learn_request(py, this, request) }
 }
 
+/// Whether the held request in `slot` (known by its object) still has the
+/// id it was admitted with: its `__dict__` entry is the very str the
+/// manager keeps (one dict lookup), or its `request_id` reads equal to it.
+/// ValueError naming both ids when it was renamed (or swapped).
+///
+/// # Safety
+/// `request` is a live object; the GIL is held.
+#[inline]
+unsafe fn check_id(
+    py: Python<'_>,
+    this: &crate::NativeManager,
+    request: *mut ffi::PyObject,
+    slot: u32,
+) -> PyResult<()> {
+    let Some(id) = this.ids.id_at(slot) else {
+        return check_id_read(py, this, request, slot);
+    };
+    if let Some(dict) = this.ids.dict_at(slot) {
+        // SAFETY: a live dict and an interned str; the result is borrowed.
+        let v = unsafe {
+            ffi::PyDict_GetItemWithError(dict.as_ptr(), pyo3::intern!(py, "request_id").as_ptr())
+        };
+        if v == id.as_ptr() {
+            return Ok(());
+        }
+        if v.is_null() && unsafe { !ffi::PyErr_Occurred().is_null() } {
+            return Err(PyErr::fetch(py));
+        }
+    }
+    check_id_read(py, this, request, slot)
+}
+
+/// `check_id` by reading `request.request_id` (any error propagates).
+///
+/// # Safety
+/// `request` is a live object; the GIL is held.
+#[cold]
+#[inline(never)]
+unsafe fn check_id_read(
+    py: Python<'_>,
+    this: &crate::NativeManager,
+    request: *mut ffi::PyObject,
+    slot: u32,
+) -> PyResult<()> {
+    // SAFETY: `request` is live (this function's contract).
+    let request = unsafe { Borrowed::from_ptr(py, request) };
+    let rid = crate::request_id(&request)?;
+    let held = this.inner.request_id_at(slot);
+    if rid.to_str()? == held {
+        return Ok(());
+    }
+    Err(crate::calls::renamed_error(held, rid.to_str()?))
+}
+
 /// `held_request` for a request object not known (yet, or any more): its
-/// handle by `request.request_id`, the object remembered for next time. Out
-/// of line: the hot calls' code stays a few cache lines.
+/// handle by `request.request_id` and the id cache, the object remembered
+/// for next time. Out of line: the hot calls' code stays a few cache lines.
 ///
 /// # Safety
 /// As `held_request`'s.
@@ -157,26 +215,54 @@ unsafe fn learn_request(
     py: Python<'_>,
     this: &mut crate::NativeManager,
     request: *mut ffi::PyObject,
-) -> Option<u64> {
-    // SAFETY: as this function's; the attribute is a new reference, owned
-    // by the Bound made of it.
-    let rid = unsafe {
-        let rid = ffi::PyObject_GetAttr(request, pyo3::intern!(py, "request_id").as_ptr());
-        if rid.is_null() {
-            ffi::PyErr_Clear();
-            return None;
-        }
-        Bound::from_owned_ptr(py, rid)
-    };
-    // Only str ids are cached (by address: the cache holds the str).
-    let handle = this
-        .ids
-        .get(rid.downcast::<pyo3::types::PyString>().ok()?)?;
-    this.inner.slot_of_handle(handle)?;
+) -> PyResult<Option<u64>> {
     // SAFETY: `request` is live (this function's contract).
     let request = unsafe { Borrowed::from_ptr(py, request) };
-    this.ids.remember_request(&request, handle);
-    Some(handle)
+    let rid = match request.getattr(pyo3::intern!(py, "request_id")) {
+        Ok(rid) => rid,
+        // No such attribute: the full path names what was expected.
+        Err(e) if !crate::convert::caller_raised(py, &e)
+            && e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // Only str ids are cached (by address: the cache holds the str).
+    let Ok(rid) = rid.downcast::<pyo3::types::PyString>() else {
+        return Ok(None);
+    };
+    let Some(handle) = this.ids.get(rid) else {
+        return Ok(None);
+    };
+    let Some(slot) = this.inner.slot_of_handle(handle) else {
+        return Ok(None);
+    };
+    this.remember_request_object(&request, slot)?;
+    Ok(Some(handle))
+}
+
+/// The `__dict__` of `request` where its `request_id` is that dict's entry
+/// (its type reads attributes the generic way and has no class attribute
+/// of that name), else None.
+pub(crate) fn id_dict<'py>(request: &Bound<'py, PyAny>) -> Option<Bound<'py, pyo3::types::PyDict>> {
+    let py = request.py();
+    let ty = request.get_type();
+    // SAFETY: a live type; the slot is read, not called.
+    let getattro = unsafe { ffi::PyType_GetSlot(ty.as_type_ptr(), ffi::Py_tp_getattro) };
+    if getattro != ffi::PyObject_GenericGetAttr as *mut std::ffi::c_void {
+        return None;
+    }
+    if !matches!(ty.hasattr(pyo3::intern!(py, "request_id")), Ok(false)) {
+        return None;
+    }
+    // SAFETY: `request` is live and the GIL is held; the result is a new
+    // reference, or NULL with an exception set (cleared: no dict, no fast read).
+    let dict = unsafe {
+        let d = ffi::PyObject_GenericGetDict(request.as_ptr(), std::ptr::null_mut());
+        if d.is_null() {
+            ffi::PyErr_Clear();
+        }
+        Bound::from_owned_ptr_or_opt(py, d)
+    }?;
+    dict.downcast_into::<pyo3::types::PyDict>().ok()
 }
 
 /// A vectorcall's arguments as objects: the positional values, then the
