@@ -145,6 +145,7 @@ class World:
         return self.Request(f"r{self.serial}", tokens, BS)
 
     def admit(self, r: Any) -> None:
+        self.m.new_step_starts()  # each admission in a step of its own
         blocks, hit = self.m.get_computed_blocks(r)
         if self.m.allocate_slots(r, r.num_tokens - hit, hit, blocks) is not None:
             r.num_computed_tokens = r.num_tokens
