@@ -662,11 +662,13 @@ impl NativeManager {
             return Ok(Some(ids));
         }
         // Any KVCacheBlocks-like object (vLLM's own): read block ids.
-        let groups = blocks.getattr(intern!(py, "blocks")).map_err(|_| {
-            PyTypeError::new_err(format!(
-                "new_computed_blocks must be KVCacheBlocks, got {}",
-                convert::type_name(blocks)
-            ))
+        let groups = blocks.getattr(intern!(py, "blocks")).map_err(|e| {
+            convert::or_caller(py, e, || {
+                PyTypeError::new_err(format!(
+                    "new_computed_blocks must be KVCacheBlocks, got {}",
+                    convert::type_name(blocks)
+                ))
+            })
         })?;
         let ids = groups
             .try_iter()?

@@ -43,6 +43,16 @@ pub fn caller_raised(py: Python<'_>, e: &PyErr) -> bool {
     e.traceback(py).is_some()
 }
 
+/// `e` where the caller's code raised it, else the binding's own error `ours()`.
+#[cold]
+pub fn or_caller(py: Python<'_>, e: PyErr, ours: impl FnOnce() -> PyErr) -> PyErr {
+    if caller_raised(py, &e) {
+        e
+    } else {
+        ours()
+    }
+}
+
 pub fn count(name: &str, v: i64) -> PyResult<usize> {
     usize::try_from(v).map_err(|_| PyValueError::new_err(format!("{name} must be >= 0, got {v}")))
 }
@@ -169,13 +179,13 @@ pub fn int_list(name: &str, v: &Bound<'_, PyAny>, non_negative: bool) -> PyResul
 /// A block id as `KVCacheBlocks(...)` takes it: any int that fits 64
 /// bits (range-checked where it is used); anything else is refused here.
 pub fn block_id_arg(b: &Bound<'_, PyAny>) -> PyResult<i64> {
-    b.extract::<i64>().map_err(|_| {
+    b.extract::<i64>().map_err(|e| or_caller(b.py(), e, || {
         if b.is_instance_of::<pyo3::types::PyInt>() {
             PyValueError::new_err(format!("block id {b} out of range"))
         } else {
             PyTypeError::new_err(format!("block ids must be ints, got {}", type_name(b)))
         }
-    })
+    }))
 }
 
 pub fn type_name(v: &Bound<'_, PyAny>) -> String {
@@ -441,8 +451,10 @@ pub fn uint_array<'a, T: LeUint>(name: &str, v: &'a Bound<'_, PyAny>) -> PyResul
     list.iter()
         .enumerate()
         .map(|(i, x)| {
-            let x: i64 = x.extract().map_err(|_| {
-                PyTypeError::new_err(format!("{name}[{i}] must be an int, got {}", type_name(&x)))
+            let x: i64 = x.extract().map_err(|e| {
+                or_caller(x.py(), e, || {
+                    PyTypeError::new_err(format!("{name}[{i}] must be an int, got {}", type_name(&x)))
+                })
             })?;
             T::try_from(x).map_err(|_| {
                 PyValueError::new_err(format!(
