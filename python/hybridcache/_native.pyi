@@ -19,6 +19,7 @@ __all__ = [
     "KVCacheBlocks",
     "NativeManager",
     "__version__",
+    "_register_request_class",
     "block_extra_keys",
     "block_view",
     "native_token_append",

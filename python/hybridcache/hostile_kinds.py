@@ -36,9 +36,11 @@ class Hookable(Request):
     hook (armed with `hook` for one read; `disarm` takes it off)."""
 
     def hook(self, name: str, fn: Callable[[], Any]) -> None:
+        """Runs `fn` at the next read of attribute `name` (once)."""
         self.__dict__["_hook"] = (name, fn)
 
     def disarm(self) -> None:
+        """Takes the hook off, if it did not run."""
         self.__dict__.pop("_hook", None)
 
     def __getattribute__(self, name: str) -> Any:

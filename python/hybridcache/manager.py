@@ -211,14 +211,12 @@ class KVCacheManager(_native.NativeManager):
     ) -> Any:
         """The native manager of `release`'s semantics over `groups`, with
         the Python side every release's facade shares."""
-        scheduler_block_size = _positive_int("scheduler_block_size", scheduler_block_size)
-        check_scheduler_block_size(groups, scheduler_block_size, dcp_world_size * pcp_world_size)
         self = cast("KVCacheManager", _native.NativeManager.__new__(
             cls,
             read_num_blocks(kv_cache_config),
             [g.native for g in groups],
             max_model_len,
-            scheduler_block_size,
+            _positive_int("scheduler_block_size", scheduler_block_size),
             _positive_int("hash_block_size", hash_block_size),
             bool(enable_caching),
             bool(use_eagle),
@@ -228,6 +226,8 @@ class KVCacheManager(_native.NativeManager):
             dcp_world_size,
             pcp_world_size,
         ))
+        # After the core's own checks of the sizes (their errors come first).
+        check_scheduler_block_size(groups, scheduler_block_size, dcp_world_size * pcp_world_size)
         self.dcp_world_size, self.pcp_world_size = dcp_world_size, pcp_world_size
         self._init_python_side(
             kv_cache_config, groups, max_model_len, enable_caching, use_eagle, log_stats, enable_kv_cache_events,

@@ -386,7 +386,7 @@ fn run_requests<'py>(
                         inner.allocate_general_into(None, rid, &item.args, update.as_ref(), out)
                     }
                 })?;
-                if slot.is_none() {
+                if slot.is_none() && ok {
                     if let Some(s) = state.inner.lookup(rid) {
                         state.remember_new_request(&item.request, s);
                     }

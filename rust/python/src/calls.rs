@@ -471,7 +471,7 @@ impl NativeManager {
             // A held request's id is the core's own: no UTF-8 view of the str.
             Some(s) => {
                 let ok = guard(|| inner.allocate_held_into(s, &args, update, out))?;
-                if ok && self.ids.request_at(s).is_none() {
+                if ok && self.held_object(s).is_none() {
                     // A slot its lookup made: known by its object from now on.
                     self.remember_new_request(request, s);
                 }
@@ -485,7 +485,7 @@ impl NativeManager {
                 };
                 let id = rid.to_str()?;
                 let ok = guard(|| inner.allocate_general_into(None, id, &args, update, out))?;
-                if let Some(s) = self.inner.lookup(id) {
+                if let Some(s) = self.inner.lookup(id).filter(|_| ok) {
                     // Known by its object from now on (see `checked_slot`).
                     self.remember_new_request(request, s);
                 }
@@ -513,7 +513,7 @@ impl NativeManager {
             (Some(o), Some(i)) if o == i => Ok(Some(i)),
             (Some(o), _) => Err(renamed_error(self.inner.request_id_at(o), rid.to_str()?)),
             (None, Some(i)) => {
-                if self.ids.request_at(i).is_some_and(|held| !held.is(request)) {
+                if self.held_object(i).is_some_and(|held| !held.is(request)) {
                     return Err(second_request_error(rid.to_str()?));
                 }
                 Ok(Some(i))
@@ -531,7 +531,7 @@ impl NativeManager {
         request: &Bound<'_, PyAny>,
         slot: u32,
     ) -> PyResult<()> {
-        match self.ids.request_at(slot) {
+        match self.held_object(slot) {
             Some(held) if held.is(request) => Ok(()),
             Some(_) => Err(second_request_error(self.inner.request_id_at(slot))),
             None => {
@@ -539,6 +539,14 @@ impl NativeManager {
                 Ok(())
             }
         }
+    }
+
+    /// The request object remembered for the request now in `slot` (not
+    /// one left from an earlier tenant of the slot).
+    pub(crate) fn held_object(&self, slot: u32) -> Option<&PyObject> {
+        let held = self.ids.request_at(slot)?;
+        let handle = self.ids.handle_of_request(held.as_ptr() as usize)?;
+        (handle == self.inner.handle_at(slot)).then_some(held)
     }
 
     /// `remember_request_object` for a slot no live object holds.

@@ -139,7 +139,7 @@ pub fn req_attr<'py>(
 
 #[cold]
 #[inline(never)]
-fn not_a_request(request: &Bound<'_, PyAny>, name: &Bound<'_, PyAny>, e: PyErr) -> PyErr {
+pub fn not_a_request(request: &Bound<'_, PyAny>, name: &Bound<'_, PyAny>, e: PyErr) -> PyErr {
     if !e.is_instance_of::<pyo3::exceptions::PyAttributeError>(request.py()) {
         return e;
     }

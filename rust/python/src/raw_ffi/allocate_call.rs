@@ -109,9 +109,9 @@ unsafe fn call_full(
     call_matched(&manager, positional.into_iter(), keywords.into_iter())
 }
 
-/// `request.<name>` as a plain count; None where it is something else or
-/// missing (the full path names the problem). A read that raised in the
-/// caller's code is that error (never read again by the full path, so it
+/// `request.<name>` as a plain count; None where it is something else
+/// (the full path names the problem). A read that failed is the error the
+/// full path gives (never read again there: the caller's own error
 /// propagates unchanged, the manager untouched).
 ///
 /// # Safety
@@ -125,7 +125,7 @@ unsafe fn count_attr(
     unsafe {
         let v = ffi::PyObject_GetAttr(request, name.as_ptr());
         if v.is_null() {
-            return missing_attr(py);
+            return Err(read_error(py, request, name));
         }
         let n = plain_count(v);
         ffi::Py_DECREF(v);
@@ -133,18 +133,22 @@ unsafe fn count_attr(
     }
 }
 
-/// The error of a failed attribute read: None (cleared) for a plain
-/// missing attribute, the full path names it; any other error propagates.
+/// The error of a failed attribute read, as the full path gives it (a
+/// missing attribute names what was expected; any other error unchanged).
+///
+/// # Safety
+/// `request` is a live object; the GIL is held; the error is set.
 #[cold]
 #[inline(never)]
-fn missing_attr(py: Python<'_>) -> PyResult<Option<usize>> {
+unsafe fn read_error(
+    py: Python<'_>,
+    request: *mut ffi::PyObject,
+    name: &Bound<'_, PyString>,
+) -> PyErr {
     let e = PyErr::fetch(py);
-    if !crate::convert::caller_raised(py, &e)
-        && e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py)
-    {
-        return Ok(None);
-    }
-    Err(e)
+    // SAFETY: as this function's.
+    let request = unsafe { Borrowed::from_ptr(py, request) };
+    crate::convert::not_a_request(&request, name, e)
 }
 
 /// What `decode_fast` made of a call.

@@ -218,13 +218,8 @@ unsafe fn learn_request(
 ) -> PyResult<Option<u64>> {
     // SAFETY: `request` is live (this function's contract).
     let request = unsafe { Borrowed::from_ptr(py, request) };
-    let rid = match request.getattr(pyo3::intern!(py, "request_id")) {
-        Ok(rid) => rid,
-        // No such attribute: the full path names what was expected.
-        Err(e) if !crate::convert::caller_raised(py, &e)
-            && e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => return Ok(None),
-        Err(e) => return Err(e),
-    };
+    // A read that fails fails as the full path's (which does not read again).
+    let rid = crate::convert::req_attr(&request, pyo3::intern!(py, "request_id"))?;
     // Only str ids are cached (by address: the cache holds the str).
     let Ok(rid) = rid.downcast::<pyo3::types::PyString>() else {
         return Ok(None);
