@@ -522,25 +522,6 @@ impl NativeManager {
         }
     }
 
-    /// Remembers `request` as the object of the held request in `slot`
-    /// (`checked_slot` then knows it); ValueError when another live object
-    /// is remembered there.
-    #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
-    pub(crate) fn remember_request_object(
-        &mut self,
-        request: &Bound<'_, PyAny>,
-        slot: u32,
-    ) -> PyResult<()> {
-        match self.held_object(slot) {
-            Some(held) if held.is(request) => Ok(()),
-            Some(_) => Err(second_request_error(self.inner.request_id_at(slot))),
-            None => {
-                self.remember_new_request(request, slot);
-                Ok(())
-            }
-        }
-    }
-
     /// The request object remembered for the request now in `slot` (not
     /// one left from an earlier tenant of the slot).
     pub(crate) fn held_object(&self, slot: u32) -> Option<&PyObject> {

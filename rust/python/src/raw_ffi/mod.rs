@@ -203,9 +203,11 @@ unsafe fn check_id_read(
     Err(crate::calls::renamed_error(held, rid.to_str()?))
 }
 
-/// `held_request` for a request object not known (yet, or any more): its
-/// handle by `request.request_id` and the id cache, the object remembered
-/// for next time. Out of line: the hot calls' code stays a few cache lines.
+/// `held_request` for a request object the manager does not know: None
+/// (the full path serves it) unless its id names a held request, which
+/// another live object then holds: ValueError. Every allocation remembers
+/// its request object, so a held request's own object is always known.
+/// Out of line: the hot calls' code stays a few cache lines.
 ///
 /// # Safety
 /// As `held_request`'s.
@@ -230,8 +232,10 @@ unsafe fn learn_request(
     let Some(slot) = this.inner.slot_of_handle(handle) else {
         return Ok(None);
     };
-    this.remember_request_object(&request, slot)?;
-    Ok(Some(handle))
+    if this.held_object(slot).is_some() {
+        return Err(crate::calls::second_request_error(this.inner.request_id_at(slot)));
+    }
+    Ok(None)
 }
 
 /// The `__dict__` of `request` where its `request_id` is that dict's entry
