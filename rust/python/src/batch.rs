@@ -388,7 +388,7 @@ fn run_requests<'py>(
                 })?;
                 if slot.is_none() && ok {
                     if let Some(s) = state.inner.lookup(rid) {
-                        state.remember_new_request(&item.request, s);
+                        state.remember_new_request(&item.request, s, Some(&item.rid));
                     }
                 }
                 ok

@@ -8,11 +8,12 @@
 //! that call, before it reads or changes anything, and the call in progress
 //! completes as if the second had not been made.
 //!
-//! The calls in progress live in one list under the GIL (a manager's own
-//! state is borrowed by its call, so it cannot say what is running):
-//! usually empty, one entry per call under way on any manager.
+//! The calls in progress live under the GIL (a manager's own state is
+//! borrowed by its call, so it cannot say what is running): the first in
+//! one slot, which is all a serving loop ever uses, any more (calls on
+//! other managers meanwhile, other threads) in a list, usually empty.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -21,9 +22,21 @@ use pyo3::sync::GILProtected;
 
 use crate::native_manager::NativeManager;
 
-/// (manager address, name of its call in progress).
-static IN_PROGRESS: GILProtected<RefCell<Vec<(usize, &'static str)>>> =
-    GILProtected::new(RefCell::new(Vec::new()));
+/// (manager address, name of its call in progress); 0: none.
+type Entry = (usize, &'static str);
+
+struct InProgress {
+    first: Cell<Entry>,
+    more: RefCell<Vec<Entry>>,
+    /// `more.len()`, read without borrowing it.
+    num_more: Cell<usize>,
+}
+
+static IN_PROGRESS: GILProtected<InProgress> = GILProtected::new(InProgress {
+    first: Cell::new((0, "")),
+    more: RefCell::new(Vec::new()),
+    num_more: Cell::new(0),
+});
 
 /// A manager's call in progress; leaving it (drop) ends it.
 pub(crate) struct InCall<'py> {
@@ -39,12 +52,29 @@ pub(crate) fn enter_addr<'py>(
     manager: usize,
     name: &'static str,
 ) -> PyResult<InCall<'py>> {
-    let mut calls = IN_PROGRESS.get(py).borrow_mut();
-    if let Some(&(_, running)) = calls.iter().find(|(m, _)| *m == manager) {
+    let calls = IN_PROGRESS.get(py);
+    let first = calls.first.get();
+    if first.0 == manager {
+        return Err(refused(name, first.1));
+    }
+    if first.0 == 0 && calls.num_more.get() == 0 {
+        calls.first.set((manager, name));
+    } else {
+        enter_more(calls, manager, name)?;
+    }
+    Ok(InCall { py, manager })
+}
+
+#[cold]
+#[inline(never)]
+fn enter_more(calls: &InProgress, manager: usize, name: &'static str) -> PyResult<()> {
+    let mut more = calls.more.borrow_mut();
+    if let Some(&(_, running)) = more.iter().find(|(m, _)| *m == manager) {
         return Err(refused(name, running));
     }
-    calls.push((manager, name));
-    Ok(InCall { py, manager })
+    more.push((manager, name));
+    calls.num_more.set(more.len());
+    Ok(())
 }
 
 /// `enter_addr` for a bound manager.
@@ -59,17 +89,34 @@ pub(crate) fn enter<'py>(
 impl Drop for InCall<'_> {
     #[inline]
     fn drop(&mut self) {
-        let mut calls = IN_PROGRESS.get(self.py).borrow_mut();
-        if let Some(i) = calls.iter().rposition(|(m, _)| *m == self.manager) {
-            calls.swap_remove(i);
+        let calls = IN_PROGRESS.get(self.py);
+        if calls.first.get().0 == self.manager {
+            calls.first.set((0, ""));
+        } else {
+            leave_more(calls, self.manager);
         }
     }
 }
 
+#[cold]
+#[inline(never)]
+fn leave_more(calls: &InProgress, manager: usize) {
+    let mut more = calls.more.borrow_mut();
+    if let Some(i) = more.iter().position(|(m, _)| *m == manager) {
+        more.swap_remove(i);
+    }
+    calls.num_more.set(more.len());
+}
+
 /// The name of the call in progress on the manager at `manager`, if any.
 pub(crate) fn running(py: Python<'_>, manager: usize) -> Option<&'static str> {
-    let calls = IN_PROGRESS.get(py).borrow();
-    calls.iter().find(|(m, _)| *m == manager).map(|&(_, n)| n)
+    let calls = IN_PROGRESS.get(py);
+    let first = calls.first.get();
+    if first.0 == manager {
+        return Some(first.1);
+    }
+    let more = calls.more.borrow();
+    more.iter().find(|(m, _)| *m == manager).map(|&(_, n)| n)
 }
 
 #[cold]

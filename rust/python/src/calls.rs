@@ -328,7 +328,7 @@ impl NativeManager {
 /// Request objects the manager let go of: dropped by the caller once the
 /// manager's state is settled and no longer borrowed.
 #[allow(dead_code)] // held only to be dropped later
-pub(crate) struct HeldObjects(pub(crate) (PyObject, Option<Py<pyo3::types::PyDict>>));
+pub(crate) struct HeldObjects(pub(crate) PyObject);
 
 /// The error for a held request whose `request_id` changed.
 #[cold]
@@ -473,7 +473,7 @@ impl NativeManager {
                 let ok = guard(|| inner.allocate_held_into(s, &args, update, out))?;
                 if ok && self.held_object(s).is_none() {
                     // A slot its lookup made: known by its object from now on.
-                    self.remember_new_request(request, s);
+                    self.remember_new_request(request, s, rid);
                 }
                 Ok(ok)
             }
@@ -487,7 +487,7 @@ impl NativeManager {
                 let ok = guard(|| inner.allocate_general_into(None, id, &args, update, out))?;
                 if let Some(s) = self.inner.lookup(id).filter(|_| ok) {
                     // Known by its object from now on (see `checked_slot`).
-                    self.remember_new_request(request, s);
+                    self.remember_new_request(request, s, Some(&rid));
                 }
                 Ok(ok)
             }
@@ -530,14 +530,24 @@ impl NativeManager {
         (handle == self.inner.handle_at(slot)).then_some(held)
     }
 
-    /// `remember_request_object` for a slot no live object holds.
-    pub(crate) fn remember_new_request(&mut self, request: &Bound<'_, PyAny>, slot: u32) {
+    /// Remembers `request` as the object of the request just allocated in
+    /// `slot` (no live object holds it), and `rid`, the id it read, as the
+    /// str its id is (the hot calls' identity check compares it by address).
+    pub(crate) fn remember_new_request(
+        &mut self,
+        request: &Bound<'_, PyAny>,
+        slot: u32,
+        rid: Option<&Bound<'_, PyString>>,
+    ) {
         #[cfg(feature = "raw-ffi")]
-        let dict = crate::raw_ffi::id_dict(request);
+        let in_dict = crate::raw_ffi::fields_in_dict(request);
         #[cfg(not(feature = "raw-ffi"))]
-        let dict = None;
+        let in_dict = false;
         let handle = self.inner.handle_at(slot);
-        self.ids.remember_request(request, handle, dict);
+        self.ids.remember_request(request, handle, in_dict);
+        if let Some(rid) = rid {
+            self.ids.remember(rid, handle);
+        }
     }
 
     /// The slot of the request whose id is `rid`: by the str object's

@@ -18,7 +18,7 @@
 
 use hybridcache_core::addr_table::{AddrTable, NextCall};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::PyString;
 
 /// Objects by address, each kept alive by its entry (so no other object
 /// can take the address while it stands), at most one entry per slot and
@@ -77,9 +77,9 @@ pub struct IdCache {
     ids: Pinned<PyString>,
     // The hot calls' table, by request object.
     requests: Pinned<PyAny>,
-    // Per slot: the request object's `__dict__`, where `request.request_id`
-    // is read as that dict's entry (`remember_request`), else None.
-    dicts: Vec<Option<Py<PyDict>>>,
+    // Per slot: whether the request object's `request_id` and
+    // `num_computed_tokens` are its `__dict__`'s entries (`remember_request`).
+    fields_in_dict: Vec<bool>,
 }
 
 impl IdCache {
@@ -98,20 +98,16 @@ impl IdCache {
 
     /// Remembers that `request` is the request of `handle` (every
     /// allocation of a request remembers it: a held request is known by
-    /// its object until it is freed). `dict`: the object's `__dict__`
-    /// where its `request_id` is that dict's entry (see `id_dict`).
-    pub fn remember_request(
-        &mut self,
-        request: &Bound<'_, PyAny>,
-        handle: u64,
-        dict: Option<Bound<'_, PyDict>>,
-    ) {
+    /// its object until it is freed). `fields_in_dict`: its `request_id`
+    /// and `num_computed_tokens` are its `__dict__`'s entries (the hot
+    /// calls read them there: `raw_ffi::fields_in_dict`).
+    pub fn remember_request(&mut self, request: &Bound<'_, PyAny>, handle: u64, fields_in_dict: bool) {
         self.requests.remember(request, handle);
         let slot = handle as u32 as usize;
-        if slot >= self.dicts.len() {
-            self.dicts.resize_with(slot + 1, || None);
+        if slot >= self.fields_in_dict.len() {
+            self.fields_in_dict.resize(slot + 1, false);
         }
-        self.dicts[slot] = dict.map(Bound::unbind);
+        self.fields_in_dict[slot] = fields_in_dict;
     }
 
     /// The request object held for `slot`, if any.
@@ -131,24 +127,22 @@ impl IdCache {
         self.ids.held.get(slot as usize).and_then(Option::as_ref)
     }
 
-    /// The `__dict__` the request of `slot` keeps its `request_id` in, if
-    /// it was remembered with one.
+    /// Whether the request of `slot` keeps its fields in its `__dict__`.
     #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
-    pub fn dict_at(&self, slot: u32) -> Option<&Py<PyDict>> {
-        self.dicts.get(slot as usize).and_then(Option::as_ref)
+    pub fn fields_in_dict(&self, slot: u32) -> bool {
+        self.fields_in_dict.get(slot as usize).copied().unwrap_or(false)
     }
 
     /// The request objects held (for the garbage collector: a request may
-    /// reach its manager, through an event sink or a hasher), and their dicts.
+    /// reach its manager, through an event sink or a hasher).
     pub fn held_requests(&self) -> impl Iterator<Item = &PyObject> {
-        let dicts = self.dicts.iter().flatten().map(|d| d.as_any());
-        self.requests.held.iter().flatten().chain(dicts)
+        self.requests.held.iter().flatten()
     }
 
-    /// Lets go of every request object (the garbage collector's clear).
+    /// Lets go of every request object (the garbage collector's clear);
+    /// returned, for the caller to drop.
     pub fn forget_requests(&mut self) -> Vec<PyObject> {
-        let mut out: Vec<PyObject> = std::mem::take(&mut self.requests.held).into_iter().flatten().collect();
-        out.extend(std::mem::take(&mut self.dicts).into_iter().flatten().map(Py::into_any));
+        let out = std::mem::take(&mut self.requests.held).into_iter().flatten().collect();
         self.requests = Pinned::default();
         out
     }
@@ -158,9 +152,8 @@ impl IdCache {
     /// held, for the caller to drop once the manager's state is settled
     /// (dropping a request can run its finalizer, which is Python code).
     #[must_use]
-    pub fn forget_request(&mut self, slot: u32) -> Option<(PyObject, Option<Py<PyDict>>)> {
-        let dict = self.dicts.get_mut(slot as usize).and_then(Option::take);
-        self.requests.take(slot as usize).map(|r| (r, dict))
+    pub fn forget_request(&mut self, slot: u32) -> Option<PyObject> {
+        self.requests.take(slot as usize)
     }
 
     /// Remembers that `id` names the request of `handle`.

@@ -422,6 +422,7 @@ impl KvCacheManager {
     /// prefetch before its next call: the hot line (`RequestRegistry::
     /// hot_line_addr`), then each group's record (two lines each), which a
     /// decode that changes blocks reads.
+    #[inline(always)]
     pub fn for_each_decode_line(&self, handle: u64, mut f: impl FnMut(*const u8)) {
         let Some(hot) = self.reqs.hot_line_addr(handle) else {
             return;

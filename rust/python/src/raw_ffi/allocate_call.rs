@@ -13,9 +13,8 @@ use hybridcache_core::AllocateArgs;
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyString;
 
-use super::{call_args, held_request, plain_count, raw_call, CallArgs, MethodDef};
+use super::{attr_count, call_args, dict_count, held_request, plain_count, raw_call, CallArgs, MethodDef};
 use crate::allocate_params::{call_matched, param_name, Param};
 use crate::NativeManager;
 
@@ -109,48 +108,6 @@ unsafe fn call_full(
     call_matched(&manager, positional.into_iter(), keywords.into_iter())
 }
 
-/// `request.<name>` as a plain count; None where it is something else
-/// (the full path names the problem). A read that failed is the error the
-/// full path gives (never read again there: the caller's own error
-/// propagates unchanged, the manager untouched).
-///
-/// # Safety
-/// `request` is a live object; the GIL is held.
-unsafe fn count_attr(
-    py: Python<'_>,
-    request: *mut ffi::PyObject,
-    name: &Bound<'_, PyString>,
-) -> PyResult<Option<usize>> {
-    // SAFETY: as this function's; the attribute is a new reference, released here.
-    unsafe {
-        let v = ffi::PyObject_GetAttr(request, name.as_ptr());
-        if v.is_null() {
-            return Err(read_error(py, request, name));
-        }
-        let n = plain_count(v);
-        ffi::Py_DECREF(v);
-        Ok(n)
-    }
-}
-
-/// The error of a failed attribute read, as the full path gives it (a
-/// missing attribute names what was expected; any other error unchanged).
-///
-/// # Safety
-/// `request` is a live object; the GIL is held; the error is set.
-#[cold]
-#[inline(never)]
-unsafe fn read_error(
-    py: Python<'_>,
-    request: *mut ffi::PyObject,
-    name: &Bound<'_, PyString>,
-) -> PyErr {
-    let e = PyErr::fetch(py);
-    // SAFETY: as this function's.
-    let request = unsafe { Borrowed::from_ptr(py, request) };
-    crate::convert::not_a_request(&request, name, e)
-}
-
 /// What `decode_fast` made of a call.
 enum Fast {
     /// A decode that changed no block: the shared empty result.
@@ -220,12 +177,16 @@ unsafe fn decode_fast(
             return Ok(Fast::Other);
         }
         let request = *args;
-        let Some(handle) = held_request(py, &mut this, request)? else {
+        let Some((handle, dict)) = held_request(py, &mut this, request)? else {
             return Ok(Fast::Other);
         };
-        let Some(num_computed_tokens) =
-            count_attr(py, request, intern!(py, "num_computed_tokens"))?
-        else {
+        let name = intern!(py, "num_computed_tokens");
+        let computed = match &dict {
+            Some(d) => dict_count(py, d, request, name)?,
+            None => attr_count(py, request, name)?,
+        };
+        drop(dict);
+        let Some(num_computed_tokens) = computed else {
             return Ok(Fast::Other);
         };
         let this = &mut *this;

@@ -95,7 +95,7 @@ unsafe fn is_noop(
         if this.inner.wants_num_computed_tokens() {
             return Ok(false);
         }
-        let Some(handle) = held_request(py, &mut this, *args)? else {
+        let Some((handle, _)) = held_request(py, &mut this, *args)? else {
             return Ok(false);
         };
         Ok(this
