@@ -180,7 +180,7 @@ class NativeManager:
 
         Raises ValueError for a request without tokens, TypeError /
         AttributeError for a request without the attributes of `_Request`."""
-    def _get_computed_blocks_033(
+    def _get_computed_blocks_with_boundary(
         self, request: _Request, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int]:
         """0.33.0's `get_computed_blocks`: `get_computed_blocks`' pair plus
@@ -194,13 +194,13 @@ class NativeManager:
         each group's own hit over `block_hashes`, not reconciled with the
         others (blocks, hit tokens per group). ValueError for other
         coordinators (one group, or no prefix caching) and for 0.23.0."""
-    def _get_computed_blocks_for_connector_033(
+    def _get_computed_blocks_for_connector(
         self, request: _Request, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int, bool | None]:
         """0.33.0's `get_computed_blocks_for_connector`: with Mamba layers
         beside full attention each group's own hit, the full-attention one
         as the local prefix, and `hit_diverged`; `hit_diverged` None where
-        the reconciled `_get_computed_blocks_033` answered."""
+        the reconciled `_get_computed_blocks_with_boundary` answered."""
     @property
     def release(self) -> str:
         """The vLLM release whose semantics this manager follows ("0.23.0", "0.33.0")."""
@@ -412,28 +412,28 @@ class NativeManager:
         """Call once at the start of every scheduler step (vLLM's
         `Scheduler.schedule` does): per-step bookkeeping such as the Mamba
         align groups' blocks cached this step."""
-    def _take_boundary_state_offloads_033(self) -> dict[str, list[tuple[int, int, int]]]:
+    def _take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """vLLM 0.33.0 Mamba align states cached since the last call:
         {request id: [(group, block id, boundary tokens), ...]}, oldest
         first."""
-    def _take_kv_cache_block_copies_033(self) -> list[tuple[int, int]]:
+    def _take_kv_cache_block_copies(self) -> list[tuple[int, int]]:
         """vLLM 0.33.0 copy-on-write copies of partial hash hits since the
         last call: (source, copy) block ids, each holding an extra reference
         the caller frees after the step."""
-    def _finalize_partial_tail_offloads_033(self, request_id: str, num_computed_tokens: int,
+    def _finalize_partial_tail_offloads(self, request_id: str, num_computed_tokens: int,
                                             num_in_flight_tokens: int) -> list[tuple[int, int, int]]:
         """vLLM 0.33.0 `finalize_partial_tail_offloads`: (group, block id,
         boundary tokens) of the request's complete Mamba producer tails."""
     def _adopt_core(self, other: NativeManager) -> None:
         """Swaps this manager's core with `other`'s, keeping this side's
         Python bindings (the facade rebuilds an untouched manager in place)."""
-    def _set_shared_prefix_checkpoint_033(self, on: bool) -> None:
+    def _set_shared_prefix_checkpoint(self, on: bool) -> None:
         """vLLM 0.33.0's `mamba_shared_prefix_checkpoint` (narrowed by the facade), before the first request."""
-    def _set_partial_hits_dcp_033(self, dcp_world_size: int) -> None:
+    def _set_partial_hits_dcp(self, dcp_world_size: int) -> None:
         """vLLM 0.33.0's partial-hit rule under decode context parallelism
         (before the first request; the groups come scaled already)."""
     @property
-    def _partial_hash_hits_033(self) -> bool:
+    def _partial_hash_hits(self) -> bool:
         """vLLM 0.33.0's `enable_partial_hash_hits`."""
     def ref_cnt(self, block_id: int) -> int:
         """How many requests hold the block."""

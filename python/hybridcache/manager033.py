@@ -195,14 +195,14 @@ class KVCacheManager033(KVCacheManager):
         if enable_caching and self.dcp_world_size > 1:
             # 0.33.0 turns partial hash hits on under dcp for a Mamba block as
             # wide as the hash block; the core, built with the scaled groups, hears the dcp.
-            self._native._set_partial_hits_dcp_033(self.dcp_world_size)
+            self._native._set_partial_hits_dcp(self.dcp_world_size)
         # 0.33.0's one predicate, read by the scheduler too (it ends chunks
         # at junctions only where the manager keys them); multi-module MTP
         # caches below the chunk end, so it is out.
         shared_prefix_checkpoint = bool(enable_mamba_shared_prefix_checkpoint) and eagle_groups \
-            and self._native._partial_hash_hits_033 and self.num_reprefillable_tokens == 0
+            and self._native._partial_hash_hits and self.num_reprefillable_tokens == 0
         if shared_prefix_checkpoint:
-            self._native._set_shared_prefix_checkpoint_033(True)
+            self._native._set_shared_prefix_checkpoint(True)
         self._scheduler_block_size = scheduler_block_size
         # As given (the coordinator view's `retention_interval`).
         self._retention_interval = retention_interval
@@ -266,7 +266,7 @@ class KVCacheManager033(KVCacheManager):
         attention type found ends when a sparse-retention group lags it
         (else 0; the scheduler stores it in `request.shared_prefix_boundary`).
         Counts nothing: the scheduler calls `record_prefix_cache_stats`."""
-        blocks, hit, boundary = self._get_computed_blocks_033(request, max_cache_hit_length)
+        blocks, hit, boundary = self._get_computed_blocks_with_boundary(request, max_cache_hit_length)
         if hit and self._event_builder is not None and getattr(request, "kv_cache_report_mode", "incremental") == "full":
             self._report_reused_hit(request, blocks)
         return blocks, hit, boundary
@@ -296,7 +296,7 @@ class KVCacheManager033(KVCacheManager):
         the full-attention hit reported with `hit_diverged` (a group lags
         it); otherwise, or when a group hit deeper, `get_computed_blocks`
         plus `hit_diverged=False`."""
-        blocks, hit, boundary, diverged = self._get_computed_blocks_for_connector_033(request, max_cache_hit_length)
+        blocks, hit, boundary, diverged = self._get_computed_blocks_for_connector(request, max_cache_hit_length)
         if diverged is not None:
             return blocks, hit, boundary, diverged
         if hit and self._event_builder is not None and getattr(request, "kv_cache_report_mode", "incremental") == "full":
@@ -406,7 +406,7 @@ class KVCacheManager033(KVCacheManager):
         `KVCacheBlockCopy(src_block_id, dst_block_id)` and both ends of each
         (source, copy, in pair order), which hold an extra reference until
         the caller hands them to `block_pool.free_blocks` after the step."""
-        pairs = self._native._take_kv_cache_block_copies_033()
+        pairs = self._native._take_kv_cache_block_copies()
         if not pairs:
             # Most steps (the scheduler asks every step).
             return [], []
@@ -419,14 +419,14 @@ class KVCacheManager033(KVCacheManager):
         """Mamba align boundary states for a KV connector, drained:
         {request id: [(group, block id, boundary tokens), ...]}, every state
         cached since the last call (none without Mamba prefix caching)."""
-        return self._take_boundary_state_offloads_033()
+        return self._take_boundary_state_offloads()
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
         """A finishing request's Mamba align producer tails (its own prompt
         boundary state cached inside a block), consumed: `(group, block id,
         boundary tokens)` for each whose request forwarded nothing past the
         boundary (`num_computed_tokens` equals it, none in flight)."""
-        return [(int(t[0]), int(t[1]), int(t[2])) for t in self._native._finalize_partial_tail_offloads_033(
+        return [(int(t[0]), int(t[1]), int(t[2])) for t in self._native._finalize_partial_tail_offloads(
             request.request_id, int(request.num_computed_tokens), int(getattr(request, "num_in_flight_tokens", 0)))]
 
     def reset_prefix_cache(self) -> bool:

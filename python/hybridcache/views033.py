@@ -57,7 +57,7 @@ class CoordinatorView033(CoordinatorView):
         carry each group's spec and block size."""
         super().__init__(manager)
         # vLLM 0.33.0's `enable_partial_hash_hits`: hits land on hash blocks.
-        self.enable_partial_hash_hits = bool(manager._native._partial_hash_hits_033)
+        self.enable_partial_hash_hits = bool(manager._native._partial_hash_hits)
         groups = list(manager.kv_cache_config.kv_cache_groups)
         self.single_type_managers = tuple(
             _manager_view_class(groups[g].kv_cache_spec)(manager, g, groups[g].kv_cache_spec)
@@ -247,7 +247,7 @@ class _SingleTypeManagerView033(SingleTypeManagerView):
 
 def _cache_hit_alignment_tokens(manager: KVCacheManager033) -> int:
     """0.33.0's `_cache_hit_alignment_tokens` of `manager`'s hybrid coordinator."""
-    return manager._hash_block_size if manager._native._partial_hash_hits_033 else manager._scheduler_block_size
+    return manager._hash_block_size if manager._native._partial_hash_hits else manager._scheduler_block_size
 
 
 _MANAGER_VIEWS: dict[type, type[_SingleTypeManagerView033]] = {}

@@ -13,7 +13,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 
-use crate::calls::{prompt_len_if_wanted, raw_events, read_033_fields};
+use crate::calls::{prompt_len_if_wanted, raw_events, read_in_flight_fields};
 use crate::convert::{
     count, count_obj, fill_hash_update, guard, hash_update, req_attr, to_py_err, u32_bytes,
     uint_array,
@@ -327,7 +327,7 @@ fn run_requests<'py>(
                 None
             };
             args.num_prompt_tokens = prompt_len_if_wanted(inner, slot, &request).map_err(at)?;
-            read_033_fields(inner, &request, &mut args).map_err(at)?;
+            read_in_flight_fields(inner, &request, &mut args).map_err(at)?;
             let id = rid.to_str()?;
             guard(|| inner.check_allocate(slot, id, &args, update.as_ref())).map_err(at)?;
             Some(update)

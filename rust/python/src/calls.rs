@@ -12,7 +12,7 @@ use crate::blocks::KVCacheBlocks;
 use crate::convert::{
     self, block_ids, count_obj, fill_hash_update, guard, hash_update, req_attr, request_num_tokens,
 };
-use crate::native_manager::{Bound_, NativeManager};
+use crate::native_manager::{PythonSide, NativeManager};
 use crate::{opt_count, request_id, NUM_TOKENS_UNREAD};
 
 /// The optional arguments of `allocate_slots` as given (None: left out;
@@ -99,7 +99,7 @@ pub(crate) fn prompt_len_if_wanted(
 /// wants them: `shared_prefix_boundary` (sparse retention keeps it) and
 /// `num_in_flight_tokens` (window frees lag them); unread otherwise.
 #[inline]
-pub(crate) fn read_033_fields(
+pub(crate) fn read_in_flight_fields(
     inner: &KvCacheManager,
     request: &Bound<'_, PyAny>,
     args: &mut AllocateArgs,
@@ -246,7 +246,7 @@ impl NativeManager {
         })
     }
 
-    pub(crate) fn py_side(&self) -> PyResult<&Bound_> {
+    pub(crate) fn py_side(&self) -> PyResult<&PythonSide> {
         self.py_side.as_ref().ok_or_else(|| {
             pyo3::exceptions::PyRuntimeError::new_err("NativeManager used before _bind_python")
         })
@@ -345,7 +345,7 @@ impl NativeManager {
             args.num_tokens = request_num_tokens(request)?;
         }
         args.num_prompt_tokens = prompt_len_if_wanted(&self.inner, slot, request)?;
-        read_033_fields(&self.inner, request, &mut args)?;
+        read_in_flight_fields(&self.inner, request, &mut args)?;
         let has_update = self.update_if_needed(slot, request, &args)?;
         let (inner, out) = (&mut self.inner, &mut self.scratch);
         let update = has_update.then_some(&self.hash_buf);

@@ -11,7 +11,7 @@ use crate::convert::{self, block_ids, count_obj, guard, ids_tuple, int_list, to_
 use crate::{allocate_params, batch, lookup, request_id};
 
 /// Python-side collaborators the facade binds after construction.
-pub(crate) struct Bound_ {
+pub(crate) struct PythonSide {
     /// The shared empty `KVCacheBlocks` (vLLM hands out one instance).
     pub(crate) empty: PyObject,
     /// `sink(raw_events, request)` turns raw events into event objects.
@@ -26,7 +26,7 @@ pub(crate) struct Bound_ {
 #[pyclass(module = "hybridcache._native", name = "NativeManager", subclass)]
 pub(crate) struct NativeManager {
     pub(crate) inner: KvCacheManager,
-    pub(crate) py_side: Option<Bound_>,
+    pub(crate) py_side: Option<PythonSide>,
     // The last allocation's new blocks (reused: a call allocates nothing).
     pub(crate) scratch: NewBlocks,
     // A decode's new block hashes on their way to the core (reused too).
@@ -111,7 +111,7 @@ impl NativeManager {
         metrics_sink: Option<PyObject>,
     ) {
         self.inner.set_record_block_metrics(metrics_sink.is_some());
-        self.py_side = Some(Bound_ {
+        self.py_side = Some(PythonSide {
             empty,
             event_sink,
             metrics_sink,
@@ -167,7 +167,7 @@ impl NativeManager {
     /// shared_prefix_boundary), the boundary where the longest hit one
     /// attention type found ends when it passes the hit, else 0.
     #[pyo3(signature = (request, max_cache_hit_length=None))]
-    fn _get_computed_blocks_033<'py>(
+    fn _get_computed_blocks_with_boundary<'py>(
         slf: &Bound<'py, Self>,
         request: &Bound<'py, PyAny>,
         max_cache_hit_length: Option<&Bound<'py, PyAny>>,
@@ -187,9 +187,9 @@ impl NativeManager {
 
     /// 0.33.0's `get_computed_blocks_for_connector` core: (KVCacheBlocks,
     /// hit tokens, shared_prefix_boundary, hit_diverged), hit_diverged None
-    /// where the reconciled lookup (`_get_computed_blocks_033`) answered.
+    /// where the reconciled lookup (`_get_computed_blocks_with_boundary`) answered.
     #[pyo3(signature = (request, max_cache_hit_length=None))]
-    fn _get_computed_blocks_for_connector_033<'py>(
+    fn _get_computed_blocks_for_connector<'py>(
         slf: &Bound<'py, Self>,
         request: &Bound<'py, PyAny>,
         max_cache_hit_length: Option<&Bound<'py, PyAny>>,
@@ -608,7 +608,7 @@ impl NativeManager {
 
     /// Mamba align boundary states cached since the last take: {request
     /// id: [(group, block id, boundary tokens), ...]}, oldest first.
-    fn _take_boundary_state_offloads_033<'py>(
+    fn _take_boundary_state_offloads<'py>(
         &mut self,
         py: Python<'py>,
     ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
