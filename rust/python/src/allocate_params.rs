@@ -6,9 +6,28 @@
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
-use pyo3::types::PyString;
+use pyo3::types::{PyDict, PyString, PyTuple};
 
-use crate::{opt_flag, AllocateSlotsArgs, NativeManager};
+use crate::calls::AllocateSlotsArgs;
+use crate::native_manager::NativeManager;
+use crate::py_args::opt_flag;
+
+impl NativeManager {
+    /// The manager follows vLLM 0.23.0, whose API lacks the later calls
+    /// and parameters.
+    pub(crate) fn is_0_23(&self) -> bool {
+        self.inner.profile().release == "0.23.0"
+    }
+
+    /// How many `allocate_slots` parameters this manager's release has.
+    pub(crate) fn num_allocate_params(&self) -> usize {
+        if self.is_0_23() {
+            NUM_PARAMS_0_23
+        } else {
+            NUM_PARAMS
+        }
+    }
+}
 
 /// The parameters, in vLLM's order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,4 +181,23 @@ pub(crate) fn call_matched<'py>(
             skip_zeroing_group_ids: get(Param::SkipZeroingGroupIds),
         },
     )
+}
+
+#[pymethods]
+impl NativeManager {
+    /// vLLM 0.23.0's `KVCacheManager.allocate_slots(request, num_new_tokens,
+    /// num_new_computed_tokens=0, new_computed_blocks=None,
+    /// num_lookahead_tokens=0, num_external_computed_tokens=0,
+    /// delay_cache_blocks=False, num_encoder_tokens=0,
+    /// full_sequence_must_fit=False, reserved_blocks=0)`; the parameters
+    /// are matched as Python does (`allocate_params`). The facade's class
+    /// has the raw entry point in its place (`_raw_methods`).
+    #[pyo3(signature = (*args, **kwargs))]
+    fn allocate_slots(
+        slf: &Bound<'_, Self>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyObject> {
+        call_matched(slf, args.iter(), kwargs.into_iter().flat_map(|k| k.iter()))
+    }
 }

@@ -12,8 +12,8 @@ use crate::blocks::KVCacheBlocks;
 use crate::convert::{
     self, block_ids, count_obj, fill_hash_update, guard, hash_update, req_attr, request_num_tokens,
 };
-use crate::native_manager::{PythonSide, NativeManager};
-use crate::{opt_count, request_id, NUM_TOKENS_UNREAD};
+use crate::native_manager::{NativeManager, PythonSide};
+use crate::py_args::{opt_count, request_id, NUM_TOKENS_UNREAD};
 
 /// The optional arguments of `allocate_slots` as given (None: left out;
 /// the flags already converted, as PyO3 does first).
@@ -356,7 +356,7 @@ impl NativeManager {
                 // A new request: callers with no slot pass the id they read.
                 let rid = match rid {
                     Some(r) => r.clone(),
-                    None => crate::request_id(request)?,
+                    None => request_id(request)?,
                 };
                 let rid = rid.to_str()?;
                 guard(|| inner.allocate_general_into(None, rid, &args, update, out))
