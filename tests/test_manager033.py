@@ -296,7 +296,7 @@ def test_scheduler_views(v33: Any) -> None:
                  lambda x: x.take_boundary_state_offloads(),
                  lambda x: x.coordinator.get_num_blocks_to_allocate("z", 64, ((),), 0, 0, 0, 64)):
         assert view(m) == view(v)
-    assert _native.NativeManager.release.__get__(m) == "0.33.0"
+    assert _native.NativeManager.profile.__get__(m) == "partial-block-hits"
 
 
 @V033

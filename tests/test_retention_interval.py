@@ -82,16 +82,16 @@ def test_native_constructor_checks_too() -> None:
     """The core refuses what the facade would (for callers of the native class)."""
     groups = [g.native for g in read_groups(_hybrid_config(), 1024, 1024)]
     args = (100, groups, 1024, 32, 8, True, False, False)
-    NativeManager(*args, 64, "0.23.0", 1, 1)
-    NativeManager(*args, None, "0.23.0", 1, 1)
+    NativeManager(*args, 64, "whole-block-hits", 1, 1)
+    NativeManager(*args, None, "whole-block-hits", 1, 1)
     with pytest.raises(ValueError, match=r"retention interval \(48\) must be non-negative and a multiple"):
-        NativeManager(*args, 48, "0.23.0", 1, 1)
+        NativeManager(*args, 48, "whole-block-hits", 1, 1)
     with pytest.raises(ValueError, match="retention_interval"):
-        NativeManager(*args, -32, "0.23.0", 1, 1)
+        NativeManager(*args, -32, "whole-block-hits", 1, 1)
     with pytest.raises(TypeError, match="retention_interval must be an int"):
-        NativeManager(*args, "64", "0.23.0", 1, 1)
+        NativeManager(*args, "64", "whole-block-hits", 1, 1)
     with pytest.raises(ValueError, match="no sliding-window KV cache group"):
-        NativeManager(100, groups[:1], 1024, 32, 8, True, False, False, 0, "0.23.0", 1, 1)
+        NativeManager(100, groups[:1], 1024, 32, 8, True, False, False, 0, "whole-block-hits", 1, 1)
 
 
 def _cached_swa_blocks(m: KVCacheManager, req: Request) -> set[int]:

@@ -122,7 +122,7 @@ class NativeManager:
         use_eagle: bool,
         enable_events: bool,
         retention_interval: int | None,
-        profile: str,
+        profile: str,  # a behaviour profile's name: "whole-block-hits", "partial-block-hits"
         dcp_world_size: int,
         pcp_world_size: int,
     ) -> NativeManager: ...
@@ -202,8 +202,10 @@ class NativeManager:
         as the local prefix, and `hit_diverged`; `hit_diverged` None where
         the reconciled `_get_computed_blocks_with_boundary` answered."""
     @property
-    def release(self) -> str:
-        """The vLLM release whose semantics this manager follows ("0.23.0", "0.33.0")."""
+    def profile(self) -> str:
+        """The behaviour profile this manager follows ("whole-block-hits",
+        "partial-block-hits"; `hybridcache.releases` says which release
+        follows which)."""
     def _set_reprefillable_tokens(self, n: int) -> None:
         """vLLM 0.33.0's multi-module MTP: the last `n` computed tokens are
         never cached (its `num_prefill_lookahead - 1`); set before the first
@@ -488,10 +490,10 @@ _ExtraKeysFn: TypeAlias = Callable[[Any, int, int, int], tuple[tuple[Any, ...] |
 
 @final
 class BlockHasher:
-    """vLLM's request block hasher under release `profile`'s rules ("0.23.0",
-    "0.33.0"), natively and bit-identically, for hash_name "sha256_cbor",
+    """vLLM's request block hasher under behaviour profile `profile`'s rules
+    ("whole-block-hits", "partial-block-hits"), natively and bit-identically, for hash_name "sha256_cbor",
     "xxhash_cbor", "sha256" or "xxhash" (others raise ValueError); none_hash
-    is vLLM's NONE_HASH; num_hash_lookahead_tokens (0.33.0 on) the tokens
+    is vLLM's NONE_HASH; num_hash_lookahead_tokens (profiles with lookahead hashes) the tokens
     after each block its hash covers. Use
     `hybridcache.hashing.make_request_block_hasher`."""
 
@@ -501,7 +503,7 @@ class BlockHasher:
         block_size: int,
         none_hash: bytes,
         extra_keys_fn: _ExtraKeysFn | None = None,
-        profile: str = "0.23.0",
+        profile: str = "whole-block-hits",
         num_hash_lookahead_tokens: int = 0,
     ) -> BlockHasher: ...
     @property
@@ -628,17 +630,18 @@ def block_extra_keys(
     mm_keys: Sequence[Any] | None = None,
     cache_salt: Any = None,
     prompt_embeds_keys: Sequence[Any] | None = None,
-    profile: str = "0.23.0",
+    profile: str = "whole-block-hits",
     for_event: bool = False,
 ) -> tuple[Any, ...] | None:
     """The extra keys of the block starting at token `start` (vLLM's
     generate_block_hash_extra_keys order: LoRA, mm (identifier, offset)
-    pairs, cache salt on the first block, prompt-embeds digest), in release
-    `profile`'s form (0.33.0: each tagged, the LoRA with its path), or with
+    pairs, cache salt on the first block, prompt-embeds digest), in profile
+    `profile`'s form ("partial-block-hits": each tagged, the LoRA with its path), or with
     `for_event` in the form KV events publish (untagged); None when there
     are none."""
 
-def none_hash_seed(hash_name: str, pythonhashseed: str | None = None, profile: str = "0.23.0") -> str | None:
-    """What release `profile`'s init_none_hash hashes into NONE_HASH, given
-    $PYTHONHASHSEED: the seed, or None for 32 random bytes (0.23.0 unseeded);
-    0.33.0 unseeded: "vllm-none-hash" for sha256*, a random hex seed for xxhash*."""
+def none_hash_seed(hash_name: str, pythonhashseed: str | None = None, profile: str = "whole-block-hits") -> str | None:
+    """What profile `profile`'s init_none_hash hashes into NONE_HASH, given
+    $PYTHONHASHSEED: the seed, or None for 32 random bytes ("whole-block-hits"
+    unseeded); "partial-block-hits" unseeded: "vllm-none-hash" for sha256*, a
+    random hex seed for xxhash*."""

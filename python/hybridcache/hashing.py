@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridcache._native import BlockHasher, block_extra_keys, none_hash_seed
+from hybridcache.releases import profile_of
 
 __all__ = [
     "HASH_FUNCTION_NAMES",
@@ -82,7 +83,7 @@ def none_hash_for(
     "vllm-none-hash" for sha256*, a random hex seed for xxhash*)."""
     name = _hash_name(hash_fn)
     if seed is None:
-        seed = none_hash_seed(name, os.getenv("PYTHONHASHSEED"), profile)
+        seed = none_hash_seed(name, os.getenv("PYTHONHASHSEED"), profile_of(profile))
     if seed is None:
         return os.urandom(32)
     if name.endswith("_cbor"):
@@ -124,7 +125,8 @@ def make_request_block_hasher(
     if none_hash is None:
         none_hash = none_hash_for(name, profile=profile)
     return BlockHasher(
-        name, block_size, none_hash, extra_keys_fn or _extra_keys_for(profile), profile, num_hash_lookahead_tokens
+        name, block_size, none_hash, extra_keys_fn or _extra_keys_for(profile), profile_of(profile),
+        num_hash_lookahead_tokens
     )
 
 
@@ -203,5 +205,5 @@ def generate_block_hash_extra_keys(
     mm_keys, mm_idx = _mm_extra_keys(request, start, end, mm_idx)
     lora, salt = request.lora_request, request.cache_salt
     embeds = _prompt_embeds_keys(request, start, end)
-    keys = block_extra_keys(start, lora, mm_keys, salt, embeds, profile, for_event)
+    keys = block_extra_keys(start, lora, mm_keys, salt, embeds, profile_of(profile), for_event)
     return keys, mm_idx

@@ -13,6 +13,7 @@ from hybridcache.blocks import BlockView, KVCacheBlocks, block_view
 from hybridcache.config import read_groups, read_num_blocks, read_retention_interval
 from hybridcache.coordinator import coordinator_view
 from hybridcache.events import EventBuilder, prefix_cache_stats_class
+from hybridcache.releases import profile_of
 
 
 # The vLLM release whose semantics the core follows (its behaviour profile).
@@ -215,7 +216,7 @@ class KVCacheManager(_native.NativeManager):
             bool(use_eagle),
             bool(enable_kv_cache_events),
             retention_interval,
-            release,
+            profile_of(release),
             dcp_world_size,
             pcp_world_size,
         ))
@@ -244,6 +245,7 @@ class KVCacheManager(_native.NativeManager):
         release: str = PROFILE,
         num_hash_lookahead_tokens: int = 0,
     ) -> None:
+        self.release = release
         self.max_model_len = max_model_len
         self.enable_caching = bool(enable_caching)
         self.use_eagle = bool(use_eagle)

@@ -37,6 +37,9 @@ class Release:
             (`hybridcache.vllm_tokens`), i.e. whether that
             release's `append_output_token_ids` and `update_block_hashes`
             have the bodies it follows.
+        profile: the core's behaviour profile this release follows (a name
+            in `BehaviourProfile::NAMED`, rust/core/src/profile.rs), which
+            the native manager and hasher are given.
         layouts: the benchmark layouts (`hybridcache bench`'s configs, `bench
             --step`'s layouts, `replay`'s default trace: "full") this
             release's facade covers; None: every layout. The tools skip the
@@ -45,6 +48,7 @@ class Release:
 
     version: str
     facade: str
+    profile: str
     tools_oracle: bool = False
     native_hasher: bool = False
     native_token_append: bool = False
@@ -78,11 +82,11 @@ class Release:
 
 
 RELEASES: tuple[Release, ...] = (
-    Release("0.23.0", "hybridcache.vllm:VllmKVCacheManager", tools_oracle=True, native_hasher=True,
+    Release("0.23.0", "hybridcache.vllm:VllmKVCacheManager", "whole-block-hits", tools_oracle=True, native_hasher=True,
             native_token_append=True),
     # 0.33.0: every benchmark layout (Mamba align with prefix caching where
     # its block is one hash block, as the benchmarks' is).
-    Release("0.33.0", "hybridcache.vllm033:VllmKVCacheManager033", tools_oracle=True, native_hasher=True,
+    Release("0.33.0", "hybridcache.vllm033:VllmKVCacheManager033", "partial-block-hits", tools_oracle=True, native_hasher=True,
             native_token_append=True, layouts=None),
 )
 SUPPORTED_VLLM_VERSIONS: tuple[str, ...] = tuple(r.version for r in RELEASES)
@@ -105,6 +109,14 @@ def find(version: str | None) -> Release | None:
         return None
     wanted = release_version(version)
     return next((r for r in RELEASES if r.version == wanted), None)
+
+
+def profile_of(version: str) -> str:
+    """The behaviour profile the native side is given for vLLM `version`;
+    a string that is no supported release is passed on as it is (a profile
+    name, or a version the native side refuses, naming its profiles)."""
+    release = find(version)
+    return release.profile if release is not None else version
 
 
 def supported_text() -> str:

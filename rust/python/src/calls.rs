@@ -26,10 +26,11 @@ pub(crate) struct AllocateSlotsArgs<'a, 'py> {
     pub(crate) num_encoder_tokens: Option<&'a Bound<'py, PyAny>>,
     pub(crate) full_sequence_must_fit: bool,
     pub(crate) reserved_blocks: Option<&'a Bound<'py, PyAny>>,
-    /// 0.33.0: some request is already scheduled this step (the watermark
-    /// applies only then); True when left out.
+    /// Some request is already scheduled this step (the watermark applies
+    /// only then); True when left out (a step argument: `PARAMS`).
     pub(crate) has_scheduled_reqs: bool,
-    /// 0.33.0: groups whose external-token blocks an async load writes.
+    /// Groups whose external-token blocks an async load writes (a step
+    /// argument).
     pub(crate) skip_zeroing_group_ids: Option<&'a Bound<'py, PyAny>>,
 }
 
@@ -95,7 +96,7 @@ pub(crate) fn prompt_len_if_wanted(
     count_obj("request.num_prompt_tokens", &n).map(Some)
 }
 
-/// The request fields 0.33.0's rules read at an allocation, when the core
+/// The request fields the profile's rules read at an allocation, when the core
 /// wants them: `shared_prefix_boundary` (sparse retention keeps it) and
 /// `num_in_flight_tokens` (window frees lag them); unread otherwise.
 #[inline]

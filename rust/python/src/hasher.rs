@@ -1,5 +1,5 @@
 //! PyO3 binding of `hybridcache_core::block_hasher`: vLLM's request block
-//! hasher (0.23.0's or 0.33.0's rules, by release), natively. Reads the
+//! hasher (a behaviour profile's hashing rules), natively. Reads the
 //! request's attributes and converts the values; the rules, encoding and
 //! digests live in the core crate.
 //!
@@ -43,14 +43,14 @@ impl Scratch {
     }
 }
 
-/// vLLM's request block hasher under a release's rules (`profile`),
+/// vLLM's request block hasher under a named profile's rules (`profile`),
 /// bit-identical for `sha256_cbor`, `xxhash_cbor`, `sha256` and `xxhash`.
 ///
 /// `BlockHasher(hash_name, block_size, none_hash, extra_keys_fn=None,
-/// profile="0.23.0", num_hash_lookahead_tokens=0)`; `none_hash` is vLLM's
+/// profile="whole-block-hits", num_hash_lookahead_tokens=0)`; `none_hash` is vLLM's
 /// `NONE_HASH`. Calling it with a request is
 /// `get_request_block_hasher(block_size, hash_fn[, L])(request)`: the
-/// hashes of the request's new full blocks (with L > 0, 0.33.0 on, those
+/// hashes of the request's new full blocks (with L > 0, where the profile has lookahead hashes, those
 /// whose L next tokens exist). Extra keys for LoRA and cache salt are built
 /// natively; for requests with multimodal features or prompt embeds
 /// `extra_keys_fn(request, start, end, mm_idx) -> (keys | None, mm_idx)`
@@ -61,7 +61,7 @@ pub struct BlockHasher {
     pub(crate) core: CoreHasher,
     pub(crate) none_hash: Py<PyBytes>,
     pub(crate) extra_keys_fn: Option<PyObject>,
-    /// The release's rules (extra-key form, multimodal resume index).
+    /// The profile's rules (extra-key form, multimodal resume index).
     pub(crate) hashing: Hashing,
     /// `num_hash_lookahead_tokens`: tokens after a block its hash covers.
     pub(crate) lookahead: usize,

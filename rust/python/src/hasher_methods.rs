@@ -38,7 +38,7 @@ fn native_token_append(
 #[pymethods]
 impl BlockHasher {
     #[new]
-    #[pyo3(signature = (hash_name, block_size, none_hash, extra_keys_fn=None, profile="0.23.0", num_hash_lookahead_tokens=0))]
+    #[pyo3(signature = (hash_name, block_size, none_hash, extra_keys_fn=None, profile="whole-block-hits", num_hash_lookahead_tokens=0))]
     fn new(
         hash_name: &str,
         block_size: i64,
@@ -55,7 +55,7 @@ impl BlockHasher {
         })?;
         if lookahead > 0 && !hashing.lookahead_hash_tokens {
             return Err(PyValueError::new_err(format!(
-                "vLLM {profile} has no lookahead hashes: num_hash_lookahead_tokens must be 0, \
+                "profile {profile} has no lookahead hashes: num_hash_lookahead_tokens must be 0, \
                  got {lookahead}"
             )));
         }

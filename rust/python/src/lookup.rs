@@ -29,8 +29,8 @@ pub(crate) fn lookup<'py>(
 ) -> PyResult<(PyObject, usize, usize, Option<bool>)> {
     let py = slf.py();
     let max_hit = match max_cache_hit_length.filter(|m| !m.is_none()) {
-        Some(_) if slf.borrow().is_0_23() => {
-            // vLLM 0.23.0's get_computed_blocks takes only the request.
+        Some(_) if !slf.borrow().inner.profile().lookup_hit_cap_arg => {
+            // Without the profile's hit cap, the call takes only the request.
             return Err(pyo3::exceptions::PyTypeError::new_err(
                 "get_computed_blocks() got an unexpected keyword argument 'max_cache_hit_length'",
             ));
@@ -127,7 +127,8 @@ impl NativeManager {
     /// vLLM's `get_computed_blocks(request)`: the longest prefix-cache hit
     /// as (KVCacheBlocks, hit tokens); the request's new hashes are stored
     /// first, and the lookup is counted for prefix-cache stats.
-    /// `max_cache_hit_length` (0.33.0): the most hit tokens; default
+    /// `max_cache_hit_length` (profiles with `lookup_hit_cap_arg`): the
+    /// most hit tokens; default
     /// `request.num_tokens - 1`.
     #[pyo3(signature = (request, max_cache_hit_length=None))]
     fn get_computed_blocks<'py>(

@@ -122,10 +122,10 @@ impl NativeManager {
         self.inner.num_known_hashes(request_id)
     }
 
-    /// The release whose semantics this manager follows ("0.23.0", ...).
+    /// The behaviour profile this manager follows ("whole-block-hits", ...).
     #[getter]
-    fn release(&self) -> &'static str {
-        self.inner.profile().release
+    fn profile(&self) -> &'static str {
+        self.inner.profile().name
     }
 
     /// 0.33.0's multi-module MTP: the last `n` computed tokens are not

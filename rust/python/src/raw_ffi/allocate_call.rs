@@ -25,7 +25,7 @@ static ALLOCATE_SLOTS: MethodDef = MethodDef(ffi::PyMethodDef {
         PyCFunctionFastWithKeywords: allocate_slots_fast,
     },
     ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-    ml_doc: c"vLLM 0.23.0's KVCacheManager.allocate_slots.".as_ptr(),
+    ml_doc: c"vLLM's KVCacheManager.allocate_slots.".as_ptr(),
 });
 
 /// A method descriptor of `cls` (a `NativeManager` subclass: CPython

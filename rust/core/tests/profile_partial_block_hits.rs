@@ -1,5 +1,6 @@
-//! vLLM 0.33.0's behaviour profile through the manager's public API: the
-//! free-queue rule, deferred frees, caching capped at the hashed blocks,
+//! The partial-block-hits profile (vLLM 0.33.0's behaviour) through the
+//! manager's public API: the free-queue rule, deferred frees, caching
+//! capped at the hashed blocks,
 //! scheduler-recorded stats and adopt-only steps. The same scenarios run
 //! against vLLM 0.33.0 itself in the Python differential tests.
 
@@ -14,7 +15,7 @@ fn manager(num_blocks: u32, caching: bool) -> KvCacheManager {
         max_model_len: 1024,
         scheduler_block_size: 16,
         hash_block_size: 16,
-        profile: BehaviourProfile::V0_33,
+        profile: BehaviourProfile::PARTIAL_BLOCK_HITS,
         dcp_world_size: 1,
         pcp_world_size: 1,
         retention_interval: None,
@@ -183,7 +184,10 @@ fn full_and_mamba(
 fn mamba_window_frees_count_drafts_as_rejected_only_in_0_23() {
     // 13 computed tokens, 2 speculative blocks: 0.23.0 frees below
     // (13 - 2 - 1) / 4 = 2 blocks, 0.33.0 below (13 - 1) / 4 = 3.
-    for (profile, freed) in [(BehaviourProfile::V0_23, 2), (BehaviourProfile::V0_33, 3)] {
+    for (profile, freed) in [
+        (BehaviourProfile::WHOLE_BLOCK_HITS, 2),
+        (BehaviourProfile::PARTIAL_BLOCK_HITS, 3),
+    ] {
         let mut m = full_and_mamba(profile, MambaMode::None, 2);
         prefill(&mut m, "r", 13);
         let before = m.get_block_ids("r")[1].clone();
@@ -194,7 +198,7 @@ fn mamba_window_frees_count_drafts_as_rejected_only_in_0_23() {
             (before.len(), nulls),
             (cdiv(13, 4) + 2, freed),
             "{}",
-            profile.release
+            profile.name
         );
         m.check_invariants().unwrap();
     }
@@ -228,8 +232,8 @@ fn hybrid(
 #[test]
 fn equal_full_attention_groups_are_one_spec_group_in_0_33_only() {
     let two = || vec![GroupSpec::full_attention(16), GroupSpec::full_attention(16)];
-    assert!(hybrid(BehaviourProfile::V0_23, two(), None).is_err());
-    let mut m = hybrid(BehaviourProfile::V0_33, two(), None).unwrap();
+    assert!(hybrid(BehaviourProfile::WHOLE_BLOCK_HITS, two(), None).is_err());
+    let mut m = hybrid(BehaviourProfile::PARTIAL_BLOCK_HITS, two(), None).unwrap();
     m.sync_hashes("a", 0, hashes(1, 3)).unwrap();
     assert_eq!(prefill(&mut m, "a", 48), vec![vec![1, 2, 3], vec![4, 5, 6]]);
     m.cache_blocks("a", 48, None).unwrap();
@@ -249,7 +253,7 @@ fn a_sparse_window_behind_full_attention_reports_the_longer_hit() {
             GroupSpec::new(hybridcache_core::SpecKind::SlidingWindow { window: 8 }, 16),
         ]
     };
-    let mut m = hybrid(BehaviourProfile::V0_33, groups(), Some(0)).unwrap();
+    let mut m = hybrid(BehaviourProfile::PARTIAL_BLOCK_HITS, groups(), Some(0)).unwrap();
     m.sync_hashes("a", 0, hashes(1, 4)).unwrap();
     let args = AllocateArgs {
         num_new_tokens: 70,
