@@ -21,7 +21,7 @@ from hybridcache import releases
 # The releases the tools' call-by-call comparison runs against.
 ORACLE_RELEASES: tuple[releases.Release, ...] = tuple(r for r in releases.RELEASES if r.tools_oracle)
 # The releases the differential fuzz replays (`--release`, `testing.release_api`).
-FUZZ_RELEASES: tuple[str, ...] = ("0.23.0", "0.33.0")
+FUZZ_RELEASES: tuple[str, ...] = releases.SUPPORTED_VLLM_VERSIONS
 # Loggers of the optional packages whose chatter the tools keep out of sight.
 NOISY_LOGGERS = ("vllm", "torch")
 
