@@ -127,13 +127,14 @@ def test_native_hasher_is_installed_only_for_a_release_it_matches(
 
     engine = importlib.import_module("vllm.v1.engine.core")
     stock_hasher = engine.get_request_block_hasher
-    row = releases.Release(releases.release_version(vllm.__version__), "hybridcache.vllm:VllmKVCacheManager")
+    installed = releases.release_version(vllm.__version__)
+    row = releases.Release(installed, "hybridcache.vllm:VllmKVCacheManager", releases.profile_of(installed))
     monkeypatch.setattr(releases, "RELEASES", (row,))
     hc_vllm.install(native_hashing=True)
     assert scheduler_module.KVCacheManager is hc_vllm.VllmKVCacheManager
     assert not hc_vllm.native_hashing_installed() and engine.get_request_block_hasher is stock_hasher
     hc_vllm.uninstall()
-    monkeypatch.setattr(releases, "RELEASES", (row.__class__(row.version, row.facade, native_hasher=True),))
+    monkeypatch.setattr(releases, "RELEASES", (row.__class__(row.version, row.facade, row.profile, native_hasher=True),))
     hc_vllm.install(native_hashing=True)
     assert hc_vllm.native_hashing_installed()
     hc_vllm.uninstall()
