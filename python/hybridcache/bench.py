@@ -199,7 +199,7 @@ def pool_scale(factory: Callable[[Any], Any], config: Any, num_blocks: int) -> d
             "free_blocks": free}
 
 
-def scale_figures(use_vllm: bool, num_blocks: int = SCALE_BLOCKS, release: str = "0.23.0") -> dict[str, Any]:
+def scale_figures(use_vllm: bool, num_blocks: int = SCALE_BLOCKS, release: str = releases.DEFAULT.version) -> dict[str, Any]:
     """Build time and bytes per block of a `num_blocks` pool (full
     attention), hybridcache's facade for vLLM `release` (and vLLM's manager)."""
     w = Workload(config="full", release=release)
@@ -241,8 +241,8 @@ def run_bench(
     start = time.perf_counter()
     release, note = tool_release("hybridcache bench", use_vllm)
     vllm_version = release.version if release is not None else None
-    # The installed release's scheduler calls and facade (0.23.0's without vLLM).
-    name = vllm_version or "0.23.0"
+    # The installed release's scheduler calls and facade (the oldest release's without vLLM).
+    name = vllm_version or releases.DEFAULT.version
     skipped = [
         {"config": c, "reason": f"hybridcache's vLLM {name} facade does not cover this layout yet "
                                 f"(it covers: {', '.join(release.layouts or ())})"}
@@ -260,8 +260,9 @@ def run_bench(
         progress.phase(f"pool of {scale_blocks:,} blocks")
         scale = scale_figures(bool(vllm_version), scale_blocks, name) if scale_blocks else None
         results = [run_workload(w, bool(vllm_version), progress, clock=clock) for w in workloads]
-        # The batched decode API is hybridcache's own, timed against 0.23.0's per-request calls.
-        batched = _batched_rows(configs, runnings, min(steps, 100), seed) if vllm_version == "0.23.0" else None
+        # The batched decode API is hybridcache's own, timed against a release's per-request decode calls.
+        batched = (_batched_rows(configs, runnings, min(steps, 100), seed)
+                   if release is not None and release.per_request_decode else None)
     finally:
         progress.close()
         gc.unfreeze()

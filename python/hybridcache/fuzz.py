@@ -113,7 +113,7 @@ def run_fuzz(
     progress: Callable[[Figures, float], None] | None = None,
     progress_every: int = 20000,
     max_reports: int = 20,
-    release_name: str = "0.23.0",
+    release_name: str = releases.DEFAULT.version,
     candidate: str = "hybridcache",
     build_candidate: Callable[[Setup], Any] | None = None,
 ) -> Figures:
@@ -139,7 +139,7 @@ def run_fuzz(
     while f.ops < ops:
         mix, cb = combos[k % len(combos)]
         k += 1
-        if api.name == "0.23.0":
+        if api.classic:
             setup = random_setup(rng, mix, cb)
             # The builders are looked up here, so a test can wrap them.
             d = Driver(setup, allow_known_bugs, f, build_candidate or build_hybridcache, build_vllm)
@@ -208,8 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--candidate", choices=CANDIDATES, default="hybridcache",
                    help="what is compared with vLLM's manager: hybridcache's facade for the release, "
                         "or vLLM's manager itself (the harness self-check)")
-    p.add_argument("--mix", default=None, help="comma-separated subset of the release's mixes "
-                   f"(0.23.0: {','.join(MIXES)}; 0.33.0: {','.join(release('0.33.0').mixes)}); default: all")
+    p.add_argument("--mix", default=None, help="comma-separated subset of the release's mixes ("
+                   + "; ".join(f"{r}: {','.join(release(r).mixes)}" for r in FUZZ_RELEASES) + "); default: all")
     p.add_argument("--caching", choices=("on", "off", "both"), default="both")
     p.add_argument("--ops-per-setup", type=int, default=3000)
     p.add_argument("--progress-every", type=int, default=20000)
@@ -221,19 +221,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     tool = "python -m hybridcache.fuzz"
     rel = a.release
     if rel is None:
-        # vLLM 0.33.0 infers a device at import; its manager runs on the CPU.
+        # Later vLLM releases infer a device at import; the manager runs on the CPU.
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         # Without a supported vLLM the oracle check below says what is missing.
         rel = installed_vllm_version() or FUZZ_RELEASES[0]
-    elif rel != "0.23.0":
+    elif not release(rel).classic:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     api = release(rel)
     mixes = [m.strip() for m in a.mix.split(",") if m.strip()] if a.mix else list(api.mixes)
     for m in mixes:
         if m not in api.mixes:
             p.error(f"unknown mix {m!r} for vLLM {rel}; choose from {', '.join(api.mixes)}")
-    if rel == "0.23.0" and a.candidate != "hybridcache":
-        p.error("vLLM 0.23.0's fuzz checks hybridcache's invariants and bad inputs: --candidate hybridcache only")
+    if api.classic and a.candidate != "hybridcache":
+        p.error(f"vLLM {rel}'s fuzz checks hybridcache's invariants and bad inputs: --candidate hybridcache only")
     caching = {"on": (True,), "off": (False,), "both": (True, False)}[a.caching]
     why = vllm_missing(tool, [r for r in releases.RELEASES if r.version == rel]) or api.candidate_missing(a.candidate)
     if why:
@@ -253,12 +253,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in f.reports:
         print(r, flush=True)
     head = f"FINAL seed={a.seed} mixes={','.join(mixes)} caching={a.caching}"
-    if rel != "0.23.0":
+    if not api.classic:
         head += f" release={rel} candidate={a.candidate}"
     print(f"{head} seconds={secs:.1f} {f.summary()}", flush=True)
     bad = f.divergences or f.invariant_violations or f.bad_input_failures
-    if rel != "0.23.0":
-        bad = bad or f.reference_errors  # an illegal 0.33.0 sequence is a driver bug
+    if not api.classic:
+        bad = bad or f.reference_errors  # an illegal sequence for the release's driver is a driver bug
     return 0 if not bad else 1
 
 

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .testing.compare import Fanout, ReplayDivergence
+from . import releases
 from .testing.configs import (
     GROUP_KINDS,
     MAMBA_MODES,
@@ -78,7 +79,7 @@ def replay(
     seed: int,
     factories: Sequence[ManagerFactory],
     names: Sequence[str] | None = None,
-    release_name: str = "0.23.0",
+    release_name: str = releases.DEFAULT.version,
 ) -> ReplaySummary:
     """Replay one seeded trace against every manager, comparing all outputs.
 
@@ -109,7 +110,7 @@ def make_kv_cache_config(config: ReplayConfig) -> Any:
 
 
 def vllm_factory(config: ReplayConfig) -> Any:
-    """vLLM 0.23.0's own KVCacheManager for `config`."""
+    """vLLM's own KVCacheManager for `config`, with the oldest release's arguments."""
     return vllm_manager(config.vllm_kv_cache_config(), config.manager_kwargs())
 
 
@@ -127,9 +128,9 @@ def hybridcache_on_vllm_config_factory(config: ReplayConfig) -> Any:
 def release_factories(release_name: str) -> tuple[ManagerFactory, ManagerFactory]:
     """(vLLM's manager, hybridcache's facade) for vLLM release `release_name`,
     both on vLLM's config classes, as that release's scheduler builds them."""
-    if release_name == "0.23.0":
-        return vllm_factory, hybridcache_factory
     api = release(release_name)
+    if api.classic:
+        return vllm_factory, hybridcache_factory
     return (lambda c: api.tool_vllm(c.vllm_kv_cache_config(), c.manager_kwargs()),
             lambda c: api.tool_facade(c.vllm_kv_cache_config(), c.manager_kwargs()))
 
@@ -187,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = _cli_config(args)
     except ValueError as e:
         parser.error(str(e))
-    factories, release_name = dict(_FACTORIES), "0.23.0"
+    factories, release_name = dict(_FACTORIES), releases.DEFAULT.version
     if "vllm" in (args.impl, args.compare):
         # vLLM's manager is the installed release's; hybridcache's is its facade for that release.
         from .bench import tool_release

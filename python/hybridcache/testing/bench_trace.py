@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..request import Request
+from .. import releases
 from . import configs
 from .compare import norm_drained, norm_stats, norm_usage
 from .configs import GroupSpec
@@ -64,7 +65,7 @@ class Workload:
     pool_tokens_per_request: int | None = None
     # The vLLM release whose manager is compared and whose scheduler's calls
     # are recorded (`release_api`); hybridcache's facade for it is recorded.
-    release: str = "0.23.0"
+    release: str = releases.DEFAULT.version
 
     def __post_init__(self) -> None:
         if self.config not in CONFIGS:

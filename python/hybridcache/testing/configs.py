@@ -286,7 +286,7 @@ def retention_interval(value: int | None) -> Iterator[None]:
 
 def hybridcache_manager(kv_cache_config: Any, kwargs: dict[str, Any]) -> Any:
     """hybridcache's KVCacheManager on `kv_cache_config` (its own or vLLM's classes)."""
-    from ..manager import KVCacheManager
+    from .. import KVCacheManager
 
     return KVCacheManager(kv_cache_config, **kwargs)
 

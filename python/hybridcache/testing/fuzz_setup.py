@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import releases
 from . import configs
 from .configs import GroupSpec
 
@@ -72,8 +73,8 @@ class Setup:
     # VLLM_PREFIX_CACHE_RETENTION_INTERVAL while the managers are built
     # (None: unset, dense caching).
     retention: int | None = None
-    # Drawn for releases after 0.23.0 only (`release_api`); neutral defaults.
-    release: str = "0.23.0"
+    # Drawn for the releases after the oldest only (`release_api`); neutral defaults.
+    release: str = releases.DEFAULT.version
     spec_tokens: int = 0  # the scheduler's num_lookahead_tokens (drafts per step at most)
     dynamic_drafts: bool = False  # drafts per step vary in [0, spec_tokens]
     hash_lookahead: int = 0  # num_hash_lookahead_tokens
@@ -101,7 +102,7 @@ class Setup:
             f" dcp={self.dcp} pcp={self.pcp} replicated={list(self.replicated)} metrics={self.metrics_sample_rate}"
             f" retention={self.retention}"
         )
-        if self.release != "0.23.0":
+        if self.release != releases.DEFAULT.version:
             text += (
                 f" release={self.release} spec={self.spec_tokens}{'(dyn)' if self.dynamic_drafts else ''} "
                 f"hash_lookahead={self.hash_lookahead} prefill_lookahead={self.prefill_lookahead} "

@@ -1,6 +1,6 @@
 """The vLLM side of the differential tools: importing vLLM (the oracle)
 quietly, checking that it is a release the tools compare against
-(`hybridcache.releases`, `tools_oracle`: 0.23.0 and 0.33.0), keeping its and torch's log lines out
+(`hybridcache.releases`, `tools_oracle`), keeping its and torch's log lines out
 of a run, and the one-line message a tool gives when vLLM, torch or another
 optional package is missing.
 
@@ -21,7 +21,7 @@ from hybridcache import releases
 # The releases the tools' call-by-call comparison runs against.
 ORACLE_RELEASES: tuple[releases.Release, ...] = tuple(r for r in releases.RELEASES if r.tools_oracle)
 # The releases the differential fuzz replays (`--release`, `testing.release_api`).
-FUZZ_RELEASES: tuple[str, ...] = ("0.23.0", "0.33.0")
+FUZZ_RELEASES: tuple[str, ...] = releases.SUPPORTED_VLLM_VERSIONS
 # Loggers of the optional packages whose chatter the tools keep out of sight.
 NOISY_LOGGERS = ("vllm", "torch")
 

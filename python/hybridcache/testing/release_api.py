@@ -21,6 +21,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from hybridcache import releases
+
 from . import configs, scratch_groups033
 from .compare import freeze, norm_event, norm_stats
 from .fuzz_setup import MIXES, Group, Setup, _manager_kwargs, build_hybridcache, build_vllm, group_specs, random_setup
@@ -33,6 +35,10 @@ class ReleaseApi:
 
     name = ""
     mixes: tuple[str, ...] = ()
+    # The fuzz drives this release with `fuzz_driver.Driver` (hybridcache's
+    # invariants and bad inputs, hybridcache's facade only) and the tools use
+    # `replay`'s own factories; else with the release's driver class.
+    classic = False
     # Where hybridcache's facade for the release lives, and its class.
     facade: tuple[str, str] = ("", "")
 
@@ -151,9 +157,10 @@ class ReleaseApi:
 class V023(ReleaseApi):
     """vLLM 0.23.0: the fuzz as it always was (`fuzz_setup`, `fuzz_driver`)."""
 
-    name = "0.23.0"
+    name = releases.of_folder("v0_23").version
     mixes = MIXES
-    facade = ("hybridcache.manager", "KVCacheManager")
+    classic = True
+    facade = ("hybridcache.releases.v0_23.manager", "KVCacheManager")
 
     def random_setup(self, rng: Any, mix: str, caching: bool) -> Setup:
         return random_setup(rng, mix, caching)
@@ -322,9 +329,9 @@ class V033(ReleaseApi):
     `Request` with its block hasher, events compared field by field and as
     msgpack bytes (map-encoded since 0.24), stats with `hits_by_source`."""
 
-    name = "0.33.0"
+    name = releases.of_folder("v0_33").version
     mixes = MIXES_033
-    facade = ("hybridcache.manager033", "KVCacheManager033")
+    facade = ("hybridcache.releases.v0_33.manager", "KVCacheManager033")
     _hash_fn: Any = None
 
     def random_setup(self, rng: Any, mix: str, caching: bool) -> Setup:

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .. import releases
 from ..request import Request
 from .compare import Fanout, freeze, norm_allocated, norm_computed, norm_drained, norm_ids, norm_usage, pool_state
 from .release_api import ReleaseApi, release
@@ -74,7 +75,7 @@ class ReplaySimulation(SchedulerSim):
         super().__init__(random.Random(seed), config.max_num_batched_tokens, config.max_running, config.max_model_len)
         self.cfg = config
         self.fan = fanout
-        self.api = api or release("0.23.0")
+        self.api = api or release(releases.DEFAULT.version)
         self._tokens = vocab_tokens(self.rng, config.vocab_size)
         self.summary = ReplaySummary(seed=seed)
         self.prefixes = [self._prefix() for _ in range(config.num_shared_prefixes)]

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from hybridcache.block_pool import BlockPoolView
 from hybridcache.blocks import BlockView, block_view
 from hybridcache.coordinator import CoordinatorView, SingleTypeManagerView, _group_block_ids
-from hybridcache.layout033 import layout_kind
-from hybridcache.releases import release_version
+from hybridcache.releases import find, of_folder
+from hybridcache.releases.v0_33.layout import layout_kind
 
 if TYPE_CHECKING:
-    from hybridcache.manager033 import KVCacheManager033
+    from hybridcache.releases.v0_33.manager import KVCacheManager033
 
-RELEASE = "0.33.0"
+RELEASE = of_folder("v0_33")
 
 
 class BlockPoolView033(BlockPoolView):
@@ -176,7 +176,8 @@ def _loaded_vllm_033(module_name: str, name: str) -> Any:
     imported here. The views register with vLLM's abstract classes, so
     `isinstance` checks on them (connectors, vLLM's tests) pass."""
     version = getattr(sys.modules.get("vllm"), "__version__", None)
-    if not isinstance(version, str) or release_version(version) != RELEASE:
+    installed = find(version) if isinstance(version, str) else None
+    if installed is None or installed.profile != RELEASE.profile:
         return None
     return getattr(sys.modules.get(module_name), name, None)
 

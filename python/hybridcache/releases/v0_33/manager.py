@@ -1,7 +1,7 @@
-"""`hybridcache.manager033.KVCacheManager033`: vLLM 0.33.0's
-`KVCacheManager` API over the native core running 0.33.0's behaviour profile
-(free-queue policy, caching capped at the hashed blocks, null block not
-ref-counted, stats recorded by the scheduler, no common-prefix counts).
+"""`KVCacheManager033`: vLLM 0.33.0's `KVCacheManager` API over the native
+core running 0.33.0's behaviour profile (free-queue policy, caching capped
+at the hashed blocks, null block not ref-counted, stats recorded by the
+scheduler, no common-prefix counts).
 
 What 0.33.0 changed at the API is here and only here: the constructor's
 keywords, `get_computed_blocks` returning `(blocks, hit tokens,
@@ -9,21 +9,18 @@ shared_prefix_boundary)`, `record_prefix_cache_stats`, deferred frees
 (`pop_blocks_for_free`, then `block_pool.free_blocks`), the watermark and
 the new drains. The rules themselves are the core's.
 
-Supported so far: models whose KV cache groups are full attention
-(FullAttentionSpec, MLAAttentionSpec, HiddenStateCacheSpec, and
-SinkFullAttentionSpec, which 0.33.0 manages as plain full attention),
-sliding window (SlidingWindowSpec, SlidingWindowMLASpec) and chunked local
-attention (ChunkedLocalAttentionSpec), one group or several, with 0.33.0's
-sparse retention (`prefix_cache_retention_interval`) for the
-sliding-window groups; R-SWA (RSWASpec: gap frees after the prompt),
-circular buffers (CircularBufferSpec: one ring block per request) and other
-groups out of prefix caching (bounded-replay sliding windows), sliding
-windows with `extra_retained_tokens`; Mamba groups (none / align, with
-speculative and prefill checkpoint blocks) beside full attention with prefix
-caching off; mixed-precision caches (new blocks recorded for zeroing). Other
-layouts (Mamba with prefix caching, cross attention) and full-attention
-blocks wider than the hash block with caching (0.33.0 caches partial tails
-there) raise NotImplementedError naming them.
+The layouts covered are `layout.check_layout`'s: full attention
+(FullAttentionSpec, MLAAttentionSpec, HiddenStateCacheSpec,
+SinkFullAttentionSpec, R-SWA), circular buffers, sliding window (bounded
+replay and `extra_retained_tokens` too), chunked local and cross-attention
+groups, one group or several, with 0.33.0's sparse retention; Mamba groups
+(none / align, with speculative and prefill checkpoint blocks) alone or
+beside full attention, sliding windows, chunked local attention and
+circular buffers, with prefix caching in align mode (blocks wider than the
+hash block included: partial hash hits and copy-on-write); mixed-precision
+caches (new blocks recorded for zeroing). A spec class it does not know,
+Mamba beside R-SWA or cross attention, and attention-free models raise
+NotImplementedError naming them.
 """
 
 from __future__ import annotations
@@ -34,9 +31,16 @@ from typing import Any
 from hybridcache import _native
 from hybridcache.blocks import BlockView, KVCacheBlocks, block_view
 from hybridcache.config import read_groups
-from hybridcache.layout033 import assigned_retention, check_layout, check_retention, context_parallel, layout_kind, needs_zeroing
-from hybridcache.manager import KVCacheManager, _positive_int
-from hybridcache.views033 import (
+from hybridcache.facade import KVCacheManagerBase, _positive_int
+from hybridcache.releases.v0_33.layout import (
+    assigned_retention,
+    check_layout,
+    check_retention,
+    context_parallel,
+    layout_kind,
+    needs_zeroing,
+)
+from hybridcache.releases.v0_33.views import (
     _COORDINATOR_VIEWS,
     RELEASE,
     BlockPoolView033,
@@ -60,7 +64,7 @@ def _waiting_statuses() -> list[Any]:
     return [RequestStatus.WAITING, RequestStatus.PREEMPTED]
 
 
-class KVCacheManager033(KVCacheManager):
+class KVCacheManager033(KVCacheManagerBase):
     """Drop-in for `vllm.v1.core.kv_cache_manager.KVCacheManager` of vLLM
     0.33.0, with its constructor keywords (the scheduler passes all of them
     by name). See the module docstring for the layouts covered.
@@ -73,11 +77,11 @@ class KVCacheManager033(KVCacheManager):
             block size.
     """
 
-    # Private state in slots (see `KVCacheManager.__slots__`).
+    # Private state in slots (see `KVCacheManagerBase.__slots__`).
     __slots__ = ("_args", "_block_sizes", "_group_infos", "_hash_block_size", "_kinds", "_live_stats",
                  "_retention_interval", "_scheduler_block_size", "_specs")
 
-    # Each group's kind as layout033 names it ("full", "mamba", ...).
+    # Each group's kind as `layout` names it ("full", "mamba", ...).
     _kinds: tuple[str, ...]
 
     # Multi-module MTP's re-prefillable tail (num_prefill_lookahead - 1).
@@ -178,7 +182,7 @@ class KVCacheManager033(KVCacheManager):
                           event_kind=g.event_kind, sliding_window=g.sliding_window)
                   for g, spec, scale in zip(groups, specs, dcp_scales)]
         self = cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
-                          enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE,
+                          enable_caching, use_eagle, log_stats, enable_kv_cache_events, RELEASE.profile,
                           retention_interval=retention,
                           num_hash_lookahead_tokens=num_hash_lookahead_tokens,
                           # The groups are scaled already (0.33.0's rule, above).

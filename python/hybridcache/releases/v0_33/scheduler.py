@@ -1,10 +1,10 @@
 """hybridcache under vLLM 0.33.0's scheduler: the class `hybridcache.vllm.install()`
 binds as `vllm.v1.core.sched.scheduler.KVCacheManager` when the installed vLLM
-is 0.33.0 (see `hybridcache.vllm` for the per-release choice)."""
+is 0.33.0 (the table in `hybridcache.releases` picks it)."""
 
 from __future__ import annotations
 
-from hybridcache.manager033 import KVCacheManager033
+from hybridcache.releases.v0_33.manager import KVCacheManager033
 
 
 class VllmKVCacheManager033(KVCacheManager033):

@@ -1,14 +1,14 @@
 """Which KV-cache layouts hybridcache's vLLM 0.33.0 facade covers, in
 0.33.0's terms: each group's spec by the 0.33.0 manager that runs it, the
 layouts refused by name (NotImplementedError), 0.33.0's retention-interval
-and context-parallel checks. `manager033.KVCacheManager033` asks these at
+and context-parallel checks. `manager.KVCacheManager033` asks these at
 construction; the tools (`hybridcache replay`) ask the facade."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from hybridcache.manager import _positive_int
+from hybridcache.facade import _positive_int
 
 # Spec classes by the 0.33.0 manager this facade runs them as, and the
 # classes refused (with what to call them). A spec's first class (in its
