@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hybridcache import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheManager, MambaSpec, Request
-from hybridcache.manager033 import KVCacheManager033
+from hybridcache.releases.v0_33.manager import KVCacheManager033
 from hybridcache.kernels import (
     native_post_plan,
     native_pre_plan,

@@ -7,7 +7,7 @@ How it measures
 ---------------
 1. *Record.* A scheduler simulation (vLLM's ``Scheduler.schedule`` loop,
    without the model; the calls spelled as the installed release's scheduler
-   issues them, `testing.release_api`) drives hybridcache's facade for that
+   issues them, `tools.release_api`) drives hybridcache's facade for that
    release over a seeded
    workload: arrivals with shared prefixes, chunked prefill (Mamba-align
    block-aligned chunks where the model has align-mode Mamba groups), decode
@@ -32,8 +32,8 @@ How it measures
    reported as diverged.
 
 This module imports vLLM (and torch) only to compare against it. The workload
-and its recording live in `hybridcache.testing.bench_trace`, the timed replay in
-`hybridcache.testing.timed_replay`, the table and the plot in `bench_report`.
+and its recording live in `hybridcache.tools.bench_trace`, the timed replay in
+`hybridcache.tools.timed_replay`, the table and the plot in `bench_report`.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from typing import Any
 from . import releases
 from .bench_batched import format_batched, run_batched
 from .bench_report import Progress, binding_text, format_report, matplotlib_missing, plot
-from .testing.bench_trace import (
+from .tools.bench_trace import (
     ALLOC_NEW,
     ALLOC_RUN,
     COMMON_PREFIX,
@@ -70,8 +70,8 @@ from .testing.bench_trace import (
     record,
     vllm_kv_cache_config,
 )
-from .testing.oracle import load_vllm, quiet_logs
-from .testing.timed_replay import (
+from .tools.oracle import load_vllm, quiet_logs
+from .tools.timed_replay import (
     CLOCKS,
     KINDS,
     BenchDivergence,

@@ -15,7 +15,7 @@ from array import array
 from typing import Any, Callable
 
 from .request import Request
-from .testing.bench_trace import Workload, hybridcache_kv_cache_config
+from .tools.bench_trace import Workload, hybridcache_kv_cache_config
 
 BS = 16
 

@@ -4,7 +4,7 @@ A small, deterministic scheduler simulation (not vLLM's scheduler, but driving
 the manager the way vLLM's ``Scheduler.schedule`` does, with the calls
 spelled as the compared release's scheduler issues them: 0.23.0, or 0.33.0's
 3-tuple lookup, ``record_prefix_cache_stats``, ``has_scheduled_reqs`` and
-per-step drains, `testing.release_api`) issues every public call of vLLM's
+per-step drains, `tools.release_api`) issues every public call of vLLM's
 v1 ``KVCacheManager`` API: prefix-cache lookups, chunked
 prefill, speculative decoding with changing draft counts, EAGLE lookahead,
 external (connector) tokens, delayed caching, preemption, aborts, evictions
@@ -25,7 +25,7 @@ objects) and raises ``ReplayDivergence`` on the first differing output;
 Nothing here imports torch or vLLM at module import time; ``vllm_factory``
 imports both when called, ``hybridcache_factory`` neither.
 
-The pieces live in `hybridcache.testing` (groups and config builders,
+The pieces live in `hybridcache.tools` (groups and config builders,
 `ReplayConfig`, the simulation, the comparisons); this module holds the entry
 points, the manager factories and the CLI (``python -m hybridcache.replay``).
 """
@@ -36,9 +36,9 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .testing.compare import Fanout, ReplayDivergence
+from .tools.compare import Fanout, ReplayDivergence
 from . import releases
-from .testing.configs import (
+from .tools.configs import (
     GROUP_KINDS,
     MAMBA_MODES,
     GroupSpec,
@@ -52,10 +52,10 @@ from .testing.configs import (
     sliding_window,
     vllm_manager,
 )
-from .testing.oracle import quiet_logs
-from .testing.release_api import ReleaseApi, release
-from .testing.replay_config import DEFAULT_CONFIG, MIX_PRESETS, ReplayConfig
-from .testing.simulation import ReplaySimulation, ReplaySummary
+from .tools.oracle import quiet_logs
+from .tools.release_api import ReleaseApi, release
+from .tools.replay_config import DEFAULT_CONFIG, MIX_PRESETS, ReplayConfig
+from .tools.simulation import ReplaySimulation, ReplaySummary
 
 ManagerFactory = Callable[[ReplayConfig], Any]
 

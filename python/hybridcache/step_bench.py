@@ -107,7 +107,7 @@ def load_vllm() -> str:
     """The installed vLLM's version (imported quietly), or StepBenchUnavailable
     with the one line the command prints."""
     from hybridcache import releases
-    from hybridcache.testing.oracle import vllm_missing
+    from hybridcache.tools.oracle import vllm_missing
 
     # The step bench runs the installed release's own Scheduler, stock
     # against install(): any release with a facade will do.
@@ -577,7 +577,7 @@ def main(args: Any) -> int:
     except StepBenchUnavailable as e:
         print(e, file=sys.stderr)
         return 2
-    from hybridcache.testing.oracle import quiet_logs
+    from hybridcache.tools.oracle import quiet_logs
 
     with quiet_logs():
         return _run(args, version)

@@ -29,7 +29,9 @@ from dataclasses import replace
 from typing import Any
 
 from hybridcache import _native
-from hybridcache.blocks import BlockView, KVCacheBlocks, block_view
+from hybridcache.block_copies import BlockCopies
+from hybridcache.blocks import KVCacheBlocks
+from hybridcache.deferred_frees import DeferredFrees
 from hybridcache.config import read_groups
 from hybridcache.facade import KVCacheManagerBase, _positive_int
 from hybridcache.releases.v0_33.layout import (
@@ -45,8 +47,8 @@ from hybridcache.releases.v0_33.views import (
     RELEASE,
     BlockPoolView033,
     CoordinatorView033,
-    _kv_cache_block_copy_class,
 )
+from hybridcache.scheduler_stats import SchedulerRecordedStats
 
 
 # The retention interval is the config's, checked (not one assigned later).
@@ -64,10 +66,12 @@ def _waiting_statuses() -> list[Any]:
     return [RequestStatus.WAITING, RequestStatus.PREEMPTED]
 
 
-class KVCacheManager033(KVCacheManagerBase):
+class KVCacheManager033(SchedulerRecordedStats, DeferredFrees, BlockCopies, KVCacheManagerBase):
     """Drop-in for `vllm.v1.core.kv_cache_manager.KVCacheManager` of vLLM
     0.33.0, with its constructor keywords (the scheduler passes all of them
-    by name). See the module docstring for the layouts covered.
+    by name). See the module docstring for the layouts covered. Composes the
+    shared parts: stats the scheduler records (`scheduler_stats`), deferred
+    frees (`deferred_frees`), copy-on-write drains (`block_copies`).
 
     Raises:
         NotImplementedError: a layout the module docstring does not list,
@@ -76,6 +80,9 @@ class KVCacheManager033(KVCacheManagerBase):
             vLLM 0.33.0 refuses, MTP whose lookahead exceeds the scheduler
             block size.
     """
+
+    # The core profile (vLLM's classes are built where a release running it is loaded).
+    _profile = RELEASE.profile
 
     # Private state in slots (see `KVCacheManagerBase.__slots__`).
     __slots__ = ("_args", "_block_sizes", "_group_infos", "_hash_block_size", "_kinds", "_live_stats",
@@ -258,10 +265,6 @@ class KVCacheManager033(KVCacheManagerBase):
 
     # -- lookups and stats ------------------------------------------------
 
-    def prefix_cache_lookup_enabled(self, request: Any) -> bool:
-        """Whether a local prefix-cache lookup may run for `request`."""
-        return self.enable_caching and not request.skip_reading_prefix_cache
-
     def get_computed_blocks(  # type: ignore[override]
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[Any, int, int]:
@@ -307,37 +310,7 @@ class KVCacheManager033(KVCacheManagerBase):
             self._report_reused_hit(request, blocks)
         return blocks, hit, boundary, False
 
-    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
-        """Counts one admission's lookup (the scheduler's call), unless
-        stats are off or the request skipped the cache."""
-        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
-            return
-        self._live_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
-                                preempted=request.num_preemptions > 0)
-
-    # 0.33.0's stats object is live (callers keep it and read it later):
-    # the facade holds it; lookups count nothing in the core.
-    @property
-    def prefix_cache_stats(self) -> Any:
-        """The stats gathered since the last `make_prefix_cache_stats`
-        (the object itself), or None without `log_stats`."""
-        return self._live_stats
-
-    def make_prefix_cache_stats(self) -> Any:
-        """The stats since the last call, replaced by a fresh object;
-        None without `log_stats`."""
-        if not self.log_stats:
-            return None
-        stats, self._live_stats = self._live_stats, self._stats_cls()
-        return stats
-
     # -- frees --------------------------------------------------------------
-
-    def pop_blocks_for_free(self, request: Any) -> list[BlockView]:
-        """Forgets the request and returns its blocks in allocation order
-        (leading null blocks left out) without freeing them: the caller
-        hands them to `block_pool.free_blocks` later, tail first."""
-        return [block_view(self, b) for b in self._pop_blocks_for_free(request.request_id)]
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
@@ -404,21 +377,6 @@ class KVCacheManager033(KVCacheManagerBase):
         ValueError if `start_token` is not block-aligned there."""
         self._record_blocks_for_zeroing(request_id, start_token)
 
-    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[BlockView]]:
-        """Copy-on-write copies of partial hash hits queued since the last
-        call, drained: `(copies, retained)`, the copies as 0.33.0's
-        `KVCacheBlockCopy(src_block_id, dst_block_id)` and both ends of each
-        (source, copy, in pair order), which hold an extra reference until
-        the caller hands them to `block_pool.free_blocks` after the step."""
-        pairs = self._native._take_kv_cache_block_copies_033()
-        if not pairs:
-            # Most steps (the scheduler asks every step).
-            return [], []
-        copy_cls = _kv_cache_block_copy_class()
-        copies = [copy_cls(src_block_id=src, dst_block_id=dst) for src, dst in pairs]
-        retained = [block_view(self, b) for pair in pairs for b in pair]
-        return copies, retained
-
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """Mamba align boundary states for a KV connector, drained:
         {request id: [(group, block id, boundary tokens), ...]}, every state
@@ -432,14 +390,6 @@ class KVCacheManager033(KVCacheManagerBase):
         boundary (`num_computed_tokens` equals it, none in flight)."""
         return [(int(t[0]), int(t[1]), int(t[2])) for t in self._native._finalize_partial_tail_offloads_033(
             request.request_id, int(request.num_computed_tokens), int(getattr(request, "num_in_flight_tokens", 0)))]
-
-    def reset_prefix_cache(self) -> bool:
-        """Drops every cached hash if no block is in use; False otherwise."""
-        ok = bool(super().reset_prefix_cache())
-        if ok and self._live_stats is not None:
-            self._live_stats.reset = True
-        return ok
-
 
     @property
     def _groups(self) -> list[Any]:

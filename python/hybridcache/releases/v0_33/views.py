@@ -4,18 +4,18 @@
 `manager.coordinator` (registered with the vLLM coordinator class 0.33.0
 would build, `find_longest_cache_hit_per_group` for the offloading
 connector), each `single_type_managers[g]` (named after and registered with
-the vLLM manager class its spec gets), and 0.33.0's `KVCacheBlockCopy`."""
+the vLLM manager class its spec gets)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from hybridcache.block_pool import BlockPoolView
 from hybridcache.blocks import BlockView, block_view
 from hybridcache.coordinator import CoordinatorView, SingleTypeManagerView, _group_block_ids
-from hybridcache.releases import find, of_folder
+from hybridcache.deferred_frees import DeferredFreeBlockPool
+from hybridcache.loaded_vllm import loaded_vllm
+from hybridcache.releases import of_folder
 from hybridcache.releases.v0_33.layout import layout_kind
 
 if TYPE_CHECKING:
@@ -24,10 +24,10 @@ if TYPE_CHECKING:
 RELEASE = of_folder("v0_33")
 
 
-class BlockPoolView033(BlockPoolView):
-    """`manager.block_pool` for 0.33.0: the 0.23.0 views, plus the
+class BlockPoolView033(DeferredFreeBlockPool):
+    """`manager.block_pool` for 0.33.0: the shared pool views with the
     scheduler's deferred frees (`free_blocks` of blocks
-    `pop_blocks_for_free` returned) and 0.33.0's pool fields."""
+    `pop_blocks_for_free` returned), plus 0.33.0's pool fields."""
 
     def __init__(self, manager: KVCacheManager033) -> None:
         """The pool view of `manager`, with 0.33.0's pool fields
@@ -35,13 +35,6 @@ class BlockPoolView033(BlockPoolView):
         super().__init__(manager)
         self.num_hash_lookahead_tokens = manager.num_hash_lookahead_tokens
         self.hash_block_size = manager._hash_block_size
-
-    def free_blocks(self, ordered_blocks: Any) -> None:  # type: ignore[override]
-        """0.33.0's `free_blocks(blocks)`: drops the references of blocks
-        `pop_blocks_for_free` handed out, in eviction order: those freed
-        without a hash (or with caching off) are reused first, cached ones
-        last. ValueError, nothing freed, for any other block."""
-        self._native._free_handed_out(list(ordered_blocks))
 
 
 class CoordinatorView033(CoordinatorView):
@@ -157,29 +150,10 @@ class HybridKVCacheCoordinator(CoordinatorView033):
         return tuple(list(g) for g in blocks.blocks), tuple(hits)
 
 
-def _kv_cache_block_copy_class() -> Any:
-    """vLLM 0.33.0's `KVCacheBlockCopy` when vLLM has loaded it, else this
-    module's NamedTuple of the same fields."""
-    return _loaded_vllm_033("vllm.v1.core.kv_cache_utils", "KVCacheBlockCopy") or KVCacheBlockCopy
-
-
-class KVCacheBlockCopy(NamedTuple):
-    """One copy-on-write copy (vLLM 0.33.0's `KVCacheBlockCopy`)."""
-
-    src_block_id: int
-    dst_block_id: int
-
-
 def _loaded_vllm_033(module_name: str, name: str) -> Any:
-    """`name` of vLLM 0.33.0's module `module_name`, if vLLM has loaded it
-    (its scheduler has, before it builds the manager); vLLM is never
-    imported here. The views register with vLLM's abstract classes, so
-    `isinstance` checks on them (connectors, vLLM's tests) pass."""
-    version = getattr(sys.modules.get("vllm"), "__version__", None)
-    installed = find(version) if isinstance(version, str) else None
-    if installed is None or installed.profile != RELEASE.profile:
-        return None
-    return getattr(sys.modules.get(module_name), name, None)
+    """`name` of vLLM's module `module_name` where the loaded vLLM runs this
+    release's profile (`hybridcache.loaded_vllm`)."""
+    return loaded_vllm(RELEASE.profile, module_name, name)
 
 
 # The coordinator view is named as the coordinator vLLM 0.33.0 builds for
@@ -271,4 +245,4 @@ def _manager_view_class(spec: Any) -> type[_SingleTypeManagerView033]:
     return view
 
 
-__all__ = ["BlockPoolView033", "CoordinatorView033", "HybridKVCacheCoordinator", "KVCacheBlockCopy"]
+__all__ = ["BlockPoolView033", "CoordinatorView033", "HybridKVCacheCoordinator"]
