@@ -16,8 +16,8 @@ from hybridcache.tools.oracle import module_needs_vllm  # noqa: E402
 
 vllm = module_needs_vllm("0.23.0")
 
-from hybridcache import step_bench  # noqa: E402
-from hybridcache.step_floor import FloorManager, RecordingManager  # noqa: E402
+from hybridcache_dev import step_bench  # noqa: E402
+from hybridcache_dev.step_floor import FloorManager, RecordingManager  # noqa: E402
 
 
 def tiny(layout: str) -> step_bench.StepConfig:
@@ -54,7 +54,7 @@ def test_step_bench_row(layout: str) -> None:
 
 
 def test_excess_over_floor_ranks_methods_by_time_over_the_floor() -> None:
-    from hybridcache.step_profile import excess_over_floor
+    from hybridcache_dev.step_profile import excess_over_floor
 
     calls = {
         "hybridcache": {"a": {"calls_per_step": 10.0, "ns_per_call": 500.0},
@@ -71,7 +71,7 @@ def test_excess_over_floor_ranks_methods_by_time_over_the_floor() -> None:
 
 
 def test_excess_split_is_inside_plus_outside_the_manager_calls() -> None:
-    from hybridcache.step_profile import excess_split
+    from hybridcache_dev.step_profile import excess_split
 
     totals = {"hybridcache": {"step_us": 3000.0, "manager_us": 280.0},
               "floor": {"step_us": 2700.0, "manager_us": 150.0}}
@@ -118,7 +118,7 @@ def test_steps_run_with_the_gc_paused_and_collect_between_them() -> None:
 def test_the_profiled_pass_steps_with_the_gc_paused(monkeypatch: Any) -> None:
     import gc
 
-    from hybridcache.step_profile import profile_step
+    from hybridcache_dev.step_profile import profile_step
 
     enabled = []
     step = step_bench.Lockstep.step
@@ -140,7 +140,7 @@ def test_the_stub_model_folder_goes_with_the_process(tmp_path: Any) -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from hybridcache.step_bench import stub_model_dir; "
+    code = ("import sys; from hybridcache_dev.step_bench import stub_model_dir; "
             "d = stub_model_dir(sys.argv[1]); import os; assert os.path.isfile(os.path.join(d, 'config.json')); "
             "print(d)")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,

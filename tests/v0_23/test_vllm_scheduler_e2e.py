@@ -72,7 +72,7 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 import hybridcache.vllm as hc_vllm  # noqa: E402
 from hybridcache.releases.v0_23.scheduler import VllmKVCacheManager as VllmKVCacheManager023  # noqa: E402
-from hybridcache.step_bench import stub_model_dir as shared_stub_model_dir  # noqa: E402
+from hybridcache_dev.step_bench import stub_model_dir as shared_stub_model_dir  # noqa: E402
 from hybridcache.tools.block_metrics import observe, record_calls  # noqa: E402
 
 EOS_TOKEN_ID = 50256

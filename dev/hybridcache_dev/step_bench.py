@@ -342,7 +342,7 @@ class Lockstep:
 
     def __init__(self, cfg: StepConfig, variants: Sequence[str], recording: Any = None,
                  wrap: Callable[[str, Any], None] | None = None) -> None:
-        from hybridcache.step_floor import FloorManager
+        from hybridcache_dev.step_floor import FloorManager
         from hybridcache.vllm_tokens import token_append_descriptor
 
         self.cfg = cfg
@@ -424,7 +424,7 @@ class Lockstep:
 
 def record_stock(cfg: StepConfig) -> Any:
     """An untimed stock run of cfg.warmup + cfg.steps steps; its manager's answers."""
-    from hybridcache.step_floor import RecordingManager
+    from hybridcache_dev.step_floor import RecordingManager
 
     recorder: list[Any] = []
 
@@ -496,7 +496,7 @@ def run_config(cfg: StepConfig, profile: bool = True) -> dict[str, Any]:
         "hc+native/floor": p50["hc+native"] / p50["floor"],
     }
     if profile:
-        from hybridcache.step_profile import profile_step
+        from hybridcache_dev.step_profile import profile_step
 
         # Stock's calls too: what each manager call costs vLLM, beside ours.
         prof = profile_step(cfg, ("stock", "hybridcache", "hc+native"), recording=recording)
@@ -548,7 +548,7 @@ def format_rows(rows: list[dict[str, Any]], vllm_version: str) -> str:
                                for v in s)
             lines.append(f"{r['layout']:<20} {r['running']:>5}   {cells}")
     if any("manager_calls" in r for r in rows):
-        from hybridcache.step_profile import excess_over_floor, excess_split
+        from hybridcache_dev.step_profile import excess_over_floor, excess_split
 
         lines += ["", "Where hybridcache's manager calls cost more than the floor's (profiled pass, in situ): "
                       "method, calls per step, ns per call stock / hybridcache / floor, us per step over the floor"]

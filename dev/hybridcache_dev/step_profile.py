@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from hybridcache.step_bench import Lockstep, StepConfig, gc_paused_steps
+from hybridcache_dev.step_bench import Lockstep, StepConfig, gc_paused_steps
 
 class _Stopwatch:
     def __init__(self) -> None:
