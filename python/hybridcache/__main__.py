@@ -2,7 +2,7 @@
 
   hybridcache replay   replay the embedded default serving trace (checked
                        call by call against the installed vLLM release's
-                       manager when hybridcache supports it: 0.23.0, 0.33.0)
+                       manager when hybridcache supports it: `hybridcache.releases`)
   hybridcache bench    scheduler-step latency next to the installed vLLM
                        release's manager
   hybridcache --version

@@ -1,5 +1,5 @@
 """`hybridcache bench`: scheduler-step latency of hybridcache's manager next to
-the installed vLLM release's (0.23.0 or 0.33.0: `releases`; layouts a
+the installed vLLM release's (a row of `releases`; layouts a
 release's facade does not cover are skipped with a note), on a built-in,
 seeded serving trace.
 
@@ -84,7 +84,7 @@ from .tools.timed_replay import (
 RUNNING = (64, 256, 1024)
 SCALE_BLOCKS = 1_000_000
 BATCHED_NOTE = ("batched decode API: not run on vLLM {} (it is hybridcache's own extension, timed against "
-                "vLLM 0.23.0's per-request calls; no 0.33.0 scheduler calls it)")
+                "a release's per-request decode calls; this release's scheduler does not call it)")
 
 
 def tool_release(tool: str, use_vllm: bool = True) -> tuple[releases.Release | None, str]:

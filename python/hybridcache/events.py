@@ -161,7 +161,7 @@ def external_hash(h: bytes) -> bytes | int:
 
 
 def _set_order(keys: list[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
-    """A block's extra keys (vLLM 0.33.0's partial-block entries), added in
+    """A block's extra keys (the core's partial-block entries), added in
     this order, in the order vLLM's pool emits their `BlockRemoved`: it
     keeps them in a `set` of `hash + group (4 bytes, big-endian)` keys, so
     the same set built the same way here iterates the same way."""

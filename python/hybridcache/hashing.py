@@ -81,8 +81,8 @@ def none_hash_for(
 ) -> bytes:
     """vLLM's ``init_none_hash(hash_fn)`` value under release ``profile``:
     ``hash_fn(seed)``. Without ``seed``, the release's rule picks it from
-    ``$PYTHONHASHSEED`` (0.23.0: 32 random bytes when unset; 0.33.0:
-    "vllm-none-hash" for sha256*, a random hex seed for xxhash*)."""
+    ``$PYTHONHASHSEED`` (the 0.23.0 profile: 32 random bytes when unset; the
+    0.33.0 profile: "vllm-none-hash" for sha256*, a random hex seed for xxhash*)."""
     name = _hash_name(hash_fn)
     profile = profile or releases.DEFAULT.profile
     if seed is None:
@@ -112,15 +112,15 @@ def make_request_block_hasher(
     profile: str | None = None,
     num_hash_lookahead_tokens: int = 0,
 ) -> BlockHasher:
-    """Drop-in for ``get_request_block_hasher(block_size, hash_fn)`` of vLLM
-    release ``profile`` (0.33.0: ``(hash_block_size, hash_fn,
-    num_hash_lookahead_tokens)``).
+    """Drop-in for ``get_request_block_hasher(block_size, hash_fn)`` of the
+    release running core profile ``profile`` (with ``hash_lookahead``:
+    ``(hash_block_size, hash_fn, num_hash_lookahead_tokens)``).
 
     ``hash_name`` is a vLLM hash-function name or vLLM's function itself.
     ``none_hash`` defaults to vLLM's ``NONE_HASH`` when vLLM has initialized
     it, else to :func:`none_hash_for` as that release's ``init_none_hash``
-    would. Unsupported names, and lookahead tokens before 0.33.0, raise
-    ValueError.
+    would. Unsupported names, and lookahead tokens under a profile without
+    them, raise ValueError.
     """
     name = _hash_name(hash_name)
     profile = profile or releases.DEFAULT.profile
@@ -203,8 +203,8 @@ def generate_block_hash_extra_keys(
 ) -> tuple[tuple[Any, ...] | None, int]:
     """Port of vLLM's function of that name in release ``profile``: LoRA,
     mm inputs, cache salt (first block only), prompt-embeds digest, in that
-    order, in the release's form (0.33.0: tagged) or, with ``for_event``, in
-    the form KV events publish (0.33.0's ``to_event_extra_keys``: untagged);
+    order, in the profile's form (the 0.33.0 profile: tagged) or, with
+    ``for_event``, in the form KV events publish (untagged);
     ``(None, mm_idx)`` when there are none."""
     mm_keys, mm_idx = _mm_extra_keys(request, start, end, mm_idx)
     lora, salt = request.lora_request, request.cache_salt

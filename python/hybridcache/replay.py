@@ -2,9 +2,9 @@
 
 A small, deterministic scheduler simulation (not vLLM's scheduler, but driving
 the manager the way vLLM's ``Scheduler.schedule`` does, with the calls
-spelled as the compared release's scheduler issues them: 0.23.0, or 0.33.0's
-3-tuple lookup, ``record_prefix_cache_stats``, ``has_scheduled_reqs`` and
-per-step drains, `tools.release_api`) issues every public call of vLLM's
+spelled as the compared release's scheduler issues them (e.g. a 3-tuple
+lookup, ``record_prefix_cache_stats``, ``has_scheduled_reqs`` and per-step
+drains where the release has them: `tools.release_api`) issues every public call of vLLM's
 v1 ``KVCacheManager`` API: prefix-cache lookups, chunked
 prefill, speculative decoding with changing draft counts, EAGLE lookahead,
 external (connector) tokens, delayed caching, preemption, aborts, evictions

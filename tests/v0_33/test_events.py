@@ -238,3 +238,18 @@ def test_builder_rejects_what_a_release_cannot_report() -> None:
         EventBuilder([KIND], release="0.23.0", num_hash_lookahead_tokens=1)
     with pytest.raises(ValueError, match="num_hash_lookahead_tokens"):
         EventBuilder([KIND], release="0.33.0", num_hash_lookahead_tokens=-1)
+
+
+def test_a_later_release_row_with_the_same_shape_gets_vllms_own_classes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vLLM the table lists with `event_extras` (as a later release that
+    keeps 0.33.0's event shape would be) gets vLLM's own event classes; one
+    the table does not list gets the look-alikes."""
+    import dataclasses
+
+    from hybridcache import releases
+
+    later = dataclasses.replace(releases.of_folder("v0_33"), version="0.99.0", folder="v0_99")
+    monkeypatch.setattr(vllm, "__version__", "0.99.0")
+    assert hc_events.event_classes("0.33.0")[0] is hc_events.BlockStoredExtras
+    monkeypatch.setattr(releases, "RELEASES", releases.RELEASES + (later,))
+    assert hc_events.event_classes("0.33.0") == (ev.BlockStored, ev.BlockRemoved, ev.AllBlocksCleared)
