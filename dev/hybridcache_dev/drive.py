@@ -23,10 +23,12 @@ DRIVERS = {
 
 
 def _folder(api: ReleaseApi) -> str:
+    """The folder whose driver drives `api`'s release: its own, else that
+    of the first release running the same core profile."""
     release = releases.find(api.name)
     if release is None:
         raise ValueError(f"no release {api.name!r} in hybridcache.releases")
-    return release.folder
+    return release.folder if release.folder in DRIVERS else releases.of_profile(release.profile).folder
 
 
 def driver_class(api: ReleaseApi) -> type:

@@ -15,6 +15,7 @@ torch at import time.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 import math
@@ -572,11 +573,21 @@ RELEASES: dict[str, ReleaseApi] = {r.name: r for r in (V023(), V033())}
 
 
 def release(name: str) -> ReleaseApi:
-    """The `ReleaseApi` of vLLM release `name`."""
-    try:
-        return RELEASES[name]
-    except KeyError:
-        raise ValueError(f"unsupported vLLM release {name!r}; choose from {', '.join(RELEASES)}") from None
+    """The `ReleaseApi` of vLLM release `name`: its own, or, for a row of
+    the table without one, a copy of the API of the first release running
+    the same core profile, with that row's version and facade."""
+    api = RELEASES.get(name)
+    if api is not None:
+        return api
+    row = releases.find(name)
+    like = None if row is None else next(
+        (a for a in RELEASES.values() if getattr(releases.find(a.name), "profile", None) == row.profile), None)
+    if row is None or like is None:
+        raise ValueError(f"unsupported vLLM release {name!r}; choose from {', '.join(RELEASES)}")
+    api = copy.copy(like)
+    api.name, api.facade = row.version, (row.package + ".scheduler", row.facade)
+    RELEASES[row.version] = api
+    return api
 
 
 def norm_block_list(blocks: Sequence[Any]) -> tuple[Any, ...]:
