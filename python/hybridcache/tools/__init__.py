@@ -1,6 +1,7 @@
-"""hybridcache's shared test toolkit: one workload and scheduler simulator
-for ``hybridcache replay``, ``hybridcache bench`` and ``python -m
-hybridcache_dev.fuzz`` (and the tests that use them).
+"""What the user commands `hybridcache replay` and `hybridcache bench` run
+on: one workload and scheduler simulator, the per-release call spellings,
+and the vLLM oracle check (the development package `hybridcache_dev`, not
+in the wheel, builds its fuzzers on them too).
 
 - `configs`: KV-cache group layouts (`GroupSpec`, `parse_mix`) and the one
   config builder, for hybridcache's own classes and for vLLM's;
@@ -16,10 +17,8 @@ hybridcache_dev.fuzz`` (and the tests that use them).
   full-API simulation;
 - `bench_trace` and `timed_replay`: the bench's recorded hot path and its
   timed, verified replay;
-- `fuzz_setup`, `fuzz_driver` and `bad_inputs`: the long fuzz's random
-  API-level driver;
-- `release_api` and `fuzz_driver033`: the fuzz per vLLM release (0.23.0,
-  0.33.0: managers, requests, calls, observables) and 0.33.0's driver;
+- `release_api` (with `fuzz_setup`, `scratch_groups`): each release as the
+  tools and the fuzz see it (managers, requests, calls, observables);
 - `block_metrics`: vLLM's metrics collector, recording the calls it gets.
 
 Nothing here imports vLLM or torch at module import time.
