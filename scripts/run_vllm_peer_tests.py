@@ -3,7 +3,7 @@
 it and the prefix-cache, Mamba-align, deferred-free, replay, SWA-window,
 async-scheduler and scheduler files for 0.33.0) with every `KVCacheManager`
 they construct being hybridcache's facade for that release
-(`hybridcache.releases`: `VllmKVCacheManager` for 0.23.0).
+(the `facade` of its row in `hybridcache.releases`).
 
 Fetch the tests first: `bash scripts/fetch_vllm_tests.sh VERSION` (into
 .cache/vllm-tests/VERSION). The release is the installed vLLM's (or

@@ -2,7 +2,7 @@
 
   hybridcache replay   replay the embedded default serving trace (checked
                        call by call against the installed vLLM release's
-                       manager when hybridcache supports it: 0.23.0, 0.33.0)
+                       manager when hybridcache supports it: `hybridcache.releases`)
   hybridcache bench    scheduler-step latency next to the installed vLLM
                        release's manager
   hybridcache --version
@@ -82,8 +82,13 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     if args.step:
-        from . import step_bench
-
+        # The whole-step profiler is a development tool (dev/ in the repository).
+        try:
+            from hybridcache_dev import step_bench
+        except ImportError:
+            print("hybridcache bench --step: the whole-step profiler is in hybridcache's development package: "
+                  "pip install -e dev (from the repository)", file=sys.stderr)
+            return 2
         return step_bench.main(args)
     from . import bench
 

@@ -8,7 +8,7 @@ import math
 import sys
 from typing import Any
 
-from .testing.bench_trace import CONFIG_TITLES
+from .tools.bench_trace import CONFIG_TITLES
 
 PLOT_HINT = "pip install 'hybridcache[plot]' (or: pip install matplotlib)"
 
