@@ -13,16 +13,17 @@
 # Profile-guided: an instrumented build runs scripts/pgo_train.py, then the
 # wheel is built with that profile, so the hot paths are laid out for a
 # serving loop (about 40 % fewer instruction-cache misses per call, see the
-# README). As pydantic-core builds its release wheels. Only the final build
-# goes through zig: zig's cc does not take the `-u __llvm_profile_runtime`
-# that rustc passes when it links an instrumented library ("unrecognized
-# file extension"), so the instrumented build (a wheel that only the training
-# run imports, here) links with the host's cc. The profile is read by rustc
-# (LLVM) and matched by symbol name, which the linker does not touch: both
-# builds name the same --target, so cargo gives every crate the same
-# metadata hash, hence the same symbols. The script checks both: each build's
-# rustc got its profile flag, and the crates' hashes agree (cargo's verbose
-# logs).
+# README). As pydantic-core builds its release wheels. Both builds are
+# maturin's zig builds, so cargo sees the same settings and gives every crate
+# the same metadata hash, hence the same symbol names, by which LLVM matches
+# the profile to the code (a plain host build gets other hashes, and its
+# profile would match nothing). Only the instrumented one links with the
+# host's cc (a later `-C linker` in RUSTFLAGS wins): zig's cc does not take
+# the `-u __llvm_profile_runtime` that rustc passes when it links an
+# instrumented library ("unrecognized file extension"). That wheel is only
+# imported by the training run here, so its tag is not checked. The script
+# checks that each build's rustc got its profile flag and that the crates'
+# hashes agree (cargo's verbose logs).
 #
 # Needs llvm-profdata matching rustc's LLVM (`rustup component add
 # llvm-tools`, tried here); without it, or with HYBRIDCACHE_PGO=0, the wheel
@@ -43,7 +44,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 host=$(rustc -vV | sed -n 's/^host: //p')
-ZIG=(--zig --compatibility manylinux_2_28)  # links for glibc 2.28; implies --target "$host"
+ZIG=(--zig --compatibility manylinux_2_28)  # links for glibc 2.28
 
 # build DIR RUSTFLAGS MATURIN_ARGS...: the release wheel into DIR; cargo's
 # verbose log in DIR.log, its tail shown on failure.
@@ -106,8 +107,8 @@ fi
 # Its own target folder: the instrumented objects never mix with the final ones.
 export CARGO_TARGET_DIR="$repo/target-pgo"
 
-echo "== pgo: instrumented build (host linker)"
-build "$work/instrumented" "-Cprofile-generate=$work/raw" --target "$host"
+echo "== pgo: instrumented build (zig's settings, the host's linker)"
+build "$work/instrumented" "-Cprofile-generate=$work/raw -Clinker=${CC:-cc}" "${ZIG[@]}" --auditwheel skip
 needs_flag "$work/instrumented.log" "-Cprofile-generate=$work/raw"
 "$PY" -m venv "$work/venv"
 "$work/venv/bin/pip" install --quiet --no-deps "$work"/instrumented/*.whl

@@ -65,6 +65,18 @@ def test_ci_run_names_a_missing_interpreter() -> None:
     assert r.returncode != 0
     assert "base interpreter '/nonexistent/python3' not found" in r.stderr
     assert "== tools" not in r.stdout  # nothing after the check ran
+    # The phase table closes every run, a failed one too, naming the phase.
+    table = r.stdout.split("== phases\n", 1)[1].splitlines()
+    assert table[0].endswith(" s  python and venvs  (FAILED, exit 1)"), table
+    assert table[1].endswith(" s  total"), table
+
+
+def test_check_wheel_refuses_a_wheel_not_tagged_manylinux_2_28(tmp_path: Path) -> None:
+    wheel = tmp_path / "vllm_hybridcache-0.1.0-cp310-abi3-manylinux_2_34_x86_64.whl"
+    wheel.write_bytes(b"")
+    r = _run("bash", str(ROOT / "scripts" / "check_wheel.sh"), str(wheel))
+    assert r.returncode != 0
+    assert "is not tagged manylinux_2_28_" in r.stderr
 
 
 def test_install_oracle_refuses_an_unknown_version(tmp_path: Path) -> None:
