@@ -65,6 +65,18 @@ def test_ci_run_names_a_missing_interpreter() -> None:
     assert r.returncode != 0
     assert "base interpreter '/nonexistent/python3' not found" in r.stderr
     assert "== tools" not in r.stdout  # nothing after the check ran
+    # The phase table closes every run, a failed one too, naming the phase.
+    table = r.stdout.split("== phases\n", 1)[1].splitlines()
+    assert table[0].endswith(" s  python and venvs  (FAILED, exit 1)"), table
+    assert table[1].endswith(" s  total"), table
+
+
+def test_check_wheel_refuses_a_wheel_not_tagged_manylinux_2_28(tmp_path: Path) -> None:
+    wheel = tmp_path / "vllm_hybridcache-0.1.0-cp310-abi3-manylinux_2_34_x86_64.whl"
+    wheel.write_bytes(b"")
+    r = _run("bash", str(ROOT / "scripts" / "check_wheel.sh"), str(wheel))
+    assert r.returncode != 0
+    assert "is not tagged manylinux_2_28_" in r.stderr
 
 
 def test_install_oracle_refuses_an_unknown_version(tmp_path: Path) -> None:
@@ -141,3 +153,64 @@ def test_install_hf_models_lays_out_the_hub_cache(tmp_path: Path) -> None:
     assert len(revision) == 40
     assert (repo / "snapshots" / revision / "config.json").read_bytes() == (
         ROOT / "scripts" / "vllm_tests" / "hf" / "facebook" / "opt-125m" / "config.json").read_bytes()
+
+
+def _probe_wheel(folder: Path, version: str) -> Path:
+    """A minimal pure-Python wheel, distribution `overlay-probe`, whose
+    module says its version."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"overlay_probe-{version}.dist-info"
+    files = {
+        "overlay_probe.py": f"VERSION = {version!r}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: overlay-probe\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(text.encode())}")
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
+    path = folder / f"overlay_probe-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return path
+
+
+def test_an_overlay_venv_shadows_its_base_and_leaves_it_alone(tmp_path: Path) -> None:
+    """The safe binding is tested in an overlay of the first oracle venv
+    (scripts/test_safe_build.sh with VENV=, as CI runs it), so that venv
+    keeps the release wheel: a distribution force-reinstalled into the
+    overlay, at a version its base already holds, shadows the base's copy
+    there and leaves the base's as it was."""
+    def overlay(base: Path, venv: Path) -> Path:
+        r = _run("bash", str(ROOT / "scripts" / "overlay_venv.sh"), str(base), str(venv))
+        assert r.returncode == 0, r.stderr
+        return venv / "bin" / "python"
+
+    def pip_install(python: Path, wheel: Path) -> None:
+        r = _run(str(python), "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--force-reinstall",
+                 "--disable-pip-version-check", str(wheel))
+        assert r.returncode == 0, r.stdout + r.stderr
+
+    def probe(python: Path) -> str:
+        code = "import overlay_probe, sys; from importlib import metadata; print(overlay_probe.VERSION, metadata.version('overlay-probe'), overlay_probe.__file__.startswith(sys.prefix))"
+        r = _run(str(python), "-c", code, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    # The base: itself an overlay of the venv running this test (for its pip),
+    # which stays untouched.
+    base = overlay(Path(sys.prefix), tmp_path / "base")
+    pip_install(base, _probe_wheel(tmp_path, "1.0"))
+    assert probe(base) == "1.0 1.0 True"
+    top = overlay(tmp_path / "base", tmp_path / "top")
+    assert probe(top) == "1.0 1.0 False"  # the base's copy, seen through the overlay
+    pip_install(top, _probe_wheel(tmp_path, "1.0.post1"))
+    assert probe(top) == "1.0.post1 1.0.post1 True"
+    assert probe(base) == "1.0 1.0 True"
+    script = (ROOT / "scripts" / "test_safe_build.sh").read_text()
+    assert 'bash scripts/overlay_venv.sh "$VENV" "$venv"' in script

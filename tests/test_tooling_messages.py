@@ -51,7 +51,7 @@ def test_bench_plot_without_matplotlib_fails_clearly() -> None:
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    assert "matplotlib" in lines[0] and "pip install 'hybridcache[plot]'" in lines[0]
+    assert "matplotlib" in lines[0] and "pip install 'vllm-hybridcache[plot]'" in lines[0]
 
 
 def test_bench_without_vllm_has_no_vllm_legend() -> None:

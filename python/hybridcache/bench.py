@@ -323,7 +323,7 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a short run: 20 measured steps, 64 and 256 running, a 100k-block pool")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout (no table)")
-    parser.add_argument("--plot", metavar="PNG", help="draw per-step latency distributions into PNG (needs matplotlib: pip install 'hybridcache[plot]')")
+    parser.add_argument("--plot", metavar="PNG", help="draw per-step latency distributions into PNG (needs matplotlib: pip install 'vllm-hybridcache[plot]')")
     parser.add_argument("--config", action="append", choices=CONFIGS, dest="configs",
                         help="configuration to run (repeatable; default: all)")
     parser.add_argument("--running", type=str, default=None,
