@@ -90,10 +90,11 @@ def torch_requirement() -> Requirement:
 _SPEC_WORDS = {"==": "", ">=": "ge", "<=": "le", "~=": "compat", "!=": "ne", ">": "gt", "<": "lt"}
 
 
-def base_name() -> str:
-    """The shared torch venv's name: `torch-VERSION` for an exact pin, else
-    the range spelled out (`torch-ge2.1-lt3`)."""
-    spec = sorted(torch_requirement().specifier, key=str)
+def base_name(req: Requirement | None = None) -> str:
+    """The shared torch venv's name for vLLM's torch requirement (or `req`):
+    `torch-VERSION` for an exact pin, else the range spelled out
+    (`torch-lt3-ge2.1`), `torch` for none."""
+    spec = sorted((req or torch_requirement()).specifier, key=str)
     if not spec:
         return "torch"
     parts = []

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Runs vLLM's own tests (tests/v1/core: test_prefix_caching.py for 0.23.0;
 it and the prefix-cache, Mamba-align, deferred-free, replay, SWA-window,
-async-scheduler and scheduler files for 0.33.0) with every `KVCacheManager`
+async-scheduler and scheduler files for 0.33.0 and 0.34.0, and 0.34.0's
+prompt-hash vectors) with every `KVCacheManager`
 they construct being hybridcache's facade for that release
 (`hybridcache.releases`: `VllmKVCacheManager` for 0.23.0).
 

@@ -1,7 +1,7 @@
-"""The triton-cpu plugin (tests/vllm_cpu_triton.py): it finds the CPU
-platform's Triton check by the code that reads HAS_TRITON, lets that one
-classmethod call see HAS_TRITON true, and leaves every other read and every
-vLLM without the check alone."""
+"""The triton-cpu plugin (tests/vllm_cpu_triton.py): it wraps the CPU
+platform's config check where that reads HAS_TRITON, lets a call through
+only when vLLM refuses it for lack of Triton (with HAS_TRITON reading true
+for that call), and leaves every other call, refusal and read as vLLM's."""
 
 from __future__ import annotations
 
@@ -59,37 +59,47 @@ class _Probe:
 
 
 @pytest.mark.vllm()  # whichever vLLM is installed
-def test_the_shim_acts_only_where_the_cpu_platform_checks_triton() -> None:
+def test_the_shim_acts_only_where_the_cpu_platform_refuses_without_triton() -> None:
     cpu = pytest.importorskip("vllm.platforms.cpu")
     import vllm.triton_utils
 
     platform = cpu.CpuPlatform
     original = platform.__dict__["check_and_update_config"]
-    checks = shim.reads_has_triton(original.__func__)
+    if vllm.triton_utils.HAS_TRITON:
+        pytest.skip("Triton is usable here: vLLM's own check passes")
+    # vLLM's own behaviour on a config that stops the call at its first read
+    # after model_config: vLLM 0.34.0 refuses before that read, 0.33.0 warns
+    # and reads on with the real (false) flag.
+    probe = _Probe()
+    with pytest.raises((RuntimeError, _Stop)) as raised:
+        platform.check_and_update_config(probe)
+    refuses = raised.type is RuntimeError
+    if refuses:
+        assert "Triton" in str(raised.value) and probe.seen == []
+    else:
+        assert probe.seen == [False]
     try:
-        assert shim.install() is checks
-        if not checks:  # e.g. vLLM 0.33.0: nothing to do, nothing touched
-            assert platform.__dict__["check_and_update_config"] is original
-            return
-        assert shim.install() is True  # idempotent: wrapped once
-        wrapped = platform.__dict__["check_and_update_config"]
-        assert wrapped.__func__._original is original
-        if vllm.triton_utils.HAS_TRITON or platform.get_cpu_architecture() != cpu.CpuArchEnum.X86:
-            pytest.skip("Triton is usable here (or the CPU is not x86): vLLM's own check passes")
-        # With the shim the call gets past the check (to the probe's first
-        # read after it), seeing HAS_TRITON true; the flag is false again after.
+        assert shim.install() is shim.reads_has_triton(original.__func__)
+        assert shim.install() is shim.install()  # idempotent: wrapped once
+        if platform.__dict__["check_and_update_config"] is not original:
+            assert platform.__dict__["check_and_update_config"].__func__._original is original
+        before = shim.REFUSALS_PASSED
         probe = _Probe()
         with pytest.raises(_Stop):
             platform.check_and_update_config(probe)
-        assert probe.seen[:1] == [True]
+        # Refused: the call went on with the flag read as true. Not refused:
+        # exactly vLLM's own call, with the real flag.
+        assert probe.seen == ([True] if refuses else [False])
+        assert shim.REFUSALS_PASSED == before + refuses
         assert vllm.triton_utils.HAS_TRITON is False
-        # Without it, vLLM refuses before reading anything else.
-        shim.uninstall()
-        assert platform.__dict__["check_and_update_config"] is original
-        probe = _Probe()
-        with pytest.raises(RuntimeError, match="Triton"):
-            platform.check_and_update_config(probe)
-        assert probe.seen == []
+        with pytest.raises(RuntimeError, match="something else"):  # other refusals stay
+            platform.check_and_update_config(_Refuses())
     finally:
         shim.uninstall()
         assert platform.__dict__["check_and_update_config"] is original
+
+
+class _Refuses:
+    @property
+    def model_config(self):
+        raise RuntimeError("something else")

@@ -1,17 +1,22 @@
 """pytest plugin: vLLM's CPU platform on an x86 machine without triton-cpu.
 
-Where vLLM's `CpuPlatform.check_and_update_config` consults
-`vllm.triton_utils.HAS_TRITON` (vLLM 0.34.0: "vLLM on x86 CPUs requires
-Triton (triton-cpu)"), every `VllmConfig` built on a CPU machine with PyPI's
-torch fails: its Triton is the CUDA build, unusable without a GPU driver, and
-triton-cpu is not on PyPI. Scheduler and KV-cache-manager tests build a
-`VllmConfig` but run no Triton kernel, so this plugin makes `HAS_TRITON` read
-true during that one classmethod call, and restores it right after; nothing
-else changes (the kernels still see the real value).
+Where vLLM's `CpuPlatform.check_and_update_config` refuses to go on when
+`vllm.triton_utils.HAS_TRITON` is false (vLLM 0.34.0: "RuntimeError: vLLM on
+x86 CPUs requires Triton (triton-cpu)"), every `VllmConfig` built on a CPU
+machine with PyPI's torch fails: its Triton is the CUDA build, unusable
+without a GPU driver, and triton-cpu is not on PyPI. Scheduler and
+KV-cache-manager tests build a `VllmConfig` but run no Triton kernel.
 
-The plugin acts only where the classmethod's code reads `HAS_TRITON` (found
-in its code objects, not by vLLM's version); elsewhere it does nothing. Load
-it with `-p vllm_cpu_triton` (this directory on sys.path), as
+The plugin wraps that classmethod where its code reads HAS_TRITON (vLLM
+0.33.0's only logs a warning; 0.23.0's does not read it). A call runs as
+vLLM's; only when it refuses with a RuntimeError naming Triton while
+HAS_TRITON is false (the behaviour, not vLLM's version, decides) is the same
+call made again with HAS_TRITON reading true, and the flag is restored right
+after. vLLM 0.34.0 refuses before it changes anything in the config (it has
+read only `model_config`), so the second call starts from the same state.
+Everything else, the kernels included, sees the real value.
+
+Load it with `-p vllm_cpu_triton` (this directory on sys.path), as
 scripts/run_vllm_peer_tests.py does, or call `install()`.
 """
 
@@ -22,6 +27,8 @@ import types
 from typing import Any
 
 _NAME = "HAS_TRITON"
+# How many calls vLLM refused for lack of Triton and the plugin let through.
+REFUSALS_PASSED = 0
 _MARK = "_hybridcache_triton_cpu_shim"
 
 
@@ -46,8 +53,8 @@ def _cpu_platform() -> type | None:
 
 
 def install() -> bool:
-    """Wraps CpuPlatform.check_and_update_config where it reads HAS_TRITON;
-    True iff it is wrapped (now or before)."""
+    """Wraps CpuPlatform.check_and_update_config where its code reads
+    HAS_TRITON; True iff it is wrapped (now or before)."""
     platform = _cpu_platform()
     if platform is None:
         return False
@@ -66,6 +73,13 @@ def install() -> bool:
         # runs, so the module attribute is what it reads.
         import vllm.triton_utils as triton_utils
 
+        try:
+            return func(cls, vllm_config)
+        except RuntimeError as e:
+            if getattr(triton_utils, _NAME) or "triton" not in str(e).lower():
+                raise
+        global REFUSALS_PASSED
+        REFUSALS_PASSED += 1
         saved = getattr(triton_utils, _NAME)
         setattr(triton_utils, _NAME, True)
         try:
@@ -93,8 +107,15 @@ def pytest_configure(config: Any) -> None:
 
 def pytest_report_header(config: Any) -> str | None:
     if config.stash.get(_KEY, False):
-        return "vllm_cpu_triton: CpuPlatform.check_and_update_config sees HAS_TRITON=True (no triton-cpu)"
+        return ("vllm_cpu_triton: CpuPlatform.check_and_update_config wrapped (a refusal for lack of "
+                "triton-cpu is retried with HAS_TRITON read as true)")
     return None
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if REFUSALS_PASSED:
+        terminalreporter.write_line(
+            f"vllm_cpu_triton: {REFUSALS_PASSED} VllmConfig check(s) refused for lack of triton-cpu, let through")
 
 
 def pytest_unconfigure(config: Any) -> None:
