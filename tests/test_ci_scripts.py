@@ -54,9 +54,43 @@ def test_constraints_come_from_vllms_metadata(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in out.read_text().splitlines() if ln and not ln.startswith("#")]
     assert not any("[" in ln for ln in lines)  # pip refuses extras in constraints
-    torch_pin = {"0.23.0": "torch==2.11.0", "0.33.0": "torch==2.14.0"}.get(metadata.version("vllm").split("+")[0])
+    torch_pin = {"0.23.0": "torch==2.11.0", "0.33.0": "torch==2.14.0",
+                 "0.34.0": "torch==2.14.0"}.get(metadata.version("vllm").split("+")[0])
     if torch_pin is not None:
         assert torch_pin in lines
+        r = _run(sys.executable, str(PINS), "base-name")
+        assert r.returncode == 0 and r.stdout.strip() == "torch-" + torch_pin.split("==")[1], r.stdout + r.stderr
+
+
+def test_the_torch_venv_is_named_after_the_torch_requirement() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("oracle_requirements", PINS)
+    assert spec is not None and spec.loader is not None
+    pins = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pins)
+    assert pins.base_name(pins.Requirement("torch==2.14.0")) == "torch-2.14.0"
+    assert pins.base_name(pins.Requirement("torch<3,>=2.1")) == "torch-lt3-ge2.1"
+    assert pins.base_name(pins.Requirement("torch==2.10.*")) == "torch-2.10.x"
+    assert pins.base_name(pins.Requirement("torch")) == "torch"
+
+
+@pytest.mark.vllm()  # every oracle venv
+@pytest.mark.skipif(not _in_oracle_venv(), reason="not running in an oracle venv made by scripts/install_oracle.sh")
+def test_oracle_venv_takes_torch_from_the_shared_torch_venv() -> None:
+    """install_oracle.sh's layout: the release's venv holds vLLM, and torch
+    comes from the torch venv named after vLLM's torch pin, through a .pth
+    file; the release's own site-packages comes first on sys.path."""
+    import sysconfig
+
+    site = Path(sysconfig.get_path("purelib"))
+    assert (site / "_oracle_torch_venv.pth").is_file()
+    name = _run(sys.executable, str(PINS), "base-name").stdout.strip()
+    torch_dist = Path(str(metadata.distribution("torch").locate_file(""))).resolve()
+    assert any(p.name == ".venv-" + name for p in torch_dist.parents), torch_dist
+    vllm_dist = Path(str(metadata.distribution("vllm").locate_file(""))).resolve()
+    assert vllm_dist == site.resolve()
+    assert sys.path.index(str(site)) < sys.path.index(str(torch_dist))
 
 
 def test_ci_run_names_a_missing_interpreter() -> None:
