@@ -70,7 +70,8 @@ def run_side(side: str, model: str, engine_args: dict[str, Any], waves: list[lis
     (HYBRIDCACHE_ENABLE=1); else in the run's process, through `install()`."""
     folder = workdir / side
     (folder / "processes").mkdir(parents=True, exist_ok=True)
-    spec = {"side": side, "model": model, "engine_args": engine_args, "result": str(folder / "result.json"),
+    result_path = folder / "result.json"
+    spec: dict[str, Any] = {"side": side, "model": model, "engine_args": engine_args, "result": str(result_path),
             "waves": [[[r.prompt, r.max_tokens] for r in wave] for wave in waves]}
     (folder / "spec.json").write_text(json.dumps(spec))
     child_env = {**os.environ, **(env or {}), DIR_ENV: str(folder / "processes"), PRELOAD_ENV: preload,
@@ -96,10 +97,10 @@ def run_side(side: str, model: str, engine_args: dict[str, Any], waves: list[lis
                 break
         code = proc.wait()
     text = "".join(lines)
-    if code != 0 or not Path(spec["result"]).exists():
+    if code != 0 or not result_path.exists():
         tail = "".join(lines[-25:])
         raise RunFailed(f"the {side} run failed (exit {code}); its log: {log_path}\n{tail}")
-    return Side(side, json.loads(Path(spec["result"]).read_text()), text)
+    return Side(side, json.loads(result_path.read_text()), text)
 
 
 def first_divergence(stock: Side, ours: Side) -> str | None:

@@ -84,24 +84,27 @@ def _wrap_scheduler() -> None:
         _flush(force=True)
         shutdown(self)
 
-    Scheduler.__init__ = __init__  # type: ignore[method-assign]
-    Scheduler.schedule = timed(schedule, True)  # type: ignore[method-assign]
-    Scheduler.update_from_output = timed(update, False)  # type: ignore[method-assign]
-    Scheduler.shutdown = _shutdown  # type: ignore[method-assign]
-    Scheduler._hybridcache_verify = True  # type: ignore[attr-defined]
+    Scheduler.__init__ = __init__
+    Scheduler.schedule = timed(schedule, True)
+    Scheduler.update_from_output = timed(update, False)
+    Scheduler.shutdown = _shutdown
+    Scheduler._hybridcache_verify = True
 
 
-class _InstallLines(logging.Handler):
-    """Counts hybridcache's install line in this process."""
+class _InstallLines(logging.Filter):
+    """Counts hybridcache's install line in this process (a filter on its
+    logger: vLLM's logging set-up drops the handlers of loggers under
+    "vllm", not their filters)."""
 
-    def emit(self, record: logging.LogRecord) -> None:
+    def filter(self, record: logging.LogRecord) -> bool:
         if record.getMessage().startswith("hybridcache is on:"):
             _record["install_lines"] += 1
             _flush(force=True)
+        return True
 
 
 def _prepare_process() -> None:
-    logging.getLogger("vllm.hybridcache").addHandler(_InstallLines())
+    logging.getLogger("vllm.hybridcache").addFilter(_InstallLines())
     for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
         importlib.import_module(name.strip())
     _wrap_scheduler()
@@ -159,8 +162,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         done += len(wave)
         progress(side=spec["side"], phase="wave", wave=i + 1, waves=len(waves), done=done, total=total)
     counters, ttft = _counters(llm.get_metrics())
-    engine = getattr(llm.llm_engine, "engine_core", None)
-    if hasattr(engine, "shutdown"):
+    engine: Any = getattr(llm.llm_engine, "engine_core", None)
+    if engine is not None and hasattr(engine, "shutdown"):
         engine.shutdown()
     _flush(force=True)
     processes = []

@@ -58,13 +58,15 @@ def gemma2() -> dict:
 
 def qwen3_next() -> dict:
     # Three Gated-DeltaNet layers and one attention layer; vLLM's Qwen3-Next
-    # needs at least one MoE layer (decoder_sparse_step 1: all are MoE).
+    # needs at least one MoE layer (decoder_sparse_step 1: all are MoE). One
+    # key and one value head keep the recurrent state small (4.6 KiB), so the
+    # attention page vLLM pads it to stays at 32-token blocks.
     return {**_common(), "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
             "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 2,
             "num_key_value_heads": 1, "head_dim": 64, "hidden_act": "silu", "rope_theta": 10000.0,
             "partial_rotary_factor": 0.25, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
             "linear_conv_kernel_dim": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
-            "linear_num_key_heads": 2, "linear_num_value_heads": 4, "decoder_sparse_step": 1,
+            "linear_num_key_heads": 1, "linear_num_value_heads": 1, "decoder_sparse_step": 1,
             "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64, "num_experts_per_tok": 2,
             "num_experts": 4, "norm_topk_prob": True, "mlp_only_layers": [], "tie_word_embeddings": False}
 
