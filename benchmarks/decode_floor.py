@@ -21,8 +21,8 @@ import argparse
 import operator
 import statistics
 
-from hybridcache.testing import bench_trace as B
-from hybridcache.testing import timed_replay as T
+from hybridcache.tools import bench_trace as B
+from hybridcache.tools import timed_replay as T
 
 
 def _replay(config: str, running: int, steps: int, floor: bool) -> list[int]:

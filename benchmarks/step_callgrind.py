@@ -7,7 +7,7 @@ simulated instruction-cache misses, measured in situ under callgrind.
     python benchmarks/step_callgrind.py --against floor.out.1      # where the step exceeds the floor's
     python benchmarks/step_callgrind.py --l2 1024 ...              # the L2 as the simulated last level
 
-The step bench's hybridcache scheduler (`hybridcache.step_bench.Lockstep`)
+The step bench's hybridcache scheduler (`hybridcache_dev.step_bench.Lockstep`)
 runs under `valgrind --tool=callgrind --cache-sim=yes`, with instrumentation
 off while vLLM imports and the workload warms up. It is then switched on
 (`callgrind_control -i on`), a few steps run to fill the simulated caches,
@@ -283,7 +283,7 @@ def _child(args: argparse.Namespace) -> None:
     parent's signals (files in `args.sync`)."""
     import gc
 
-    from hybridcache.step_bench import Lockstep, configs, record_stock
+    from hybridcache_dev.step_bench import Lockstep, configs, record_stock
 
     sync = Path(args.sync)
     (cfg,) = configs(True, [args.running], [args.layout], args.warm + args.steps)

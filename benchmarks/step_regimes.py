@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=100)
     args = ap.parse_args(argv)
 
-    from hybridcache.step_bench import StepBenchUnavailable, configs, load_vllm, record_stock, timed_run
+    from hybridcache_dev.step_bench import StepBenchUnavailable, configs, load_vllm, record_stock, timed_run
 
     try:
         load_vllm()

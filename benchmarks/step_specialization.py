@@ -94,7 +94,7 @@ def unspecialized(reference: Spec, variant: Spec) -> list[tuple[str, str, str, s
 
 
 def _child(variant: str, running: int, steps: int, layout: str, out: str) -> None:
-    from hybridcache import step_bench
+    from hybridcache_dev import step_bench
 
     cfg = step_bench.StepConfig(layout=layout, running=running, steps=steps, warmup=5)
     recording = step_bench.record_stock(cfg) if variant == "floor" else None

@@ -5,6 +5,10 @@
 #
 #   .cache/vllm-tests/0.23.0/tests/v1/core/{__init__.py,utils.py,test_prefix_caching.py}
 #
+# Any file of the sdist can be listed, at its path there (0.34.0's
+# test_prompt_block_hash_vectors.py reads rust/src/engine-core-client/src/
+# tests/prompt_block_hash_vectors.json relative to the tests folder).
+#
 # The files and their hashes, and the sdist's hash, are in
 # scripts/vllm_tests/vllm-VERSION.sha256; every file is checked against it.
 #

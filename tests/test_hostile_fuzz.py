@@ -1,4 +1,4 @@
-"""The hostile-input fuzz (`python -m hybridcache.hostile_fuzz`) in CI: a
+"""The hostile-input fuzz (`python -m hybridcache_dev.hostile_fuzz`) in CI: a
 slice over every manager shape, each batch in a subprocess; and the fuzz's
 own checks (an abort is charged to its call, a state change under an
 exception is caught)."""
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hybridcache import hostile_fuzz as hf
+from hybridcache_dev import hostile_fuzz as hf
 
 
 def test_hostile_slice_finds_nothing() -> None:

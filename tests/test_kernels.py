@@ -27,6 +27,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import hybridcache.kernels as K  # noqa: E402
+from hybridcache import releases  # noqa: E402
 from hybridcache.kernels import (  # noqa: E402
     pad_plan,
     plan_from_block_tables,
@@ -585,7 +586,8 @@ MambaStateCopyFunc = Any
 
 def _vllm_root() -> Path | None:
     try:
-        if importlib.metadata.version("vllm") != "0.23.0":
+        # The kernels' reference is vLLM 0.23.0's worker.
+        if releases.find(importlib.metadata.version("vllm")) is not releases.of_folder("v0_23"):
             return None
         spec = importlib.util.find_spec("vllm")  # top level only: does not import vllm
     except (importlib.metadata.PackageNotFoundError, ValueError, ImportError):

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hybridcache import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheManager, MambaSpec, Request
-from hybridcache.manager033 import KVCacheManager033
+from hybridcache.releases.v0_33.manager import KVCacheManager033
 from hybridcache.kernels import (
     native_post_plan,
     native_pre_plan,
@@ -26,18 +26,18 @@ from hybridcache.kernels import (
 B = 8
 
 
-def _manager(k: int, num_mamba_groups: int, release: str = "0.23.0") -> KVCacheManager:
+def _manager(k: int, num_mamba_groups: int, release: str = "v0_23") -> KVCacheManager:
     groups = [KVCacheGroupSpec(["attn"], FullAttentionSpec(block_size=B))]
     for g in range(num_mamba_groups):
         spec = MambaSpec(block_size=B, mamba_cache_mode="align", num_speculative_blocks=k)
         groups.append(KVCacheGroupSpec([f"m{g}"], spec))
     config = KVCacheConfig(num_blocks=400, kv_cache_groups=groups)
-    if release == "0.33.0":
+    if release == "v0_33":
         return KVCacheManager033(config, 2048, B, B, enable_caching=False)
     return KVCacheManager(config, 2048, B, B)
 
 
-@pytest.mark.parametrize("release", ["0.23.0", "0.33.0"])
+@pytest.mark.parametrize("release", ["v0_23", "v0_33"])
 @pytest.mark.parametrize("k", [0, 2])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_native_plan_matches_worker_reference(k: int, seed: int, release: str) -> None:

@@ -43,13 +43,13 @@ def test_each_regime_runs_its_variants_and_divides_by_its_own_floor() -> None:
 
 
 def test_a_tiny_run_against_the_installed_vllm() -> None:
-    from hybridcache.testing.oracle import vllm_missing
+    from hybridcache.tools.oracle import vllm_missing
 
     from hybridcache import releases
 
     if vllm_missing("step_regimes", accepted=releases.RELEASES) is not None:
         pytest.skip("needs an installed vLLM release hybridcache supports")
-    from hybridcache.step_bench import StepConfig, record_stock, timed_run
+    from hybridcache_dev.step_bench import StepConfig, record_stock, timed_run
 
     cfg = StepConfig("full+3xmamba-align", running=8, steps=4, warmup=4, prompt_len=(20, 90), max_tokens=(4, 30))
     out = step_regimes.measure(cfg, timed_run, record_stock(cfg))

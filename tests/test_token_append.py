@@ -25,11 +25,13 @@ from vllm.v1.core import kv_cache_utils  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
 import hybridcache.vllm as hc_vllm  # noqa: E402
-from hybridcache import _native, vllm_tokens  # noqa: E402
+from hybridcache import _native, releases, vllm_tokens  # noqa: E402
 
 VLLM_APPEND = Request.__dict__["append_output_token_ids"]
-RELEASE = vllm.__version__.split("+", 1)[0]
-LOOKAHEADS = (0, 1, 3) if RELEASE != "0.23.0" else (0,)
+RELEASE = releases.find(vllm.__version__)
+# Lookahead tokens where the installed release's hasher takes them.
+HASH_LOOKAHEAD = RELEASE is not None and RELEASE.hash_lookahead
+LOOKAHEADS = (0, 1, 3) if HASH_LOOKAHEAD else (0,)
 
 
 def _has_descriptor() -> bool:
@@ -53,7 +55,7 @@ def _clean() -> Any:
 def _hashers(block_size: int, lookahead: int) -> dict[str, Any]:
     fn = get_hash_fn_by_name("sha256")
     kv_cache_utils.init_none_hash(fn)
-    args = (block_size, fn) + ((lookahead,) if RELEASE != "0.23.0" else ())
+    args = (block_size, fn) + ((lookahead,) if HASH_LOOKAHEAD else ())
     native = hc_vllm.native_request_block_hasher(kv_cache_utils.get_request_block_hasher)(*args)
     assert hc_vllm.native_hasher_of(native) is not None
     return {"native": native, "vllm": kv_cache_utils.get_request_block_hasher(*args), "none": None}

@@ -31,9 +31,9 @@ def _without(*modules: str) -> str:
 
 def test_fuzz_without_vllm_says_so_in_one_line() -> None:
     out = _run(_without("vllm", "torch") + (
-        "sys.argv = ['python -m hybridcache.fuzz', '--ops', '10']\n"
+        "sys.argv = ['python -m hybridcache_dev.fuzz', '--ops', '10']\n"
         "import runpy\n"
-        "runpy.run_module('hybridcache.fuzz', run_name='__main__')\n"
+        "runpy.run_module('hybridcache_dev.fuzz', run_name='__main__')\n"
     ))
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
@@ -51,7 +51,7 @@ def test_bench_plot_without_matplotlib_fails_clearly() -> None:
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    assert "matplotlib" in lines[0] and "pip install 'hybridcache[plot]'" in lines[0]
+    assert "matplotlib" in lines[0] and "pip install 'vllm-hybridcache[plot]'" in lines[0]
 
 
 def test_bench_without_vllm_has_no_vllm_legend() -> None:
@@ -68,7 +68,7 @@ def test_bench_without_vllm_has_no_vllm_legend() -> None:
 def test_tools_import_neither_vllm_nor_torch() -> None:
     out = _run(
         "import sys\n"
-        "import hybridcache, hybridcache.testing, hybridcache.replay, hybridcache.bench, hybridcache.fuzz\n"
+        "import hybridcache, hybridcache.tools, hybridcache.replay, hybridcache.bench, hybridcache_dev.fuzz\n"
         "import hybridcache.bench_batched, hybridcache.bench_report\n"
         "print(sorted(m for m in ('vllm', 'torch', 'matplotlib') if m in sys.modules))\n"
     )

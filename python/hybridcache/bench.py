@@ -1,5 +1,5 @@
 """`hybridcache bench`: scheduler-step latency of hybridcache's manager next to
-the installed vLLM release's (0.23.0 or 0.33.0: `releases`; layouts a
+the installed vLLM release's (a row of `releases`; layouts a
 release's facade does not cover are skipped with a note), on a built-in,
 seeded serving trace.
 
@@ -7,7 +7,7 @@ How it measures
 ---------------
 1. *Record.* A scheduler simulation (vLLM's ``Scheduler.schedule`` loop,
    without the model; the calls spelled as the installed release's scheduler
-   issues them, `testing.release_api`) drives hybridcache's facade for that
+   issues them, `tools.release_api`) drives hybridcache's facade for that
    release over a seeded
    workload: arrivals with shared prefixes, chunked prefill (Mamba-align
    block-aligned chunks where the model has align-mode Mamba groups), decode
@@ -32,8 +32,8 @@ How it measures
    reported as diverged.
 
 This module imports vLLM (and torch) only to compare against it. The workload
-and its recording live in `hybridcache.testing.bench_trace`, the timed replay in
-`hybridcache.testing.timed_replay`, the table and the plot in `bench_report`.
+and its recording live in `hybridcache.tools.bench_trace`, the timed replay in
+`hybridcache.tools.timed_replay`, the table and the plot in `bench_report`.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from typing import Any
 from . import releases
 from .bench_batched import format_batched, run_batched
 from .bench_report import Progress, binding_text, format_report, matplotlib_missing, plot
-from .testing.bench_trace import (
+from .tools.bench_trace import (
     ALLOC_NEW,
     ALLOC_RUN,
     COMMON_PREFIX,
@@ -70,8 +70,8 @@ from .testing.bench_trace import (
     record,
     vllm_kv_cache_config,
 )
-from .testing.oracle import load_vllm, quiet_logs
-from .testing.timed_replay import (
+from .tools.oracle import load_vllm, quiet_logs
+from .tools.timed_replay import (
     CLOCKS,
     KINDS,
     BenchDivergence,
@@ -84,7 +84,7 @@ from .testing.timed_replay import (
 RUNNING = (64, 256, 1024)
 SCALE_BLOCKS = 1_000_000
 BATCHED_NOTE = ("batched decode API: not run on vLLM {} (it is hybridcache's own extension, timed against "
-                "vLLM 0.23.0's per-request calls; no 0.33.0 scheduler calls it)")
+                "a release's per-request decode calls; this release's scheduler does not call it)")
 
 
 def tool_release(tool: str, use_vllm: bool = True) -> tuple[releases.Release | None, str]:
@@ -199,7 +199,7 @@ def pool_scale(factory: Callable[[Any], Any], config: Any, num_blocks: int) -> d
             "free_blocks": free}
 
 
-def scale_figures(use_vllm: bool, num_blocks: int = SCALE_BLOCKS, release: str = "0.23.0") -> dict[str, Any]:
+def scale_figures(use_vllm: bool, num_blocks: int = SCALE_BLOCKS, release: str = releases.DEFAULT.version) -> dict[str, Any]:
     """Build time and bytes per block of a `num_blocks` pool (full
     attention), hybridcache's facade for vLLM `release` (and vLLM's manager)."""
     w = Workload(config="full", release=release)
@@ -241,8 +241,8 @@ def run_bench(
     start = time.perf_counter()
     release, note = tool_release("hybridcache bench", use_vllm)
     vllm_version = release.version if release is not None else None
-    # The installed release's scheduler calls and facade (0.23.0's without vLLM).
-    name = vllm_version or "0.23.0"
+    # The installed release's scheduler calls and facade (the oldest release's without vLLM).
+    name = vllm_version or releases.DEFAULT.version
     skipped = [
         {"config": c, "reason": f"hybridcache's vLLM {name} facade does not cover this layout yet "
                                 f"(it covers: {', '.join(release.layouts or ())})"}
@@ -260,8 +260,9 @@ def run_bench(
         progress.phase(f"pool of {scale_blocks:,} blocks")
         scale = scale_figures(bool(vllm_version), scale_blocks, name) if scale_blocks else None
         results = [run_workload(w, bool(vllm_version), progress, clock=clock) for w in workloads]
-        # The batched decode API is hybridcache's own, timed against 0.23.0's per-request calls.
-        batched = _batched_rows(configs, runnings, min(steps, 100), seed) if vllm_version == "0.23.0" else None
+        # The batched decode API is hybridcache's own, timed against a release's per-request decode calls.
+        batched = (_batched_rows(configs, runnings, min(steps, 100), seed)
+                   if release is not None and release.per_request_decode else None)
     finally:
         progress.close()
         gc.unfreeze()
@@ -322,7 +323,7 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a short run: 20 measured steps, 64 and 256 running, a 100k-block pool")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout (no table)")
-    parser.add_argument("--plot", metavar="PNG", help="draw per-step latency distributions into PNG (needs matplotlib: pip install 'hybridcache[plot]')")
+    parser.add_argument("--plot", metavar="PNG", help="draw per-step latency distributions into PNG (needs matplotlib: pip install 'vllm-hybridcache[plot]')")
     parser.add_argument("--config", action="append", choices=CONFIGS, dest="configs",
                         help="configuration to run (repeatable; default: all)")
     parser.add_argument("--running", type=str, default=None,

@@ -15,7 +15,7 @@ from array import array
 from typing import Any, Callable
 
 from .request import Request
-from .testing.bench_trace import Workload, hybridcache_kv_cache_config
+from .tools.bench_trace import Workload, hybridcache_kv_cache_config
 
 BS = 16
 
@@ -78,7 +78,7 @@ def accept_drafts(reqs: list[Request], drafts: list[int], rng: random.Random) ->
 def decoding_manager(config: str, running: int, steps: int, seed: int) -> tuple[Any, list[Request], random.Random]:
     """A hybridcache manager of the bench's `config` with `running` requests
     decoding (for profiles and training runs, without vLLM)."""
-    from .manager import KVCacheManager
+    from . import KVCacheManager
 
     w = Workload(config=config, running=1, steps=1, seed=seed)
     kwargs = w.manager_kwargs()
@@ -101,7 +101,7 @@ def run_batched(
     """µs per decode step (median): vLLM per-request vs hybridcache batched."""
     from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
 
-    from .manager import KVCacheManager
+    from . import KVCacheManager
 
     rng = random.Random(seed)
     hc_cfg, v_cfg = make_configs(config, pool_blocks(running, steps))

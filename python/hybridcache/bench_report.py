@@ -1,5 +1,5 @@
 """What `hybridcache bench` shows: the table (`format_report`), the plot
-(`plot`, needs matplotlib: ``pip install 'hybridcache[plot]'``) and the
+(`plot`, needs matplotlib: ``pip install 'vllm-hybridcache[plot]'``) and the
 progress bar on stderr (`Progress`: rich, else tqdm, else plain lines)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import math
 import sys
 from typing import Any
 
-from .testing.bench_trace import CONFIG_TITLES
+from .tools.bench_trace import CONFIG_TITLES
 
-PLOT_HINT = "pip install 'hybridcache[plot]' (or: pip install matplotlib)"
+PLOT_HINT = "pip install 'vllm-hybridcache[plot]' (or: pip install matplotlib)"
 
 
 def matplotlib_missing() -> str | None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from hybridcache.blocks import BlockView, block_view
 
 if TYPE_CHECKING:
-    from hybridcache.manager import KVCacheManager
+    from hybridcache.facade import KVCacheManagerBase as KVCacheManager
 
 
 class ReadOnlyView:

@@ -15,8 +15,8 @@ def _cdiv(a: int, b: int) -> int:
 
 class AttentionSpec:
     """The base of the attention specs below, as vLLM's `AttentionSpec` is of
-    its own: a rule that asks for it (0.33.0's new-block records for
-    zeroing) reads hybridcache's classes as it reads vLLM's."""
+    its own: a rule that asks for it (a later release's new-block records
+    for zeroing) reads hybridcache's classes as it reads vLLM's."""
 
     __slots__ = ()
 
@@ -210,7 +210,7 @@ class KVCacheConfig:
 # class's MRO, most derived first, so vLLM's subclasses and ours both resolve.
 _SPEC_KINDS: dict[str, tuple[str | None, str]] = {
     "SlidingWindowMLASpec": ("sliding_window", "sliding_window_mla"),
-    # vLLM 0.33.0's (0.23.0 has neither): R-SWA is a FullAttentionSpec
+    # Later releases' (the oldest has neither): R-SWA is a FullAttentionSpec
     # subclass, events report it as full attention; a ring has no kind.
     "RSWASpec": ("rswa", "full_attention"),
     "CircularBufferSpec": ("circular_buffer", "unknown"),
@@ -263,10 +263,10 @@ class NativeGroup:
     num_speculative_blocks: int
     # Mamba align prefill checkpoints (vLLM 0.29+): (alignment,
     # hash_block_size, num_hash_lookahead_tokens, drop_eagle_block,
-    # only_at_prefill_end), or None; set by the 0.33.0 facade.
+    # only_at_prefill_end), or None; set by a release's facade that has them.
     mamba_checkpoints: tuple[int, int, int, bool, bool] | None = None
-    # vLLM 0.33.0's spec.prefix_cacheable (False: no hits, no caching) and a
-    # sliding window's extra_retained_tokens; their defaults before 0.33.0.
+    # A later spec's prefix_cacheable (False: no hits, no caching) and a
+    # sliding window's extra_retained_tokens; their defaults for specs without them.
     prefix_cacheable: bool = True
     extra_retained_tokens: int = 0
 
@@ -307,7 +307,7 @@ def _admission_cap(spec: Any, kind: str, max_num_batched_tokens: int, max_model_
         return None
     method = getattr(spec, "max_admission_blocks_per_request", None)
     if method is not None:
-        # Positional: 0.33.0 names the first parameter max_in_flight_tokens.
+        # Positional: later releases name the first parameter max_in_flight_tokens.
         return int(method(max_num_batched_tokens, max_model_len))
     if kind == "sliding_window":
         return _cdiv(min(int(spec.sliding_window) - 1 + max_num_batched_tokens, max_model_len), int(spec.block_size)) + 1

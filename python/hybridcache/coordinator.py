@@ -16,7 +16,7 @@ from hybridcache.block_pool import ReadOnlyView
 from hybridcache.blocks import BlockView, KVCacheBlocks, block_view
 
 if TYPE_CHECKING:
-    from hybridcache.manager import KVCacheManager
+    from hybridcache.facade import KVCacheManagerBase as KVCacheManager
 
 
 def _group_block_ids(new_computed_blocks: Any, num_groups: int) -> list[list[int]]:

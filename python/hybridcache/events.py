@@ -1,9 +1,10 @@
 """KV-cache events and prefix-cache stats in vLLM's own classes when vLLM is
 importable (so publishers, routers and metrics keep working), else in
 look-alike classes with the same fields in the same order. Events follow a
-release's shape (`EventBuilder(..., release=)`): 0.23.0's eleven
-`BlockStored` fields, or 0.33.0's fifteen (+ locality, ownership,
-session_id, lookahead_token_ids; `BlockRemoved` + locality, ownership)."""
+release's shape (`EventBuilder(..., release=)`, the release's row in
+`hybridcache.releases`): eleven `BlockStored` fields, or, for a release
+with `event_extras`, fifteen (+ locality, ownership, session_id,
+lookahead_token_ids; `BlockRemoved` + locality, ownership)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from hybridcache import releases
 from hybridcache.hashing import generate_block_hash_extra_keys
 
 MEDIUM_GPU = "GPU"
@@ -48,8 +50,8 @@ class BlockRemoved:
 
 
 @dataclass
-class BlockStoredV033(BlockStored):
-    """vLLM 0.33.0's `BlockStored`: 0.23.0's fields, then `locality` and
+class BlockStoredExtras(BlockStored):
+    """`BlockStored` of a release with `event_extras`: the eleven fields, then `locality` and
     `ownership` (None from the manager's pool), `session_id` (the
     request's) and `lookahead_token_ids` (each block's lookahead tokens, or
     None without lookahead hashes)."""
@@ -61,8 +63,8 @@ class BlockStoredV033(BlockStored):
 
 
 @dataclass
-class BlockRemovedV033(BlockRemoved):
-    """vLLM 0.33.0's `BlockRemoved`: 0.23.0's fields, then `locality`, `ownership`."""
+class BlockRemovedExtras(BlockRemoved):
+    """`BlockRemoved` of a release with `event_extras`: the three fields, then `locality`, `ownership`."""
 
     locality: str | None = None
     ownership: str | None = None
@@ -105,33 +107,40 @@ def _vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-#: The releases whose event shapes `EventBuilder` builds.
-EVENT_RELEASES: tuple[str, ...] = ("0.23.0", "0.33.0")
+#: The releases whose event shapes `EventBuilder` builds (every row of the table).
+EVENT_RELEASES: tuple[str, ...] = releases.SUPPORTED_VLLM_VERSIONS
 
 
-def _check_release(release: str) -> None:
-    if release not in EVENT_RELEASES:
-        raise ValueError(f"no KV-event shape for vLLM {release!r} (known: {', '.join(EVENT_RELEASES)})")
+def _release_of(profile: str) -> releases.Release:
+    """The release row of a core profile (ValueError for an unknown one)."""
+    try:
+        return releases.of_profile(releases.profile_of(profile))
+    except ValueError:
+        raise ValueError(f"no KV-event shape for vLLM {profile!r} (known: {', '.join(EVENT_RELEASES)})") from None
 
 
-def _installed_release() -> str:
+def _installed_release() -> releases.Release | None:
     import vllm
 
-    return str(getattr(vllm, "__version__", "")).split("+", 1)[0]
+    return releases.find(str(getattr(vllm, "__version__", "")) or None)
 
 
-def event_classes(release: str = "0.23.0") -> tuple[type, type, type]:
-    """(BlockStored, BlockRemoved, AllBlocksCleared) of vLLM `release`:
-    vLLM's own when that release is importable (0.23.0: when any vLLM is, as
-    before), else look-alikes with its fields."""
-    _check_release(release)
-    if _vllm_available() and (release == "0.23.0" or _installed_release() == release):
-        from vllm.distributed import kv_events as ev
+def event_classes(release: str | None = None) -> tuple[type, type, type]:
+    """(BlockStored, BlockRemoved, AllBlocksCleared) of the release whose
+    core profile is `release` (default: the oldest release's): vLLM's own
+    when vLLM is importable and its classes have that release's fields (a
+    shape without `event_extras`: any vLLM; with them: an installed release
+    with `event_extras`), else look-alikes with those fields."""
+    shape = _release_of(release or releases.DEFAULT.profile)
+    if _vllm_available():
+        installed = _installed_release() if shape.event_extras else None
+        if not shape.event_extras or (installed is not None and installed.event_extras):
+            from vllm.distributed import kv_events as ev
 
-        return ev.BlockStored, ev.BlockRemoved, ev.AllBlocksCleared
-    if release == "0.23.0":
+            return ev.BlockStored, ev.BlockRemoved, ev.AllBlocksCleared
+    if not shape.event_extras:
         return BlockStored, BlockRemoved, AllBlocksCleared
-    return BlockStoredV033, BlockRemovedV033, AllBlocksCleared
+    return BlockStoredExtras, BlockRemovedExtras, AllBlocksCleared
 
 
 def prefix_cache_stats_class() -> type:
@@ -152,7 +161,7 @@ def external_hash(h: bytes) -> bytes | int:
 
 
 def _set_order(keys: list[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
-    """A block's extra keys (vLLM 0.33.0's partial-block entries), added in
+    """A block's extra keys (the core's partial-block entries), added in
     this order, in the order vLLM's pool emits their `BlockRemoved`: it
     keeps them in a `set` of `hash + group (4 bytes, big-endian)` keys, so
     the same set built the same way here iterates the same way."""
@@ -186,24 +195,27 @@ class EventSource:
 class EventBuilder:
     """Turns the core's event tuples into event objects of one vLLM
     release's shape, reading from the request of the call that produced
-    them what only it knows (tokens, LoRA, extra keys; 0.33.0: session id,
-    lookahead tokens)."""
+    them what only it knows (tokens, LoRA, extra keys; with `event_extras`:
+    session id, lookahead tokens)."""
 
     def __init__(
         self,
         group_kinds: list[tuple[str, int | None]],
-        release: str = "0.23.0",
+        release: str | None = None,
         num_hash_lookahead_tokens: int = 0,
         medium: str = MEDIUM_GPU,
     ) -> None:
         """`group_kinds`: (spec kind, sliding window or None) per group, as
-        reported in `BlockStored` events. `release`: "0.23.0" or "0.33.0".
-        0.33.0 only: `num_hash_lookahead_tokens` (the block pool's: each
-        block's extra keys cover its window, the block plus these tokens,
-        which `lookahead_token_ids` lists) and the pool's `medium`."""
+        reported in `BlockStored` events. `release`: a core profile of the
+        table (default: the oldest release's). A release with
+        `event_extras` only: `num_hash_lookahead_tokens` (the block pool's:
+        each block's extra keys cover its window, the block plus these
+        tokens, which `lookahead_token_ids` lists) and the pool's `medium`."""
+        release = release or releases.DEFAULT.profile
+        self._extras = _release_of(release).event_extras
         self._stored, self._removed, self._cleared = event_classes(release)
-        if release == "0.23.0" and (num_hash_lookahead_tokens or medium != MEDIUM_GPU):
-            raise ValueError("vLLM 0.23.0's events have no lookahead tokens and report medium 'GPU'")
+        if not self._extras and (num_hash_lookahead_tokens or medium != MEDIUM_GPU):
+            raise ValueError(f"vLLM {release}'s events have no lookahead tokens and report medium 'GPU'")
         if type(num_hash_lookahead_tokens) is not int or num_hash_lookahead_tokens < 0:
             raise ValueError(f"num_hash_lookahead_tokens must be an int >= 0, got {num_hash_lookahead_tokens!r}")
         self._group_kinds = group_kinds
@@ -236,15 +248,15 @@ class EventBuilder:
         return out
 
     def _build_removed(self, block_hash: bytes, group: int) -> Any:
-        if self._release == "0.23.0":
+        if not self._extras:
             return self._removed(block_hashes=[external_hash(block_hash)], medium=MEDIUM_GPU, group_idx=group)
         return self._removed(
             block_hashes=[external_hash(block_hash)], medium=self._medium, group_idx=group, locality=None, ownership=None
         )
 
     def _build_stored(self, ev: tuple, request: Any) -> Any:
-        # `block_size`: the group's, or a partial block's span (0.33.0's
-        # cache_partial_block); `positions` count in units of it.
+        # `block_size`: the group's, or a partial block's span (a partial
+        # block cached by the core's `partial_block_entries`); `positions` count in units of it.
         _, hashes, parent, start, end, block_size, group, positions = ev
         la = self._lookahead
         extra: list[Any] = []
@@ -274,7 +286,7 @@ class EventBuilder:
             kv_cache_spec_kind=kind,
             kv_cache_spec_sliding_window=window,
         )
-        if self._release != "0.23.0":
+        if self._extras:
             tokens = request.all_token_ids
             fields.update(
                 medium=self._medium,

@@ -1,4 +1,5 @@
-"""Native request block hashing, bit-identical to vLLM 0.23.0 and 0.33.0.
+"""Native request block hashing, bit-identical to the hashing of every
+release in `hybridcache.releases` whose row says `native_hasher`.
 
 vLLM hashes every full block of a request in Python
 (``vllm.v1.core.kv_cache_utils.get_request_block_hasher``). The
@@ -7,15 +8,16 @@ Rust for all four ``prefix_caching_hash_algo`` values: ``sha256_cbor``,
 ``xxhash_cbor`` (CBOR, the well-defined encodings) and ``sha256``, ``xxhash``
 (pickle protocol 5). It is a drop-in for the hasher vLLM builds::
 
-    # vLLM 0.23: get_request_block_hasher(block_size, get_hash_fn_by_name(name))
+    # get_request_block_hasher(block_size, get_hash_fn_by_name(name))
     hasher = make_request_block_hasher(block_size, name)
-    # vLLM 0.33: get_request_block_hasher(hash_block_size, fn, lookahead)
-    hasher = make_request_block_hasher(block_size, name, profile="0.33.0",
+    # a release with hash_lookahead: (hash_block_size, fn, lookahead)
+    hasher = make_request_block_hasher(block_size, name, profile=release.profile,
                                        num_hash_lookahead_tokens=lookahead)
     new_hashes = hasher(request)          # list[bytes], as vLLM's
 
-``profile`` names the release whose rules apply (the core's
-``profile::Hashing``): 0.33.0 tags extra keys with their source, seeds
+``profile`` names the core profile whose rules apply (the core's
+``profile::Hashing``; a release row's ``profile``, default the oldest
+release's): 0.33.0's tags extra keys with their source, seeds
 NONE_HASH with "vllm-none-hash" for sha256* when PYTHONHASHSEED is unset,
 and can hash lookahead tokens. Extra keys (LoRA, cache salt) are built
 natively; for a request with multimodal features or prompt embeds they come
@@ -33,7 +35,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from hybridcache import releases
 from hybridcache._native import BlockHasher, block_extra_keys, none_hash_seed
+from hybridcache.releases import profile_of
 
 __all__ = [
     "HASH_FUNCTION_NAMES",
@@ -47,8 +51,8 @@ __all__ = [
 #: The names vLLM's ``get_hash_fn_by_name`` accepts, all supported natively.
 HASH_FUNCTION_NAMES: tuple[str, ...] = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 
-#: The vLLM releases whose hashing rules the native hasher follows.
-SUPPORTED_HASHING_RELEASES: tuple[str, ...] = ("0.23.0", "0.33.0")
+#: The vLLM releases whose hashing rules the native hasher follows (the table's `native_hasher`).
+SUPPORTED_HASHING_RELEASES: tuple[str, ...] = tuple(r.version for r in releases.RELEASES if r.native_hasher)
 
 _VLLM_UTILS = "vllm.v1.core.kv_cache_utils"
 
@@ -74,13 +78,14 @@ def _hash_name(hash_fn: str | Callable[[Any], bytes]) -> str:
 
 
 def none_hash_for(
-    hash_fn: str | Callable[[Any], bytes], seed: str | None = None, profile: str = "0.23.0"
+    hash_fn: str | Callable[[Any], bytes], seed: str | None = None, profile: str | None = None
 ) -> bytes:
     """vLLM's ``init_none_hash(hash_fn)`` value under release ``profile``:
     ``hash_fn(seed)``. Without ``seed``, the release's rule picks it from
-    ``$PYTHONHASHSEED`` (0.23.0: 32 random bytes when unset; 0.33.0:
-    "vllm-none-hash" for sha256*, a random hex seed for xxhash*)."""
+    ``$PYTHONHASHSEED`` (the whole-block-hits profile: 32 random bytes when unset; the
+    partial-block-hits profile: "vllm-none-hash" for sha256*, a random hex seed for xxhash*)."""
     name = _hash_name(hash_fn)
+    profile = profile_of(profile or releases.DEFAULT.profile)
     if seed is None:
         seed = none_hash_seed(name, os.getenv("PYTHONHASHSEED"), profile)
     if seed is None:
@@ -105,20 +110,21 @@ def make_request_block_hasher(
     hash_name: str | Callable[[Any], bytes] = "sha256_cbor",
     none_hash: bytes | None = None,
     extra_keys_fn: ExtraKeysFn | None = None,
-    profile: str = "0.23.0",
+    profile: str | None = None,
     num_hash_lookahead_tokens: int = 0,
 ) -> BlockHasher:
-    """Drop-in for ``get_request_block_hasher(block_size, hash_fn)`` of vLLM
-    release ``profile`` (0.33.0: ``(hash_block_size, hash_fn,
-    num_hash_lookahead_tokens)``).
+    """Drop-in for ``get_request_block_hasher(block_size, hash_fn)`` of the
+    release running core profile ``profile`` (with ``hash_lookahead``:
+    ``(hash_block_size, hash_fn, num_hash_lookahead_tokens)``).
 
     ``hash_name`` is a vLLM hash-function name or vLLM's function itself.
     ``none_hash`` defaults to vLLM's ``NONE_HASH`` when vLLM has initialized
     it, else to :func:`none_hash_for` as that release's ``init_none_hash``
-    would. Unsupported names, and lookahead tokens before 0.33.0, raise
-    ValueError.
+    would. Unsupported names, and lookahead tokens under a profile without
+    them, raise ValueError.
     """
     name = _hash_name(hash_name)
+    profile = profile_of(profile or releases.DEFAULT.profile)
     if none_hash is None:
         none_hash = _vllm_none_hash()
     if none_hash is None:
@@ -129,7 +135,8 @@ def make_request_block_hasher(
 
 
 def _same_release(version: str, profile: str) -> bool:
-    return version.split("+", 1)[0].split(".")[:2] == profile.split(".")[:2]
+    installed = releases.find(version or None)
+    return installed is not None and installed.profile == profile
 
 
 def _extra_keys_for(profile: str) -> ExtraKeysFn:
@@ -193,15 +200,15 @@ def _prompt_embeds_keys(request: Any, start: int, end: int) -> list[bytes]:
 
 
 def generate_block_hash_extra_keys(
-    request: Any, start: int, end: int, mm_idx: int, profile: str = "0.23.0", for_event: bool = False
+    request: Any, start: int, end: int, mm_idx: int, profile: str | None = None, for_event: bool = False
 ) -> tuple[tuple[Any, ...] | None, int]:
     """Port of vLLM's function of that name in release ``profile``: LoRA,
     mm inputs, cache salt (first block only), prompt-embeds digest, in that
-    order, in the release's form (0.33.0: tagged) or, with ``for_event``, in
-    the form KV events publish (0.33.0's ``to_event_extra_keys``: untagged);
+    order, in the profile's form (the partial-block-hits profile: tagged) or, with
+    ``for_event``, in the form KV events publish (untagged);
     ``(None, mm_idx)`` when there are none."""
     mm_keys, mm_idx = _mm_extra_keys(request, start, end, mm_idx)
     lora, salt = request.lora_request, request.cache_salt
     embeds = _prompt_embeds_keys(request, start, end)
-    keys = block_extra_keys(start, lora, mm_keys, salt, embeds, profile, for_event)
+    keys = block_extra_keys(start, lora, mm_keys, salt, embeds, profile_of(profile or releases.DEFAULT.profile), for_event)
     return keys, mm_idx

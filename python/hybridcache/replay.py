@@ -2,9 +2,9 @@
 
 A small, deterministic scheduler simulation (not vLLM's scheduler, but driving
 the manager the way vLLM's ``Scheduler.schedule`` does, with the calls
-spelled as the compared release's scheduler issues them: 0.23.0, or 0.33.0's
-3-tuple lookup, ``record_prefix_cache_stats``, ``has_scheduled_reqs`` and
-per-step drains, `testing.release_api`) issues every public call of vLLM's
+spelled as the compared release's scheduler issues them (e.g. a 3-tuple
+lookup, ``record_prefix_cache_stats``, ``has_scheduled_reqs`` and per-step
+drains where the release has them: `tools.release_api`) issues every public call of vLLM's
 v1 ``KVCacheManager`` API: prefix-cache lookups, chunked
 prefill, speculative decoding with changing draft counts, EAGLE lookahead,
 external (connector) tokens, delayed caching, preemption, aborts, evictions
@@ -25,7 +25,7 @@ objects) and raises ``ReplayDivergence`` on the first differing output;
 Nothing here imports torch or vLLM at module import time; ``vllm_factory``
 imports both when called, ``hybridcache_factory`` neither.
 
-The pieces live in `hybridcache.testing` (groups and config builders,
+The pieces live in `hybridcache.tools` (groups and config builders,
 `ReplayConfig`, the simulation, the comparisons); this module holds the entry
 points, the manager factories and the CLI (``python -m hybridcache.replay``).
 """
@@ -36,8 +36,9 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .testing.compare import Fanout, ReplayDivergence
-from .testing.configs import (
+from .tools.compare import Fanout, ReplayDivergence
+from . import releases
+from .tools.configs import (
     GROUP_KINDS,
     MAMBA_MODES,
     GroupSpec,
@@ -51,10 +52,10 @@ from .testing.configs import (
     sliding_window,
     vllm_manager,
 )
-from .testing.oracle import quiet_logs
-from .testing.release_api import ReleaseApi, release
-from .testing.replay_config import DEFAULT_CONFIG, MIX_PRESETS, ReplayConfig
-from .testing.simulation import ReplaySimulation, ReplaySummary
+from .tools.oracle import quiet_logs
+from .tools.release_api import ReleaseApi, release
+from .tools.replay_config import DEFAULT_CONFIG, MIX_PRESETS, ReplayConfig
+from .tools.simulation import ReplaySimulation, ReplaySummary
 
 ManagerFactory = Callable[[ReplayConfig], Any]
 
@@ -78,7 +79,7 @@ def replay(
     seed: int,
     factories: Sequence[ManagerFactory],
     names: Sequence[str] | None = None,
-    release_name: str = "0.23.0",
+    release_name: str = releases.DEFAULT.version,
 ) -> ReplaySummary:
     """Replay one seeded trace against every manager, comparing all outputs.
 
@@ -109,7 +110,7 @@ def make_kv_cache_config(config: ReplayConfig) -> Any:
 
 
 def vllm_factory(config: ReplayConfig) -> Any:
-    """vLLM 0.23.0's own KVCacheManager for `config`."""
+    """vLLM's own KVCacheManager for `config`, with the oldest release's arguments."""
     return vllm_manager(config.vllm_kv_cache_config(), config.manager_kwargs())
 
 
@@ -127,9 +128,9 @@ def hybridcache_on_vllm_config_factory(config: ReplayConfig) -> Any:
 def release_factories(release_name: str) -> tuple[ManagerFactory, ManagerFactory]:
     """(vLLM's manager, hybridcache's facade) for vLLM release `release_name`,
     both on vLLM's config classes, as that release's scheduler builds them."""
-    if release_name == "0.23.0":
-        return vllm_factory, hybridcache_factory
     api = release(release_name)
+    if api.classic:
+        return vllm_factory, hybridcache_factory
     return (lambda c: api.tool_vllm(c.vllm_kv_cache_config(), c.manager_kwargs()),
             lambda c: api.tool_facade(c.vllm_kv_cache_config(), c.manager_kwargs()))
 
@@ -187,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = _cli_config(args)
     except ValueError as e:
         parser.error(str(e))
-    factories, release_name = dict(_FACTORIES), "0.23.0"
+    factories, release_name = dict(_FACTORIES), releases.DEFAULT.version
     if "vllm" in (args.impl, args.compare):
         # vLLM's manager is the installed release's; hybridcache's is its facade for that release.
         from .bench import tool_release

@@ -89,9 +89,9 @@ class Request:
     after admission and advanced after every step, lowered by rejected
     drafts), output tokens through `append_output_token_ids` (which keeps
     `block_hashes` current), `num_in_flight_tokens` (scheduled tokens not
-    yet computed, with asynchronous scheduling; read by a 0.33.0 manager),
-    `shared_prefix_boundary` (the third value a 0.33.0 manager's
-    `get_computed_blocks` returns),
+    yet computed, with asynchronous scheduling; read by the managers of
+    releases that free windows on processed tokens), `shared_prefix_boundary`
+    (the third value a 3-tuple `get_computed_blocks` returns),
     `spec_token_ids` (this step's draft tokens,
     read by the caller's scheduler to size `num_new_tokens`, never by the
     manager) and, on preemption, `num_computed_tokens = 0` and
@@ -126,11 +126,11 @@ class Request:
         self.skip_reading_prefix_cache = skip_reading_prefix_cache
         self.spec_token_ids: list[int] = []
         # Tokens scheduled whose KV is not computed yet (vLLM 0.26+'s async
-        # scheduling): a 0.33.0 manager frees sliding-window blocks only
+        # scheduling): a later release's manager frees sliding-window blocks only
         # behind the processed tokens. 0 for a synchronous loop.
         self.num_in_flight_tokens = 0
         # Where this request's prompt stops sharing a cached prefix (the third
-        # value of a 0.33.0 manager's `get_computed_blocks`, stored here as
+        # value of a 3-tuple `get_computed_blocks`, stored here as
         # vLLM's scheduler stores it): sparse retention keeps that block.
         self.shared_prefix_boundary = 0
         self._hash_block_size = hash_block_size

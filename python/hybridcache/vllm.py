@@ -1,5 +1,5 @@
-"""Plugging hybridcache into vLLM's scheduler, for each supported release
-(`hybridcache.releases`: 0.23.0 today).
+"""Plugging hybridcache into vLLM's scheduler, for each release in the table
+of `hybridcache.releases`.
 
 `install()` rebinds the name `KVCacheManager` in
 `vllm.v1.core.sched.scheduler` to the facade class of the installed vLLM's
@@ -27,8 +27,6 @@ import threading
 from typing import Any
 
 from hybridcache import releases
-from hybridcache.coordinator import coordinator_view
-from hybridcache.manager import KVCacheManager
 
 ENABLE_ENV = "HYBRIDCACHE_ENABLE"
 NATIVE_HASHING_ENV = "HYBRIDCACHE_NATIVE_HASHING"
@@ -41,20 +39,6 @@ _lock = threading.Lock()
 _original: Any = None  # vLLM's class while installed, else None
 _installed: Any = None  # the facade class bound in the scheduler module while installed
 _original_hasher_factory: Any = None  # vLLM's get_request_block_hasher while rebound, else None
-
-
-class VllmKVCacheManager(KVCacheManager):
-    """vLLM 0.23.0's facade: hybridcache's manager as that release's
-    scheduler constructs it (after `install()`): `KVCacheManager` with vLLM's
-    keyword arguments, plus the `coordinator` view the scheduler reads."""
-
-    _EXPLAINS_STEP_WAITS = False  # vLLM's answer: None
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """The arguments of `KVCacheManager`."""
-        super().__init__(*args, **kwargs)
-        if getattr(self, "coordinator", None) is None:
-            self.coordinator = coordinator_view(self)
 
 
 def vllm_version() -> str | None:
@@ -95,20 +79,19 @@ def _env_flag(name: str, default: bool) -> bool:
     raise ValueError(f"{name} must be 1 or 0, got {os.environ[name]!r}")
 
 
-def _hashing_release() -> str | None:
+def _hashing_release() -> releases.Release | None:
     """The installed vLLM's release where the native hasher follows its
-    rules exactly (`hybridcache.hashing.SUPPORTED_HASHING_RELEASES`), else None."""
-    from hybridcache.hashing import SUPPORTED_HASHING_RELEASES
-
-    version = (vllm_version() or "").split("+", 1)[0]
-    return version if version in SUPPORTED_HASHING_RELEASES else None
+    rules exactly (`Release.native_hasher`), else None."""
+    release = releases.find(vllm_version())
+    return release if release is not None and release.native_hasher else None
 
 
-def _lookahead_tokens(release: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+def _lookahead_tokens(release: releases.Release, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     """`num_hash_lookahead_tokens` of a factory call past `(block_size,
-    hash_fn)`: 0.33.0's third parameter; None where the call is not one the
-    release's `get_request_block_hasher` takes (0.23.0 takes no more)."""
-    if release == "0.23.0":
+    hash_fn)`: the third parameter of a release with `hash_lookahead`; None
+    where the call is not one the release's `get_request_block_hasher`
+    takes (without `hash_lookahead` it takes no more)."""
+    if not release.hash_lookahead:
         return 0 if not args and not kwargs else None
     if len(args) > 1 or any(k != "num_hash_lookahead_tokens" for k in kwargs) or (args and kwargs):
         return None
@@ -117,8 +100,9 @@ def _lookahead_tokens(release: str, args: tuple[Any, ...], kwargs: dict[str, Any
 
 
 def native_request_block_hasher(vllm_factory: Any, token_append: bool = False) -> Any:
-    """A drop-in for vLLM's `get_request_block_hasher` (0.23.0: `(block_size,
-    hash_fn)`; 0.33.0: `(hash_block_size, hash_fn, num_hash_lookahead_tokens=0)`):
+    """A drop-in for vLLM's `get_request_block_hasher` (`(block_size,
+    hash_fn)`, or with `Release.hash_lookahead` `(hash_block_size, hash_fn,
+    num_hash_lookahead_tokens=0)`):
     hybridcache's native hasher, under the installed release's rules, when
     `hash_fn` is one of vLLM's own hash functions (it reads vLLM's
     `NONE_HASH`, which the engine initialises just before), else
@@ -145,7 +129,7 @@ def native_request_block_hasher(vllm_factory: Any, token_append: bool = False) -
             return vllm_factory(block_size, caching_hash_fn, *args, **kwargs)
         assert release is not None and lookahead is not None
         hasher = make_request_block_hasher(
-            block_size, caching_hash_fn, profile=release, num_hash_lookahead_tokens=lookahead
+            block_size, caching_hash_fn, profile=release.profile, num_hash_lookahead_tokens=lookahead
         )
         if token_append:
             install_token_append()
@@ -224,8 +208,17 @@ def install(native_hashing: bool | None = None) -> None:
             return
         _original = current
         _installed = module.KVCacheManager = facade
-    logger.info("hybridcache: vLLM's Scheduler now uses hybridcache.KVCacheManager"
-                + (" and native block hashing" if native_hashing else ""))
+    announce(release.version, facade, native_hashing)
+
+
+def announce(version: str, facade: type, native_hashing: bool) -> None:
+    """The one line, through vLLM's logger, that says hybridcache is on in
+    this process: the vLLM release and the facade class its Scheduler builds."""
+    from vllm.logger import init_logger
+
+    init_logger("vllm.hybridcache").info(
+        "hybridcache is on: vLLM %s's Scheduler builds %s.%s%s", version, facade.__module__,
+        facade.__qualname__, ", with native block hashing" if native_hashing else "")
 
 
 def uninstall() -> None:

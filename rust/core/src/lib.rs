@@ -1,5 +1,6 @@
-//! hybridcache-core: a KV-cache block manager with vLLM 0.23.0's semantics,
-//! in pure Rust (no PyO3; `unsafe_code` is forbidden). The Python facade lives in
+//! hybridcache-core: a KV-cache block manager with vLLM's `KVCacheManager`
+//! semantics, the rules each release follows chosen by a behaviour profile
+//! (`profile`), in pure Rust (no PyO3; `unsafe_code` is forbidden). The Python facade lives in
 //! `python/hybridcache`, the binding in `rust/python`.
 #![forbid(unsafe_code)]
 

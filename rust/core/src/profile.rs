@@ -1,9 +1,12 @@
-//! Behaviour profiles: which vLLM release's semantics a manager follows,
-//! fixed at construction (`ManagerConfig::profile`). A profile is data and
-//! small strategy choices read where the rule is decided, never a second
-//! copy of the managers. vLLM 0.23.0 and 0.33.0 exist; each further release
-//! adds a constant and, where its rule is new, a variant of the flag's enum
-//! (the enums are `#[non_exhaustive]`), not a new seam.
+//! Behaviour profiles: which semantics a manager follows, fixed at
+//! construction (`ManagerConfig::profile`). A profile is data and small
+//! strategy choices read where the rule is decided, never a second copy of
+//! the managers. Flags are named for the behaviour, never for a release.
+//! Each profile has a name (`BehaviourProfile::NAMED`, the one table of
+//! them); the Python side's release table says which profile each vLLM
+//! release follows. A release whose rules match a profile's reuses it; a
+//! release with a new rule adds a variant of that flag's enum (the enums
+//! are `#[non_exhaustive]`) or a flag, and a profile, not a new seam.
 //!
 //! The flags are those of `reference/vllm-0.23-to-0.33.md` §4.2. Where each
 //! is read:
@@ -18,7 +21,7 @@
 //!   / prompt embeds enter a block's key; `none_hash_seed`; `mm_window`:
 //!   where a resumed multimodal scan starts; `lookahead`) through the
 //!   binding's `BlockHasher` and `block_extra_keys`, which take the rules
-//!   by release (`Hashing::for_release`, the same value as the profile's);
+//!   by profile name (the named profile's `hashing`);
 //! - `retention`: `attention::sliding_window` and `attention::mamba`
 //!   (which blocks sparse retention keeps: `reachable_blocks`, the replay
 //!   boundary) and
@@ -148,40 +151,23 @@ pub struct Hashing {
 }
 
 impl Hashing {
-    pub const V0_23: Hashing = Hashing {
+    /// Untagged extra keys, a seeded-or-random NONE_HASH, no lookahead,
+    /// a resumed multimodal scan from the last input (vLLM 0.23.0's).
+    pub const PLAIN_KEYS: Hashing = Hashing {
         none_hash: NoneHashMode::SeededOrRandom,
         extra_keys: ExtraKeyMode::Plain,
         lookahead_hash_tokens: false,
         mm_start: MmStart::LastInput,
     };
 
-    pub const V0_33: Hashing = Hashing {
+    /// Tagged extra keys, a seeded-or-default NONE_HASH, lookahead hashes,
+    /// a resumed multimodal scan from the block's window (vLLM 0.31+).
+    pub const TAGGED_KEYS: Hashing = Hashing {
         none_hash: NoneHashMode::SeededOrDefault,
         extra_keys: ExtraKeyMode::Tagged,
         lookahead_hash_tokens: true,
         mm_start: MmStart::Window,
     };
-
-    /// Releases whose hashing rules are known, oldest first. The hasher is
-    /// chosen by release on its own (a `BlockHasher` needs no manager);
-    /// each `BehaviourProfile` carries the same value (tested).
-    pub const RELEASES: &'static [(&'static str, Hashing)] =
-        &[("0.23.0", Hashing::V0_23), ("0.33.0", Hashing::V0_33)];
-
-    /// The hashing rules of a vLLM release ("0.33.0"; "0.33" names it too).
-    pub fn for_release(release: &str) -> CoreResult<Hashing> {
-        Self::RELEASES
-            .iter()
-            .find(|(r, _)| *r == release || r.strip_suffix(".0") == Some(release))
-            .map(|(_, h)| *h)
-            .ok_or_else(|| {
-                let known: Vec<&str> = Self::RELEASES.iter().map(|(r, _)| *r).collect();
-                CoreError::Unsupported(format!(
-                    "no hashing rules for vLLM {release:?} (known: {})",
-                    known.join(", ")
-                ))
-            })
-    }
 }
 
 /// How a retention interval (`ManagerConfig::retention_interval`: None
@@ -319,11 +305,11 @@ pub enum StatsPolicy {
     RecordedByScheduler,
 }
 
-/// One vLLM release's behaviour, as the core's flags.
+/// One behaviour, as the core's flags (the profiles: `NAMED`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BehaviourProfile {
-    /// The release, as `vllm.__version__` names it.
-    pub release: &'static str,
+    /// The profile's name in `NAMED`, as the binding is given it.
+    pub name: &'static str,
     pub free_policy: FreePolicy,
     pub hashing: Hashing,
     pub retention: Retention,
@@ -362,13 +348,21 @@ pub struct BehaviourProfile {
     pub eagle_drop_needs_use_eagle: bool,
     pub block_hash_view: BlockHashView,
     pub mamba: MambaRules,
+    /// `allocate_slots` takes `has_scheduled_reqs` and
+    /// `skip_zeroing_group_ids` after its first ten parameters (0.33.0's
+    /// API; 0.23.0's takes the ten only).
+    pub allocate_step_args: bool,
+    /// `get_computed_blocks` takes `max_cache_hit_length` (0.33.0's API).
+    pub lookup_hit_cap_arg: bool,
 }
 
 impl BehaviourProfile {
-    pub const V0_23: BehaviourProfile = BehaviourProfile {
-        release: "0.23.0",
+    /// Whole-block hits: one hash per block, appended frees, lookups
+    /// counted as they are made (vLLM 0.23.0's behaviour).
+    pub const WHOLE_BLOCK_HITS: BehaviourProfile = BehaviourProfile {
+        name: "whole-block-hits",
         free_policy: FreePolicy::AppendWindowScratchFirst,
-        hashing: Hashing::V0_23,
+        hashing: Hashing::PLAIN_KEYS,
         retention: Retention::SlidingWindowPromptTail,
         partial_hits: false,
         partial_block_entries: false,
@@ -384,15 +378,19 @@ impl BehaviourProfile {
         eagle_drop_needs_use_eagle: false,
         block_hash_view: BlockHashView::Concatenated,
         mamba: MambaRules::DraftsRejected,
+        allocate_step_args: false,
+        lookup_hit_cap_arg: false,
     };
 
-    /// vLLM 0.33.0 (reference §4.1's feature table, last row). Hashing's
-    /// 0.33 rules are chosen by `hashing`; partial hits (sub-block hits
-    /// with copy-on-write) where a Mamba align block spans hash blocks.
-    pub const V0_33: BehaviourProfile = BehaviourProfile {
-        release: "0.33.0",
+    /// Partial-block hits: partial-block cache entries, sub-block hash
+    /// hits with copy-on-write where a Mamba align block spans hash blocks,
+    /// tagged hash keys with lookahead, one free rule for every free,
+    /// scheduler-recorded stats (vLLM 0.33.0's behaviour: reference §4.1's
+    /// feature table, last row).
+    pub const PARTIAL_BLOCK_HITS: BehaviourProfile = BehaviourProfile {
+        name: "partial-block-hits",
         free_policy: FreePolicy::UnhashedOrCachingOffFirst,
-        hashing: Hashing::V0_33,
+        hashing: Hashing::TAGGED_KEYS,
         retention: Retention::ReplayBoundaries,
         partial_hits: true,
         partial_block_entries: true,
@@ -408,22 +406,26 @@ impl BehaviourProfile {
         eagle_drop_needs_use_eagle: true,
         block_hash_view: BlockHashView::LastHashBlock,
         mamba: MambaRules::ProcessedTokensNullGaps,
+        allocate_step_args: true,
+        lookup_hit_cap_arg: true,
     };
 
-    /// Every profile, oldest release first.
-    pub const ALL: &'static [BehaviourProfile] =
-        &[BehaviourProfile::V0_23, BehaviourProfile::V0_33];
+    /// Every profile by name: the one table of them.
+    pub const NAMED: &'static [BehaviourProfile] = &[
+        BehaviourProfile::WHOLE_BLOCK_HITS,
+        BehaviourProfile::PARTIAL_BLOCK_HITS,
+    ];
 
-    /// The profile of a vLLM release ("0.23.0"; "0.23" names it too).
-    pub fn for_release(release: &str) -> CoreResult<BehaviourProfile> {
-        Self::ALL
+    /// The profile named `name` ("partial-block-hits").
+    pub fn named(name: &str) -> CoreResult<BehaviourProfile> {
+        Self::NAMED
             .iter()
-            .find(|p| p.release == release || p.release.strip_suffix(".0") == Some(release))
+            .find(|p| p.name == name)
             .copied()
             .ok_or_else(|| {
-                let known: Vec<&str> = Self::ALL.iter().map(|p| p.release).collect();
+                let known: Vec<&str> = Self::NAMED.iter().map(|p| p.name).collect();
                 CoreError::Unsupported(format!(
-                    "no behaviour profile for vLLM {release:?} (known: {})",
+                    "no behaviour profile named {name:?} (known: {})",
                     known.join(", ")
                 ))
             })
@@ -440,7 +442,7 @@ impl BehaviourProfile {
 
 impl Default for BehaviourProfile {
     fn default() -> Self {
-        BehaviourProfile::V0_23
+        BehaviourProfile::WHOLE_BLOCK_HITS
     }
 }
 
@@ -449,34 +451,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn releases_resolve() {
+    fn profiles_resolve_by_name() {
+        for p in BehaviourProfile::NAMED {
+            assert_eq!(BehaviourProfile::named(p.name).unwrap(), *p);
+        }
         assert_eq!(
-            BehaviourProfile::for_release("0.23.0").unwrap(),
-            BehaviourProfile::V0_23
+            BehaviourProfile::named("partial-block-hits").unwrap(),
+            BehaviourProfile::PARTIAL_BLOCK_HITS
         );
-        assert_eq!(
-            BehaviourProfile::for_release("0.23").unwrap(),
-            BehaviourProfile::V0_23
-        );
-        assert_eq!(
-            BehaviourProfile::for_release("0.33.0").unwrap(),
-            BehaviourProfile::V0_33
-        );
-        assert!(BehaviourProfile::for_release("0.32.0").is_err());
+        let err = BehaviourProfile::named("0.23.0").unwrap_err();
+        assert!(format!("{err:?}").contains("whole-block-hits"), "{err:?}");
     }
 
     #[test]
-    fn hashing_rules_resolve_and_match_the_profiles() {
-        assert_eq!(Hashing::for_release("0.33").unwrap(), Hashing::V0_33);
-        assert_eq!(Hashing::for_release("0.23.0").unwrap(), Hashing::V0_23);
-        assert!(Hashing::for_release("0.1.0").is_err());
-        for p in BehaviourProfile::ALL {
-            assert_eq!(
-                Hashing::for_release(p.release).unwrap(),
-                p.hashing,
-                "{}",
-                p.release
-            );
-        }
+    fn names_are_unique() {
+        let names: std::collections::HashSet<&str> =
+            BehaviourProfile::NAMED.iter().map(|p| p.name).collect();
+        assert_eq!(names.len(), BehaviourProfile::NAMED.len());
     }
 }

@@ -172,7 +172,7 @@ fn make_manager(
             mix,
             Mix::FullMambaAlign033 | Mix::FullMambaAlignCheckpoints033 | Mix::FullWideSw033
         ) {
-            BehaviourProfile::V0_33
+            BehaviourProfile::PARTIAL_BLOCK_HITS
         } else {
             Default::default()
         },

@@ -1,14 +1,27 @@
-//! vLLM's parameter list of `allocate_slots`, written once (0.23.0's ten,
-//! then the two 0.33.0 adds; a 0.23.0 manager takes only the first ten),
-//! and Python's argument matching over it. Both entries (the PyO3 method and,
+//! vLLM's parameter list of `allocate_slots`, written once (ten, then the
+//! two step arguments; a manager whose profile lacks `allocate_step_args`
+//! takes only the first ten), and Python's argument matching over it. Both entries (the PyO3 method and,
 //! with the `raw-ffi` feature, the vectorcall builtin) match through here.
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
-use pyo3::types::PyString;
+use pyo3::types::{PyDict, PyString, PyTuple};
 
-use crate::{opt_flag, AllocateSlotsArgs, NativeManager};
+use crate::calls::AllocateSlotsArgs;
+use crate::native_manager::NativeManager;
+use crate::py_args::opt_flag;
+
+impl NativeManager {
+    /// How many `allocate_slots` parameters this manager's profile takes.
+    pub(crate) fn num_allocate_params(&self) -> usize {
+        if self.inner.profile().allocate_step_args {
+            NUM_PARAMS
+        } else {
+            NUM_PARAMS_WITHOUT_STEP_ARGS
+        }
+    }
+}
 
 /// The parameters, in vLLM's order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,8 +42,9 @@ pub(crate) enum Param {
 }
 
 pub(crate) const NUM_PARAMS: usize = 12;
-/// The parameters of vLLM 0.23.0's `allocate_slots` (a prefix of PARAMS).
-pub(crate) const NUM_PARAMS_0_23: usize = 10;
+/// The parameters before the step arguments (a prefix of PARAMS): all of
+/// them without the profile's `allocate_step_args`.
+pub(crate) const NUM_PARAMS_WITHOUT_STEP_ARGS: usize = 10;
 
 /// Each parameter's name, indexed by `Param`.
 pub(crate) const PARAMS: [&str; NUM_PARAMS] = [
@@ -162,4 +176,26 @@ pub(crate) fn call_matched<'py>(
             skip_zeroing_group_ids: get(Param::SkipZeroingGroupIds),
         },
     )
+}
+
+#[pymethods]
+impl NativeManager {
+    /// vLLM's `KVCacheManager.allocate_slots(request, num_new_tokens,
+    /// num_new_computed_tokens=0, new_computed_blocks=None,
+    /// num_lookahead_tokens=0, num_external_computed_tokens=0,
+    /// delay_cache_blocks=False, num_encoder_tokens=0,
+    /// full_sequence_must_fit=False, reserved_blocks=0)`, then
+    /// `has_scheduled_reqs=True, skip_zeroing_group_ids=None` where the
+    /// profile has `allocate_step_args`; the parameters are matched as
+    /// Python does (`PARAMS`). The facade's class
+    /// has the raw entry point in its place (`_raw_methods`).
+    #[pyo3(signature = (*args, **kwargs))]
+    fn allocate_slots(
+        slf: &Bound<'_, Self>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyObject> {
+        let _in_call = crate::call_guard::enter(slf, "allocate_slots")?;
+        call_matched(slf, args.iter(), kwargs.into_iter().flat_map(|k| k.iter()))
+    }
 }

@@ -14,12 +14,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 
 use crate::call_guard::{borrow, borrow_mut};
-use crate::calls::{prompt_len_if_wanted, raw_events, read_033_fields};
+use crate::calls::{prompt_len_if_wanted, raw_events, read_in_flight_fields};
 use crate::convert::{
     count, count_obj, fill_hash_update, guard, hash_update, req_attr, to_py_err, u32_bytes,
     uint_array,
 };
-use crate::{opt_count, request_id, NativeManager, NUM_TOKENS_UNREAD};
+use crate::native_manager::NativeManager;
+use crate::py_args::{opt_count, request_id, NUM_TOKENS_UNREAD};
 
 /// The per-request inputs of one step, as typed slices.
 pub struct DecodeArrays<'a> {
@@ -346,7 +347,7 @@ fn run_requests<'py>(
                 None
             };
             args.num_prompt_tokens = prompt_len_if_wanted(inner, slot, &request).map_err(at)?;
-            read_033_fields(inner, &request, &mut args).map_err(at)?;
+            read_in_flight_fields(inner, &request, &mut args).map_err(at)?;
             let id = rid.to_str()?;
             guard(|| inner.check_allocate(slot, id, &args, update.as_ref())).map_err(at)?;
             Some(update)
@@ -401,4 +402,89 @@ fn run_requests<'py>(
         result.push(got, &state.scratch, num_groups);
     }
     Ok((result, events))
+}
+
+#[pymethods]
+impl NativeManager {
+    /// The decode `allocate_slots` of a whole step in one call: for each
+    /// request in order, exactly `allocate_slots(request, num_new_tokens[i],
+    /// num_lookahead_tokens=num_lookahead_tokens)`. Returns `(ok, offsets,
+    /// ids)`: `ok[i]` is False where that call would return None; the new
+    /// block ids of request i in group g are
+    /// `ids[offsets[i*G + g] : offsets[i*G + g + 1]]`. A serving loop that
+    /// tracks the counts itself passes `num_computed_tokens` / `num_tokens`
+    /// lists, and the requests' attributes are then not read (their block
+    /// hashes still are, when a block fills).
+    #[pyo3(signature = (requests, num_new_tokens, num_lookahead_tokens=None, num_computed_tokens=None, num_tokens=None))]
+    fn allocate_decode_batch<'py>(
+        slf: &Bound<'py, Self>,
+        requests: &Bound<'py, PyAny>,
+        num_new_tokens: &Bound<'py, PyAny>,
+        num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
+        num_computed_tokens: Option<&Bound<'py, PyAny>>,
+        num_tokens: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>)> {
+        let _in_call = crate::call_guard::enter(slf, "allocate_decode_batch")?;
+        decode_batch(
+            slf,
+            requests,
+            num_new_tokens,
+            num_lookahead_tokens,
+            num_computed_tokens,
+            num_tokens,
+        )
+    }
+
+    /// A handle for a request the manager holds (after its first
+    /// allocation): an int `allocate_decode_arrays` takes in place of the
+    /// request. It names that request until it is freed and is never reused;
+    /// KeyError for a request the manager does not hold.
+    fn request_handle(&self, request_id: &str) -> PyResult<u64> {
+        self.inner.handle(request_id).ok_or_else(|| {
+            pyo3::exceptions::PyKeyError::new_err(format!(
+                "request {request_id:?} holds no state in this manager (allocate it first)"
+            ))
+        })
+    }
+
+    /// `allocate_decode_batch` over arrays, for serving loops that keep
+    /// their per-request counts in arrays: request `i` is `handles[i]`
+    /// (from `request_handle`), with `num_new_tokens[i]`,
+    /// `num_computed_tokens[i]` and `num_tokens[i]` as the request's
+    /// attributes would give them. Each array is a list of ints or bytes of
+    /// little-endian ints (uint64 handles, uint32 counts: `ndarray.tobytes()`).
+    /// `requests[i]` is read only for its `block_hashes`, and only when a
+    /// block fills; it is required when prefix caching is on.
+    ///
+    /// Everything is checked before any request is allocated, so an error
+    /// leaves the manager as it was. Returns `(ok, offsets, ids)` as bytes:
+    /// `ok` one byte per request (0 where `allocate_slots` would return
+    /// None), `offsets` and `ids` uint32 (little-endian): the new blocks of
+    /// request i in group g are `ids[offsets[i*G+g] : offsets[i*G+g+1]]`.
+    #[pyo3(signature = (handles, num_new_tokens, num_computed_tokens, num_tokens,
+                        num_lookahead_tokens=None, requests=None))]
+    fn allocate_decode_arrays<'py>(
+        slf: &Bound<'py, Self>,
+        handles: &Bound<'py, PyAny>,
+        num_new_tokens: &Bound<'py, PyAny>,
+        num_computed_tokens: &Bound<'py, PyAny>,
+        num_tokens: &Bound<'py, PyAny>,
+        num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
+        requests: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+    )> {
+        let _in_call = crate::call_guard::enter(slf, "allocate_decode_arrays")?;
+        decode_arrays(
+            slf,
+            handles,
+            num_new_tokens,
+            num_computed_tokens,
+            num_tokens,
+            num_lookahead_tokens,
+            requests,
+        )
+    }
 }

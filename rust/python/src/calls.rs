@@ -12,8 +12,8 @@ use crate::blocks::KVCacheBlocks;
 use crate::convert::{
     self, block_ids, count_obj, fill_hash_update, guard, hash_update, req_attr, request_num_tokens,
 };
-use crate::native_manager::{Bound_, NativeManager};
-use crate::{opt_count, request_id, NUM_TOKENS_UNREAD};
+use crate::native_manager::{NativeManager, PythonSide};
+use crate::py_args::{opt_count, request_id, NUM_TOKENS_UNREAD};
 
 /// The optional arguments of `allocate_slots` as given (None: left out;
 /// the flags already converted, as PyO3 does first).
@@ -26,10 +26,11 @@ pub(crate) struct AllocateSlotsArgs<'a, 'py> {
     pub(crate) num_encoder_tokens: Option<&'a Bound<'py, PyAny>>,
     pub(crate) full_sequence_must_fit: bool,
     pub(crate) reserved_blocks: Option<&'a Bound<'py, PyAny>>,
-    /// 0.33.0: some request is already scheduled this step (the watermark
-    /// applies only then); True when left out.
+    /// Some request is already scheduled this step (the watermark applies
+    /// only then); True when left out (a step argument: `PARAMS`).
     pub(crate) has_scheduled_reqs: bool,
-    /// 0.33.0: groups whose external-token blocks an async load writes.
+    /// Groups whose external-token blocks an async load writes (a step
+    /// argument).
     pub(crate) skip_zeroing_group_ids: Option<&'a Bound<'py, PyAny>>,
 }
 
@@ -95,11 +96,11 @@ pub(crate) fn prompt_len_if_wanted(
     count_obj("request.num_prompt_tokens", &n).map(Some)
 }
 
-/// The request fields 0.33.0's rules read at an allocation, when the core
+/// The request fields the profile's rules read at an allocation, when the core
 /// wants them: `shared_prefix_boundary` (sparse retention keeps it) and
 /// `num_in_flight_tokens` (window frees lag them); unread otherwise.
 #[inline]
-pub(crate) fn read_033_fields(
+pub(crate) fn read_in_flight_fields(
     inner: &KvCacheManager,
     request: &Bound<'_, PyAny>,
     args: &mut AllocateArgs,
@@ -171,7 +172,7 @@ impl NativeManager {
         num_computed_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let n = count_obj("num_computed_tokens", num_computed_tokens)?;
-        let rid = crate::request_id(request)?;
+        let rid = crate::py_args::request_id(request)?;
         if !crate::call_guard::borrow(slf)?.inner.enable_caching() {
             return Ok(());
         }
@@ -313,7 +314,7 @@ impl NativeManager {
         let read = {
             let this = crate::call_guard::borrow(slf)?;
             match this.py_side.as_ref() {
-                Some(Bound_ {
+                Some(crate::native_manager::PythonSide {
                     event_sink: Some(_),
                     event_read: Some(read),
                     ..
@@ -360,7 +361,7 @@ impl NativeManager {
         })
     }
 
-    pub(crate) fn py_side(&self) -> PyResult<&Bound_> {
+    pub(crate) fn py_side(&self) -> PyResult<&PythonSide> {
         self.py_side.as_ref().ok_or_else(|| {
             pyo3::exceptions::PyRuntimeError::new_err("NativeManager used before _bind_python")
         })
@@ -463,7 +464,7 @@ impl NativeManager {
             args.num_tokens = request_num_tokens(request)?;
         }
         args.num_prompt_tokens = prompt_len_if_wanted(&self.inner, slot, request)?;
-        read_033_fields(&self.inner, request, &mut args)?;
+        read_in_flight_fields(&self.inner, request, &mut args)?;
         let has_update = self.update_if_needed(slot, request, &args)?;
         let (inner, out) = (&mut self.inner, &mut self.scratch);
         let update = has_update.then_some(&self.hash_buf);
@@ -481,7 +482,7 @@ impl NativeManager {
                 // A new request: callers with no slot pass the id they read.
                 let rid = match rid {
                     Some(r) => r.clone(),
-                    None => crate::request_id(request)?,
+                    None => request_id(request)?,
                 };
                 let id = rid.to_str()?;
                 let ok = guard(|| inner.allocate_general_into(None, id, &args, update, out))?;
@@ -540,7 +541,7 @@ impl NativeManager {
         rid: Option<&Bound<'_, PyString>>,
     ) {
         #[cfg(feature = "raw-ffi")]
-        let in_dict = crate::raw_ffi::fields_in_dict(request);
+        let in_dict = crate::raw_ffi::vectorcall::fields_in_dict(request);
         #[cfg(not(feature = "raw-ffi"))]
         let in_dict = false;
         let handle = self.inner.handle_at(slot);

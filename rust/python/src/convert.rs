@@ -521,6 +521,6 @@ pub(crate) fn manager_config(
         },
         dcp_world_size,
         pcp_world_size,
-        profile: BehaviourProfile::for_release(profile).map_err(to_py_err)?,
+        profile: BehaviourProfile::named(profile).map_err(to_py_err)?,
     })
 }

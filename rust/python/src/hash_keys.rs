@@ -1,12 +1,13 @@
 //! What the native hasher reads from a request and how its values become
-//! keys: the release's rules (`Hashing::for_release`), LoRA / salt keys,
+//! keys: the named profile's rules (its `hashing`), LoRA / salt keys,
 //! multimodal input ends, token and key conversion to the core's types;
 //! and the module functions `block_extra_keys` and `none_hash_seed`.
 
 use hybridcache_core::block_hasher::{
     extra_keys, none_hash_seed as seed_rule, BlockHashError, HashFn, Key, KeyBuilder, NoneHashSeed,
 };
-use hybridcache_core::profile::{ExtraKeyMode, Hashing};
+use hybridcache_core::profile::{BehaviourProfile, ExtraKeyMode, Hashing};
+use hybridcache_core::CoreError;
 use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -19,8 +20,15 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(none_hash_seed, m)?)
 }
 
-pub(crate) fn hashing_for(release: &str) -> PyResult<Hashing> {
-    Hashing::for_release(release).map_err(crate::convert::to_py_err)
+pub(crate) fn hashing_for(profile: &str) -> PyResult<Hashing> {
+    BehaviourProfile::named(profile)
+        .map(|p| p.hashing)
+        .map_err(|e| match e {
+            CoreError::Unsupported(why) => crate::convert::to_py_err(CoreError::Unsupported(
+                format!("no hashing rules: {why}"),
+            )),
+            e => crate::convert::to_py_err(e),
+        })
 }
 
 /// Keys as Python objects; tags are interned strs, the objects vLLM's
@@ -96,11 +104,11 @@ pub(crate) fn mm_ends(features: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
 }
 
 /// What vLLM's `init_none_hash(hash_fn)` derives NONE_HASH from under a
-/// release's rules, given `$PYTHONHASHSEED`: the seed string to hash, or
+/// profile's rules, given `$PYTHONHASHSEED`: the seed string to hash, or
 /// None for 32 random bytes (0.23.0 without a seed). A random seed
 /// (0.33.0's xxhash* without one) is `os.urandom(32).hex()`.
 #[pyfunction]
-#[pyo3(signature = (hash_name, pythonhashseed=None, profile="0.23.0"))]
+#[pyo3(signature = (hash_name, pythonhashseed=None, profile="whole-block-hits"))]
 fn none_hash_seed(
     py: Python<'_>,
     hash_name: &str,
@@ -131,7 +139,7 @@ fn none_hash_seed(
 /// the form KV events publish. None when there are none, as vLLM.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)] // Python's signature
-#[pyo3(signature = (start, lora_request=None, mm_keys=None, cache_salt=None, prompt_embeds_keys=None, profile="0.23.0", for_event=false))]
+#[pyo3(signature = (start, lora_request=None, mm_keys=None, cache_salt=None, prompt_embeds_keys=None, profile="whole-block-hits", for_event=false))]
 fn block_extra_keys<'py>(
     py: Python<'py>,
     start: usize,

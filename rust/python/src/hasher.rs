@@ -1,5 +1,5 @@
 //! PyO3 binding of `hybridcache_core::block_hasher`: vLLM's request block
-//! hasher (0.23.0's or 0.33.0's rules, by release), natively. Reads the
+//! hasher (a behaviour profile's hashing rules), natively. Reads the
 //! request's attributes and converts the values; the rules, encoding and
 //! digests live in the core crate.
 //!
@@ -14,45 +14,18 @@ use hybridcache_core::block_hasher::{
     BlockHasher as CoreHasher, Digest, Encoding, HashFn,
 };
 use hybridcache_core::profile::{Hashing, MmStart};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PySlice, PyTuple};
 
 use crate::convert::type_name;
 use crate::hash_keys::{
-    attr_or_none, hashing_for, keys_value, mm_ends, read_tokens, request_keys, tuple_keys,
-    value_err, PyKeys,
+    attr_or_none, keys_value, mm_ends, read_tokens, request_keys, tuple_keys, value_err, PyKeys,
 };
 
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<BlockHasher>()?;
-    m.add_function(wrap_pyfunction!(native_token_append, m)?)?;
-    crate::hash_keys::register(m)
-}
-
-/// A method descriptor for vLLM's `Request` class (`request_class`) standing
-/// for its `append_output_token_ids` (`append`) and hashing appended tokens
-/// with a request's `BlockHasher` in the same call (see
-/// `raw_ffi::append_call`); `update` is the class's `update_block_hashes`.
-/// None without the `raw-ffi` feature: vLLM's method stays.
-#[pyfunction]
-fn native_token_append(
-    request_class: &Bound<'_, pyo3::types::PyType>,
-    append: PyObject,
-    update: PyObject,
-) -> PyResult<Option<PyObject>> {
-    #[cfg(feature = "raw-ffi")]
-    return crate::raw_ffi::append_call::token_append(request_class, append, update).map(Some);
-    #[cfg(not(feature = "raw-ffi"))]
-    {
-        let _ = (request_class, append, update);
-        Ok(None)
-    }
-}
-
 /// Scratch space reused across the blocks of one call.
-struct Scratch {
+pub(crate) struct Scratch {
     buf: Vec<u8>,
     tokens: Vec<i64>,
     ids: Vec<usize>,
@@ -61,7 +34,7 @@ struct Scratch {
 impl Scratch {
     /// Room for a block of `n` tokens without growing (a key-free block
     /// encodes to at most ~40 + 9n bytes).
-    fn for_block(n: usize) -> Self {
+    pub(crate) fn for_block(n: usize) -> Self {
         Self {
             buf: Vec::with_capacity(64 + 9 * n),
             tokens: Vec::with_capacity(n),
@@ -70,14 +43,14 @@ impl Scratch {
     }
 }
 
-/// vLLM's request block hasher under a release's rules (`profile`),
+/// vLLM's request block hasher under a named profile's rules (`profile`),
 /// bit-identical for `sha256_cbor`, `xxhash_cbor`, `sha256` and `xxhash`.
 ///
 /// `BlockHasher(hash_name, block_size, none_hash, extra_keys_fn=None,
-/// profile="0.23.0", num_hash_lookahead_tokens=0)`; `none_hash` is vLLM's
+/// profile="whole-block-hits", num_hash_lookahead_tokens=0)`; `none_hash` is vLLM's
 /// `NONE_HASH`. Calling it with a request is
 /// `get_request_block_hasher(block_size, hash_fn[, L])(request)`: the
-/// hashes of the request's new full blocks (with L > 0, 0.33.0 on, those
+/// hashes of the request's new full blocks (with L > 0, where the profile has lookahead hashes, those
 /// whose L next tokens exist). Extra keys for LoRA and cache salt are built
 /// natively; for requests with multimodal features or prompt embeds
 /// `extra_keys_fn(request, start, end, mm_idx) -> (keys | None, mm_idx)`
@@ -85,22 +58,22 @@ impl Scratch {
 /// over the block's window (the block and its L next tokens).
 #[pyclass(module = "hybridcache._native", name = "BlockHasher", frozen)]
 pub struct BlockHasher {
-    core: CoreHasher,
-    none_hash: Py<PyBytes>,
-    extra_keys_fn: Option<PyObject>,
-    /// The release's rules (extra-key form, multimodal resume index).
-    hashing: Hashing,
+    pub(crate) core: CoreHasher,
+    pub(crate) none_hash: Py<PyBytes>,
+    pub(crate) extra_keys_fn: Option<PyObject>,
+    /// The profile's rules (extra-key form, multimodal resume index).
+    pub(crate) hashing: Hashing,
     /// `num_hash_lookahead_tokens`: tokens after a block its hash covers.
-    lookahead: usize,
+    pub(crate) lookahead: usize,
 }
 
 impl BlockHasher {
-    fn hash_fn(&self) -> HashFn {
+    pub(crate) fn hash_fn(&self) -> HashFn {
         self.core.hash_fn()
     }
 
     /// vLLM's `if not parent_block_hash: parent_block_hash = NONE_HASH`.
-    fn resolve_parent<'py>(
+    pub(crate) fn resolve_parent<'py>(
         &self,
         parent: Option<&Bound<'py, PyAny>>,
         py: Python<'py>,
@@ -120,7 +93,7 @@ impl BlockHasher {
     }
 
     /// The native path; None where only Python's serializer is exact.
-    fn try_native(
+    pub(crate) fn try_native(
         &self,
         s: &mut Scratch,
         parent: &Bound<'_, PyAny>,
@@ -168,7 +141,7 @@ impl BlockHasher {
 
     /// `hash_fn((parent, tuple(tokens[start:end]), extra))` with Python's
     /// serializer and the native digest.
-    fn python_hash(
+    pub(crate) fn python_hash(
         &self,
         parent: &Bound<'_, PyAny>,
         tokens: &Bound<'_, PyAny>,
@@ -200,7 +173,7 @@ impl BlockHasher {
 
     /// `hash_block_tokens` of `tokens[start:end]` under an already resolved parent.
     #[allow(clippy::too_many_arguments)]
-    fn block<'py>(
+    pub(crate) fn block<'py>(
         &self,
         py: Python<'py>,
         s: &mut Scratch,
@@ -215,190 +188,6 @@ impl BlockHasher {
             None => self.python_hash(parent, tokens, start, end, extra)?,
         };
         Ok(PyBytes::new(py, d.as_bytes()))
-    }
-}
-
-#[pymethods]
-impl BlockHasher {
-    #[new]
-    #[pyo3(signature = (hash_name, block_size, none_hash, extra_keys_fn=None, profile="0.23.0", num_hash_lookahead_tokens=0))]
-    fn new(
-        hash_name: &str,
-        block_size: i64,
-        none_hash: Bound<'_, PyBytes>,
-        extra_keys_fn: Option<PyObject>,
-        profile: &str,
-        num_hash_lookahead_tokens: i64,
-    ) -> PyResult<Self> {
-        let hashing = hashing_for(profile)?;
-        let lookahead = usize::try_from(num_hash_lookahead_tokens).map_err(|_| {
-            PyValueError::new_err(format!(
-                "num_hash_lookahead_tokens must be >= 0, got {num_hash_lookahead_tokens}"
-            ))
-        })?;
-        if lookahead > 0 && !hashing.lookahead_hash_tokens {
-            return Err(PyValueError::new_err(format!(
-                "vLLM {profile} has no lookahead hashes: num_hash_lookahead_tokens must be 0, \
-                 got {lookahead}"
-            )));
-        }
-        let hash_fn = HashFn::from_name(hash_name).map_err(value_err)?;
-        let block_size = usize::try_from(block_size)
-            .ok()
-            .filter(|&b| b > 0)
-            .ok_or_else(|| {
-                PyValueError::new_err(format!("block_size must be > 0, got {block_size}"))
-            })?;
-        let core = CoreHasher::new(hash_fn, block_size, none_hash.as_bytes()).map_err(value_err)?;
-        if let Some(f) = &extra_keys_fn {
-            if !f.bind(none_hash.py()).is_callable() {
-                return Err(PyTypeError::new_err("extra_keys_fn must be callable"));
-            }
-        }
-        Ok(Self {
-            core,
-            none_hash: none_hash.unbind(),
-            extra_keys_fn,
-            hashing,
-            lookahead,
-        })
-    }
-
-    #[getter]
-    fn hash_name(&self) -> &'static str {
-        self.hash_fn().name()
-    }
-
-    #[getter]
-    fn block_size(&self) -> usize {
-        self.core.block_size()
-    }
-
-    /// `num_hash_lookahead_tokens`: tokens after a block its hash covers.
-    #[getter]
-    fn num_hash_lookahead_tokens(&self) -> usize {
-        self.lookahead
-    }
-
-    #[getter]
-    fn none_hash(&self, py: Python<'_>) -> Py<PyBytes> {
-        self.none_hash.clone_ref(py)
-    }
-
-    /// Length of a block hash in bytes: 32 (sha256*) or 16 (xxhash*).
-    #[getter]
-    fn digest_size(&self) -> usize {
-        self.hash_fn().digest_len()
-    }
-
-    /// The hash function on already serialized bytes (`hashlib.sha256(data)
-    /// .digest()` or `xxhash.xxh3_128_digest(data)`).
-    fn digest<'py>(&self, py: Python<'py>, data: &[u8]) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, self.hash_fn().digest(data).as_bytes())
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "BlockHasher({:?}, block_size={})",
-            self.hash_fn().name(),
-            self.core.block_size()
-        )
-    }
-
-    /// vLLM's `hash_block_tokens(hash_fn, parent, token_ids, extra_keys)`.
-    #[pyo3(signature = (parent, token_ids, extra_keys=None))]
-    fn hash_block<'py>(
-        &self,
-        py: Python<'py>,
-        parent: Option<&Bound<'py, PyAny>>,
-        token_ids: &Bound<'py, PyAny>,
-        extra_keys: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyBytes>> {
-        let parent = self.resolve_parent(parent, py)?;
-        let none = py.None().into_bound(py);
-        let extra = extra_keys.unwrap_or(&none);
-        self.block(
-            py,
-            &mut Scratch::for_block(token_ids.len()?),
-            &parent,
-            token_ids,
-            0,
-            token_ids.len()?,
-            extra,
-        )
-    }
-
-    /// Hashes of the full blocks of `token_ids` from block `start_block` on,
-    /// chained from `parent` (the hash of block `start_block - 1`, or None).
-    /// `extra_keys_per_block[i]` (None or a tuple) belongs to the i-th
-    /// hashed block; it must have one entry per hashed block.
-    #[pyo3(signature = (token_ids, parent=None, start_block=0, extra_keys_per_block=None))]
-    fn hash_blocks<'py>(
-        &self,
-        py: Python<'py>,
-        token_ids: &Bound<'py, PyAny>,
-        parent: Option<&Bound<'py, PyAny>>,
-        start_block: i64,
-        extra_keys_per_block: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyList>> {
-        let start_block = usize::try_from(start_block).map_err(|_| {
-            PyValueError::new_err(format!("start_block must be >= 0, got {start_block}"))
-        })?;
-        let tokens =
-            if token_ids.is_instance_of::<PyList>() || token_ids.is_instance_of::<PyTuple>() {
-                token_ids.clone()
-            } else {
-                py.get_type::<PyList>().call1((token_ids,))?
-            };
-        let bs = self.core.block_size();
-        let n = self.core.num_new_blocks(tokens.len()?, start_block);
-        if let Some(e) = extra_keys_per_block {
-            let got = e.len()?;
-            if got != n {
-                return Err(value_err(BlockHashError::ExtraKeysLength {
-                    expected: n,
-                    got,
-                }));
-            }
-        }
-        let out = PyList::empty(py);
-        let none = py.None().into_bound(py);
-        let mut parent = self.resolve_parent(parent, py)?;
-        let mut s = Scratch::for_block(bs);
-        for i in 0..n {
-            let start = (start_block + i) * bs;
-            let extra = match extra_keys_per_block {
-                Some(e) => e.get_item(i)?,
-                None => none.clone(),
-            };
-            let h = self.block(py, &mut s, &parent, &tokens, start, start + bs, &extra)?;
-            out.append(&h)?;
-            parent = h.into_any();
-        }
-        Ok(out)
-    }
-
-    /// vLLM's `request_block_hasher(request)`: hashes of the request's full
-    /// blocks after `len(request.block_hashes)` (whose lookahead tokens
-    /// exist), from `request.all_token_ids` and `request.num_tokens` (read
-    /// as the `_all_token_ids` list and its length where the request has
-    /// one, as vLLM's and hybridcache's do) and its extra keys.
-    fn __call__<'py>(
-        &self,
-        py: Python<'py>,
-        request: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyList>> {
-        self.hash_new_blocks(py, request)
-    }
-
-    /// This hasher as the engine calls it: with the `raw-ffi` feature a
-    /// one-argument builtin bound to it (see `raw_ffi::hasher_call`), else
-    /// the hasher itself. Same results either way.
-    fn _bound_call(slf: &Bound<'_, Self>) -> PyResult<PyObject> {
-        #[cfg(feature = "raw-ffi")]
-        return crate::raw_ffi::hasher_call::bound_hasher(slf);
-        #[cfg(not(feature = "raw-ffi"))]
-        return Ok(slf.clone().into_any().unbind());
     }
 }
 

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use crate::call_guard::{borrow, borrow_mut};
 use crate::convert::{count_obj, guard, hash_update, req_attr};
 use crate::native_manager::NativeManager;
-use crate::request_id;
+use crate::py_args::request_id;
 
 pub(crate) fn computed_blocks<'py>(
     slf: &Bound<'py, NativeManager>,
@@ -30,8 +30,8 @@ pub(crate) fn lookup<'py>(
 ) -> PyResult<(PyObject, usize, usize, Option<bool>)> {
     let py = slf.py();
     let max_hit = match max_cache_hit_length.filter(|m| !m.is_none()) {
-        Some(_) if borrow(slf)?.is_0_23() => {
-            // vLLM 0.23.0's get_computed_blocks takes only the request.
+        Some(_) if !borrow(slf)?.inner.profile().lookup_hit_cap_arg => {
+            // Without the profile's hit cap, the call takes only the request.
             return Err(pyo3::exceptions::PyTypeError::new_err(
                 "get_computed_blocks() got an unexpected keyword argument 'max_cache_hit_length'",
             ));
@@ -132,4 +132,61 @@ pub(crate) fn per_group_hits<'py>(
         guard(|| this.inner.find_cache_hit_per_group(&hashes, max_hit))?
     };
     Ok((NativeManager::make_blocks(slf, &blocks)?, lens))
+}
+
+#[pymethods]
+impl NativeManager {
+    /// vLLM's `get_computed_blocks(request)`: the longest prefix-cache hit
+    /// as (KVCacheBlocks, hit tokens); the request's new hashes are stored
+    /// first, and the lookup is counted for prefix-cache stats.
+    /// `max_cache_hit_length` (profiles with `lookup_hit_cap_arg`): the
+    /// most hit tokens; default
+    /// `request.num_tokens - 1`.
+    #[pyo3(signature = (request, max_cache_hit_length=None))]
+    fn get_computed_blocks<'py>(
+        slf: &Bound<'py, Self>,
+        request: &Bound<'py, PyAny>,
+        max_cache_hit_length: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(PyObject, usize)> {
+        let _in_call = crate::call_guard::enter(slf, "get_computed_blocks")?;
+        let (blocks, hit, _) = computed_blocks(slf, request, max_cache_hit_length)?;
+        Ok((blocks, hit))
+    }
+
+    /// 0.33.0's `get_computed_blocks`: (KVCacheBlocks, hit tokens,
+    /// shared_prefix_boundary), the boundary where the longest hit one
+    /// attention type found ends when it passes the hit, else 0.
+    #[pyo3(signature = (request, max_cache_hit_length=None))]
+    fn _get_computed_blocks_with_boundary<'py>(
+        slf: &Bound<'py, Self>,
+        request: &Bound<'py, PyAny>,
+        max_cache_hit_length: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(PyObject, usize, usize)> {
+        let _in_call = crate::call_guard::enter(slf, "get_computed_blocks")?;
+        computed_blocks(slf, request, max_cache_hit_length)
+    }
+
+    /// 0.33.0's `find_longest_cache_hit_per_group` (hybrid coordinators):
+    /// (KVCacheBlocks, hit tokens per group).
+    fn _find_longest_cache_hit_per_group<'py>(
+        slf: &Bound<'py, Self>,
+        block_hashes: &Bound<'py, PyAny>,
+        max_cache_hit_length: &Bound<'py, PyAny>,
+    ) -> PyResult<(PyObject, Vec<usize>)> {
+        let _in_call = crate::call_guard::enter(slf, "find_longest_cache_hit_per_group")?;
+        per_group_hits(slf, block_hashes, max_cache_hit_length)
+    }
+
+    /// 0.33.0's `get_computed_blocks_for_connector` core: (KVCacheBlocks,
+    /// hit tokens, shared_prefix_boundary, hit_diverged), hit_diverged None
+    /// where the reconciled lookup (`_get_computed_blocks_with_boundary`) answered.
+    #[pyo3(signature = (request, max_cache_hit_length=None))]
+    fn _get_computed_blocks_for_connector<'py>(
+        slf: &Bound<'py, Self>,
+        request: &Bound<'py, PyAny>,
+        max_cache_hit_length: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(PyObject, usize, usize, Option<bool>)> {
+        let _in_call = crate::call_guard::enter(slf, "get_computed_blocks_for_connector")?;
+        lookup(slf, request, max_cache_hit_length, true)
+    }
 }

@@ -12,13 +12,13 @@ use crate::native_manager::NativeManager;
 impl NativeManager {
     /// Copy-on-write copies of partial hash hits since the last take:
     /// (source, copy) block ids; both hold an extra reference.
-    fn _take_kv_cache_block_copies_033(&mut self) -> Vec<(u32, u32)> {
+    fn _take_kv_cache_block_copies(&mut self) -> Vec<(u32, u32)> {
         self.inner.take_kv_cache_block_copies()
     }
 
     /// A finishing request's complete Mamba producer tails: (group, block
     /// id, boundary tokens); its tails are consumed.
-    fn _finalize_partial_tail_offloads_033(
+    fn _finalize_partial_tail_offloads(
         &mut self,
         request_id: &str,
         num_computed_tokens: usize,
@@ -33,7 +33,7 @@ impl NativeManager {
 
     /// vLLM 0.33.0's partial-hit rule under decode context parallelism
     /// (the facade scales the groups and builds the core with dcp 1).
-    fn _set_partial_hits_dcp_033(&mut self, dcp_world_size: u32) -> PyResult<()> {
+    fn _set_partial_hits_dcp(&mut self, dcp_world_size: u32) -> PyResult<()> {
         self.inner
             .set_partial_hits_dcp(dcp_world_size)
             .map_err(crate::convert::to_py_err)
@@ -41,7 +41,7 @@ impl NativeManager {
 
     /// vLLM 0.33.0's `mamba_shared_prefix_checkpoint`, narrowed by the
     /// facade: Mamba align groups also key states at shared-prefix junctions.
-    fn _set_shared_prefix_checkpoint_033(&mut self, on: bool) -> PyResult<()> {
+    fn _set_shared_prefix_checkpoint(&mut self, on: bool) -> PyResult<()> {
         self.inner
             .set_shared_prefix_checkpoint(on)
             .map_err(crate::convert::to_py_err)
@@ -49,7 +49,7 @@ impl NativeManager {
 
     /// Whether hits land on hash blocks (vLLM 0.33.0's partial hash hits).
     #[getter]
-    fn _partial_hash_hits_033(&self) -> bool {
+    fn _partial_hash_hits(&self) -> bool {
         self.inner.partial_hash_hits()
     }
 }

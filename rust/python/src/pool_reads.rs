@@ -41,7 +41,7 @@ impl NativeManager {
     /// facade's method, in one native call (the request found by its id
     /// object, no id lists built).
     fn _estimate_cached_tokens(&mut self, request: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let rid = crate::request_id(request)?;
+        let rid = crate::py_args::request_id(request)?;
         let slot = self.lookup_id(&rid)?;
         Ok(self.inner.estimate_cached_tokens(slot))
     }
@@ -124,5 +124,19 @@ impl NativeManager {
 
     fn check_invariants(&self) -> PyResult<()> {
         guard(|| self.inner.check_invariants())
+    }
+}
+
+impl NativeManager {
+    /// `block_hash_num_tokens` for a list of block ids.
+    pub(crate) fn hash_num_tokens(
+        &self,
+        block_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<Option<u32>>> {
+        let pool = self.inner.pool();
+        crate::convert::int_list("block_ids", block_ids, false)?
+            .into_iter()
+            .map(|b| Ok(pool.block_hash_num_tokens(self.block_id(b)?)))
+            .collect()
     }
 }

@@ -1,4 +1,5 @@
-//! `KvCacheManager`: vLLM 0.23.0's `KVCacheManager` over plain ids and counts.
+//! `KvCacheManager`: vLLM's `KVCacheManager` over plain ids and counts,
+//! under a behaviour profile (`ManagerConfig::profile`).
 //! The facade reads the request object and passes its numbers; this type
 //! owns every decision. Arguments are checked before anything changes.
 
@@ -52,7 +53,7 @@ pub struct ManagerConfig {
     /// one hit's blocks per N tokens and the replay boundary. Which groups
     /// it sparsifies is the profile's `retention`.
     pub retention_interval: Option<usize>,
-    /// The vLLM release whose semantics the manager follows.
+    /// The behaviour the manager follows (`BehaviourProfile::NAMED`).
     pub profile: BehaviourProfile,
 }
 
@@ -133,13 +134,13 @@ pub struct KvCacheManager {
     /// Caching places a replay boundary, from each request's prompt length
     /// (sparse retention with caching on).
     reads_prompt_len: bool,
-    /// Caching also keeps the request's shared-prefix junction (0.33.0's
-    /// retention rule, caching on).
+    /// Caching also keeps the request's shared-prefix junction (the
+    /// `ReplayBoundaries` retention rule, caching on).
     reads_junction: bool,
-    /// Caching reads each request's own computed count (0.33.0's Mamba
+    /// Caching reads each request's own computed count (the Mamba
     /// shared-prefix checkpoint, `set_shared_prefix_checkpoint`).
     reads_request_computed: bool,
-    /// Window frees lag the in-flight tokens (0.33.0, a group with a window).
+    /// Window frees lag the in-flight tokens (`frees_on_processed_tokens`, a group with a window).
     reads_in_flight: bool,
     /// Window frees read the prompt length (an R-SWA group frees the gap
     /// after the prompt: 0.33.0 passes `num_prompt_tokens`).

@@ -14,9 +14,12 @@ use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 
-use super::{attr_count, call_args, dict_count, held_request, plain_count, raw_call, CallArgs, MethodDef};
+
+use super::vectorcall::{
+    attr_count, call_args, dict_count, held_request, plain_count, raw_call, CallArgs, MethodDef,
+};
 use crate::allocate_params::{call_matched, param_name, Param};
-use crate::NativeManager;
+use crate::native_manager::NativeManager;
 
 static ALLOCATE_SLOTS: MethodDef = MethodDef(ffi::PyMethodDef {
     ml_name: c"allocate_slots".as_ptr(),
@@ -24,13 +27,13 @@ static ALLOCATE_SLOTS: MethodDef = MethodDef(ffi::PyMethodDef {
         PyCFunctionFastWithKeywords: allocate_slots_fast,
     },
     ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-    ml_doc: c"vLLM 0.23.0's KVCacheManager.allocate_slots.".as_ptr(),
+    ml_doc: c"vLLM's KVCacheManager.allocate_slots.".as_ptr(),
 });
 
 /// A method descriptor of `cls` (a `NativeManager` subclass: CPython
 /// checks every `self` against it) calling `allocate_slots`.
 pub fn allocate_slots_descriptor(cls: &Bound<'_, pyo3::types::PyType>) -> PyResult<PyObject> {
-    super::method_descriptor(&ALLOCATE_SLOTS, cls)
+    super::vectorcall::method_descriptor(&ALLOCATE_SLOTS, cls)
 }
 
 unsafe extern "C" fn allocate_slots_fast(
@@ -194,7 +197,7 @@ unsafe fn decode_fast(
             return Ok(Fast::Other);
         };
         // Most decodes change no block: judged from the request's hot line.
-        let unread = crate::NUM_TOKENS_UNREAD;
+        let unread = crate::py_args::NUM_TOKENS_UNREAD;
         let Some((slot, noop)) = this.inner.plain_decode_by_handle(
             handle,
             num_new_tokens,
@@ -213,7 +216,7 @@ unsafe fn decode_fast(
         // The general path reads the tables and the free queue soon: fetch
         // their lines together now (they are cold under a Python scheduler).
         this.inner
-            .for_each_general_decode_line(slot, super::prefetch);
+            .for_each_general_decode_line(slot, super::vectorcall::prefetch);
         let args = AllocateArgs {
             num_new_tokens,
             num_computed_tokens,

@@ -30,7 +30,7 @@ use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyList, PyType};
 
 use super::hasher_call::native_hasher;
-use super::{call_with, raw_call, MethodDef};
+use super::vectorcall::{call_with, raw_call, MethodDef};
 use crate::hasher::BlockHasher;
 
 static APPEND_OUTPUT_TOKEN_IDS: MethodDef = MethodDef(ffi::PyMethodDef {
@@ -94,7 +94,7 @@ pub fn token_append(
             request_class.name()?
         )));
     }
-    super::method_descriptor(&APPEND_OUTPUT_TOKEN_IDS, request_class)
+    super::vectorcall::method_descriptor(&APPEND_OUTPUT_TOKEN_IDS, request_class)
 }
 
 unsafe extern "C" fn append_fast(

@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyList, PyString, PyTuple, PyType};
 
-use super::{call_with, raw_call, MethodDef};
+use super::vectorcall::{call_with, raw_call, MethodDef};
 use crate::blocks::KVCacheBlocks;
 
 static GET_BLOCK_IDS: MethodDef = MethodDef(ffi::PyMethodDef {
@@ -41,7 +41,7 @@ pub fn install(ty: &Bound<'_, PyType>) -> PyResult<()> {
     ALLOW_NONE.get_or_init(py, || PyString::intern(py, "allow_none").unbind());
     ty.setattr(
         "get_block_ids",
-        super::method_descriptor(&GET_BLOCK_IDS, ty)?,
+        super::vectorcall::method_descriptor(&GET_BLOCK_IDS, ty)?,
     )
 }
 

@@ -13,8 +13,8 @@ use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 
-use super::{call_with, held_request, plain_count, raw_call, MethodDef};
-use crate::NativeManager;
+use super::vectorcall::{call_with, held_request, plain_count, raw_call, MethodDef};
+use crate::native_manager::NativeManager;
 
 static CACHE_BLOCKS: MethodDef = MethodDef(ffi::PyMethodDef {
     ml_name: c"cache_blocks".as_ptr(),
@@ -28,7 +28,7 @@ static CACHE_BLOCKS: MethodDef = MethodDef(ffi::PyMethodDef {
 /// A method descriptor of `cls` (a `NativeManager` subclass: CPython
 /// checks every `self` against it) calling `cache_blocks`.
 pub fn cache_blocks_descriptor(cls: &Bound<'_, pyo3::types::PyType>) -> PyResult<PyObject> {
-    super::method_descriptor(&CACHE_BLOCKS, cls)
+    super::vectorcall::method_descriptor(&CACHE_BLOCKS, cls)
 }
 
 unsafe extern "C" fn cache_blocks_fast(

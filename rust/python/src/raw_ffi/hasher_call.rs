@@ -9,7 +9,7 @@
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-use super::{bind, raw_call, MethodDef};
+use super::vectorcall::{bind, raw_call, MethodDef};
 use crate::hasher::BlockHasher;
 
 static REQUEST_BLOCK_HASHER: MethodDef = MethodDef(ffi::PyMethodDef {

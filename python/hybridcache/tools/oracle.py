@@ -1,0 +1,120 @@
+"""The vLLM side of the differential tools: importing vLLM (the oracle)
+quietly, checking that it is a release the tools compare against
+(`hybridcache.releases`, `tools_oracle`), keeping its and torch's log lines out
+of a run, and the one-line message a tool gives when vLLM, torch or another
+optional package is missing.
+
+Nothing here imports vLLM or torch at module import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from hybridcache import releases
+
+# The releases the tools' call-by-call comparison runs against.
+ORACLE_RELEASES: tuple[releases.Release, ...] = tuple(r for r in releases.RELEASES if r.tools_oracle)
+# The releases the differential fuzz replays (`--release`, `tools.release_api`).
+FUZZ_RELEASES: tuple[str, ...] = releases.SUPPORTED_VLLM_VERSIONS
+# Loggers of the optional packages whose chatter the tools keep out of sight.
+NOISY_LOGGERS = ("vllm", "torch")
+
+
+@contextlib.contextmanager
+def quiet_logs(level: int = logging.ERROR) -> Iterator[None]:
+    """Only log records of `level` and above get out inside the block: vLLM's
+    and torch's loggers are set to `level`, and because torch and vLLM reset
+    their loggers when first imported (hybridcache's manager imports vLLM's
+    stats class lazily), lower records are dropped process-wide for the
+    block's duration. Keeps out e.g. vLLM's ``Failed to reset prefix cache``
+    warnings, which a trace with prefix-cache resets provokes by design."""
+    loggers = [logging.getLogger(name) for name in NOISY_LOGGERS]
+    saved = [lg.level for lg in loggers]
+    previous = logging.root.manager.disable
+    for lg in loggers:
+        lg.setLevel(max(level, lg.getEffectiveLevel()))
+    logging.disable(max(previous, level - 1))
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+        for lg, old in zip(loggers, saved):
+            lg.setLevel(old)
+
+
+def load_vllm(accepted: Any = None) -> tuple[str | None, str]:
+    """(version, note): version is set when the manager of a vLLM release
+    the tools compare against (`ORACLE_RELEASES`, or the releases in
+    `accepted`) imports.
+
+    The import is silent: torch's and vLLM's import-time log lines are
+    dropped, and vLLM's logger (which binds to stdout at import) is pointed
+    at stderr, so the output of ``--json`` stays machine-readable."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    already = "vllm.v1.core.kv_cache_manager" in sys.modules
+    previous = logging.root.manager.disable
+    try:
+        if not already:
+            # torch and vLLM configure their loggers while importing (levels
+            # set beforehand are reset), so silence logging as a whole until
+            # the import is done.
+            logging.disable(logging.WARNING)
+        with contextlib.redirect_stdout(sys.stderr):
+            import vllm
+            import vllm.v1.core.kv_cache_manager  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install
+        return None, f"vLLM not installed ({type(e).__name__}: {e})".splitlines()[0]
+    finally:
+        logging.disable(previous)
+    version = getattr(vllm, "__version__", "?")
+    release = releases.find(version)
+    accepted = ORACLE_RELEASES if accepted is None else tuple(accepted)
+    if release is None or release not in accepted:
+        return None, f"vLLM {version} is installed, not {_oracle_text(accepted)}"
+    return version, f"vLLM {version}"
+
+
+def _oracle_text(accepted: Any = None) -> str:
+    return " or ".join(r.version for r in (ORACLE_RELEASES if accepted is None else accepted))
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's release (imported quietly, local label dropped)
+    when it is one hybridcache supports, else None."""
+    version, _ = load_vllm(releases.RELEASES)
+    return None if version is None else releases.release_version(version)
+
+
+def missing(tool: str, what: str, hint: str, why: str = "") -> str:
+    """The one line a tool prints when an optional package is missing."""
+    return f"{tool}: needs {what} ({hint})" + (f"; {why}" if why else "")
+
+
+def vllm_missing(tool: str, accepted: Any = None) -> str | None:
+    """None when a vLLM the tools compare against (or one of `accepted`)
+    imports; else the one line `tool` prints (on stderr, no traceback)
+    before it exits with status 2."""
+    version, note = load_vllm(accepted)
+    if version is not None:
+        return None
+    rows = ORACLE_RELEASES if accepted is None else tuple(accepted)
+    hint = " or ".join(r.install_hint for r in rows)
+    return missing(tool, f"vLLM {_oracle_text(rows)} and torch", hint, note)
+
+
+def module_needs_vllm(version: str) -> Any:
+    """For a test module that compares against vLLM `version`: the vLLM
+    module, or the whole module skipped (with the installed version named)
+    where another release or none is installed."""
+    import pytest
+
+    vllm = pytest.importorskip("vllm", reason=f"needs vLLM {version}")
+    if releases.find(vllm.__version__) is not releases.find(version):
+        pytest.skip(f"needs vLLM {version}, found {vllm.__version__}", allow_module_level=True)
+    return vllm

@@ -1,0 +1,99 @@
+//! `NativeManager`'s calls for Mamba layers: a request's align state, the
+//! state-copy plans around a speculative step, and the align boundary
+//! states cached for a KV connector to offload.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyDict, PyList};
+
+use crate::convert::{count_obj, guard, int_list};
+use crate::native_manager::NativeManager;
+
+#[pymethods]
+impl NativeManager {
+    /// Mamba align state of a request in a group:
+    /// (last_state_block_idx or None, allocated), or None.
+    fn align_state(
+        &self,
+        request_id: &str,
+        group: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<(Option<usize>, bool)>> {
+        let group = count_obj("group", group)?;
+        Ok(self
+            .inner
+            .align_state(request_id, group)
+            .map(|a| (a.last_state_block_idx, a.allocated)))
+    }
+
+    /// Pre-forward Mamba state-copy plan of this step (int32 rows of
+    /// `group, dst, conv_src, temp_src, bias`, little endian) for the batch
+    /// `request_ids`, given the worker's accepted-token counts.
+    fn mamba_pre_copy_plan<'py>(
+        slf: &Bound<'py, Self>,
+        request_ids: Vec<String>,
+        num_accepted: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyByteArray>> {
+        let py = slf.py();
+        let _in_call = crate::call_guard::enter(slf, "mamba_pre_copy_plan")?;
+        let num_accepted = int_list("num_accepted", num_accepted, false)?;
+        let ids: Vec<&str> = request_ids.iter().map(String::as_str).collect();
+        let mut this = crate::call_guard::borrow_mut(slf)?;
+        let rows = guard(|| this.inner.mamba_pre_copy_plan(&ids, &num_accepted))?;
+        let bytes: Vec<u8> = rows
+            .iter()
+            .flatten()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        Ok(PyByteArray::new(py, &bytes))
+    }
+
+    /// Post-verification selection plan: (int32 rows as bytes, columns).
+    fn mamba_post_select_plan<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: Vec<String>,
+        num_draft: &Bound<'py, PyAny>,
+    ) -> PyResult<(Bound<'py, PyByteArray>, usize)> {
+        let num_draft: Vec<usize> = int_list("num_draft", num_draft, true)?
+            .into_iter()
+            .map(|d| d as usize)
+            .collect();
+        let ids: Vec<&str> = request_ids.iter().map(String::as_str).collect();
+        let (rows, cols) = guard(|| self.inner.mamba_post_select_plan(&ids, &num_draft))?;
+        let bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Ok((PyByteArray::new(py, &bytes), cols))
+    }
+
+    /// Mamba align boundary states cached since the last take: {request
+    /// id: [(group, block id, boundary tokens), ...]}, oldest first.
+    fn _take_boundary_state_offloads<'py>(
+        &mut self,
+        py: Python<'py>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        self.boundary_state_offloads(py)
+    }
+}
+
+impl NativeManager {
+    /// vLLM 0.33.0's `take_boundary_state_offloads`, drained: {request id:
+    /// [(group, block id, boundary tokens), ...]}, requests in the order of
+    /// their first entry. Built here: at 1024 running a step has hundreds.
+    pub(crate) fn boundary_state_offloads<'py>(
+        &mut self,
+        py: Python<'py>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        let mut lists: std::collections::HashMap<u32, Bound<'py, PyList>> = Default::default();
+        for (slot, group, block, tokens) in self.inner.take_boundary_state_offloads() {
+            let list = match lists.entry(slot) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let list = PyList::empty(py);
+                    out.set_item(self.inner.request_id_at(slot), &list)?;
+                    e.insert(list)
+                }
+            };
+            list.append((group, block, tokens))?;
+        }
+        Ok(out)
+    }
+}

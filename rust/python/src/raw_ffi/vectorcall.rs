@@ -1,0 +1,379 @@
+//! What the raw entry points share: static method definitions and the
+//! builtins and descriptors made of them, the guarded body of a vectorcall
+//! (`raw_call`), argument access, the request lookup of the hot calls and
+//! the prefetch they issue.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+pub(crate) struct MethodDef(pub(crate) ffi::PyMethodDef);
+// SAFETY: CPython only reads the definition, whose pointers are to statics.
+unsafe impl Sync for MethodDef {}
+
+/// A new builtin of `def` bound to `to` (its `self`).
+pub(crate) fn bind(def: &'static MethodDef, to: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+    let def = std::ptr::addr_of!(def.0).cast_mut();
+    // SAFETY: `def` is a static definition CPython never writes to; the
+    // result is a new reference, or NULL with an exception set.
+    unsafe {
+        let f = ffi::PyCFunction_NewEx(def, to.as_ptr(), std::ptr::null_mut());
+        Bound::from_owned_ptr_or_err(to.py(), f).map(Bound::unbind)
+    }
+}
+
+/// A new method descriptor of `def` for class `cls`: CPython checks that
+/// every `self` it passes is an instance of `cls`, and specializes calls on
+/// instances of exactly `cls`.
+pub(crate) fn method_descriptor(
+    def: &'static MethodDef,
+    cls: &Bound<'_, pyo3::types::PyType>,
+) -> PyResult<PyObject> {
+    let def = std::ptr::addr_of!(def.0).cast_mut();
+    // SAFETY: `def` is a static definition CPython never writes to; `cls`
+    // is a live type; the result is a new reference, or NULL with an
+    // exception set.
+    unsafe {
+        let d = ffi::PyDescr_NewMethod(cls.as_type_ptr(), def);
+        Bound::from_owned_ptr_or_err(cls.py(), d).map(Bound::unbind)
+    }
+}
+
+/// The body of a raw (vectorcall) entry point: `f` runs with the GIL's
+/// token; CPython gets the object, or NULL with the error set (a panic
+/// becomes a RuntimeError).
+///
+/// # Safety
+/// Called by CPython, with the GIL held.
+pub(crate) unsafe fn raw_call(
+    f: impl FnOnce(Python<'_>) -> PyResult<PyObject>,
+) -> *mut ffi::PyObject {
+    // SAFETY: as this function's.
+    let py = unsafe { Python::assume_gil_acquired() };
+    match catch_unwind(AssertUnwindSafe(|| f(py))) {
+        Ok(Ok(obj)) => obj.into_ptr(),
+        Ok(Err(e)) => {
+            e.restore(py);
+            std::ptr::null_mut()
+        }
+        Err(_) => {
+            PyRuntimeError::new_err("hybridcache core panicked (bug); state may be inconsistent")
+                .restore(py);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Asks the CPU to bring the line at `p` into cache (no effect elsewhere
+/// than x86-64): the hot calls prefetch what the next call will read.
+#[inline(always)]
+pub(crate) fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing and never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// A non-negative int, or None where it is not one (no exception left set).
+///
+/// # Safety
+/// `obj` is a live object; the GIL is held.
+pub(crate) unsafe fn plain_count(obj: *mut ffi::PyObject) -> Option<usize> {
+    // SAFETY: as this function's.
+    unsafe {
+        if ffi::PyLong_Check(obj) == 0 {
+            return None;
+        }
+        let v = ffi::PyLong_AsLong(obj);
+        if v == -1 && !ffi::PyErr_Occurred().is_null() {
+            ffi::PyErr_Clear();
+        }
+        usize::try_from(v).ok()
+    }
+}
+
+/// The handle of a hot call's request: by the request object when this
+/// object was seen before and its slot still holds it. None: an object the
+/// manager does not know (the full path reads and judges it; see
+/// `learn_request`). An error: a read of the request raised (it propagates
+/// unchanged), the request's id was changed while the manager holds it, or
+/// another live request holds its id. With the handle: the request's
+/// `__dict__` where its fields are that dict's entries (the caller reads
+/// them there). The call the scheduler made after this one last time has
+/// its entry and decode data prefetched.
+///
+/// # Safety
+/// `request` is a live object; the GIL is held.
+#[inline]
+pub(crate) unsafe fn held_request<'py>(
+    py: Python<'py>,
+    this: &mut crate::native_manager::NativeManager,
+    request: *mut ffi::PyObject,
+) -> PyResult<Option<(u64, Option<Bound<'py, PyDict>>)>> {
+    if let Some((handle, next)) = this.ids.get_hot_request(request as usize) {
+        if let Some(n) = next {
+            prefetch(n.entry);
+            this.inner.for_each_decode_line(n.handle, prefetch);
+        }
+        if let Some(slot) = this.inner.slot_of_handle(handle) {
+            // SAFETY: as this function's.
+            let dict = unsafe { check_id(py, this, request, slot) }?;
+            return Ok(Some((handle, dict)));
+        }
+    }
+    // SAFETY: as this function's.
+    unsafe { learn_request(py, this, request) }
+}
+
+/// Whether the held request in `slot` (known by its object) still has the
+/// id it was admitted with: its `__dict__` entry is the very str the
+/// manager keeps (one dict lookup), or its `request_id` reads equal to it.
+/// ValueError naming both ids when it was renamed (or swapped). Returns
+/// the request's `__dict__` where its fields are that dict's entries.
+///
+/// # Safety
+/// `request` is a live object; the GIL is held.
+#[inline]
+unsafe fn check_id<'py>(
+    py: Python<'py>,
+    this: &crate::native_manager::NativeManager,
+    request: *mut ffi::PyObject,
+    slot: u32,
+) -> PyResult<Option<Bound<'py, PyDict>>> {
+    if !this.ids.fields_in_dict(slot) {
+        // SAFETY: as this function's.
+        unsafe { check_id_read(py, this, request, slot) }?;
+        return Ok(None);
+    }
+    // SAFETY: `request` is live and the GIL is held; the dict is a new
+    // reference (owned by the Bound), or NULL with an exception set; the
+    // entry read is borrowed from the dict, compared by address only.
+    unsafe {
+        let d = ffi::PyObject_GenericGetDict(request, std::ptr::null_mut());
+        let dict = Bound::from_owned_ptr_or_err(py, d)?.downcast_into_unchecked::<PyDict>();
+        let v = ffi::PyDict_GetItemWithError(dict.as_ptr(), pyo3::intern!(py, "request_id").as_ptr());
+        let same = this.ids.id_at(slot).is_some_and(|id| id.as_ptr() == v);
+        if !same {
+            if v.is_null() && !ffi::PyErr_Occurred().is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            check_id_read(py, this, request, slot)?;
+        }
+        Ok(Some(dict))
+    }
+}
+
+/// `check_id` by reading `request.request_id` (any error propagates).
+///
+/// # Safety
+/// `request` is a live object; the GIL is held.
+#[cold]
+#[inline(never)]
+unsafe fn check_id_read(
+    py: Python<'_>,
+    this: &crate::native_manager::NativeManager,
+    request: *mut ffi::PyObject,
+    slot: u32,
+) -> PyResult<()> {
+    // SAFETY: `request` is live (this function's contract).
+    let request = unsafe { Borrowed::from_ptr(py, request) };
+    let rid = crate::py_args::request_id(&request)?;
+    let held = this.inner.request_id_at(slot);
+    if rid.to_str()? == held {
+        return Ok(());
+    }
+    Err(crate::calls::renamed_error(held, rid.to_str()?))
+}
+
+/// `request.<name>` from its `__dict__` (see `held_request`) as a plain
+/// count; None where it is something else (the full path names it). A
+/// missing entry is read the generic way (its error is the full path's).
+///
+/// # Safety
+/// `request` is a live object; the GIL is held.
+#[inline]
+pub(crate) unsafe fn dict_count(
+    py: Python<'_>,
+    dict: &Bound<'_, PyDict>,
+    request: *mut ffi::PyObject,
+    name: &Bound<'_, pyo3::types::PyString>,
+) -> PyResult<Option<usize>> {
+    // SAFETY: a live dict and a str; the entry is borrowed, read at once.
+    unsafe {
+        let v = ffi::PyDict_GetItemWithError(dict.as_ptr(), name.as_ptr());
+        if !v.is_null() {
+            return Ok(plain_count(v));
+        }
+        if !ffi::PyErr_Occurred().is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        attr_count(py, request, name)
+    }
+}
+
+/// `request.<name>` as a plain count; None where it is something else
+/// (the full path names the problem). A read that failed is the error the
+/// full path gives (never read again there: the caller's own error
+/// propagates unchanged, the manager untouched).
+///
+/// # Safety
+/// `request` is a live object; the GIL is held.
+#[cold]
+#[inline(never)]
+pub(crate) unsafe fn attr_count(
+    py: Python<'_>,
+    request: *mut ffi::PyObject,
+    name: &Bound<'_, pyo3::types::PyString>,
+) -> PyResult<Option<usize>> {
+    // SAFETY: as this function's; the attribute is a new reference, released here.
+    unsafe {
+        let v = ffi::PyObject_GetAttr(request, name.as_ptr());
+        if v.is_null() {
+            return Err(read_error(py, request, name));
+        }
+        let n = plain_count(v);
+        ffi::Py_DECREF(v);
+        Ok(n)
+    }
+}
+
+/// The error of a failed attribute read, as the full path gives it (a
+/// missing attribute names what was expected; any other error unchanged).
+///
+/// # Safety
+/// `request` is a live object; the GIL is held; the error is set.
+#[cold]
+#[inline(never)]
+unsafe fn read_error(
+    py: Python<'_>,
+    request: *mut ffi::PyObject,
+    name: &Bound<'_, pyo3::types::PyString>,
+) -> PyErr {
+    let e = PyErr::fetch(py);
+    // SAFETY: as this function's.
+    let request = unsafe { Borrowed::from_ptr(py, request) };
+    crate::convert::not_a_request(&request, name, e)
+}
+
+/// `held_request` for a request object the manager does not know: None
+/// (the full path serves it) unless its id names a held request, which
+/// another live object then holds: ValueError. Every allocation remembers
+/// its request object, so a held request's own object is always known.
+/// Out of line: the hot calls' code stays a few cache lines.
+///
+/// # Safety
+/// As `held_request`'s.
+#[cold]
+#[inline(never)]
+unsafe fn learn_request<'py>(
+    py: Python<'py>,
+    this: &mut crate::native_manager::NativeManager,
+    request: *mut ffi::PyObject,
+) -> PyResult<Option<(u64, Option<Bound<'py, PyDict>>)>> {
+    // SAFETY: `request` is live (this function's contract).
+    let request = unsafe { Borrowed::from_ptr(py, request) };
+    // A read that fails fails as the full path's (which does not read again).
+    let rid = crate::convert::req_attr(&request, pyo3::intern!(py, "request_id"))?;
+    // Only str ids are cached (by address: the cache holds the str).
+    let Ok(rid) = rid.downcast::<pyo3::types::PyString>() else {
+        return Ok(None);
+    };
+    let Some(handle) = this.ids.get(rid) else {
+        return Ok(None);
+    };
+    let Some(slot) = this.inner.slot_of_handle(handle) else {
+        return Ok(None);
+    };
+    if this.held_object(slot).is_some() {
+        return Err(crate::calls::second_request_error(this.inner.request_id_at(slot)));
+    }
+    Ok(None)
+}
+
+/// Whether `request`'s `request_id` and `num_computed_tokens` are its
+/// `__dict__`'s entries: its type reads attributes the generic way and has
+/// no class attribute of either name (checked once, when the request is
+/// remembered; the hot calls then read the dict, as the generic lookup
+/// would, at a fraction of its cost).
+pub(crate) fn fields_in_dict(request: &Bound<'_, PyAny>) -> bool {
+    let py = request.py();
+    let ty = request.get_type();
+    // SAFETY: a live type; the slot is read, not called.
+    let getattro = unsafe { ffi::PyType_GetSlot(ty.as_type_ptr(), ffi::Py_tp_getattro) };
+    getattro == ffi::PyObject_GenericGetAttr as *mut std::ffi::c_void
+        && [pyo3::intern!(py, "request_id"), pyo3::intern!(py, "num_computed_tokens")]
+            .iter()
+            .all(|name| matches!(ty.hasattr(*name), Ok(false)))
+}
+
+/// A vectorcall's arguments as objects: the positional values, then the
+/// keyword (name, value) pairs.
+pub(crate) struct CallArgs<'py> {
+    pub positional: Vec<Bound<'py, PyAny>>,
+    pub keywords: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+}
+
+/// # Safety
+/// `args`, `nargs` and `kwnames` follow the vectorcall contract and are
+/// live for the call; the GIL is held.
+pub(crate) unsafe fn call_args<'py>(
+    py: Python<'py>,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> PyResult<CallArgs<'py>> {
+    let names = if kwnames.is_null() {
+        None
+    } else {
+        // SAFETY: a non-NULL kwnames is a live tuple of str.
+        Some(unsafe { Bound::from_borrowed_ptr(py, kwnames) }.downcast_into::<PyTuple>()?)
+    };
+    let nargs = usize::try_from(nargs).unwrap_or(0);
+    let num_kw = names.as_ref().map_or(0, |n| n.len());
+    // SAFETY: `args` holds `nargs + num_kw` live pointers for the call.
+    let values = unsafe { std::slice::from_raw_parts(args, nargs + num_kw) };
+    // SAFETY: as above.
+    let value = |i: usize| unsafe { Bound::from_borrowed_ptr(py, values[i]) };
+    let keywords = names.iter().flat_map(|n| n.iter()).enumerate();
+    Ok(CallArgs {
+        positional: (0..nargs).map(value).collect(),
+        keywords: keywords.map(|(k, name)| (name, value(nargs + k))).collect(),
+    })
+}
+
+/// `callable(*front, *args, **kwargs)` from a vectorcall's arguments (the
+/// general spelling of a raw method: Python's own argument matching).
+///
+/// # Safety
+/// As `call_args`.
+pub(crate) unsafe fn call_with(
+    callable: &Bound<'_, PyAny>,
+    front: Option<&Bound<'_, PyAny>>,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> PyResult<PyObject> {
+    let py = callable.py();
+    // SAFETY: as this function's.
+    let CallArgs {
+        positional,
+        keywords,
+    } = unsafe { call_args(py, args, nargs, kwnames) }?;
+    let positional = front.into_iter().cloned().chain(positional);
+    let kwargs = pyo3::types::PyDict::new(py);
+    for (name, v) in keywords {
+        kwargs.set_item(name, v)?;
+    }
+    Ok(callable
+        .call(
+            PyTuple::new(py, positional.collect::<Vec<_>>())?,
+            Some(&kwargs),
+        )?
+        .unbind())
+}

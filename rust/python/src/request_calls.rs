@@ -1,0 +1,181 @@
+//! vLLM's per-request calls past allocation and lookup: a request's
+//! blocks, `free`, `cache_blocks`, window frees, evictions, the prefix
+//! cache's reset and the coordinator's block count.
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::call_guard::{borrow, borrow_mut, enter};
+use crate::convert::{self, block_ids, count_obj, guard, ids_tuple};
+use crate::native_manager::NativeManager;
+use crate::py_args::request_id;
+
+#[pymethods]
+impl NativeManager {
+    /// vLLM's `get_blocks(request_id)`: the request's blocks per group (the
+    /// shared empty `KVCacheBlocks` for a request without blocks).
+    fn get_blocks(slf: &Bound<'_, Self>, request_id: &str) -> PyResult<PyObject> {
+        let ids = borrow(slf)?.inner.get_block_ids(request_id);
+        Self::make_blocks(slf, &ids)
+    }
+
+    /// vLLM's `free(request)`: frees the request's blocks, tail first.
+    /// ValueError (nothing freed) for a held request whose id changed.
+    fn free(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        let _in_call = enter(slf, "free")?;
+        let rid_obj = request_id(request)?;
+        let rid = rid_obj.to_str()?;
+        let _held = {
+            let mut this = borrow_mut(slf)?;
+            this.check_free_identity(request, &rid_obj)?;
+            let (slot, held) = this.forget_request_object(rid);
+            #[cfg(feature = "raw-ffi")]
+            if let Some(s) = slot {
+                this.inner
+                    .for_each_free_line_at(s, crate::raw_ffi::vectorcall::prefetch);
+            }
+            #[cfg(not(feature = "raw-ffi"))]
+            let _ = slot;
+            guard(|| {
+                this.inner.free(rid);
+                Ok(())
+            })?;
+            held
+        };
+        // The request objects let go of are dropped here, the manager
+        // settled and not borrowed (a finalizer may run and call it: it is
+        // refused, this call being in progress).
+        Ok(())
+    }
+
+    /// vLLM's `cache_blocks(request, num_computed_tokens)`.
+    fn cache_blocks(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        num_computed_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let _in_call = enter(slf, "cache_blocks")?;
+        Self::cache_blocks_impl(slf, request, num_computed_tokens)
+    }
+
+    /// `num_prompt_tokens` (vLLM 0.33.0's, None: not passed) frees R-SWA gaps.
+    #[pyo3(signature = (request_id, total_computed_tokens, num_prompt_tokens=None))]
+    fn remove_skipped_blocks(
+        slf: &Bound<'_, Self>,
+        request_id: &str,
+        total_computed_tokens: &Bound<'_, PyAny>,
+        num_prompt_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let _in_call = enter(slf, "remove_skipped_blocks")?;
+        let total = count_obj("total_computed_tokens", total_computed_tokens)?;
+        let prompt = num_prompt_tokens
+            .filter(|p| !p.is_none())
+            .map(|p| count_obj("num_prompt_tokens", p))
+            .transpose()?;
+        let mut this = borrow_mut(slf)?;
+        guard(|| {
+            this.inner
+                .remove_skipped_blocks_of_prompt(request_id, total, prompt);
+            Ok(())
+        })
+    }
+
+    /// Drops the given blocks (any iterable of ids) from the prefix cache.
+    fn evict_blocks(slf: &Bound<'_, Self>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let _in_call = enter(slf, "evict_blocks")?;
+        // Read (the caller's iterable and ints run its code), then change.
+        let mut values = Vec::new();
+        for b in block_ids.try_iter()? {
+            let b = b?;
+            let v = b.extract::<i64>().map_err(|e| {
+                if convert::caller_raised(slf.py(), &e) {
+                    return e;
+                }
+                PyTypeError::new_err(format!(
+                    "evict_blocks: block_ids must be ints, got {}",
+                    convert::type_name(&b)
+                ))
+            })?;
+            values.push(v);
+        }
+        {
+            let mut this = borrow_mut(slf)?;
+            let ids = values
+                .into_iter()
+                .map(|v| this.block_id(v))
+                .collect::<PyResult<Vec<u32>>>()?;
+            guard(|| this.inner.evict_blocks(&ids))?;
+        }
+        Self::flush_events(slf, None)
+    }
+
+    fn reset_prefix_cache(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        let _in_call = enter(slf, "reset_prefix_cache")?;
+        let ok = {
+            let mut this = borrow_mut(slf)?;
+            guard(|| Ok(this.inner.reset_prefix_cache()))?
+        };
+        Self::flush_events(slf, None)?;
+        Ok(ok)
+    }
+
+    fn get_num_common_prefix_blocks(
+        slf: &Bound<'_, Self>,
+        running_request_id: &str,
+    ) -> PyResult<Vec<usize>> {
+        let _in_call = enter(slf, "get_num_common_prefix_blocks")?;
+        let mut this = borrow_mut(slf)?;
+        guard(|| Ok(this.inner.get_num_common_prefix_blocks(running_request_id)))
+    }
+
+    fn get_block_ids<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &str,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        ids_tuple(py, &self.inner.get_block_ids(request_id))
+    }
+
+    /// vLLM's `coordinator.get_num_blocks_to_allocate` (reads only).
+    #[pyo3(signature = (request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
+                        total_computed_tokens, num_tokens_main_model, apply_admission_cap=false,
+                        prefill_end=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn get_num_blocks_to_allocate(
+        &self,
+        request_id: &str,
+        num_tokens: &Bound<'_, PyAny>,
+        new_computed_blocks: &Bound<'_, PyAny>,
+        num_encoder_tokens: &Bound<'_, PyAny>,
+        total_computed_tokens: &Bound<'_, PyAny>,
+        num_tokens_main_model: &Bound<'_, PyAny>,
+        apply_admission_cap: bool,
+        prefill_end: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<i64> {
+        let nc = block_ids(
+            new_computed_blocks,
+            self.inner.pool().num_blocks(),
+            "new_computed_blocks",
+        )?;
+        let (n, e, t, mm) = (
+            count_obj("num_tokens", num_tokens)?,
+            count_obj("num_encoder_tokens", num_encoder_tokens)?,
+            count_obj("total_computed_tokens", total_computed_tokens)?,
+            count_obj("num_tokens_main_model", num_tokens_main_model)?,
+        );
+        let pe = prefill_end.map_or(Ok(0), |v| count_obj("prefill_end", v))?;
+        guard(|| {
+            self.inner.get_num_blocks_to_allocate(
+                request_id,
+                n,
+                &nc,
+                e,
+                t,
+                mm,
+                apply_admission_cap,
+                pe,
+            )
+        })
+    }
+}
