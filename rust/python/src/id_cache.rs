@@ -161,3 +161,23 @@ impl IdCache {
         self.ids.remember(id, handle);
     }
 }
+
+/// The error for a held request whose `request_id` changed.
+#[cold]
+#[inline(never)]
+pub(crate) fn renamed_error(held: &str, now: &str) -> PyErr {
+    pyo3::exceptions::PyValueError::new_err(format!(
+        "request {held:?}: its request_id was changed to {now:?} while the manager holds it \
+         (a request's id must stay the same until free(); vLLM never changes it)"
+    ))
+}
+
+/// The error for a second live request object with a held request's id.
+#[cold]
+#[inline(never)]
+pub(crate) fn second_request_error(id: &str) -> PyErr {
+    pyo3::exceptions::PyValueError::new_err(format!(
+        "request_id {id:?} is held by another live request: free() it before a new request \
+         takes its id (request ids are unique among the requests the manager holds)"
+    ))
+}

@@ -25,6 +25,7 @@ mod hash_size;
 mod hasher;
 mod hasher_methods;
 mod id_cache;
+mod identity;
 mod lookup;
 mod mamba_calls;
 mod manager_setup;

@@ -2,12 +2,14 @@
 //! blocks, `free`, `cache_blocks`, window frees, evictions, the prefix
 //! cache's reset and the coordinator's block count.
 
+use hybridcache_core::KvCacheManager;
 use pyo3::exceptions::PyTypeError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::call_guard::{borrow, borrow_mut, enter};
-use crate::convert::{self, block_ids, count_obj, guard, ids_tuple};
+use crate::convert::{self, block_ids, count_obj, guard, ids_tuple, req_attr};
 use crate::native_manager::NativeManager;
 use crate::py_args::request_id;
 
@@ -177,5 +179,88 @@ impl NativeManager {
                 pe,
             )
         })
+    }
+}
+
+/// The request fields the core keeps for a `cache_blocks` call, read
+/// when it wants them: `shared_prefix_boundary` and `num_computed_tokens`.
+/// Both are read before either is set (a read that raises changes nothing).
+pub(crate) fn cache_fields(
+    inner: &KvCacheManager,
+    request: &Bound<'_, PyAny>,
+) -> PyResult<(Option<usize>, Option<usize>)> {
+    let py = request.py();
+    let boundary = if inner.wants_shared_prefix_boundary() {
+        let b = req_attr(request, intern!(py, "shared_prefix_boundary"))?;
+        Some(count_obj("request.shared_prefix_boundary", &b)?)
+    } else {
+        None
+    };
+    let computed = if inner.wants_num_computed_tokens() {
+        let n = req_attr(request, intern!(py, "num_computed_tokens"))?;
+        Some(count_obj("request.num_computed_tokens", &n)?)
+    } else {
+        None
+    };
+    Ok((boundary, computed))
+}
+
+/// `cache_blocks` of a held request (`slot`): the hashes it lacks, its
+/// shared-prefix boundary and computed count where the core keeps them
+/// (all read first), then the core's call.
+pub(crate) fn cache_held(
+    this: &mut NativeManager,
+    request: &Bound<'_, PyAny>,
+    slot: u32,
+    num_computed_tokens: usize,
+) -> PyResult<()> {
+    let update = this.pending_hashes_at(request, Some(slot))?;
+    let (boundary, computed) = cache_fields(&this.inner, request)?;
+    if let Some(b) = boundary {
+        this.inner.set_shared_prefix_boundary_at(slot, b);
+    }
+    if let Some(n) = computed {
+        this.inner.set_num_computed_tokens_at(slot, n);
+    }
+    guard(|| {
+        this.inner
+            .cache_blocks_held(slot, num_computed_tokens, update)
+    })
+}
+
+impl NativeManager {
+    /// `cache_blocks` after the call guard (the PyO3 method and the raw
+    /// entry land here).
+    pub(crate) fn cache_blocks_impl(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        num_computed_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let n = count_obj("num_computed_tokens", num_computed_tokens)?;
+        let rid = crate::py_args::request_id(request)?;
+        if !crate::call_guard::borrow(slf)?.inner.enable_caching() {
+            return Ok(());
+        }
+        let source = Self::event_source(slf, request)?;
+        {
+            let mut this = crate::call_guard::borrow_mut(slf)?;
+            // A held request by its id object's address (0.33.0 caches
+            // every running request every step): no str hashing.
+            if let Some(slot) = this.checked_slot(request, &rid)? {
+                cache_held(&mut this, request, slot, n)?;
+            } else {
+                let rid = rid.to_str()?;
+                let update = this.pending_hashes(request, rid)?;
+                let (boundary, computed) = cache_fields(&this.inner, request)?;
+                if let Some(b) = boundary {
+                    this.inner.set_shared_prefix_boundary(rid, b);
+                }
+                if let Some(c) = computed {
+                    this.inner.set_num_computed_tokens(rid, c);
+                }
+                guard(|| this.inner.cache_blocks(rid, n, update))?;
+            }
+        }
+        Self::flush_events(slf, Some(source.as_ref().unwrap_or(request)))
     }
 }

@@ -188,7 +188,7 @@ unsafe fn check_id_read(
     if rid.to_str()? == held {
         return Ok(());
     }
-    Err(crate::calls::renamed_error(held, rid.to_str()?))
+    Err(crate::id_cache::renamed_error(held, rid.to_str()?))
 }
 
 /// `request.<name>` from its `__dict__` (see `held_request`) as a plain
@@ -291,7 +291,7 @@ unsafe fn learn_request<'py>(
         return Ok(None);
     };
     if this.held_object(slot).is_some() {
-        return Err(crate::calls::second_request_error(this.inner.request_id_at(slot)));
+        return Err(crate::id_cache::second_request_error(this.inner.request_id_at(slot)));
     }
     Ok(None)
 }
