@@ -99,9 +99,9 @@ pub(crate) unsafe fn plain_count(obj: *mut ffi::PyObject) -> Option<usize> {
 }
 
 /// The handle of a hot call's request: by the request object when this
-/// object was seen before and its slot still holds it. None: an object the
-/// manager does not know (the full path reads and judges it; see
-/// `learn_request`). An error: a read of the request raised (it propagates
+/// object was seen before and its slot still holds it (every allocation
+/// remembers its request's object). None: an object the manager does not
+/// know (the full path reads and judges it). An error: a read of the request raised (it propagates
 /// unchanged), the request's id was changed while the manager holds it, or
 /// another live request holds its id. With the handle: the request's
 /// `__dict__` where its fields are that dict's entries (the caller reads
@@ -127,8 +127,10 @@ pub(crate) unsafe fn held_request<'py>(
             return Ok(Some((handle, dict)));
         }
     }
-    // SAFETY: as this function's.
-    unsafe { learn_request(py, this, request) }
+    // An object the manager does not know (or no longer holds): the full
+    // path reads it and judges it (a second live request with a held id,
+    // whatever it is, errors in the full path's order).
+    Ok(None)
 }
 
 /// Whether the held request in `slot` (known by its object) still has the
@@ -259,41 +261,6 @@ unsafe fn read_error(
     // SAFETY: as this function's.
     let request = unsafe { Borrowed::from_ptr(py, request) };
     crate::convert::not_a_request(&request, name, e)
-}
-
-/// `held_request` for a request object the manager does not know: None
-/// (the full path serves it) unless its id names a held request, which
-/// another live object then holds: ValueError. Every allocation remembers
-/// its request object, so a held request's own object is always known.
-/// Out of line: the hot calls' code stays a few cache lines.
-///
-/// # Safety
-/// As `held_request`'s.
-#[cold]
-#[inline(never)]
-unsafe fn learn_request<'py>(
-    py: Python<'py>,
-    this: &mut crate::native_manager::NativeManager,
-    request: *mut ffi::PyObject,
-) -> PyResult<Option<(u64, Option<Bound<'py, PyDict>>)>> {
-    // SAFETY: `request` is live (this function's contract).
-    let request = unsafe { Borrowed::from_ptr(py, request) };
-    // A read that fails fails as the full path's (which does not read again).
-    let rid = crate::convert::req_attr(&request, pyo3::intern!(py, "request_id"))?;
-    // Only str ids are cached (by address: the cache holds the str).
-    let Ok(rid) = rid.downcast::<pyo3::types::PyString>() else {
-        return Ok(None);
-    };
-    let Some(handle) = this.ids.get(rid) else {
-        return Ok(None);
-    };
-    let Some(slot) = this.inner.slot_of_handle(handle) else {
-        return Ok(None);
-    };
-    if this.held_object(slot).is_some() {
-        return Err(crate::id_cache::second_request_error(this.inner.request_id_at(slot)));
-    }
-    Ok(None)
 }
 
 /// Whether `request`'s `request_id` and `num_computed_tokens` are its
