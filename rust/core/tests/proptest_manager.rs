@@ -170,7 +170,9 @@ fn make_manager(
         hash_block_size: hbs,
         profile: if matches!(
             mix,
-            Mix::PartialHitsMambaAlign | Mix::PartialHitsMambaAlignCheckpoints | Mix::PartialHitsWideSw
+            Mix::PartialHitsMambaAlign
+                | Mix::PartialHitsMambaAlignCheckpoints
+                | Mix::PartialHitsWideSw
         ) {
             BehaviourProfile::PARTIAL_BLOCK_HITS
         } else {
