@@ -1,6 +1,6 @@
 """A minimal request type for users without vLLM.
 
-It carries every attribute vLLM 0.23.0's KVCacheManager reads from a
+It carries every attribute vLLM's KVCacheManager reads from a
 ``vllm.v1.request.Request`` (so the very same object can be handed to vLLM's
 manager and to hybridcache's), and keeps ``block_hashes`` up to date as tokens
 are appended, the way vLLM's request block hasher does.
