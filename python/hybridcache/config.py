@@ -382,8 +382,9 @@ RETENTION_ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
 def read_retention_interval(groups: list[GroupInfo], scheduler_block_size: int) -> int | None:
     """VLLM_PREFIX_CACHE_RETENTION_INTERVAL as vLLM reads it under the
     whole-block-hits profile when it builds a manager (`int(...)` of the
-    variable; unset: None, dense caching) and checks it: only a model with a sliding-window group, and a
-    non-negative multiple of `scheduler_block_size`. ValueError otherwise."""
+    variable; unset: None, dense caching) and checks it: only a model with
+    a sliding-window group, and a non-negative multiple of
+    `scheduler_block_size`. ValueError otherwise."""
     raw = os.environ.get(RETENTION_ENV)
     if raw is None:
         return None
