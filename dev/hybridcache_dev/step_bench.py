@@ -28,7 +28,7 @@ appends (`step_profile`, not timed) splits each step into the manager,
 request block hashing and the rest (vLLM's scheduler code), and times each
 manager method in situ, stock's, hybridcache's and the floor's.
 
-This module needs vLLM 0.23.0 and torch; `import hybridcache` never loads it.
+This module needs a supported vLLM (the release table's) and torch; `import hybridcache` never loads it.
 """
 
 from __future__ import annotations
