@@ -18,7 +18,8 @@
 #     with its dependencies (torch's PyPI wheel is the CUDA build, whose
 #     import needs its nvidia-* libraries even on a CPU machine; ~5 GB) and
 #     the packages of the release that created it
-#     (scripts/oracle/vllm-VERSION.txt, installed with their dependencies). Releases that pin the same torch share it.
+#     (scripts/oracle/vllm-VERSION.txt, installed with their dependencies).
+#     Releases that pin the same torch share it.
 #   * the release's venv, VENV: vllm==VERSION without its dependency tree
 #     (--no-deps: none of flashinfer, torchaudio, ...), a .pth file that puts
 #     the torch venv's site-packages on sys.path after its own, and only what
