@@ -22,7 +22,8 @@
 # (scripts/run_vllm_peer_tests.py supplies the markers and the offline model
 # config the tests ask for).
 #
-# Usage: bash scripts/fetch_vllm_tests.sh [VERSION] [CACHE]   (VERSION default the release table's first; idempotent)
+# Usage: bash scripts/fetch_vllm_tests.sh [VERSION] [CACHE]
+#   (VERSION default the release table's first; idempotent)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
