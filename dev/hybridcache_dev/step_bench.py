@@ -208,7 +208,7 @@ def build_scheduler(cfg: StepConfig, variant: str) -> Any:
             block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=cfg.sliding_window)))
     kv_cache_config = KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     if hasattr(kv_cache_config, "prefix_cache_retention_interval"):
-        # vLLM 0.30+: the engine copies the cache config's retention (0 by
+        # vLLM's engine copies the cache config's retention (0 by
         # default: sparse, replay boundaries only) into the KV cache config.
         kv_cache_config.prefix_cache_retention_interval = getattr(
             cache_config, "prefix_cache_retention_interval", None)

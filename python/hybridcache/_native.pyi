@@ -212,11 +212,11 @@ class NativeManager:
         never cached (its `num_prefill_lookahead - 1`); set before the first
         request."""
     def _set_watermark(self, blocks: int, statuses: list[Any]) -> None:
-        """vLLM 0.24+'s watermark: `blocks` stay free when a request whose
+        """vLLM's watermark: `blocks` stay free when a request whose
         `status` equals one of `statuses` is admitted while others are
         scheduled (`allocate_slots(..., has_scheduled_reqs=True)`)."""
     def _pop_blocks_for_free(self, request_id: str) -> list[int]:
-        """vLLM 0.24+'s `pop_blocks_for_free`, as block ids: the request is
+        """vLLM's `pop_blocks_for_free`, as block ids: the request is
         forgotten; its blocks (table order, leading null blocks left out)
         stay referenced until `_free_handed_out`."""
     def _num_cached_blocks(self, request_id: str, group: int) -> int | None:
@@ -228,7 +228,7 @@ class NativeManager:
         record new block ids (ValueError if `start_token` is not a multiple
         of their block size)."""
     def _free_handed_out(self, blocks: Iterable[Any]) -> None:
-        """vLLM 0.28+'s `block_pool.free_blocks(blocks)` for blocks
+        """vLLM's `block_pool.free_blocks(blocks)` for blocks
         `_pop_blocks_for_free` handed out (objects with `block_id`, or ids),
         in eviction order: unhashed ones (all with caching off) are reused
         first, cached ones last. ValueError, nothing freed, for a block not

@@ -262,7 +262,7 @@ class NativeGroup:
     window_or_chunk: int
     mamba_cache_mode: MambaCacheMode
     num_speculative_blocks: int
-    # Mamba align prefill checkpoints (vLLM 0.29+): (alignment,
+    # Mamba align prefill checkpoints: (alignment,
     # hash_block_size, num_hash_lookahead_tokens, drop_eagle_block,
     # only_at_prefill_end), or None; set by a release's facade that has them.
     mamba_checkpoints: tuple[int, int, int, bool, bool] | None = None

@@ -309,7 +309,7 @@ impl BlockPool {
         }
     }
 
-    /// vLLM 0.28+'s `free_blocks`: drops one reference from each block in
+    /// vLLM's `free_blocks`: drops one reference from each block in
     /// eviction order; of those reaching zero, blocks without a hash (every
     /// block when caching is off) join the front in that order, to be
     /// reused first, and cached ones the back (LRU). Null entries are

@@ -54,7 +54,7 @@ pub struct GroupSpec {
     /// Per-request admission cap in blocks (sliding window, chunked local),
     /// as the spec's `max_admission_blocks_per_request` gives it.
     pub admission_cap: Option<usize>,
-    /// Mamba align prefill checkpoint blocks (vLLM 0.29+'s
+    /// Mamba align prefill checkpoint blocks (vLLM's
     /// `num_prefill_checkpoint_blocks > 0`, with an alignment): a chunk may
     /// reserve the block before its running state for an exported state.
     pub mamba_checkpoints: Option<MambaCheckpoints>,

@@ -46,7 +46,7 @@ impl SingleTypeManager {
         }
     }
 
-    /// vLLM 0.24+'s `pop_blocks_for_free`: forgets the request's table and
+    /// vLLM's `pop_blocks_for_free`: forgets the request's table and
     /// returns its blocks in table order, leading null blocks left out,
     /// still holding their references (the caller frees them later).
     pub fn pop_blocks(&mut self, slot: ReqSlot) -> Vec<BlockId> {

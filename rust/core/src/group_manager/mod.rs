@@ -468,7 +468,7 @@ impl SingleTypeManager {
         );
     }
 
-    /// Mamba align (0.29+): whether an allocation for the chunk
+    /// Mamba align: whether an allocation for the chunk
     /// `query_start..query_end` reserves a prefill checkpoint block, judged
     /// on the table as it is before the call (`Mamba::needs_checkpoint`).
     pub fn align_checkpoint(

@@ -77,7 +77,7 @@ pub struct AllocateArgs<'a> {
     pub full_sequence_must_fit: bool,
     pub reserved_blocks: usize,
     /// Free blocks to keep beyond the allocation when admitting a waiting
-    /// request (0.24+'s watermark; the caller decides when it applies).
+    /// request (vLLM's watermark; the caller decides when it applies).
     pub watermark_blocks: usize,
     /// `request.num_prompt_tokens`, kept for the request's lifetime; pass
     /// it when `wants_num_prompt_tokens` (None otherwise: nothing changes).
