@@ -7,19 +7,22 @@ operations on given setups (for tests that draw their own)."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import random
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 from hybridcache import releases
 from hybridcache.tools.fuzz_setup import Figures, RngChooser, Setup
 from hybridcache.tools.release_api import ReleaseApi
 
-# Each release's driver class ("module:Class"), by its folder in the table.
-DRIVERS = {
-    "v0_23": "hybridcache_dev.fuzz_driver:Driver",
-    "v0_33": "hybridcache_dev.v0_33.fuzz_mamba_guard:Driver033Guarded",
-}
+
+def _has_package(folder: str) -> bool:
+    """Whether the release in `folder` has its own driver package,
+    `hybridcache_dev.<folder>` (exporting `Driver` and `guard_reference`):
+    only a release whose scheduler issues its calls differently has one."""
+    return importlib.util.find_spec(f"hybridcache_dev.{folder}") is not None
 
 
 def _folder(api: ReleaseApi) -> str:
@@ -28,25 +31,34 @@ def _folder(api: ReleaseApi) -> str:
     release = releases.find(api.name)
     if release is None:
         raise ValueError(f"no release {api.name!r} in hybridcache.releases")
-    return release.folder if release.folder in DRIVERS else releases.of_profile(release.profile).folder
+    return release.folder if _has_package(release.folder) else releases.of_profile(release.profile).folder
+
+
+def _package(api: ReleaseApi) -> ModuleType | None:
+    """The driver package of `api`'s release; None: the base driver
+    (`fuzz_driver.Driver`, unguarded)."""
+    folder = _folder(api)
+    return importlib.import_module(f"hybridcache_dev.{folder}") if _has_package(folder) else None
 
 
 def driver_class(api: ReleaseApi) -> type:
     """The class that drives `api`'s release."""
-    module, _, name = DRIVERS[_folder(api)].partition(":")
-    cls: type = getattr(importlib.import_module(module), name)
+    package = _package(api)
+    if package is None:
+        from hybridcache_dev.fuzz_driver import Driver
+
+        return Driver
+    cls: type = package.Driver
     return cls
 
 
 def build_reference(api: ReleaseApi, s: Setup) -> Any:
-    """vLLM's manager for setup `s`, guarded (`v0_33.fuzz_mamba_guard`)
-    where that release's own manager would crash on a legal call."""
+    """vLLM's manager for setup `s`, guarded (the driver package's
+    `guard_reference`) where that release's own manager would crash on a
+    legal call."""
     ref = api.build_reference(s)
-    if _folder(api) == "v0_33":
-        from hybridcache_dev.v0_33.fuzz_mamba_guard import GuardedReference, guards
-
-        return GuardedReference(ref) if guards(s) else ref
-    return ref
+    package = _package(api)
+    return ref if package is None else package.guard_reference(ref, s)
 
 
 def build_candidate(api: ReleaseApi, s: Setup, candidate: str) -> Any:

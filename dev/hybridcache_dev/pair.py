@@ -32,7 +32,7 @@ class ManagerPair:
 
     def __init__(self, setup: Setup, strict: bool = False) -> None:
         self.s = setup
-        # The release's API, which builds vLLM's own requests (0.33.0's).
+        # The release's API, which builds vLLM's own requests.
         self.api: Any = release(setup.release)
         if not hasattr(self.api, "make_request"):
             raise ValueError(f"ManagerPair: release {setup.release} builds no vLLM requests here")
