@@ -1,4 +1,4 @@
-"""The fuzz's driver for each release (`hybridcache.tools.release_api`
+"""The fuzz's driver for each release (`hybridcache_dev.release_api`
 describes the release; the driver issues its scheduler's calls): which
 driver class, the reference manager it compares against (vLLM's, guarded
 where the release's own manager would crash), and `drive`, random legal
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from hybridcache import releases
-from hybridcache.tools.fuzz_setup import Figures, RngChooser, Setup
-from hybridcache.tools.release_api import ReleaseApi
+from hybridcache_dev.fuzz_setup import Figures, RngChooser, Setup
+from hybridcache_dev.release_api import FuzzApi
 
 # Each release's driver class ("module:Class"), by its folder in the table.
 DRIVERS = {
@@ -22,7 +22,7 @@ DRIVERS = {
 }
 
 
-def _folder(api: ReleaseApi) -> str:
+def _folder(api: FuzzApi) -> str:
     """The folder whose driver drives `api`'s release: its own, else that
     of the first release running the same core profile."""
     release = releases.find(api.name)
@@ -31,14 +31,14 @@ def _folder(api: ReleaseApi) -> str:
     return release.folder if release.folder in DRIVERS else releases.of_profile(release.profile).folder
 
 
-def driver_class(api: ReleaseApi) -> type:
+def driver_class(api: FuzzApi) -> type:
     """The class that drives `api`'s release."""
     module, _, name = DRIVERS[_folder(api)].partition(":")
     cls: type = getattr(importlib.import_module(module), name)
     return cls
 
 
-def build_reference(api: ReleaseApi, s: Setup) -> Any:
+def build_reference(api: FuzzApi, s: Setup) -> Any:
     """vLLM's manager for setup `s`, guarded (`v0_33.fuzz_mamba_guard`)
     where that release's own manager would crash on a legal call."""
     ref = api.build_reference(s)
@@ -49,13 +49,13 @@ def build_reference(api: ReleaseApi, s: Setup) -> Any:
     return ref
 
 
-def build_candidate(api: ReleaseApi, s: Setup, candidate: str) -> Any:
+def build_candidate(api: FuzzApi, s: Setup, candidate: str) -> Any:
     """The compared manager: hybridcache's facade, or (the harness
     self-check) vLLM's guarded reference again."""
     return build_reference(api, s) if candidate == "vllm" else api.build_candidate(s, candidate)
 
 
-def drive(api: ReleaseApi, setups: Sequence[Setup], ops: int) -> Figures:
+def drive(api: FuzzApi, setups: Sequence[Setup], ops: int) -> Figures:
     """Random legal operations on each setup (the i-th with seed i),
     vLLM's manager against hybridcache's facade: the figures, every finding
     in them."""

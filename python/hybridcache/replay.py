@@ -129,8 +129,6 @@ def release_factories(release_name: str) -> tuple[ManagerFactory, ManagerFactory
     """(vLLM's manager, hybridcache's facade) for vLLM release `release_name`,
     both on vLLM's config classes, as that release's scheduler builds them."""
     api = release(release_name)
-    if api.classic:
-        return vllm_factory, hybridcache_factory
     return (lambda c: api.tool_vllm(c.vllm_kv_cache_config(), c.manager_kwargs()),
             lambda c: api.tool_facade(c.vllm_kv_cache_config(), c.manager_kwargs()))
 

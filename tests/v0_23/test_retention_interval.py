@@ -16,7 +16,7 @@ from hybridcache._native import NativeManager
 from hybridcache.tools import configs
 from hybridcache.config import read_groups
 from hybridcache.tools.compare import norm_allocated, norm_blocks, norm_events, pool_state
-from hybridcache.tools.fuzz_setup import Group, Setup
+from hybridcache_dev.fuzz_setup import Group, Setup
 
 # Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
 pytestmark = pytest.mark.vllm("0.23.0")
@@ -160,7 +160,7 @@ class _Pair:
     """vLLM's manager and hybridcache's, built under the setup's retention."""
 
     def __init__(self, s: Setup) -> None:
-        from hybridcache.tools.fuzz_setup import build_hybridcache, build_vllm
+        from hybridcache_dev.fuzz_setup import build_hybridcache, build_vllm
 
         self.s = s
         self.ref = build_vllm(s)

@@ -41,7 +41,7 @@ def test_replay_cli_hybrid_attention_against_vllm_033(mix: str, eagle: list[str]
 def test_replay_builds_the_033_managers() -> None:
     vllm_factory, hc_factory = release_factories("0.33.0")
     assert type(vllm_factory(DEFAULT_CONFIG)).__module__ == "vllm.v1.core.kv_cache_manager"
-    assert type(hc_factory(DEFAULT_CONFIG)).__name__ == "KVCacheManager033"
+    assert type(hc_factory(DEFAULT_CONFIG)).__name__ == "VllmKVCacheManager033"  # the class the scheduler builds
 
 
 def _one_more_block(blocks):
@@ -84,7 +84,7 @@ def test_bench_records_033_scheduler_calls_and_catches_a_wrong_table() -> None:
     # 0.33.0's scheduler no longer asks for common-prefix blocks.
     assert not codes & {bench_trace.ALLOC_NEW, bench_trace.COMMON_PREFIX}
     impls = bench.replay_timed(rec, [("hybridcache", bench.make_hybridcache_manager), ("vllm", bench.make_vllm_manager)])
-    assert type(impls[0].manager).__name__ == "KVCacheManager033"
+    assert type(impls[0].manager).__name__ == "VllmKVCacheManager033"  # the class the scheduler builds
     assert type(impls[1].manager).__module__ == "vllm.v1.core.kv_cache_manager"
     step, i = next(
         (s, i) for s, ops in enumerate(rec.steps) for i, op in enumerate(ops)

@@ -3,7 +3,7 @@ attention types: circular buffers (`CircularBufferSpec`, one ring block per
 request), bounded-replay sliding windows (`SlidingWindowMLASpec(
 bounded_replay=True)`: not prefix-cacheable), R-SWA (`RSWASpec`: full
 attention freeing the decode gap after the prompt) and sliding windows with
-`extra_retained_tokens` (multi-module MTP's lag). `release_api.V033` draws
+`extra_retained_tokens` (multi-module MTP's lag). `release_api.PartialBlockHits` draws
 their groups here and builds their vLLM config here; the driver is the same.
 
 Group kinds (`fuzz_setup.Group.kind`) added here: "circ" (block size = the
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import configs
+from hybridcache.tools import configs
 from .fuzz_setup import Group, Setup, group_specs
 
 MIXES = ("full_circ", "full_swbr", "rswa", "rswa_sw", "full_swx")
