@@ -1,5 +1,5 @@
 """The long fuzz's configurations and bookkeeping: the spec mixes, a random
-setup of a mix that vLLM 0.23.0 accepts (`random_setup`), the managers built
+setup of a mix that every supported vLLM accepts (`random_setup`), the managers built
 from it (through `configs`, the one config builder), the exceptions that
 classify a finding, the chooser interface the driver draws from, and the
 figures a run counts."""
@@ -64,10 +64,10 @@ class Setup:
     events: bool
     log_stats: bool
     max_model_len: int = MAX_MODEL_LEN
-    # Context parallelism (single full-attention group only, as vLLM 0.23.0).
+    # Context parallelism (single full-attention group only, as the whole-block-hits profile).
     dcp: int = 1
     pcp: int = 1
-    replicated: tuple[int, ...] = ()  # groups whose spec is not dcp-sharded (0.33.0)
+    replicated: tuple[int, ...] = ()  # groups whose spec is not dcp-sharded (partial-block-hits)
     # A recording metrics collector on each manager at this sample rate.
     metrics_sample_rate: float | None = None
     # VLLM_PREFIX_CACHE_RETENTION_INTERVAL while the managers are built
@@ -84,7 +84,7 @@ class Setup:
     full_must_fit: bool = False  # scheduler_reserve_full_isl
     deferred_frees: bool = False  # frees may go through pop_blocks_for_free
     async_sched: bool = False  # steps run ahead of their outputs (num_in_flight_tokens)
-    shared_prefix_checkpoint: bool = False  # enable_mamba_shared_prefix_checkpoint (0.33.0)
+    shared_prefix_checkpoint: bool = False  # enable_mamba_shared_prefix_checkpoint (partial-block-hits)
 
     @property
     def align(self) -> bool:
@@ -114,7 +114,7 @@ class Setup:
 
 
 def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
-    """A random configuration of `mix` that vLLM 0.23.0 accepts."""
+    """A random configuration of `mix` that every supported vLLM accepts."""
     mode = "none"
     groups: tuple[Group, ...]
     if mix == "full":
@@ -149,7 +149,7 @@ def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
     else:
         raise ValueError(f"unknown mix {mix!r}; choose from {', '.join(MIXES)}")
     eagle = rng.random() < 0.25 and mix != "full_chunked"  # vLLM: no EAGLE with chunked local
-    # Sparse retention (vLLM 0.23.0 accepts it only with a sliding window):
+    # Sparse retention (the whole-block-hits profile accepts it only with a sliding window):
     # unset, latest boundary only, or 1-3 scheduler blocks per segment.
     retention = None
     if any(g.kind == "sw" for g in groups):
@@ -279,7 +279,7 @@ class Figures:
     context_parallel_setups: int = 0
     metrics_setups: int = 0
     reports: list[str] = field(default_factory=list)
-    # Per-release call counts (e.g. 0.33.0's deferred frees); 0.23.0 has none.
+    # Per-profile call counts (e.g. the partial-block-hits deferred frees).
     calls: dict[str, int] = field(default_factory=dict)
 
     def count(self, name: str, n: int = 1) -> None:

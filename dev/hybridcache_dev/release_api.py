@@ -97,7 +97,7 @@ _PARTIAL_HIT_MIXES = ("full_mamba_wide", "full_sw_mamba_wide", "full_full_mamba_
 
 
 def _partial_hit_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
-    """A Mamba align block of 32 or 64 tokens over hash blocks of 16 (0.33.0
+    """A Mamba align block of 32 or 64 tokens over hash blocks of 16 (this profile
     turns partial hash hits on: hits end inside Mamba and full-attention
     blocks, the shared tail is copied on write): full attention of 16
     beside it (`full_mamba_wide`), with a sliding window of 16 too
@@ -105,7 +105,7 @@ def _partial_hit_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
     full attention of 32 and 16 (`full_full_mamba_wide`: three spec groups,
     so the hit search iterates, one full-attention hit ending inside a
     block), or decode context parallelism (`full_mamba_dcp`). Two where
-    0.33.0 keeps them off or sets a group aside: a sliding window or
+    this profile keeps them off or sets a group aside: a sliding window or
     chunked local group whose block is not the hash block beside them
     (`full_coarse_mamba`: looked up at block granularity only, so hits land
     on scheduler blocks while Mamba states are still keyed at hash
@@ -116,7 +116,7 @@ def _partial_hit_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
         return _partial_hit_groups(rng, rng.choice(_PARTIAL_HIT_MIXES[:4]), caching)
     if mix == "full_mamba_dcp":
         # dcp 2 or 4 scales the full-attention block of 8 (dcp-sharded), the
-        # Mamba block is replicated: 0.33.0 turns partial hits on for a
+        # Mamba block is replicated: this profile turns partial hits on for a
         # Mamba block at least as wide as the hash block (their gcd).
         dcp = rng.choice((2, 4))
         mbs = rng.choice((16, 32, 64))
@@ -159,13 +159,13 @@ def _partial_hit_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
     return dict(groups=groups, scheduler_block_size=mbs, hash_block_size=16 if caching else mbs)
 
 
-# Mixes whose vLLM-vs-vLLM self-check the 0.33.0 driver passes (the facade
+# Mixes whose vLLM-vs-vLLM self-check the partial-block-hits driver passes (the facade
 # supports full attention and sliding window; the others follow as it
-# grows). 0.33.0's own: several full-attention groups (equal specs, one
+# grows). The profile's own: several full-attention groups (equal specs, one
 # with a sliding window, different block sizes) and partial Mamba hits.
 # full_mamba_ckpt: Mamba align whose layers export prefill checkpoints
 # (num_prefill_checkpoint_blocks), with prefix caching too (the reference's
-# own asserts there are steered around: hybridcache_dev/v0_33/fuzz_mamba_guard.py).
+# own asserts there are steered around: the release's fuzz_mamba_guard.py).
 PARTIAL_BLOCK_HITS_MIXES = (*MIXES, "full_mamba_partial", "full_full", "full_full_sw", "full_fullbs", "full_sw_mixed",
              *scratch_groups.MIXES, "full_wide_sw", "full_fullbs4",
              "full_mamba_ckpt", "full_sw_mamba", "mamba_only", "chunked_mamba", *_PARTIAL_HIT_MIXES)
@@ -177,7 +177,7 @@ _PROFILE_ONLY_MIXES = ("full_mamba_partial", "full_full", "full_full_sw", "full_
 
 
 def _hybrid_context_parallel(rng: Any, s: Setup) -> Setup:
-    """Context parallelism on several attention groups, as 0.33.0 sizes it
+    """Context parallelism on several attention groups, as this profile sizes it
     (kv_cache_utils.resolve_kv_cache_block_sizes): dcp scales the
     full-attention (dcp-sharded) blocks, the other groups are replicated
     (its hybrid coordinator takes no other), the scheduler block is the
@@ -187,7 +187,7 @@ def _hybrid_context_parallel(rng: Any, s: Setup) -> Setup:
     if len(s.groups) < 2 or s.dcp * s.pcp > 1 or any(g.kind == "mamba" for g in s.groups) or rng.random() >= 0.25:
         return s
     if s.caching and any(g.kind == "chunked" for g in s.groups):
-        # vLLM 0.33.0's chunked-local hit search asserts that every group
+        # vLLM's partial-block-hits chunked-local hit search asserts that every group
         # has one block size, which dcp breaks.
         return s
     dcp, pcp = rng.choice(((2, 1), (2, 2), (1, 2), (4, 1)))
@@ -200,9 +200,9 @@ def _hybrid_context_parallel(rng: Any, s: Setup) -> Setup:
 
 
 def _several_full_groups(rng: Any, mix: str, caching: bool) -> dict[str, Any]:
-    """The groups and block sizes of 0.33.0's own mixes: two equal
+    """The groups and block sizes of the partial-block-hits profile's own mixes: two equal
     full-attention groups (one spec group, looked up together), the same
-    with a sliding window, block sizes 4 and 8 (0.33.0 truncates both to
+    with a sliding window, block sizes 4 and 8 (this profile truncates both to
     the hit; with caching the wider one caches partial tails), or full
     attention and sliding window in two precisions. Partial tails (a
     full-attention block wider than the hash block): full attention of 8
@@ -240,10 +240,10 @@ class PartialBlockHits(FuzzApi, tools_api.BoundaryLookupApi):
     def random_setup(self, rng: Any, mix: str, caching: bool) -> Setup:
         s = random_setup(rng, "full" if mix in _PROFILE_ONLY_MIXES else mix, caching)
         if s.dcp * s.pcp > 1:
-            # 0.23.0's context-parallel draw (one full-attention group),
-            # sized 0.33.0's way: only dcp scales a block (vLLM's
+            # The whole-block-hits context-parallel draw (one full-attention group),
+            # sized the partial-block-hits profile's way: only dcp scales a block (vLLM's
             # resolve_dcp_kv_block_size); pcp is passed and changes nothing
-            # for full attention. The 0.33-only mixes redraw their groups:
+            # for full attention. The profile-only mixes redraw their groups:
             # no context parallelism there.
             sbs = s.scheduler_block_size // (s.dcp * s.pcp)
             if mix in _PROFILE_ONLY_MIXES:
@@ -264,12 +264,12 @@ class PartialBlockHits(FuzzApi, tools_api.BoundaryLookupApi):
             s = dataclasses.replace(s, mix=mix, groups=(Group("full", bs), mamba), scheduler_block_size=bs,
                                     hash_block_size=bs)
         elif mix == "full_sw_mamba":
-            # Full attention, a sliding window and Mamba (0.33.0's hybrid tests).
+            # Full attention, a sliding window and Mamba (the partial-block-hits profile's hybrid tests).
             trio = (Group("full", 4), Group("sw", 4, rng.randint(3, 14)),
                     Group("mamba", 4, mode="align", num_spec=rng.randint(0, 2)))
             s = dataclasses.replace(s, mix=mix, groups=trio, scheduler_block_size=4, hash_block_size=4)
         elif mix == "mamba_only":
-            # A model of Mamba layers only (0.33.0's unitary coordinator;
+            # A model of Mamba layers only (the partial-block-hits profile's unitary coordinator;
             # with caching its block is the hash block).
             bs = rng.choice((4, 8))
             mamba = Group("mamba", bs, mode="align" if caching else "none", num_spec=rng.randint(0, 2))
@@ -287,7 +287,7 @@ class PartialBlockHits(FuzzApi, tools_api.BoundaryLookupApi):
             s = dataclasses.replace(s, mix=mix, **_partial_hit_groups(rng, mix, caching))
         elif mix in _PROFILE_ONLY_MIXES:
             s = dataclasses.replace(s, mix=mix, **_several_full_groups(rng, mix, caching))
-        # Sparse retention is a KVCacheConfig field in 0.33.0 (the scheduler's
+        # Sparse retention is a KVCacheConfig field in this profile (the scheduler's
         # default 0: replay boundaries and shared-prefix junctions only), for
         # sliding window and Mamba groups.
         retention = None
@@ -297,12 +297,12 @@ class PartialBlockHits(FuzzApi, tools_api.BoundaryLookupApi):
             # Without caching retention only moves Mamba checkpoints (0: the prefill end's only).
             retention = rng.choice((None, 0))
         s = dataclasses.replace(s, metrics_sample_rate=None, retention=retention)
-        # 0.33.0 knows Mamba cache modes "align" and "none" only ("all" is gone);
+        # This profile knows Mamba cache modes "align" and "none" only ("all" is gone);
         # without prefix caching either may be configured (align needs no cache).
         has_mamba = any(g.kind == "mamba" for g in s.groups)
         mamba_mode = "align" if caching or (has_mamba and rng.random() < 0.5) else "none"
         # Mamba2 / GDN layers export prefill checkpoints (0.29+); others do not.
-        # Drawn without caching only: with it vLLM 0.33.0 can raise an
+        # Drawn without caching only: with it vLLM there can raise an
         # AssertionError in cache_blocks (sw_mamba, self-check seed 33), and
         # the facade covers Mamba without prefix caching.
         checkpoint = rng.choice((None, 1, s.hash_block_size)) if mamba_mode == "align" and not caching else None
@@ -321,9 +321,9 @@ class PartialBlockHits(FuzzApi, tools_api.BoundaryLookupApi):
             spec = rng.randint(1, 4)
             prefill_la = min(spec, sbs) if rng.random() < 0.3 else 1
             if caching and mix != _JUNCTION_MIX and rng.random() < 0.6 and any(g.kind == "full" for g in s.groups):
-                # Lookahead block hashes (0.33's default for EAGLE with
+                # Lookahead block hashes (this profile's default for EAGLE with
                 # caching): the scheduler then passes use_eagle=False.
-                # Without a full-attention group vLLM 0.33.0's hit search
+                # Without a full-attention group vLLM's partial-block-hits hit search
                 # indexes past the (fewer) lookahead hashes (IndexError in
                 # SlidingWindowManager.find_longest_cache_hit): steered around.
                 hash_la = prefill_la
@@ -353,7 +353,7 @@ class PartialBlockHits(FuzzApi, tools_api.BoundaryLookupApi):
         )
 
     def manager_kwargs(self, s: Setup) -> dict[str, Any]:
-        # Every keyword 0.33.0's scheduler passes (scheduler.py L351-370).
+        # Every keyword the partial-block-hits profile's scheduler passes (scheduler.py L351-370).
         return dict(
             max_model_len=s.max_model_len,
             max_in_flight_tokens=s.max_in_flight_tokens,

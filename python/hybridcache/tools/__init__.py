@@ -7,7 +7,7 @@ in the wheel, builds its fuzzers on them too).
   config builder, for hybridcache's own classes and for vLLM's;
 - `workload`: simulator-side request state, token / prefix / prompt / draft
   generators;
-- `scheduler`: the loop of vLLM 0.23.0's ``Scheduler.schedule`` (`SchedulerSim`)
+- `scheduler`: the loop of vLLM's ``Scheduler.schedule`` (`SchedulerSim`)
   and its Mamba block-aligned split;
 - `compare`: output normalization and `Fanout` (one call, every manager,
   compared);

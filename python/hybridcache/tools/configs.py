@@ -1,6 +1,6 @@
 """KV-cache group layouts of the simulated models, and the one place that
 turns them into configurations: hybridcache's own config classes (no vLLM, no
-torch) or vLLM 0.23.0's (imports both when called).
+torch) or vLLM's (imports both when called).
 
 A layout is a sequence of `GroupSpec`; `parse_mix` reads the compact text form
 the replay CLI takes (``"full,sw:128@32,mamba:align:2,full+eagle"``).
@@ -64,7 +64,7 @@ class GroupSpec:
     # vLLM 0.29+'s Mamba align prefill checkpoints (num_prefill_checkpoint_blocks
     # = 1 with this prefill_checkpoint_alignment); None: none.
     mamba_checkpoint_alignment: int | None = None
-    # The layer dtype is bfloat16 instead of float32 (vLLM 0.33.0 zeroes new
+    # The layer dtype is bfloat16 instead of float32 (the partial-block-hits profile zeroes new
     # blocks of a cache mixing precisions).
     half_precision: bool = False
 
@@ -232,7 +232,7 @@ def hybridcache_kv_cache_config(groups: Sequence[GroupSpec], num_blocks: int) ->
 
 
 def vllm_kv_cache_config(groups: Sequence[GroupSpec], num_blocks: int) -> Any:
-    """vLLM 0.23.0's KVCacheConfig for resolved `groups` (imports vLLM and torch)."""
+    """vLLM's KVCacheConfig for resolved `groups` (imports vLLM and torch)."""
     import torch
     from vllm.v1 import kv_cache_interface as iface
 
@@ -292,7 +292,7 @@ def hybridcache_manager(kv_cache_config: Any, kwargs: dict[str, Any]) -> Any:
 
 
 def vllm_manager(kv_cache_config: Any, kwargs: dict[str, Any]) -> Any:
-    """vLLM 0.23.0's own KVCacheManager on `kv_cache_config`."""
+    """vLLM's own KVCacheManager (the whole-block-hits keywords) on `kv_cache_config`."""
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
     return KVCacheManager(kv_cache_config, **kwargs)
