@@ -29,14 +29,13 @@ from __future__ import annotations
 from .compare import Fanout, ReplayDivergence
 from .configs import GroupSpec, format_mix, hybridcache_kv_cache_config, parse_mix, vllm_kv_cache_config
 from .oracle import ORACLE_RELEASES, load_vllm, quiet_logs, vllm_missing
-from .replay_config import DEFAULT_CONFIG, MIX_PRESETS, ReplayConfig
+from .replay_config import DEFAULT_CONFIG, ReplayConfig
 from .scheduler import SchedulerSim, mamba_block_aligned_split
 from .simulation import ReplaySimulation, ReplaySummary
 from .workload import Seq
 
 __all__ = [
     "DEFAULT_CONFIG",
-    "MIX_PRESETS",
     "ORACLE_RELEASES",
     "Fanout",
     "GroupSpec",

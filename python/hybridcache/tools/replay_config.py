@@ -261,21 +261,3 @@ class ReplayConfig:
 
 
 DEFAULT_CONFIG = ReplayConfig(num_requests=400, max_drafts=4)
-
-# Mixes of the CLI's --mix presets (also usable as --mix NAME).
-MIX_PRESETS: dict[str, str] = {
-    "full": "full",
-    "full-sw": "full,sw:64",
-    "full-mamba": "full,mamba",
-    "full-mamba-spec": "full,mamba:align:2",
-    "sw-mamba": "sw:64,mamba",
-    "full-sw-mamba": "full,sw:64,mamba",
-    "full-mamba3": "full,mamba*3",
-    "interleaved": "full,sw:48,full,sw:48",
-    "two-windows": "full,sw:32,sw:96",
-    "chunked": "full,chunked:64",
-    "mixed-sizes": "full@16,sw:64@32",
-}
-
-
-
