@@ -6,9 +6,11 @@ figures a run counts."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,14 +223,36 @@ def group_specs(s: Setup) -> tuple[GroupSpec, ...]:
     )
 
 
+RETENTION_ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
+
+
+@contextlib.contextmanager
+def retention_interval(value: int | None) -> Iterator[None]:
+    """VLLM_PREFIX_CACHE_RETENTION_INTERVAL set to `value` (None: unset)
+    while managers are built (both implementations read it then); the
+    previous value is restored after."""
+    before = os.environ.get(RETENTION_ENV)
+    if value is None:
+        os.environ.pop(RETENTION_ENV, None)
+    else:
+        os.environ[RETENTION_ENV] = str(value)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(RETENTION_ENV, None)
+        else:
+            os.environ[RETENTION_ENV] = before
+
+
 def build_hybridcache(s: Setup) -> Any:
-    with configs.retention_interval(s.retention):
+    with retention_interval(s.retention):
         return configs.hybridcache_manager(configs.hybridcache_kv_cache_config(group_specs(s), s.num_blocks),
                                            {**_manager_kwargs(s), **_collector(s)})
 
 
 def build_vllm(s: Setup) -> Any:
-    with configs.retention_interval(s.retention):
+    with retention_interval(s.retention):
         m = configs.vllm_manager(configs.vllm_kv_cache_config(group_specs(s), s.num_blocks),
                                  {**_manager_kwargs(s), **_collector(s)})
     # vLLM reads the variable at construction (unless its env cache is on).

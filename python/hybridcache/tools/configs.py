@@ -8,10 +8,7 @@ the replay CLI takes (``"full,sw:128@32,mamba:align:2,full+eagle"``).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,11 +191,6 @@ def format_mix(groups: Iterable[GroupSpec]) -> str:
     return ",".join(str(g) for g in groups)
 
 
-def resolved(groups: Sequence[GroupSpec], block_size: int) -> tuple[GroupSpec, ...]:
-    """`groups` with every unset block size set to `block_size`."""
-    return tuple(g if g.block_size is not None else dataclasses.replace(g, block_size=block_size) for g in groups)
-
-
 # --------------------------------------------------------------------------
 # The config builders: one per implementation, both from the same groups.
 # --------------------------------------------------------------------------
@@ -260,28 +252,6 @@ def vllm_kv_cache_config(groups: Sequence[GroupSpec], num_blocks: int) -> Any:
             )
         specs.append(iface.KVCacheGroupSpec([f"layer{i}"], spec, is_eagle_group=g.is_eagle_group))
     return iface.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=specs)
-
-
-RETENTION_ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
-
-
-@contextlib.contextmanager
-def retention_interval(value: int | None) -> Iterator[None]:
-    """VLLM_PREFIX_CACHE_RETENTION_INTERVAL set to `value` (None: unset)
-    while managers are built (both implementations read it then); the
-    previous value is restored after."""
-    before = os.environ.get(RETENTION_ENV)
-    if value is None:
-        os.environ.pop(RETENTION_ENV, None)
-    else:
-        os.environ[RETENTION_ENV] = str(value)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(RETENTION_ENV, None)
-        else:
-            os.environ[RETENTION_ENV] = before
 
 
 def hybridcache_manager(kv_cache_config: Any, kwargs: dict[str, Any]) -> Any:
