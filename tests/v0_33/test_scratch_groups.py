@@ -4,7 +4,7 @@ circular buffers (one ring block per request, never cached), groups out of
 prefix caching (a bounded-replay sliding window: no hits, no caching, frees
 as a sliding window), R-SWA (full attention freeing the decode gap after the
 prompt, given `num_prompt_tokens`) and sliding windows' extra retained
-tokens; then a fuzz slice of the mixes (`hybridcache/tools/scratch_groups.py`)."""
+tokens; then a fuzz slice of the mixes (`hybridcache_dev/scratch_groups.py`)."""
 
 from __future__ import annotations
 
