@@ -78,7 +78,7 @@ def _round_trip(ours: list[Any], theirs: list[Any]) -> None:
 
 
 def _managers(num_blocks: int) -> tuple[Any, Any]:
-    groups = configs.resolved([configs.full()], BS)
+    groups = (configs.full(BS),)
     theirs = VllmManager(configs.vllm_kv_cache_config(groups, num_blocks), max_model_len=4096,
                          scheduler_block_size=BS, hash_block_size=BS, enable_caching=True,
                          enable_kv_cache_events=True)
