@@ -41,7 +41,7 @@ Every sequence is legal for the releases the base driver drives; inputs that tri
 `--allow-known-bugs`. Exit status 0 iff no divergence and no invariant
 violation was found. The driver is also used by its release's tests
 `test_fuzz_stateful.py` (hypothesis) and `test_fuzz_slice.py`. It lives in
-`hybridcache.tools.fuzz_setup` and `fuzz_driver`, `bad_inputs` here; this module
+`hybridcache_dev.fuzz_setup` and `fuzz_driver`, `bad_inputs` here; this module
 is the runner and the CLI. Without a supported vLLM (and torch) the CLI says so in
 one line and exits with status 2.
 """
@@ -60,7 +60,7 @@ from typing import Any
 from hybridcache import releases
 from hybridcache_dev import drive
 from hybridcache_dev.fuzz_driver import Driver, Seq
-from hybridcache.tools.fuzz_setup import (
+from hybridcache_dev.fuzz_setup import (
     ACCEPTED_ERRORS,
     MAX_MODEL_LEN,
     MIXES,
@@ -76,8 +76,9 @@ from hybridcache.tools.fuzz_setup import (
     build_vllm,
     random_setup,
 )
-from hybridcache.tools.oracle import FUZZ_RELEASES, installed_vllm_version, quiet_logs, vllm_missing
-from hybridcache.tools.release_api import CANDIDATES, release
+from hybridcache.tools.oracle import quiet_logs, vllm_missing
+from hybridcache_dev.oracle import FUZZ_RELEASES, installed_vllm_version
+from hybridcache_dev.release_api import CANDIDATES, release
 
 __all__ = [
     "ACCEPTED_ERRORS",

@@ -14,9 +14,9 @@ from typing import Any
 
 from hybridcache.request import LoRARequest, Request
 from hybridcache_dev.bad_inputs import BadInputs
-from hybridcache.tools.block_metrics import observe
+from hybridcache_dev.block_metrics import observe
 from hybridcache.tools.compare import norm_allocated, norm_blocks, norm_event, norm_stats, norm_usage, pool_state
-from hybridcache.tools.fuzz_setup import Divergence, Figures, InvariantViolation, ReferenceError_, Setup, build_hybridcache, build_vllm
+from hybridcache_dev.fuzz_setup import Divergence, Figures, InvariantViolation, ReferenceError_, Setup, build_hybridcache, build_vllm
 
 
 @dataclass(eq=False)

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridcache.tools.compare import norm_allocated, norm_blocks, pool_state
-from hybridcache.tools.fuzz_setup import Setup
-from hybridcache.tools.release_api import release
+from hybridcache_dev.fuzz_setup import Setup
+from hybridcache_dev.release_api import release
 from hybridcache_dev.drive import build_reference
 
 REF, OURS = 0, 1  # the sides, as `both` passes them

@@ -45,8 +45,8 @@ from hybridcache.tools.compare import _first_difference, freeze, norm_allocated,
 from hybridcache_dev.fuzz_driver import Driver, Seq
 from hybridcache_dev.v0_33.fuzz_frees import Deferred, SchedulerFrees
 from hybridcache_dev.v0_33.fuzz_queries import SchedulerQueries
-from hybridcache.tools.fuzz_setup import Divergence, Figures, InvariantViolation, ReferenceError_, Setup
-from hybridcache.tools.release_api import V033, norm_block_list, release
+from hybridcache_dev.fuzz_setup import Divergence, Figures, InvariantViolation, ReferenceError_, Setup
+from hybridcache_dev.release_api import PartialBlockHits, norm_block_list, release
 
 
 # With the shared-prefix checkpoint: siblings of one stem diverging inside
@@ -68,7 +68,7 @@ class PendingSeq(Seq):
 class SchedulerDriver(SchedulerQueries, SchedulerFrees, Driver):
     """One setup: vLLM 0.33.0's manager (reference) and a candidate, same requests."""
 
-    api: V033
+    api: PartialBlockHits
 
     def __init__(
         self,
@@ -81,7 +81,7 @@ class SchedulerDriver(SchedulerQueries, SchedulerFrees, Driver):
         from hybridcache_dev.drive import build_reference
 
         api = release(setup.release)
-        assert isinstance(api, V033), f"SchedulerDriver drives vLLM 0.33.0, not {setup.release}"
+        assert isinstance(api, PartialBlockHits), f"SchedulerDriver drives the partial-block-hits profile, not {setup.release}"
         self.api = api
         self.s = setup
         try:

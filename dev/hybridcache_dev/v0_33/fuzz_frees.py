@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridcache_dev.fuzz_driver import Seq
-from hybridcache.tools.release_api import norm_block_list
+from hybridcache_dev.release_api import norm_block_list
 
 
 @dataclass

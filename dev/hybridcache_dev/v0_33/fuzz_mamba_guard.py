@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridcache_dev.v0_33.fuzz_driver import SchedulerDriver
-from hybridcache.tools.fuzz_setup import ReferenceError_
+from hybridcache_dev.fuzz_setup import ReferenceError_
 
 
 class KnownCrash(Exception):

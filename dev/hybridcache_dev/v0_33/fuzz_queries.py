@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from hybridcache.tools.compare import norm_blocks
-from hybridcache.tools.release_api import norm_block_list
+from hybridcache_dev.release_api import norm_block_list
 
 
 class SchedulerQueries:
