@@ -3,9 +3,9 @@
 # runs and what they import) from its sdist on PyPI, through pip only, into
 # CACHE/VERSION (default .cache/vllm-tests/VERSION), e.g.
 #
-#   .cache/vllm-tests/0.23.0/tests/v1/core/{__init__.py,utils.py,test_prefix_caching.py}
+#   .cache/vllm-tests/VERSION/tests/v1/core/{__init__.py,utils.py,test_prefix_caching.py}
 #
-# Any file of the sdist can be listed, at its path there (0.34.0's
+# Any file of the sdist can be listed, at its path there (a release's
 # test_prompt_block_hash_vectors.py reads rust/src/engine-core-client/src/
 # tests/prompt_block_hash_vectors.json relative to the tests folder).
 #
@@ -22,11 +22,12 @@
 # (scripts/run_vllm_peer_tests.py supplies the markers and the offline model
 # config the tests ask for).
 #
-# Usage: bash scripts/fetch_vllm_tests.sh [VERSION] [CACHE]   (VERSION default 0.23.0; idempotent)
+# Usage: bash scripts/fetch_vllm_tests.sh [VERSION] [CACHE]
+#   (VERSION default the release table's first; idempotent)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-VERSION=${1:-0.23.0}
+VERSION=${1:-$("$PY" -c "import runpy; print(runpy.run_path('python/hybridcache/releases/table.py')['VERSIONS'][0])")}
 CACHE_ROOT=${2:-.cache/vllm-tests}
 CACHE=$CACHE_ROOT/$VERSION
 MANIFEST=$PWD/scripts/vllm_tests/vllm-$VERSION.sha256

@@ -3,9 +3,10 @@
 # its own over a torch venv shared by every release that pins the same torch.
 #
 #   bash scripts/install_oracle.sh [VERSION] [VENV]
-#     VERSION  vLLM version (default 0.23.0); needs scripts/oracle/vllm-VERSION.txt
+#     VERSION  vLLM version (default the release table's first); needs
+#              scripts/oracle/vllm-VERSION.txt
 #     VENV     the release's venv (default .venv-vllm-MAJOR.MINOR in the repository
-#              root, e.g. .venv-vllm-0.23; git ignores .venv-vllm-*)
+#              root; git ignores .venv-vllm-*)
 #     PYTHON   the interpreter the venvs are made from (default python3, >= 3.10)
 #     ORACLE_BASE_DIR  where the shared torch venvs live (default the repository
 #              root; git ignores .venv-torch-*)
@@ -13,12 +14,12 @@
 # Two layers:
 #   * the torch venv, ORACLE_BASE_DIR/.venv-torch-PIN, named after the torch
 #     pin in vLLM VERSION's wheel metadata (scripts/oracle_requirements.py
-#     base-name: .venv-torch-2.14.0 for vLLM 0.33.0 and 0.34.0,
-#     .venv-torch-2.11.0 for 0.23.0). It holds torch with its dependencies
-#     (torch's PyPI wheel is the CUDA build, whose import needs its nvidia-*
-#     libraries even on a CPU machine; ~5 GB) and the packages of the release
-#     that created it (scripts/oracle/vllm-VERSION.txt, installed with their
-#     dependencies). Releases that pin the same torch share it.
+#     base-name, e.g. .venv-torch-2.14.0 for torch==2.14.0). It holds torch
+#     with its dependencies (torch's PyPI wheel is the CUDA build, whose
+#     import needs its nvidia-* libraries even on a CPU machine; ~5 GB) and
+#     the packages of the release that created it
+#     (scripts/oracle/vllm-VERSION.txt, installed with their dependencies).
+#     Releases that pin the same torch share it.
 #   * the release's venv, VENV: vllm==VERSION without its dependency tree
 #     (--no-deps: none of flashinfer, torchaudio, ...), a .pth file that puts
 #     the torch venv's site-packages on sys.path after its own, and only what
@@ -43,11 +44,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
-VERSION=${1:-0.23.0}
+PY=${PYTHON:-python3}
+VERSION=${1:-$("$PY" -c "import runpy; print(runpy.run_path('python/hybridcache/releases/table.py')['VERSIONS'][0])")}
 MINOR=$(echo "$VERSION" | cut -d. -f1,2)
 VENV=${2:-$repo/.venv-vllm-$MINOR}
 BASE_DIR=${ORACLE_BASE_DIR:-$repo}
-PY=${PYTHON:-python3}
 LIST=$repo/scripts/oracle/vllm-$VERSION.txt
 TOOLS=$repo/scripts/oracle/test-tools.txt
 PINS=$repo/scripts/oracle_requirements.py

@@ -5,13 +5,14 @@ scripts/install_oracle.sh (run with the oracle venv's python).
       writes vLLM's requirements (markers of this machine applied, extras
       dropped) as a pip constraints file: every package pip installs beside
       `vllm --no-deps` then gets exactly the version range vLLM asks for
-      (torch==2.11.0 for vLLM 0.23.0), so there is no resolver conflict.
+      (torch among them), so there is no resolver conflict.
   python scripts/oracle_requirements.py check
       checks that every requirement of vLLM that is installed is within
       vLLM's range, prints a one-line summary, exits 1 naming any that is not.
       Requirements left out (vLLM is installed --no-deps; only what
       vllm.v1.core imports is installed) are counted, not errors; one served
-      by another distribution (SUBSTITUTES) is named.
+      by another distribution (a `# substitute:` line of the release's
+      package list) is named.
   python scripts/oracle_requirements.py torch-requirement
       prints vLLM's torch requirement (e.g. torch==2.14.0).
   python scripts/oracle_requirements.py base-name
@@ -39,23 +40,29 @@ except ImportError:  # a bare venv: pip's vendored copy
     from pip._vendor.packaging.utils import canonicalize_name  # type: ignore[no-redef]
 
 
-# Requirements in a vLLM release's metadata that the oracle venv serves with
-# another distribution, by vLLM version: {requirement: (distribution, why)}.
-# Checked explicitly: the substitute must be installed (and the requirement
-# itself is not, so its range does not apply to anything installed).
-SUBSTITUTES: dict[str, dict[str, tuple[str, str]]] = {
-    "0.33.0": {
-        # vLLM 0.33.0 asks for oss-harmony>=0.0.11, but what its import needs
-        # is the module openai_harmony, which openai-harmony provides
-        # (../shared/reference/vllm-0.23-to-0.33.md section 5).
-        "oss-harmony": ("openai-harmony", "provides the openai_harmony module vLLM imports"),
-    },
-    "0.34.0": {
-        # The same requirement; vLLM 0.34.0's tests import openai_harmony
-        # (../shared/reference/vllm-0.33-to-0.34.md section 5).
-        "oss-harmony": ("openai-harmony", "provides the openai_harmony module vLLM's tests import"),
-    },
-}
+# A release's package list (scripts/oracle/vllm-VERSION.txt) names each
+# requirement of its metadata that the oracle venv serves with another
+# distribution, on a line `# substitute: REQUIREMENT = DISTRIBUTION: why`
+# (a comment to pip). Checked explicitly: the substitute must be installed
+# (and the requirement itself is not, so its range does not apply to
+# anything installed).
+SUBSTITUTE_PREFIX = "# substitute:"
+LISTS = Path(__file__).resolve().parent / "oracle"
+
+
+def substitutes(version: str) -> dict[str, tuple[str, str]]:
+    """{requirement: (distribution, why)} from vLLM `version`'s package list
+    (none without a list)."""
+    path = LISTS / f"vllm-{version}.txt"
+    out: dict[str, tuple[str, str]] = {}
+    if not path.is_file():
+        return out
+    for line in path.read_text().splitlines():
+        if line.startswith(SUBSTITUTE_PREFIX):
+            requirement, _, rest = line[len(SUBSTITUTE_PREFIX):].partition("=")
+            provider, _, why = rest.partition(":")
+            out[canonicalize_name(requirement.strip())] = (provider.strip(), why.strip())
+    return out
 
 
 def vllm_requirements() -> list[Requirement]:
@@ -137,10 +144,10 @@ def _installed_version(name: str) -> str | None:
 def check() -> int:
     reqs = vllm_requirements()
     installed, bad, served = [], [], []
-    substitutes = SUBSTITUTES.get(metadata.version("vllm").split("+")[0], {})
+    served_by = substitutes(metadata.version("vllm").split("+")[0])
     for req in reqs:
         version = _installed_version(req.name)
-        sub = substitutes.get(canonicalize_name(req.name))
+        sub = served_by.get(canonicalize_name(req.name))
         if sub is not None and version is None:
             provider, why = sub
             provided = _installed_version(provider)

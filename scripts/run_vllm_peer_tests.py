@@ -1,8 +1,6 @@
 #!/usr/bin/env python3
-"""Runs vLLM's own tests (tests/v1/core: test_prefix_caching.py for 0.23.0;
-it and the prefix-cache, Mamba-align, deferred-free, replay, SWA-window,
-async-scheduler and scheduler files for 0.33.0 and 0.34.0, and 0.34.0's
-prompt-hash vectors) with every `KVCacheManager`
+"""Runs vLLM's own tests (files of tests/v1/core and beyond, each release's
+list in scripts/vllm_tests/vllm-VERSION.sha256) with every `KVCacheManager`
 they construct being hybridcache's facade for that release
 (the `facade` of its row in `hybridcache.releases`).
 
@@ -17,11 +15,11 @@ construction and returns the release's facade, and binds
 `vllm.v1.core.kv_cache_manager.KVCacheManager` (and, where the release's table
 says SWAP_SCHEDULER, the scheduler module's name) to it. The test files
 themselves run unmodified, from the cache folder, with the release's ENV
-(0.33.0: VLLM_TARGET_DEVICE=cpu) and HF_HUB_OFFLINE=1; the model configs the
+(its peer table's ENV, e.g. VLLM_TARGET_DEVICE=cpu) and HF_HUB_OFFLINE=1; the model configs the
 tests name (HF_MODELS) are put into a local Hugging Face cache,
 .cache/vllm-tests/hf-home, from the hand-written scripts/vllm_tests/hf/.
 The pytest plugin tests/vllm_cpu_triton.py is loaded too: where vLLM's CPU
-platform refuses to build a VllmConfig on x86 without triton-cpu (0.34.0), it
+platform refuses to build a VllmConfig on x86 without triton-cpu, it
 lets that one check pass; elsewhere it does nothing.
 
 Many cases test vLLM internals rather than the manager's public API. Those

@@ -44,17 +44,20 @@ def test_an_unknown_version_is_refused_naming_both() -> None:
 
 
 def test_a_row_without_its_own_tool_api_borrows_its_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridcache_dev import drive
+    from hybridcache_dev import release_api as fuzz_api
+
     last = releases.RELEASES[-1]
     later = dataclasses.replace(last, version="0.99.0", folder="v0_99", facade="VllmKVCacheManager099")
-    with pytest.raises(ValueError, match="unsupported vLLM release '0.99.0'"):
-        release_api.release("0.99.0")
+    for module in (release_api, fuzz_api):
+        with pytest.raises(ValueError, match="unsupported vLLM release '0.99.0'"):
+            module.release("0.99.0")
     monkeypatch.setattr(releases, "RELEASES", releases.RELEASES + (later,))
-    monkeypatch.setattr(release_api, "RELEASES", dict(release_api.RELEASES))
-    api = release_api.release("0.99.0")
-    like = release_api.release(last.version)
-    assert type(api) is type(like) and api is not like
-    assert api.name == "0.99.0" and api.facade == ("hybridcache.releases.v0_99.scheduler", "VllmKVCacheManager099")
-    assert like.name == last.version and release_api.release("0.99.0") is api
-    from hybridcache_dev import drive
-
+    for module in (release_api, fuzz_api):
+        monkeypatch.setattr(module, "RELEASES", dict(module.RELEASES))
+        api = module.release("0.99.0")
+        like = module.release(last.version)
+        assert type(api) is type(like) and api is not like
+        assert api.name == "0.99.0" and api.facade == ("hybridcache.releases.v0_99.scheduler", "VllmKVCacheManager099")
+        assert like.name == last.version and module.release("0.99.0") is api
     assert drive._folder(api) == drive._folder(like) == last.folder

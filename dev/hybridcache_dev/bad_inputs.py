@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridcache.request import Request
-from hybridcache.tools.fuzz_setup import ACCEPTED_ERRORS, BadInputFailure, Figures, Setup
+from hybridcache_dev.fuzz_setup import ACCEPTED_ERRORS, BadInputFailure, Figures, Setup
 
 
 class BadInputs:

@@ -1,15 +1,16 @@
 """Long differential fuzz of hybridcache's KVCacheManager against vLLM's.
 
     python -m hybridcache_dev.fuzz --ops 200000 --seed 1 [--mix full,full_sw] [--caching both]
-    python -m hybridcache_dev.fuzz --release 0.33.0 --candidate vllm --ops 20000 --seed 1
+    python -m hybridcache_dev.fuzz --release VERSION --candidate vllm --ops 20000 --seed 1
 
 `--release` (default: the installed vLLM's) picks the release whose manager
 is the reference and whose call sequences are replayed
 (`tools.release_api`); `--candidate hybridcache` (default) tests
 hybridcache's facade for that release, `--candidate vllm` vLLM's manager
 against itself (the harness self-check: zero divergences expected). The
-rest of this text describes 0.23.0; 0.33.0's driver follows its scheduler's
-call order (`hybridcache_dev.v0_33.fuzz_driver`) and sends no bad inputs.
+rest of this text describes the base driver (`fuzz_driver.Driver`); a release
+with its own driver package (`drive`) follows its scheduler's call order and
+sends no bad inputs.
 
 Random API-level operations (not only what a scheduler does: lookups of any
 request, allocations with random token counts, drafts jumping up and down,
@@ -35,13 +36,13 @@ NotImplementedError (never a PanicException or RuntimeError) and leave the
 state exactly as it was (free queue, ref counts, block hashes, every
 request's block ids, known hashes).
 
-Every sequence is legal for vLLM 0.23.0; inputs that trigger known vLLM bugs
+Every sequence is legal for the releases the base driver drives; inputs that trigger known vLLM bugs
 (which hybridcache reproduces) are steered around and counted, unless
 `--allow-known-bugs`. Exit status 0 iff no divergence and no invariant
-violation was found. The driver is also used by tests/v0_23/test_fuzz_stateful.py
-(hypothesis) and tests/v0_23/test_fuzz_slice.py. It lives in
-`hybridcache.tools.fuzz_setup` and `fuzz_driver`, `bad_inputs` here; this module
-is the runner and the CLI. Without vLLM 0.23.0 (and torch) the CLI says so in
+violation was found. The driver is also used by its release's tests
+`test_fuzz_stateful.py` (hypothesis) and `test_fuzz_slice.py`. It lives in
+`hybridcache_dev.fuzz_setup` and `fuzz_driver`, `bad_inputs` here; this module
+is the runner and the CLI. Without a supported vLLM (and torch) the CLI says so in
 one line and exits with status 2.
 """
 
@@ -59,7 +60,7 @@ from typing import Any
 from hybridcache import releases
 from hybridcache_dev import drive
 from hybridcache_dev.fuzz_driver import Driver, Seq
-from hybridcache.tools.fuzz_setup import (
+from hybridcache_dev.fuzz_setup import (
     ACCEPTED_ERRORS,
     MAX_MODEL_LEN,
     MIXES,
@@ -75,8 +76,9 @@ from hybridcache.tools.fuzz_setup import (
     build_vllm,
     random_setup,
 )
-from hybridcache.tools.oracle import FUZZ_RELEASES, installed_vllm_version, quiet_logs, vllm_missing
-from hybridcache.tools.release_api import CANDIDATES, release
+from hybridcache.tools.oracle import quiet_logs, vllm_missing
+from hybridcache_dev.oracle import FUZZ_RELEASES, installed_vllm_version
+from hybridcache_dev.release_api import CANDIDATES, release
 
 __all__ = [
     "ACCEPTED_ERRORS",

@@ -1,8 +1,8 @@
-"""The long fuzz's driver: one setup, vLLM 0.23.0's manager (the reference)
+"""The long fuzz's base driver: one setup, vLLM's manager (the reference)
 and hybridcache's, the same random API-level operations to both (not only what
 a scheduler does), every output compared and `check_invariants()` after every
-operation. Every operation is legal for vLLM 0.23.0; inputs that trigger known
-vLLM bugs (which hybridcache reproduces) are steered around and counted.
+operation. Every operation is legal for the whole-block-hits releases; inputs
+that trigger known vLLM bugs (which hybridcache reproduces) are steered around and counted.
 Bad inputs (hybridcache only) come from `bad_inputs.BadInputs`."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 from hybridcache.request import LoRARequest, Request
 from hybridcache_dev.bad_inputs import BadInputs
-from hybridcache.tools.block_metrics import observe
+from hybridcache_dev.block_metrics import observe
 from hybridcache.tools.compare import norm_allocated, norm_blocks, norm_event, norm_stats, norm_usage, pool_state
-from hybridcache.tools.fuzz_setup import Divergence, Figures, InvariantViolation, ReferenceError_, Setup, build_hybridcache, build_vllm
+from hybridcache_dev.fuzz_setup import Divergence, Figures, InvariantViolation, ReferenceError_, Setup, build_hybridcache, build_vllm
 
 
 @dataclass(eq=False)
@@ -163,7 +163,7 @@ class Driver(BadInputs):
         return max(1, n)
 
     def _later_group_free_hit(self, hit_ids: Sequence[Sequence[int]]) -> bool:
-        """vLLM 0.23.0 bug: external-token blocks of an earlier group may pop a
+        """vLLM bug (whole-block-hits): external-token blocks of an earlier group may pop a
         later group's free prefix-cache hit (one block then serves two groups)."""
         return any(b != 0 and self.hc.block_pool.blocks[b].ref_cnt == 0 for g in hit_ids[1:] for b in g)
 
@@ -189,7 +189,7 @@ class Driver(BadInputs):
             self.f.known_bug_avoided += 1
             ext = 0
         if ext and self.s.align and not self.allow_known_bugs and not self._roomy(r.num_tokens + 4):
-            # vLLM 0.23.0 bug: Mamba align does not count the blocks taken for
+            # vLLM bug (whole-block-hits): Mamba align does not count the blocks taken for
             # external tokens; vLLM raises ValueError half-way through (the
             # reference breaks), hybridcache answers None.
             self.f.known_bug_avoided += 1

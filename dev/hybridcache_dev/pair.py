@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridcache.tools.compare import norm_allocated, norm_blocks, pool_state
-from hybridcache.tools.fuzz_setup import Setup
-from hybridcache.tools.release_api import release
+from hybridcache_dev.fuzz_setup import Setup
+from hybridcache_dev.release_api import release
 from hybridcache_dev.drive import build_reference
 
 REF, OURS = 0, 1  # the sides, as `both` passes them
@@ -32,7 +32,7 @@ class ManagerPair:
 
     def __init__(self, setup: Setup, strict: bool = False) -> None:
         self.s = setup
-        # The release's API, which builds vLLM's own requests (0.33.0's).
+        # The release's API, which builds vLLM's own requests.
         self.api: Any = release(setup.release)
         if not hasattr(self.api, "make_request"):
             raise ValueError(f"ManagerPair: release {setup.release} builds no vLLM requests here")

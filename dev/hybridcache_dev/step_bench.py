@@ -28,7 +28,7 @@ appends (`step_profile`, not timed) splits each step into the manager,
 request block hashing and the rest (vLLM's scheduler code), and times each
 manager method in situ, stock's, hybridcache's and the floor's.
 
-This module needs vLLM 0.23.0 and torch; `import hybridcache` never loads it.
+This module needs a supported vLLM (the release table's) and torch; `import hybridcache` never loads it.
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def build_scheduler(cfg: StepConfig, variant: str) -> Any:
             block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=cfg.sliding_window)))
     kv_cache_config = KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     if hasattr(kv_cache_config, "prefix_cache_retention_interval"):
-        # vLLM 0.30+: the engine copies the cache config's retention (0 by
+        # vLLM's engine copies the cache config's retention (0 by
         # default: sparse, replay boundaries only) into the KV cache config.
         kv_cache_config.prefix_cache_retention_interval = getattr(
             cache_config, "prefix_cache_retention_interval", None)

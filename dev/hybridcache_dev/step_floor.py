@@ -18,7 +18,7 @@ from typing import Any
 ANSWERING = ("allocate_slots", "get_computed_blocks", "get_blocks", "get_block_ids",
              "get_num_common_prefix_blocks", "take_events", "make_prefix_cache_stats",
              "take_new_block_ids", "evict_blocks", "reset_prefix_cache", "usage",
-             # vLLM 0.33.0
+             # with partial-block hits
              "get_computed_blocks_for_connector", "truncate_computed_blocks", "pop_blocks_for_free",
              "take_kv_cache_block_copies", "take_boundary_state_offloads", "estimate_cached_tokens",
              "get_block_ids_for_computed_tokens", "finalize_partial_tail_offloads")
@@ -89,7 +89,7 @@ class FloorManager:
         self.empty_kv_cache_blocks = FloorBlocks(inner.empty_kv_cache_blocks)
         self.kv_cache_config = inner.kv_cache_config
         self.num_kv_cache_groups = inner.num_kv_cache_groups
-        # Read once at construction (with a connector); 0.33.0's deferred
+        # Read once at construction (with a connector); deferred
         # frees return blocks through it, which costs the floor nothing.
         self.block_pool = _FloorPool(inner.block_pool)
         self.coordinator = inner.coordinator

@@ -359,8 +359,8 @@ impl Fuzz {
                     .skip(1)
                     .flatten()
                     .any(|&x| x != NULL_BLOCK && self.m.pool().ref_cnt(x) == 0);
-                // vLLM 0.23.0 bug the core reproduces: an earlier group's external-token
-                // blocks may pop a later group's free hit block.
+                // A vLLM bug the whole-block-hits profile reproduces: an earlier
+                // group's external-token blocks may pop a later group's free hit block.
                 if !KNOWN_BUGS && later_free_hit {
                     ext = 0;
                 }

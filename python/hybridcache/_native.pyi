@@ -69,7 +69,7 @@ class _GroupArg(Protocol):
     def extra_retained_tokens(self) -> int: ...
 
 class _Request(Protocol):
-    """What the manager reads of a request: vLLM 0.23.0's `Request` and
+    """What the manager reads of a request: vLLM's `Request` and
     `hybridcache.Request` both have it. Also read when present (else taken
     as None / empty): `lora_request`, `cache_salt`, `mm_features`,
     `prompt_embeds` (extra keys of KV events)."""
@@ -162,7 +162,7 @@ class NativeManager:
         """Requests the manager holds state for (allocated, not yet freed)."""
     @property
     def coordinator_kind(self) -> Literal["no_prefix_cache", "unitary", "hybrid"]:
-        """The coordinator vLLM 0.23.0 builds for this config: no prefix
+        """The coordinator vLLM builds for this config: no prefix
         cache (caching off), unitary (one group) or hybrid."""
     def num_known_hashes(self, request_id: str) -> int:
         """How many of the request's block hashes the manager has read."""
@@ -182,31 +182,32 @@ class NativeManager:
         block hashes are read first; the lookup is counted for
         `make_prefix_cache_stats`.
 
-        `max_cache_hit_length` (managers of vLLM 0.33.0 and later; a
-        TypeError on 0.23.0's): the most hit tokens instead of
-        `num_tokens - 1`. Managers of 0.27.0 and later count nothing here
-        (their facade records admissions).
+        `max_cache_hit_length` (profiles with `lookup_hit_cap_arg`; a
+        TypeError elsewhere): the most hit tokens instead of
+        `num_tokens - 1`. Managers whose profile has the scheduler record
+        stats count nothing here (their facade records admissions).
 
         Raises ValueError for a request without tokens, TypeError /
         AttributeError for a request without the attributes of `_Request`."""
     def _get_computed_blocks_with_boundary(
         self, request: _Request, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int]:
-        """0.33.0's `get_computed_blocks`: `get_computed_blocks`' pair plus
-        `shared_prefix_boundary`, where the longest hit one attention type
-        found on its own ends when it passes the hit (a sparse-retention
-        group lags a shared prefix), else 0."""
+        """`get_computed_blocks`' pair plus `shared_prefix_boundary`, where
+        the longest hit one attention type found on its own ends when it
+        passes the hit (a sparse-retention group lags a shared prefix),
+        else 0."""
     def _find_longest_cache_hit_per_group(
         self, block_hashes: list[bytes], max_cache_hit_length: int
     ) -> tuple[KVCacheBlocks, list[int]]:
-        """0.33.0's `HybridKVCacheCoordinator.find_longest_cache_hit_per_group`:
+        """vLLM's `HybridKVCacheCoordinator.find_longest_cache_hit_per_group`:
         each group's own hit over `block_hashes`, not reconciled with the
         others (blocks, hit tokens per group). ValueError for other
-        coordinators (one group, or no prefix caching) and for 0.23.0."""
+        coordinators (one group, or no prefix caching) and for the
+        whole-block-hits profile."""
     def _get_computed_blocks_for_connector(
         self, request: _Request, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int, bool | None]:
-        """0.33.0's `get_computed_blocks_for_connector`: with Mamba layers
+        """vLLM's `get_computed_blocks_for_connector`: with Mamba layers
         beside full attention each group's own hit, the full-attention one
         as the local prefix, and `hit_diverged`; `hit_diverged` None where
         the reconciled `_get_computed_blocks_with_boundary` answered."""
@@ -216,27 +217,27 @@ class NativeManager:
         "partial-block-hits"; `hybridcache.releases` says which release
         follows which)."""
     def _set_reprefillable_tokens(self, n: int) -> None:
-        """vLLM 0.33.0's multi-module MTP: the last `n` computed tokens are
+        """vLLM's multi-module MTP: the last `n` computed tokens are
         never cached (its `num_prefill_lookahead - 1`); set before the first
         request."""
     def _set_watermark(self, blocks: int, statuses: list[Any]) -> None:
-        """vLLM 0.24+'s watermark: `blocks` stay free when a request whose
+        """vLLM's watermark: `blocks` stay free when a request whose
         `status` equals one of `statuses` is admitted while others are
         scheduled (`allocate_slots(..., has_scheduled_reqs=True)`)."""
     def _pop_blocks_for_free(self, request_id: str) -> list[int]:
-        """vLLM 0.24+'s `pop_blocks_for_free`, as block ids: the request is
+        """vLLM's `pop_blocks_for_free`, as block ids: the request is
         forgotten; its blocks (table order, leading null blocks left out)
         stay referenced until `_free_handed_out`."""
     def _num_cached_blocks(self, request_id: str, group: int) -> int | None:
         """vLLM's `single_type_managers[group].num_cached_block.get(request_id)`:
         the group's blocks cached for a running request, None otherwise."""
     def _record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """vLLM 0.33.0's `record_blocks_for_zeroing`: the request's blocks from
+        """vLLM's `record_blocks_for_zeroing`: the request's blocks from
         `start_token` on are recorded for zeroing again, in the groups that
         record new block ids (ValueError if `start_token` is not a multiple
         of their block size)."""
     def _free_handed_out(self, blocks: Iterable[Any]) -> None:
-        """vLLM 0.28+'s `block_pool.free_blocks(blocks)` for blocks
+        """vLLM's `block_pool.free_blocks(blocks)` for blocks
         `_pop_blocks_for_free` handed out (objects with `block_id`, or ids),
         in eviction order: unhashed ones (all with caching off) are reused
         first, cached ones last. ValueError, nothing freed, for a block not
@@ -259,7 +260,7 @@ class NativeManager:
         has_scheduled_reqs: bool = True,
         skip_zeroing_group_ids: Iterable[int] | None = None,
     ) -> KVCacheBlocks | None:
-        """vLLM 0.23.0's `KVCacheManager.allocate_slots`: blocks for this
+        """vLLM's `KVCacheManager.allocate_slots`: blocks for this
         step's tokens of one request, admission or running.
 
         The request's table is made to cover
@@ -293,12 +294,12 @@ class NativeManager:
             full_sequence_must_fit: return None unless the pool can hold
                 the whole request (`request.num_tokens`), not just this step.
             reserved_blocks: free blocks this call must leave free.
-            has_scheduled_reqs: (0.33.0 managers only; a TypeError on
-                0.23.0's) another request runs this step: a waiting or
+            has_scheduled_reqs: (profiles with `allocate_step_args` only; a
+                TypeError elsewhere) another request runs this step: a waiting or
                 preempted request must then leave the watermark free too.
-            skip_zeroing_group_ids: (0.33.0 managers only) groups whose
-                external-token blocks an async load writes, kept out of
-                zeroing; checked to be group indices.
+            skip_zeroing_group_ids: (profiles with `allocate_step_args` only)
+                groups whose external-token blocks an async load writes,
+                kept out of zeroing; checked to be group indices.
 
         Returns:
             The blocks added by this call, per group
@@ -424,38 +425,38 @@ class NativeManager:
         `Scheduler.schedule` does): per-step bookkeeping such as the Mamba
         align groups' blocks cached this step."""
     def _take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        """vLLM 0.33.0 Mamba align states cached since the last call:
-        {request id: [(group, block id, boundary tokens), ...]}, oldest
+        """Mamba align states cached since the last call (vLLM's
+        boundary-state offloads): {request id: [(group, block id, boundary tokens), ...]}, oldest
         first."""
     def _take_kv_cache_block_copies(self) -> list[tuple[int, int]]:
-        """vLLM 0.33.0 copy-on-write copies of partial hash hits since the
+        """Copy-on-write copies of partial hash hits since the
         last call: (source, copy) block ids, each holding an extra reference
         the caller frees after the step."""
     def _finalize_partial_tail_offloads(self, request_id: str, num_computed_tokens: int,
                                             num_in_flight_tokens: int) -> list[tuple[int, int, int]]:
-        """vLLM 0.33.0 `finalize_partial_tail_offloads`: (group, block id,
+        """vLLM's `finalize_partial_tail_offloads`: (group, block id,
         boundary tokens) of the request's complete Mamba producer tails."""
     def _adopt_core(self, other: NativeManager) -> None:
         """Swaps this manager's core with `other`'s, keeping this side's
         Python bindings (the facade rebuilds an untouched manager in place)."""
     def _set_shared_prefix_checkpoint(self, on: bool) -> None:
-        """vLLM 0.33.0's `mamba_shared_prefix_checkpoint` (narrowed by the facade), before the first request."""
+        """vLLM's `mamba_shared_prefix_checkpoint` (narrowed by the facade), before the first request."""
     def _set_partial_hits_dcp(self, dcp_world_size: int) -> None:
-        """vLLM 0.33.0's partial-hit rule under decode context parallelism
+        """vLLM's partial-hit rule under decode context parallelism
         (before the first request; the groups come scaled already)."""
     @property
     def _partial_hash_hits(self) -> bool:
-        """vLLM 0.33.0's `enable_partial_hash_hits`."""
+        """vLLM's `enable_partial_hash_hits`."""
     def ref_cnt(self, block_id: int) -> int:
         """How many requests hold the block."""
     def block_hash(self, block_id: int) -> tuple[bytes, int] | None:
         """(hash bytes, group id) of a cached block, else None."""
     def block_hash_num_tokens(self, block_ids: Sequence[int]) -> list[int | None]:
-        """vLLM 0.33.0's `block_hash_num_tokens` of each block: the prefix
+        """vLLM's `block_hash_num_tokens` of each block: the prefix
         tokens its hash covers (a full block's end or a partial entry's
         boundary), None without a hash."""
     def _estimate_cached_tokens(self, request: _Request) -> int:
-        """vLLM 0.33.0's `estimate_cached_tokens(request)`: over the
+        """vLLM's `estimate_cached_tokens(request)`: over the
         prefix-cacheable groups other than cross attention, the fewest of
         each group's most tokens any of the request's blocks' hash covers
         (0 for none, or for a request the manager does not hold)."""
@@ -468,7 +469,7 @@ class NativeManager:
     def num_cached_keys(self) -> int:
         """Number of (block hash, group) keys in the prefix cache."""
     def _align_checkpoints(self, group: int) -> list[tuple[str, int, int]]:
-        """vLLM 0.33.0's `_checkpoints` of Mamba align group `group`:
+        """vLLM's `_checkpoints` of Mamba align group `group`:
         (request id, position, table index) per request with a checkpoint."""
     def request_ids(self) -> list[str]:
         """Ids of the requests the manager holds state for."""
@@ -581,7 +582,7 @@ class BlockView:
         """vLLM's `BlockHashWithGroupId`: hash bytes + 4-byte big-endian group."""
     @property
     def block_hash_num_tokens(self) -> int | None:
-        """vLLM 0.33.0's: prefix tokens the block's hash covers, or None."""
+        """vLLM's: prefix tokens the block's hash covers, or None."""
     @property
     def next_free_block(self) -> Any:
         """vLLM's free-list links: the next / previous block in the free queue

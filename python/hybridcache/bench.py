@@ -385,7 +385,7 @@ def main(args: Any) -> int:
         print(format_report(report))
         if report.get("batched"):
             print()
-            print(format_batched(report["batched"]))
+            print(format_batched(report["batched"], report["vllm"]))
         elif report.get("batched_note"):
             print()
             print(report["batched_note"])

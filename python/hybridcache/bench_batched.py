@@ -163,7 +163,7 @@ def run_batched(
     }
 
 
-def format_batched(rows: list[dict[str, Any]]) -> str:
+def format_batched(rows: list[dict[str, Any]], vllm_version: str) -> str:
     lines = [
         "batched decode API: one call per step vs vLLM's per-request allocate_slots (+get_block_ids);",
         "  batch = allocate_decode_batch(requests, lists); arrays = allocate_decode_arrays(handles, uint32 arrays)",
@@ -176,5 +176,5 @@ def format_batched(rows: list[dict[str, Any]]) -> str:
             f"{r['hybridcache_batched_us_per_step']:14,.1f} {r['ratio']:6.1f}x"
             f" {r['hybridcache_arrays_us_per_step']:15,.1f} {r['arrays_ratio']:6.1f}x"
         )
-    lines.append("  verified: every step's new block ids identical to vLLM 0.23.0's")
+    lines.append(f"  verified: every step's new block ids identical to vLLM {vllm_version}'s")
     return "\n".join(lines)

@@ -161,7 +161,7 @@ class _EventQueueView(ReadOnlyView, Sequence):
 
 
 class BlockPoolView(ReadOnlyView):
-    """`manager.block_pool`: the parts of vLLM 0.23.0's `BlockPool` that
+    """`manager.block_pool`: the parts of vLLM's `BlockPool` that
     schedulers, KV connectors and vLLM's tests read, as live read-only
     views over the native pool: `num_gpu_blocks`, `blocks[i]` (block views),
     `null_block` (block 0), `free_block_queue`, `cached_block_hash_to_block`,

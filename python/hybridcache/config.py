@@ -171,8 +171,8 @@ class KVCacheGroupSpec:
             `ChunkedLocalAttentionSpec`, `MambaSpec`, `CrossAttentionSpec`)
             or vLLM's of those names (or their subclasses: MLA, TQ
             full attention, ...). Sink and encoder-only specs raise
-            NotImplementedError, as vLLM 0.23.0 has no working manager for
-            them; an unknown type raises NotImplementedError too.
+            NotImplementedError, as not every supported vLLM has a working
+            manager for them; an unknown type raises NotImplementedError too.
         is_eagle_group: the group of an EAGLE drafter's layers (vLLM drops
             the last matched block of such groups on a prefix-cache hit).
     """
@@ -217,13 +217,14 @@ _SPEC_KINDS: dict[str, tuple[str | None, str]] = {
     "HiddenStateCacheSpec": ("full_attention", "mla_attention"),
     "MLAAttentionSpec": ("full_attention", "mla_attention"),
     "TQFullAttentionSpec": ("full_attention", "full_attention"),
-    # vLLM 0.23.0 cannot build its manager (constructor signature mismatch).
+    # Some supported vLLM releases cannot build its manager (constructor
+    # signature mismatch).
     "SinkFullAttentionSpec": (None, "sink_full_attention"),
     "FullAttentionSpec": ("full_attention", "full_attention"),
     "ChunkedLocalAttentionSpec": ("chunked_local", "chunked_local_attention"),
     "SlidingWindowSpec": ("sliding_window", "sliding_window"),
     "MambaSpec": ("mamba", "mamba"),
-    # vLLM 0.23.0 registers no manager for it.
+    # Some supported vLLM releases register no manager for it.
     "EncoderOnlyAttentionSpec": (None, "encoder_only_attention"),
     "CrossAttentionSpec": ("cross_attention", "cross_attention"),
     "UniformTypeKVCacheSpecs": (None, "unknown"),
@@ -261,7 +262,7 @@ class NativeGroup:
     window_or_chunk: int
     mamba_cache_mode: MambaCacheMode
     num_speculative_blocks: int
-    # Mamba align prefill checkpoints (vLLM 0.29+): (alignment,
+    # Mamba align prefill checkpoints: (alignment,
     # hash_block_size, num_hash_lookahead_tokens, drop_eagle_block,
     # only_at_prefill_end), or None; set by a release's facade that has them.
     mamba_checkpoints: tuple[int, int, int, bool, bool] | None = None
@@ -288,7 +289,7 @@ def _classify(spec: Any, index: int) -> tuple[str, str]:
             if kind is None:
                 raise NotImplementedError(
                     f"kv_cache_groups[{index}]: {cls.__name__} is not supported by hybridcache "
-                    "(vLLM 0.23.0 has no working manager for it either)"
+                    "(not every supported vLLM has a working manager for it either)"
                 )
             return kind, event_kind
     raise NotImplementedError(f"kv_cache_groups[{index}]: unknown KV cache spec type {type(spec).__name__}")
@@ -379,10 +380,11 @@ RETENTION_ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
 
 
 def read_retention_interval(groups: list[GroupInfo], scheduler_block_size: int) -> int | None:
-    """VLLM_PREFIX_CACHE_RETENTION_INTERVAL as vLLM 0.23.0 reads it when it
-    builds a manager (`int(...)` of the variable; unset: None, dense caching)
-    and checks it: only a model with a sliding-window group, and a
-    non-negative multiple of `scheduler_block_size`. ValueError otherwise."""
+    """VLLM_PREFIX_CACHE_RETENTION_INTERVAL as vLLM reads it under the
+    whole-block-hits profile when it builds a manager (`int(...)` of the
+    variable; unset: None, dense caching) and checks it: only a model with
+    a sliding-window group, and a non-negative multiple of
+    `scheduler_block_size`. ValueError otherwise."""
     raw = os.environ.get(RETENTION_ENV)
     if raw is None:
         return None

@@ -1,4 +1,4 @@
-"""`manager.coordinator`: the parts of vLLM 0.23.0's `KVCacheCoordinator`
+"""`manager.coordinator`: the parts of vLLM's `KVCacheCoordinator`
 that code outside the manager reads, served by the native core.
 
 vLLM's scheduler calls `kv_cache_manager.coordinator.get_num_blocks_to_allocate`
@@ -124,7 +124,7 @@ class SingleTypeManagerView(ReadOnlyView):
 
 
 class CoordinatorView(ReadOnlyView):
-    """`manager.coordinator`: a read-mostly stand-in for vLLM 0.23.0's
+    """`manager.coordinator`: a read-mostly stand-in for vLLM's
     `KVCacheCoordinator`, for code outside the manager that reads it
     (vLLM's scheduler calls `get_num_blocks_to_allocate`): the config
     fields, `single_type_managers`, `block_pool`, and the calls below. Its
@@ -220,5 +220,5 @@ _VIEWS: dict[str, type[CoordinatorView]] = {
 
 def coordinator_view(manager: KVCacheManager) -> CoordinatorView:
     """`manager.coordinator`: a view whose class is named as the coordinator
-    vLLM 0.23.0 builds for the same config (the core chose it)."""
+    vLLM builds for the same config (the core chose it)."""
     return _VIEWS[manager._native.coordinator_kind](manager)

@@ -17,7 +17,7 @@ Rust for all four ``prefix_caching_hash_algo`` values: ``sha256_cbor``,
 
 ``profile`` names the core profile whose rules apply (the core's
 ``profile::Hashing``; a release row's ``profile``, default the oldest
-release's): 0.33.0's tags extra keys with their source, seeds
+release's): the partial-block-hits rules tag extra keys with their source, seed
 NONE_HASH with "vllm-none-hash" for sha256* when PYTHONHASHSEED is unset,
 and can hash lookahead tokens. Extra keys (LoRA, cache salt) are built
 natively; for a request with multimodal features or prompt embeds they come

@@ -22,39 +22,26 @@ tokens for cross attention, no partial KV-load failures with several groups).
 objects) and raises ``ReplayDivergence`` on the first differing output;
 ``run_single`` drives one manager and times it.
 
-Nothing here imports torch or vLLM at module import time; ``vllm_factory``
-imports both when called, ``hybridcache_factory`` neither.
+Nothing here imports torch or vLLM at module import time; the factories of
+``release_factories`` import both when called, ``hybridcache_factory`` neither.
 
 The pieces live in `hybridcache.tools` (groups and config builders,
 `ReplayConfig`, the simulation, the comparisons); this module holds the entry
-points, the manager factories and the CLI (``python -m hybridcache.replay``).
+points and the manager factories of ``hybridcache replay``. The development
+package's ``python -m hybridcache_dev.replay`` replays any mix and seed range.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .tools.compare import Fanout, ReplayDivergence
 from . import releases
-from .tools.configs import (
-    GROUP_KINDS,
-    MAMBA_MODES,
-    GroupSpec,
-    chunked_local,
-    cross_attention,
-    format_mix,
-    full,
-    hybridcache_manager,
-    mamba,
-    parse_mix,
-    sliding_window,
-    vllm_manager,
-)
+from .tools.compare import Fanout, ReplayDivergence
+from .tools.configs import format_mix, hybridcache_manager
 from .tools.oracle import quiet_logs
 from .tools.release_api import ReleaseApi, release
-from .tools.replay_config import DEFAULT_CONFIG, MIX_PRESETS, ReplayConfig
+from .tools.replay_config import DEFAULT_CONFIG, ReplayConfig
 from .tools.simulation import ReplaySimulation, ReplaySummary
 
 ManagerFactory = Callable[[ReplayConfig], Any]
@@ -99,150 +86,28 @@ def run_single(config: ReplayConfig, seed: int, factory: ManagerFactory) -> Repl
     return _run(config, seed, [factory(config)], ["manager"])
 
 
-def make_vllm_kv_cache_config(config: ReplayConfig) -> Any:
-    """vLLM's KVCacheConfig for `config`'s groups (imports vLLM and torch)."""
-    return config.vllm_kv_cache_config()
-
-
-def make_kv_cache_config(config: ReplayConfig) -> Any:
-    """hybridcache's own KVCacheConfig for `config`'s groups (no vLLM, no torch)."""
-    return config.hybridcache_kv_cache_config()
-
-
-def vllm_factory(config: ReplayConfig) -> Any:
-    """vLLM's own KVCacheManager for `config`, with the oldest release's arguments."""
-    return vllm_manager(config.vllm_kv_cache_config(), config.manager_kwargs())
-
-
 def hybridcache_factory(config: ReplayConfig) -> Any:
     """hybridcache's KVCacheManager for `config`, on its own config classes
     (so the CLI needs neither vLLM nor torch)."""
     return hybridcache_manager(config.hybridcache_kv_cache_config(), config.manager_kwargs())
 
 
-def hybridcache_on_vllm_config_factory(config: ReplayConfig) -> Any:
-    """hybridcache's KVCacheManager on vLLM's config classes (duck typing)."""
-    return hybridcache_manager(config.vllm_kv_cache_config(), config.manager_kwargs())
-
-
 def release_factories(release_name: str) -> tuple[ManagerFactory, ManagerFactory]:
     """(vLLM's manager, hybridcache's facade) for vLLM release `release_name`,
     both on vLLM's config classes, as that release's scheduler builds them."""
     api = release(release_name)
-    if api.classic:
-        return vllm_factory, hybridcache_factory
     return (lambda c: api.tool_vllm(c.vllm_kv_cache_config(), c.manager_kwargs()),
             lambda c: api.tool_facade(c.vllm_kv_cache_config(), c.manager_kwargs()))
 
 
-_FACTORIES: dict[str, ManagerFactory] = {"hybridcache": hybridcache_factory, "vllm": vllm_factory}
-
-
-def _cli_config(args: argparse.Namespace) -> ReplayConfig:
-    mix = MIX_PRESETS.get(args.mix, args.mix)
-    changes: dict[str, Any] = dict(
-        mix=mix,
-        num_requests=args.requests,
-        enable_caching=not args.no_caching,
-        use_eagle=args.eagle,
-        hash_block_size=args.hash_block_size,
-    )
-    if args.block_size is not None:
-        changes["block_size"] = args.block_size
-    if args.max_drafts is not None:
-        changes["max_drafts"] = args.max_drafts
-    if args.num_blocks is not None:
-        return DEFAULT_CONFIG.with_changes(num_blocks=args.num_blocks, **changes)
-    # Size the pool from the mix: room for a few max-length requests.
-    probe = DEFAULT_CONFIG.with_changes(num_blocks=1 << 30, **changes)
-    need = probe.min_num_blocks() + 1
-    num_blocks = DEFAULT_CONFIG.num_blocks if need <= DEFAULT_CONFIG.num_blocks else need * 3 // 2
-    return probe.with_changes(num_blocks=num_blocks)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Replay seeded KV-cache manager traces.")
-    parser.add_argument("--impl", choices=sorted(_FACTORIES), default="hybridcache")
-    parser.add_argument("--compare", choices=sorted(_FACTORIES), default=None,
-                        help="also replay against this manager and compare every output")
-    parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--requests", type=int, default=DEFAULT_CONFIG.num_requests)
-    parser.add_argument(
-        "--mix", default="full",
-        help="the model's KV-cache groups: a preset (" + ", ".join(sorted(MIX_PRESETS))
-        + ") or groups such as 'full,sw:128@32,mamba:align:2,chunked:64,cross,full+eagle' "
-        "(KIND[:ARGS][@BLOCK_SIZE][+eagle][*COUNT]; mamba:MODE:NUM_SPECULATIVE_BLOCKS)",
-    )
-    parser.add_argument("--block-size", type=int, default=None,
-                        help="block size of groups without @SIZE (default %(default)s: 16)")
-    parser.add_argument("--hash-block-size", type=int, default=None,
-                        help="default: as vLLM resolves it (GCD of group block sizes)")
-    parser.add_argument("--num-blocks", type=int, default=None,
-                        help="default: sized from the mix")
-    parser.add_argument("--max-drafts", type=int, default=None)
-    parser.add_argument("--no-caching", action="store_true", help="disable prefix caching")
-    parser.add_argument("--eagle", action="store_true", help="EAGLE: lookahead slots, hit pruning")
-    args = parser.parse_args(argv)
-    try:
-        config = _cli_config(args)
-    except ValueError as e:
-        parser.error(str(e))
-    factories, release_name = dict(_FACTORIES), releases.DEFAULT.version
-    if "vllm" in (args.impl, args.compare):
-        # vLLM's manager is the installed release's; hybridcache's is its facade for that release.
-        from .bench import tool_release
-
-        found, note = tool_release("python -m hybridcache.replay")
-        if found is None:
-            parser.error(note)
-        release_name = found.version
-        factories["vllm"], factories["hybridcache"] = release_factories(release_name)
-        try:
-            # The facade's own layout check says what it covers.
-            factories["hybridcache"](config)
-        except NotImplementedError as e:
-            parser.error(f"vLLM {found.version}: hybridcache's facade does not cover the mix "
-                         f"{format_mix(config.mix)!r} yet: {e}")
-    print(config.describe())
-    for seed in range(args.first_seed, args.first_seed + args.seeds):
-        if args.compare:
-            pair = [factories[args.compare], factories[args.impl]]
-            summary = replay(config, seed, pair, [args.compare, args.impl], release_name)
-        else:
-            summary = run_single(config, seed, factories[args.impl])
-        print(summary.as_dict())
-    return 0
-
-
-
 __all__ = [
     "DEFAULT_CONFIG",
-    "GROUP_KINDS",
-    "MAMBA_MODES",
-    "MIX_PRESETS",
-    "GroupSpec",
     "ReplayConfig",
     "ReplayDivergence",
     "ReplaySummary",
-    "chunked_local",
-    "cross_attention",
     "format_mix",
-    "full",
     "hybridcache_factory",
-    "hybridcache_on_vllm_config_factory",
-    "main",
-    "make_kv_cache_config",
-    "make_vllm_kv_cache_config",
-    "mamba",
-    "parse_mix",
     "release_factories",
     "replay",
     "run_single",
-    "sliding_window",
-    "vllm_factory",
 ]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

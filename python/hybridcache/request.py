@@ -1,6 +1,6 @@
 """A minimal request type for users without vLLM.
 
-It carries every attribute vLLM 0.23.0's KVCacheManager reads from a
+It carries every attribute vLLM's KVCacheManager reads from a
 ``vllm.v1.request.Request`` (so the very same object can be handed to vLLM's
 manager and to hybridcache's), and keeps ``block_hashes`` up to date as tokens
 are appended, the way vLLM's request block hasher does.
@@ -125,7 +125,7 @@ class Request:
         self._prompt_embeds_per_block_hashes: dict[tuple[int, int], bytes] = {}
         self.skip_reading_prefix_cache = skip_reading_prefix_cache
         self.spec_token_ids: list[int] = []
-        # Tokens scheduled whose KV is not computed yet (vLLM 0.26+'s async
+        # Tokens scheduled whose KV is not computed yet (vLLM's async
         # scheduling): a later release's manager frees sliding-window blocks only
         # behind the processed tokens. 0 for a synchronous loop.
         self.num_in_flight_tokens = 0

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.vllm("0.23.0")
 pytest.importorskip("vllm.v1.core.kv_cache_manager")
 
 from hybridcache_dev.fuzz import MIXES, Driver, RngChooser, random_setup  # noqa: E402
-from hybridcache.tools.block_metrics import observe, recording_collector  # noqa: E402
+from hybridcache_dev.block_metrics import observe, recording_collector  # noqa: E402
 
 RATES = [1.0, 0.3]
 

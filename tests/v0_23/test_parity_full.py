@@ -16,14 +16,8 @@ import pytest
 pytestmark = pytest.mark.vllm("0.23.0")
 
 from liars import FakeBlocks, LiesOnce
-from hybridcache.replay import (
-    DEFAULT_CONFIG,
-    ReplayConfig,
-    ReplayDivergence,
-    main,
-    replay,
-    run_single,
-)
+from hybridcache.replay import DEFAULT_CONFIG, ReplayConfig, ReplayDivergence, replay, run_single
+from hybridcache_dev.replay import main
 
 SEEDS = range(6)
 

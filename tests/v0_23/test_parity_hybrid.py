@@ -4,7 +4,7 @@ vLLM 0.23.0's, over every KV-cache group mix vLLM 0.23.0 supports.
 Each cell is a mix (full / sliding window / chunked local / Mamba none-all-align
 / cross attention groups, block sizes, EAGLE groups), replayed with EAGLE off
 and on (where vLLM allows it) over several seeds. Every output of every call
-is compared after every call (see hybridcache.replay); the coverage checks make
+is compared after every call (see hybridcache.replay and hybridcache_dev.replay); the coverage checks make
 sure each cell really reached preemptions, failed allocations, prefix hits,
 Mamba block-aligned chunking, drafts, connector tokens and events.
 """
@@ -20,19 +20,9 @@ import pytest
 pytestmark = pytest.mark.vllm("0.23.0")
 
 from liars import FakeBlocks, LiesOnce
-from hybridcache.replay import (
-    GroupSpec,
-    ReplayConfig,
-    ReplayDivergence,
-    format_mix,
-    hybridcache_factory,
-    hybridcache_on_vllm_config_factory,
-    main,
-    parse_mix,
-    replay,
-    run_single,
-    vllm_factory,
-)
+from hybridcache.replay import ReplayConfig, ReplayDivergence, hybridcache_factory, replay, run_single
+from hybridcache.tools.configs import GroupSpec, format_mix, parse_mix
+from hybridcache_dev.replay import hybridcache_on_vllm_config_factory, main, vllm_factory
 
 SEEDS = range(4)
 
@@ -337,7 +327,7 @@ def test_cli_runs_without_vllm_or_torch():
 
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['vllm'] = None\n"
-        "from hybridcache.replay import main\n"
+        "from hybridcache_dev.replay import main\n"
         "raise SystemExit(main(['--mix', 'full,sw:64,mamba:align:2', '--eagle', '--requests', '15']))\n"
     )
     env = dict(os.environ)

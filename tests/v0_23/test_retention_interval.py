@@ -13,10 +13,9 @@ import pytest
 
 from hybridcache import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheManager, Request, SlidingWindowSpec
 from hybridcache._native import NativeManager
-from hybridcache.tools import configs
 from hybridcache.config import read_groups
 from hybridcache.tools.compare import norm_allocated, norm_blocks, norm_events, pool_state
-from hybridcache.tools.fuzz_setup import Group, Setup
+from hybridcache_dev.fuzz_setup import Group, Setup, retention_interval
 
 # Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
 pytestmark = pytest.mark.vllm("0.23.0")
@@ -39,7 +38,7 @@ def _hybrid_config(num_blocks: int = 100) -> KVCacheConfig:
 
 def _build(cfg: KVCacheConfig, value: str | int | None, **kwargs: Any) -> KVCacheManager:
     kwargs.setdefault("enable_caching", True)
-    with configs.retention_interval(value):  # type: ignore[arg-type]
+    with retention_interval(value):  # type: ignore[arg-type]
         return KVCacheManager(cfg, 1024, 32, 8, **kwargs)
 
 
@@ -67,9 +66,9 @@ def test_bad_values_raise_value_error(raw: str, match: str, caching: bool) -> No
 
 def test_needs_a_sliding_window_group() -> None:
     cfg = KVCacheConfig(num_blocks=10, kv_cache_groups=[KVCacheGroupSpec(["a"], FullAttentionSpec(block_size=8))])
-    with configs.retention_interval(0), pytest.raises(ValueError, match="no sliding-window KV cache group"):
+    with retention_interval(0), pytest.raises(ValueError, match="no sliding-window KV cache group"):
         KVCacheManager(cfg, 256, 8, 8)
-    with configs.retention_interval(None):
+    with retention_interval(None):
         KVCacheManager(cfg, 256, 8, 8)
 
 
@@ -160,7 +159,7 @@ class _Pair:
     """vLLM's manager and hybridcache's, built under the setup's retention."""
 
     def __init__(self, s: Setup) -> None:
-        from hybridcache.tools.fuzz_setup import build_hybridcache, build_vllm
+        from hybridcache_dev.fuzz_setup import build_hybridcache, build_vllm
 
         self.s = s
         self.ref = build_vllm(s)

@@ -12,7 +12,7 @@ import pytest
 # Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
 pytestmark = pytest.mark.vllm("0.23.0")
 
-from hybridcache.tools.oracle import module_needs_vllm  # noqa: E402
+from hybridcache_dev.oracle import module_needs_vllm  # noqa: E402
 
 vllm = module_needs_vllm("0.23.0")
 

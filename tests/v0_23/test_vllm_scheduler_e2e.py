@@ -30,7 +30,7 @@ import pytest
 # Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
 pytestmark = pytest.mark.vllm("0.23.0")
 
-from hybridcache.tools.oracle import module_needs_vllm  # noqa: E402
+from hybridcache_dev.oracle import module_needs_vllm  # noqa: E402
 
 vllm = module_needs_vllm("0.23.0")
 
@@ -73,7 +73,7 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 import hybridcache.vllm as hc_vllm  # noqa: E402
 from hybridcache.releases.v0_23.scheduler import VllmKVCacheManager as VllmKVCacheManager023  # noqa: E402
 from hybridcache_dev.step_bench import stub_model_dir as shared_stub_model_dir  # noqa: E402
-from hybridcache.tools.block_metrics import observe, record_calls  # noqa: E402
+from hybridcache_dev.block_metrics import observe, record_calls  # noqa: E402
 
 EOS_TOKEN_ID = 50256
 STOP_TOKEN_ID = 999  # sampled now and then: requests stop early, mid-draft too

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 vllm = pytest.importorskip("vllm", reason="needs vLLM 0.33.0 (the 0.33 venv)")
-from hybridcache.tools.oracle import module_needs_vllm  # noqa: E402
+from hybridcache_dev.oracle import module_needs_vllm  # noqa: E402
 
 module_needs_vllm("0.33.0")
 torch = pytest.importorskip("torch")
@@ -78,7 +78,7 @@ def _round_trip(ours: list[Any], theirs: list[Any]) -> None:
 
 
 def _managers(num_blocks: int) -> tuple[Any, Any]:
-    groups = configs.resolved([configs.full()], BS)
+    groups = (configs.full(BS),)
     theirs = VllmManager(configs.vllm_kv_cache_config(groups, num_blocks), max_model_len=4096,
                          scheduler_block_size=BS, hash_block_size=BS, enable_caching=True,
                          enable_kv_cache_events=True)

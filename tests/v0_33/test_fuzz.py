@@ -35,7 +35,7 @@ if releases.find(releases.installed_vllm_version()) is not releases.of_folder("v
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 from hybridcache_dev import fuzz  # noqa: E402
-from hybridcache.tools.release_api import release  # noqa: E402
+from hybridcache_dev.release_api import release  # noqa: E402
 
 API = release("0.33.0")
 FACADE_MISSING = importlib.util.find_spec("hybridcache.releases.v0_33.manager") is None
@@ -175,7 +175,7 @@ def test_vllm_033_lookahead_hashes_crash_the_hit_search_without_full_attention()
     """Why the 0.33.0 setups use lookahead hashes only with a full-attention
     group: without one, vLLM 0.33.0's hit search reads past the request's
     block hashes (fewer than its full blocks with lookahead hashes)."""
-    from hybridcache.tools.fuzz_setup import Group, Setup
+    from hybridcache_dev.fuzz_setup import Group, Setup
 
     s = Setup(mix="sw_mamba", caching=True, groups=(Group("sw", 4, 10), Group("mamba", 4, mode="align")),
               scheduler_block_size=4, hash_block_size=4, num_blocks=40, use_eagle=False, events=False,

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 vllm = pytest.importorskip("vllm", reason="needs vLLM 0.33.0 (the 0.33 venv)")
-from hybridcache.tools.oracle import module_needs_vllm  # noqa: E402
+from hybridcache_dev.oracle import module_needs_vllm  # noqa: E402
 
 module_needs_vllm("0.33.0")
 torch = pytest.importorskip("torch")

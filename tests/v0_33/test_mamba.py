@@ -55,8 +55,8 @@ def _pair(mode: str, num_blocks: int, num_spec: int = 0, checkpoint: int | None 
           retention: int | None = None) -> tuple[Any, Any, Any, Any]:
     from hybridcache.tools import configs
     from hybridcache.tools.configs import GroupSpec
-    from hybridcache.tools.fuzz_setup import Group, Setup
-    from hybridcache.tools.release_api import V033 as Api
+    from hybridcache_dev.fuzz_setup import Group, Setup
+    from hybridcache_dev.release_api import release
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
     specs = (GroupSpec("full", BS), GroupSpec("mamba", BS, mamba_cache_mode=mode, num_speculative_blocks=num_spec,
@@ -73,7 +73,7 @@ def _pair(mode: str, num_blocks: int, num_spec: int = 0, checkpoint: int | None 
     s = Setup(mix="full_mamba_align", caching=False, groups=(Group("full", BS), Group("mamba", BS, mode=mode)),
               scheduler_block_size=BS, hash_block_size=BS, num_blocks=num_blocks, use_eagle=False, events=False,
               log_stats=False, max_model_len=1024, release="0.33.0")
-    return ref, ours, Api(), s
+    return ref, ours, release("0.33.0"), s
 
 
 def _ids(m: Any, rid: str) -> tuple[list[int], ...]:

@@ -27,8 +27,8 @@ def _pair(num_blocks: int = 40, num_spec: int = 1, retention: int | None = None,
           events: bool = True) -> tuple[Any, Any, Any, Any]:
     from hybridcache.tools import configs
     from hybridcache.tools.configs import GroupSpec
-    from hybridcache.tools.fuzz_setup import Group, Setup
-    from hybridcache.tools.release_api import V033 as Api
+    from hybridcache_dev.fuzz_setup import Group, Setup
+    from hybridcache_dev.release_api import release
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
     specs = (GroupSpec("full", BS), GroupSpec("mamba", BS, mamba_cache_mode="align", num_speculative_blocks=num_spec))
@@ -46,7 +46,7 @@ def _pair(num_blocks: int = 40, num_spec: int = 1, retention: int | None = None,
               groups=(Group("full", BS), Group("mamba", BS, mode="align", num_spec=num_spec)),
               scheduler_block_size=BS, hash_block_size=BS, num_blocks=num_blocks, use_eagle=use_eagle, events=events,
               log_stats=False, max_model_len=1024, release="0.33.0")
-    return ref, ours, Api(), s
+    return ref, ours, release("0.33.0"), s
 
 
 def _ids(blocks: Any) -> tuple[list[int], ...]:

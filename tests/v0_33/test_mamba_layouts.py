@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from hybridcache.tools import oracle
+from hybridcache_dev import oracle
 
 pytestmark = pytest.mark.vllm("0.33.0")
 oracle.module_needs_vllm("0.33.0")
 
 from hybridcache_dev import fuzz  # noqa: E402
 from hybridcache.tools.compare import norm_allocated, norm_blocks  # noqa: E402
-from hybridcache.tools.fuzz_setup import Group, Setup  # noqa: E402
+from hybridcache_dev.fuzz_setup import Group, Setup  # noqa: E402
 from hybridcache_dev.pair import ManagerPair  # noqa: E402
 
 

@@ -304,7 +304,7 @@ def test_scheduler_views(v33: Any) -> None:
 def test_metrics_collector_gets_vllm_calls(v33: Any, rate: float) -> None:
     import random
 
-    from hybridcache.tools.block_metrics import observe, recording_collector
+    from hybridcache_dev.block_metrics import observe, recording_collector
 
     def script(m: Any, log: list[Any]) -> None:
         collector = m.metrics_collector

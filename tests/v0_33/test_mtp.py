@@ -14,14 +14,14 @@ import pytest
 
 pytestmark = pytest.mark.vllm("0.33.0")
 
-from hybridcache.tools.oracle import module_needs_vllm  # noqa: E402
+from hybridcache_dev.oracle import module_needs_vllm  # noqa: E402
 
 vllm = module_needs_vllm("0.33.0")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # 0.33.0 infers no device on a CPU machine
 
 from hybridcache_dev import fuzz  # noqa: E402
 from hybridcache_dev.drive import drive  # noqa: E402
-from hybridcache.tools.release_api import release  # noqa: E402
+from hybridcache_dev.release_api import release  # noqa: E402
 
 API = release("0.33.0")
 
@@ -82,7 +82,7 @@ def test_sliding_window_hit_with_mtp_lookahead_hashes_where_vllm_raises(lookahea
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
     from hybridcache.releases.v0_33.manager import KVCacheManager033
-    from hybridcache.tools.fuzz_setup import Group, Setup
+    from hybridcache_dev.fuzz_setup import Group, Setup
 
     s = Setup(mix="sw", caching=True, groups=(Group("sw", 4, 8),), scheduler_block_size=4, hash_block_size=4,
               num_blocks=30, use_eagle=False, events=False, log_stats=False, release="0.33.0",

@@ -16,13 +16,13 @@ import pytest
 
 pytestmark = pytest.mark.vllm("0.33.0")
 
-from hybridcache.tools.oracle import module_needs_vllm  # noqa: E402
+from hybridcache_dev.oracle import module_needs_vllm  # noqa: E402
 
 vllm = module_needs_vllm("0.33.0")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # 0.33.0 infers no device on a CPU machine
 
 from hybridcache_dev.drive import drive  # noqa: E402
-from hybridcache.tools.release_api import release  # noqa: E402
+from hybridcache_dev.release_api import release  # noqa: E402
 
 API = release("0.33.0")
 

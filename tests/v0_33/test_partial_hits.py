@@ -18,11 +18,11 @@ import pytest
 pytestmark = pytest.mark.vllm("0.33.0")
 
 vllm = pytest.importorskip("vllm", reason="needs vLLM 0.33.0 (the 0.33 venv)")
-from hybridcache.tools.oracle import module_needs_vllm  # noqa: E402
+from hybridcache_dev.oracle import module_needs_vllm  # noqa: E402
 
 module_needs_vllm("0.33.0")
 
-from hybridcache.tools.fuzz_setup import Group, Setup  # noqa: E402
+from hybridcache_dev.fuzz_setup import Group, Setup  # noqa: E402
 from hybridcache_dev.pair import ManagerPair as Pair  # noqa: E402
 
 

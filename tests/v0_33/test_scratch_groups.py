@@ -4,7 +4,7 @@ circular buffers (one ring block per request, never cached), groups out of
 prefix caching (a bounded-replay sliding window: no hits, no caching, frees
 as a sliding window), R-SWA (full attention freeing the decode gap after the
 prompt, given `num_prompt_tokens`) and sliding windows' extra retained
-tokens; then a fuzz slice of the mixes (`hybridcache/tools/scratch_groups.py`)."""
+tokens; then a fuzz slice of the mixes (`hybridcache_dev/scratch_groups.py`)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,19 @@ from typing import Any
 
 import pytest
 
-from hybridcache.tools import oracle
+from hybridcache_dev import oracle
 
 pytestmark = pytest.mark.vllm("0.33.0")
 oracle.module_needs_vllm("0.33.0")
 
 from hybridcache_dev import fuzz  # noqa: E402
 from hybridcache.releases.v0_33.manager import KVCacheManager033  # noqa: E402
-from hybridcache.tools import scratch_groups  # noqa: E402
+from hybridcache_dev import scratch_groups  # noqa: E402
 from hybridcache.tools.compare import norm_allocated, norm_blocks, pool_state  # noqa: E402
-from hybridcache.tools.fuzz_setup import Group, Setup  # noqa: E402
-from hybridcache.tools.release_api import V033  # noqa: E402
+from hybridcache_dev.fuzz_setup import Group, Setup  # noqa: E402
+from hybridcache_dev.release_api import release  # noqa: E402
 
-API = V033()
+API = release("0.33.0")
 
 
 def _setup(groups: tuple[Group, ...], sbs: int, hbs: int, num_blocks: int = 24, caching: bool = True,

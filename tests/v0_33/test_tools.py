@@ -30,7 +30,7 @@ def test_replay_verifies_against_vllm_033(capsys: pytest.CaptureFixture[str]) ->
 @pytest.mark.parametrize("mix,eagle", [("full-sw", ["--eagle"]), ("full-sw", []), ("full,chunked:32", [])])
 def test_replay_cli_hybrid_attention_against_vllm_033(mix: str, eagle: list[str],
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from hybridcache.replay import main as replay_main
+    from hybridcache_dev.replay import main as replay_main
 
     # A divergence raises; the printed summaries show the traces ran.
     assert replay_main(["--compare", "vllm", "--mix", mix, "--requests", "60", *eagle]) == 0
@@ -41,7 +41,7 @@ def test_replay_cli_hybrid_attention_against_vllm_033(mix: str, eagle: list[str]
 def test_replay_builds_the_033_managers() -> None:
     vllm_factory, hc_factory = release_factories("0.33.0")
     assert type(vllm_factory(DEFAULT_CONFIG)).__module__ == "vllm.v1.core.kv_cache_manager"
-    assert type(hc_factory(DEFAULT_CONFIG)).__name__ == "KVCacheManager033"
+    assert type(hc_factory(DEFAULT_CONFIG)).__name__ == "VllmKVCacheManager033"  # the class the scheduler builds
 
 
 def _one_more_block(blocks):
@@ -84,7 +84,7 @@ def test_bench_records_033_scheduler_calls_and_catches_a_wrong_table() -> None:
     # 0.33.0's scheduler no longer asks for common-prefix blocks.
     assert not codes & {bench_trace.ALLOC_NEW, bench_trace.COMMON_PREFIX}
     impls = bench.replay_timed(rec, [("hybridcache", bench.make_hybridcache_manager), ("vllm", bench.make_vllm_manager)])
-    assert type(impls[0].manager).__name__ == "KVCacheManager033"
+    assert type(impls[0].manager).__name__ == "VllmKVCacheManager033"  # the class the scheduler builds
     assert type(impls[1].manager).__module__ == "vllm.v1.core.kv_cache_manager"
     step, i = next(
         (s, i) for s, ops in enumerate(rec.steps) for i, op in enumerate(ops)
@@ -131,7 +131,7 @@ def test_unsupported_vllm_replays_hybridcache_alone_and_says_why(
 
 
 def test_replay_cli_refuses_a_mix_the_033_facade_does_not_cover(capsys: pytest.CaptureFixture[str]) -> None:
-    from hybridcache.replay import main as replay_main
+    from hybridcache_dev.replay import main as replay_main
 
     with pytest.raises(SystemExit) as e:
         replay_main(["--compare", "vllm", "--mix", "full@16,cross@16,mamba:none@16", "--no-caching",
@@ -144,7 +144,7 @@ def test_replay_cli_refuses_a_mix_the_033_facade_does_not_cover(capsys: pytest.C
 def test_replay_covers_a_wide_mamba_block_beside_a_block_granular_window(capsys: pytest.CaptureFixture[str]) -> None:
     # Refused until 0.33.0's rule there (partial hash hits off, Mamba states
     # still keyed inside blocks) was proven; now replayed against vLLM.
-    from hybridcache.replay import main as replay_main
+    from hybridcache_dev.replay import main as replay_main
 
     # A divergence from vLLM's outputs raises; every output is compared.
     assert replay_main(["--compare", "vllm", "--mix", "full@16,sw:64@32,mamba:align@64", "--hash-block-size", "16",

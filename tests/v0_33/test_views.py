@@ -15,12 +15,12 @@ import pytest
 pytestmark = pytest.mark.vllm("0.33.0")
 
 vllm = pytest.importorskip("vllm", reason="needs vLLM 0.33.0 (the 0.33 venv)")
-from hybridcache.tools.oracle import module_needs_vllm  # noqa: E402
+from hybridcache_dev.oracle import module_needs_vllm  # noqa: E402
 
 module_needs_vllm("0.33.0")
 
-from hybridcache.tools.fuzz_setup import Group, Setup  # noqa: E402
-from hybridcache.tools.release_api import release  # noqa: E402
+from hybridcache_dev.fuzz_setup import Group, Setup  # noqa: E402
+from hybridcache_dev.release_api import release  # noqa: E402
 
 API = release("0.33.0")
 PROMPT = list(range(2000, 2150))  # 150 tokens: several Mamba blocks of 32

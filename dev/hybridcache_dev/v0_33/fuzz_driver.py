@@ -43,10 +43,10 @@ from typing import Any
 
 from hybridcache.tools.compare import _first_difference, freeze, norm_allocated, norm_blocks, norm_usage, pool_state
 from hybridcache_dev.fuzz_driver import Driver, Seq
-from hybridcache_dev.v0_33.fuzz_frees import Deferred, Frees033
-from hybridcache_dev.v0_33.fuzz_queries import Queries033
-from hybridcache.tools.fuzz_setup import Divergence, Figures, InvariantViolation, ReferenceError_, Setup
-from hybridcache.tools.release_api import V033, norm_block_list, release
+from hybridcache_dev.v0_33.fuzz_frees import Deferred, SchedulerFrees
+from hybridcache_dev.v0_33.fuzz_queries import SchedulerQueries
+from hybridcache_dev.fuzz_setup import Divergence, Figures, InvariantViolation, ReferenceError_, Setup
+from hybridcache_dev.release_api import PartialBlockHits, norm_block_list, release
 
 
 # With the shared-prefix checkpoint: siblings of one stem diverging inside
@@ -58,17 +58,17 @@ JUNCTION_PREFIXES = ((), _STEM[:88], _STEM[:40] + tuple(range(500, 540)), _STEM[
 
 
 @dataclass(eq=False)
-class Seq033(Seq):
+class PendingSeq(Seq):
     """A request and its steps scheduled but not yet processed (async
     scheduling): (tokens, drafts, produces output, stale)."""
 
     pending: list[list[Any]] = field(default_factory=list)
 
 
-class Driver033(Queries033, Frees033, Driver):
+class SchedulerDriver(SchedulerQueries, SchedulerFrees, Driver):
     """One setup: vLLM 0.33.0's manager (reference) and a candidate, same requests."""
 
-    api: V033
+    api: PartialBlockHits
 
     def __init__(
         self,
@@ -81,7 +81,7 @@ class Driver033(Queries033, Frees033, Driver):
         from hybridcache_dev.drive import build_reference
 
         api = release(setup.release)
-        assert isinstance(api, V033), f"Driver033 drives vLLM 0.33.0, not {setup.release}"
+        assert isinstance(api, PartialBlockHits), f"SchedulerDriver drives the partial-block-hits profile, not {setup.release}"
         self.api = api
         self.s = setup
         try:
@@ -91,7 +91,7 @@ class Driver033(Queries033, Frees033, Driver):
         self.hc = (build_hc or (lambda s: api.build_candidate(s, "hybridcache")))(setup)
         self.allow_known_bugs = allow_known_bugs
         self.f = figures if figures is not None else Figures()
-        self.seqs: list[Seq033] = []  # type: ignore[assignment]
+        self.seqs: list[PendingSeq] = []  # type: ignore[assignment]
         self.finished_ids: list[str] = []
         self.ghosts: set[str] = set()
         self.deferred: list[Deferred] = []
@@ -168,7 +168,7 @@ class Driver033(Queries033, Frees033, Driver):
             raise Divergence(f"{op}{where}: vLLM {na!r} != hybridcache {nb!r}")
         return a, b
 
-    def pick(self, c: Any, state: str | None = None) -> Seq033 | None:
+    def pick(self, c: Any, state: str | None = None) -> PendingSeq | None:
         cands = [q for q in self.seqs if state is None or q.state == state]
         return c.choice(cands) if cands else None
 
@@ -176,7 +176,7 @@ class Driver033(Queries033, Frees033, Driver):
         if len(self.seqs) >= 10:
             return
         r = self.new_request(c)
-        self.seqs.append(Seq033(r))
+        self.seqs.append(PendingSeq(r))
         self.note(f"arrive {r.request_id} tokens={r.num_tokens}")
 
     def check(self, op: str) -> None:
@@ -294,7 +294,7 @@ class Driver033(Queries033, Frees033, Driver):
                 self._shim.mamba_partial_cache_hit and self.ref.mamba_shared_prefix_checkpoint)
         return self._shim
 
-    def _chunk033(self, c: Any, r: Any, local: int = 0, ext: int = 0) -> int:
+    def _scheduler_chunk(self, c: Any, r: Any, local: int = 0, ext: int = 0) -> int:
         """A prefill chunk as 0.33.0's scheduler cuts it: a token budget, the
         Mamba align split (vLLM's own rule), then the prefill-lookahead margin."""
         start = r.num_computed_tokens + local + ext
@@ -346,7 +346,7 @@ class Driver033(Queries033, Frees033, Driver):
         if async_load:
             new = 0
         else:
-            new = self._chunk033(c, r, n, ext) if r.num_tokens > computed else 0
+            new = self._scheduler_chunk(c, r, n, ext) if r.num_tokens > computed else 0
             if new == 0:
                 return  # the scheduler skips the request this step
         groups = len(self.s.groups)
@@ -386,7 +386,7 @@ class Driver033(Queries033, Frees033, Driver):
         r.num_computed_tokens = computed
         self._scheduled(c, q, new, drafts=0)
 
-    def _scheduled(self, c: Any, q: Seq033, new: int, drafts: int) -> None:
+    def _scheduled(self, c: Any, q: PendingSeq, new: int, drafts: int) -> None:
         """`_update_after_schedule`: the step's tokens count as computed and in
         flight; a step past the prompt also holds output placeholders (async)."""
         r: Any = q.req
@@ -399,7 +399,7 @@ class Driver033(Queries033, Frees033, Driver):
         if not self.s.async_sched:
             self._processed(c, q)
 
-    def _processed(self, c: Any, q: Seq033) -> None:
+    def _processed(self, c: Any, q: PendingSeq) -> None:
         """`update_from_output` of the request's oldest step: sample, reject
         drafts, cache the verified tokens (scheduler L2412)."""
         r: Any = q.req
@@ -442,7 +442,7 @@ class Driver033(Queries033, Frees033, Driver):
             drafts = c.randint(0, k) if self.s.dynamic_drafts else k
             new = 1 + drafts
         else:
-            new = self._chunk033(c, r)
+            new = self._scheduler_chunk(c, r)
             if new == 0:
                 return
         if r.num_computed_tokens + new >= self.s.max_model_len - 1 or r.num_tokens + self.s.spec_tokens + 2 >= self.s.max_model_len:
@@ -588,4 +588,4 @@ class Driver033(Queries033, Frees033, Driver):
         self.check("final reset")
 
 
-__all__ = ["Deferred", "Driver033", "ReferenceError_"]
+__all__ = ["Deferred", "SchedulerDriver", "ReferenceError_"]

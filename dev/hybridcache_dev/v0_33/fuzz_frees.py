@@ -1,4 +1,4 @@
-"""How the 0.33.0 fuzz driver (`fuzz_driver033.Driver033`) frees, as vLLM
+"""How the 0.33.0 fuzz driver (`fuzz_driver.SchedulerDriver`) frees, as vLLM
 0.33.0's scheduler does: `free(request)`, or deferred frees
 (`pop_blocks_for_free`, then `block_pool.free_blocks` with each manager's
 own `KVCacheBlock`s a step later), preemption, finishing (a connector's
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridcache_dev.fuzz_driver import Seq
-from hybridcache.tools.release_api import norm_block_list
+from hybridcache_dev.release_api import norm_block_list
 
 
 @dataclass
@@ -21,8 +21,8 @@ class Deferred:
     blocks: tuple[list[Any], list[Any]] = field(default_factory=lambda: ([], []))
 
 
-class Frees033:
-    """The free operations of `Driver033` (a mixin: `both`, `own`, `pick`,
+class SchedulerFrees:
+    """The free operations of `SchedulerDriver` (a mixin: `both`, `own`, `pick`,
     `status`, `deferred`, `seqs` and the setup are the driver's)."""
 
     def _free_blocks(self: Any, q: Seq, c: Any = None) -> None:

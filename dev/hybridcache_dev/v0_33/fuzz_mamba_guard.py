@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hybridcache_dev.v0_33.fuzz_driver import Driver033
-from hybridcache.tools.fuzz_setup import ReferenceError_
+from hybridcache_dev.v0_33.fuzz_driver import SchedulerDriver
+from hybridcache_dev.fuzz_setup import ReferenceError_
 
 
 class KnownCrash(Exception):
@@ -120,8 +120,13 @@ def guards(setup: Any) -> bool:
     return setup.caching and any(g.kind == "mamba" and g.mode == "align" for g in setup.groups)
 
 
-class Driver033Guarded(Driver033):
-    """`Driver033` that skips (on both managers) a call the guarded
+def guard_reference(ref: Any, setup: Any) -> Any:
+    """vLLM's manager `ref` for `setup`, guarded where `guards(setup)`."""
+    return GuardedReference(ref) if guards(setup) else ref
+
+
+class GuardedDriver(SchedulerDriver):
+    """`SchedulerDriver` that skips (on both managers) a call the guarded
     reference recognised as one of vLLM 0.33.0's crashes."""
 
     def both(self, op: str, fn: Callable[[Any], Any], norm: Callable[[Any], Any] = lambda x: x) -> tuple[Any, Any]:

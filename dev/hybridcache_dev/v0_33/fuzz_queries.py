@@ -1,4 +1,4 @@
-"""The read-only queries the 0.33.0 fuzz driver (`fuzz_driver033.Driver033`)
+"""The read-only queries the 0.33.0 fuzz driver (`fuzz_driver.SchedulerDriver`)
 compares between vLLM's manager and the candidate: what vLLM 0.33.0's
 scheduler, engine and connectors ask of the manager besides allocating and
 freeing (stats, block tables, cached-token estimates, the offloading
@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from hybridcache.tools.compare import norm_blocks
-from hybridcache.tools.release_api import norm_block_list
+from hybridcache_dev.release_api import norm_block_list
 
 
-class Queries033:
-    """The query operations of `Driver033` (a mixin: `both`, `pick`, `rids`,
+class SchedulerQueries:
+    """The query operations of `SchedulerDriver` (a mixin: `both`, `pick`, `rids`,
     `ref`, `connector` are the driver's)."""
 
     def op_common_prefix(self: Any, c: Any) -> None:

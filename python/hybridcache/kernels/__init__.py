@@ -1,4 +1,4 @@
-"""Mamba state copies for vLLM 0.23.0's ``mamba_cache_mode="align"``, as
+"""Mamba state copies for vLLM's ``mamba_cache_mode="align"``, as
 ``torch.library`` ops (CPU + Triton/CUDA), with the copy-plan format they
 consume and a pure-Python planner that mirrors vLLM's worker.
 
@@ -51,11 +51,11 @@ frees (``remove_skipped_blocks``) or moves (spec-block reuse, ``single_type_kv_c
 those (``ids_g[prev + BIAS]`` can be a moved spec block, even ``== DST``). A
 native planner must resolve indices against that append-only view.
 
-Emission rule = vLLM 0.23.0 ``preprocess_mamba`` (``v1/worker/mamba_utils.py``
+Emission rule = vLLM's ``preprocess_mamba`` (``v1/worker/mamba_utils.py``
 640-703) + ``collect_mamba_copy_meta`` (572-608) + ``get_conv_copy_spec`` /
 ``get_temporal_copy_spec`` (``model_executor/layers/mamba/mamba_utils.py``
-292-335), for request ``i`` in batch order, ``B`` = mamba block size, ``k`` =
-``num_speculative_blocks``::
+292-335; line numbers of the table's oldest release), for request ``i`` in
+batch order, ``B`` = mamba block size, ``k`` = ``num_speculative_blocks``::
 
     prev = mamba_state_idx[req]  if known  else (num_computed - 1) // B   # -1: no state
     cur  = cdiv(num_computed + num_scheduled, B) - 1

@@ -1,4 +1,4 @@
-"""vLLM 0.23.0's Mamba state views over a raw page buffer
+"""vLLM's Mamba state views over a raw page buffer
 (``gpu_model_runner.py:7135-7157``), for tests, benchmarks and callers."""
 
 from __future__ import annotations

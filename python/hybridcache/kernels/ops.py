@@ -30,7 +30,7 @@ def mamba_post_select(
     num_accepted: torch.Tensor,
     num_accepted_out: torch.Tensor,
 ) -> None:
-    """Post-verification accepted-state selection (vLLM 0.23.0's
+    """Post-verification accepted-state selection (vLLM's
     ``postprocess_mamba_fused_kernel``) driven by the device-side
     ``num_accepted``; writes ``num_accepted_out[:len(num_accepted)]``."""
     post_select_torch(conv_states, temporal_states, plan, num_groups, num_accepted, num_accepted_out)

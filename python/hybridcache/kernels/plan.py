@@ -1,4 +1,4 @@
-"""Pure-Python copy planners mirroring vLLM 0.23.0's worker (the reference for
+"""Pure-Python copy planners mirroring vLLM's worker (the reference for
 a native planner). Format: see the ``hybridcache.kernels`` docstring."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ in the wheel, builds its fuzzers on them too).
   config builder, for hybridcache's own classes and for vLLM's;
 - `workload`: simulator-side request state, token / prefix / prompt / draft
   generators;
-- `scheduler`: the loop of vLLM 0.23.0's ``Scheduler.schedule`` (`SchedulerSim`)
+- `scheduler`: the loop of vLLM's ``Scheduler.schedule`` (`SchedulerSim`)
   and its Mamba block-aligned split;
 - `compare`: output normalization and `Fanout` (one call, every manager,
   compared);
@@ -17,41 +17,8 @@ in the wheel, builds its fuzzers on them too).
   full-API simulation;
 - `bench_trace` and `timed_replay`: the bench's recorded hot path and its
   timed, verified replay;
-- `release_api` (with `fuzz_setup`, `scratch_groups`): each release as the
-  tools and the fuzz see it (managers, requests, calls, observables);
-- `block_metrics`: vLLM's metrics collector, recording the calls it gets.
+- `release_api`: one call spelling per core profile (managers, requests,
+  calls, observables), which the development package's fuzz extends.
 
 Nothing here imports vLLM or torch at module import time.
 """
-
-from __future__ import annotations
-
-from .compare import Fanout, ReplayDivergence
-from .configs import GroupSpec, format_mix, hybridcache_kv_cache_config, parse_mix, vllm_kv_cache_config
-from .oracle import ORACLE_RELEASES, load_vllm, quiet_logs, vllm_missing
-from .replay_config import DEFAULT_CONFIG, MIX_PRESETS, ReplayConfig
-from .scheduler import SchedulerSim, mamba_block_aligned_split
-from .simulation import ReplaySimulation, ReplaySummary
-from .workload import Seq
-
-__all__ = [
-    "DEFAULT_CONFIG",
-    "MIX_PRESETS",
-    "ORACLE_RELEASES",
-    "Fanout",
-    "GroupSpec",
-    "ReplayConfig",
-    "ReplayDivergence",
-    "ReplaySimulation",
-    "ReplaySummary",
-    "SchedulerSim",
-    "Seq",
-    "format_mix",
-    "hybridcache_kv_cache_config",
-    "load_vllm",
-    "mamba_block_aligned_split",
-    "parse_mix",
-    "quiet_logs",
-    "vllm_kv_cache_config",
-    "vllm_missing",
-]

@@ -5,7 +5,7 @@ serving hot path (FCFS, recompute preemption, no connector, no encoder) and
 writes every manager call down, with the request's state at that moment and
 the result, for `timed_replay.replay_timed`. `Workload.release` picks the
 vLLM release: hybridcache's facade for it is recorded, its scheduler's calls
-are the ones written down (`release_api`: 0.33.0 adds
+are the ones written down (`release_api`: the partial-block-hits API adds
 `record_prefix_cache_stats`, `has_scheduled_reqs`, the per-step drains and
 `cache_blocks` after outputs, and drops the common-prefix query)."""
 
@@ -117,7 +117,7 @@ class Workload:
         return release(self.release)
 
     def manager_kwargs(self) -> dict[str, Any]:
-        """The constructor keywords, spelled as vLLM 0.23.0's (`ReleaseApi.tool_kwargs`
+        """The constructor keywords, spelled as the whole-block-hits API's (`ReleaseApi.tool_kwargs`
         gives another release's form)."""
         return dict(
             max_model_len=self.max_model_len,
@@ -264,7 +264,7 @@ class Recorder(SchedulerSim):
         return blocks
 
     def split(self, req: Request, n: int, hit: int = 0) -> int:
-        """vLLM 0.23.0's `Scheduler._mamba_block_aligned_split` (no EAGLE)."""
+        """vLLM's `Scheduler._mamba_block_aligned_split` (no EAGLE)."""
         if not self.w.mamba_align:
             return n
         return mamba_block_aligned_split(req, n, req.num_computed_tokens + hit, self.w.block_size)

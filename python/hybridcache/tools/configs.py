@@ -1,6 +1,6 @@
 """KV-cache group layouts of the simulated models, and the one place that
 turns them into configurations: hybridcache's own config classes (no vLLM, no
-torch) or vLLM 0.23.0's (imports both when called).
+torch) or vLLM's (imports both when called).
 
 A layout is a sequence of `GroupSpec`; `parse_mix` reads the compact text form
 the replay CLI takes (``"full,sw:128@32,mamba:align:2,full+eagle"``).
@@ -8,10 +8,7 @@ the replay CLI takes (``"full,sw:128@32,mamba:align:2,full+eagle"``).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +61,7 @@ class GroupSpec:
     # vLLM 0.29+'s Mamba align prefill checkpoints (num_prefill_checkpoint_blocks
     # = 1 with this prefill_checkpoint_alignment); None: none.
     mamba_checkpoint_alignment: int | None = None
-    # The layer dtype is bfloat16 instead of float32 (vLLM 0.33.0 zeroes new
+    # The layer dtype is bfloat16 instead of float32 (the partial-block-hits profile zeroes new
     # blocks of a cache mixing precisions).
     half_precision: bool = False
 
@@ -194,11 +191,6 @@ def format_mix(groups: Iterable[GroupSpec]) -> str:
     return ",".join(str(g) for g in groups)
 
 
-def resolved(groups: Sequence[GroupSpec], block_size: int) -> tuple[GroupSpec, ...]:
-    """`groups` with every unset block size set to `block_size`."""
-    return tuple(g if g.block_size is not None else dataclasses.replace(g, block_size=block_size) for g in groups)
-
-
 # --------------------------------------------------------------------------
 # The config builders: one per implementation, both from the same groups.
 # --------------------------------------------------------------------------
@@ -232,7 +224,7 @@ def hybridcache_kv_cache_config(groups: Sequence[GroupSpec], num_blocks: int) ->
 
 
 def vllm_kv_cache_config(groups: Sequence[GroupSpec], num_blocks: int) -> Any:
-    """vLLM 0.23.0's KVCacheConfig for resolved `groups` (imports vLLM and torch)."""
+    """vLLM's KVCacheConfig for resolved `groups` (imports vLLM and torch)."""
     import torch
     from vllm.v1 import kv_cache_interface as iface
 
@@ -262,28 +254,6 @@ def vllm_kv_cache_config(groups: Sequence[GroupSpec], num_blocks: int) -> Any:
     return iface.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=specs)
 
 
-RETENTION_ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
-
-
-@contextlib.contextmanager
-def retention_interval(value: int | None) -> Iterator[None]:
-    """VLLM_PREFIX_CACHE_RETENTION_INTERVAL set to `value` (None: unset)
-    while managers are built (both implementations read it then); the
-    previous value is restored after."""
-    before = os.environ.get(RETENTION_ENV)
-    if value is None:
-        os.environ.pop(RETENTION_ENV, None)
-    else:
-        os.environ[RETENTION_ENV] = str(value)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(RETENTION_ENV, None)
-        else:
-            os.environ[RETENTION_ENV] = before
-
-
 def hybridcache_manager(kv_cache_config: Any, kwargs: dict[str, Any]) -> Any:
     """hybridcache's facade of vLLM 0.23.0 on `kv_cache_config` (its own or
     vLLM's classes): `KVCacheManager` answering as vLLM's where a caller
@@ -294,7 +264,7 @@ def hybridcache_manager(kv_cache_config: Any, kwargs: dict[str, Any]) -> Any:
 
 
 def vllm_manager(kv_cache_config: Any, kwargs: dict[str, Any]) -> Any:
-    """vLLM 0.23.0's own KVCacheManager on `kv_cache_config`."""
+    """vLLM's own KVCacheManager (the whole-block-hits keywords) on `kv_cache_config`."""
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
     return KVCacheManager(kv_cache_config, **kwargs)

@@ -20,8 +20,6 @@ from hybridcache import releases
 
 # The releases the tools' call-by-call comparison runs against.
 ORACLE_RELEASES: tuple[releases.Release, ...] = tuple(r for r in releases.RELEASES if r.tools_oracle)
-# The releases the differential fuzz replays (`--release`, `tools.release_api`).
-FUZZ_RELEASES: tuple[str, ...] = releases.SUPPORTED_VLLM_VERSIONS
 # Loggers of the optional packages whose chatter the tools keep out of sight.
 NOISY_LOGGERS = ("vllm", "torch")
 
@@ -84,13 +82,6 @@ def _oracle_text(accepted: Any = None) -> str:
     return " or ".join(r.version for r in (ORACLE_RELEASES if accepted is None else accepted))
 
 
-def installed_vllm_version() -> str | None:
-    """The installed vLLM's release (imported quietly, local label dropped)
-    when it is one hybridcache supports, else None."""
-    version, _ = load_vllm(releases.RELEASES)
-    return None if version is None else releases.release_version(version)
-
-
 def missing(tool: str, what: str, hint: str, why: str = "") -> str:
     """The one line a tool prints when an optional package is missing."""
     return f"{tool}: needs {what} ({hint})" + (f"; {why}" if why else "")
@@ -106,15 +97,3 @@ def vllm_missing(tool: str, accepted: Any = None) -> str | None:
     rows = ORACLE_RELEASES if accepted is None else tuple(accepted)
     hint = " or ".join(r.install_hint for r in rows)
     return missing(tool, f"vLLM {_oracle_text(rows)} and torch", hint, note)
-
-
-def module_needs_vllm(version: str) -> Any:
-    """For a test module that compares against vLLM `version`: the vLLM
-    module, or the whole module skipped (with the installed version named)
-    where another release or none is installed."""
-    import pytest
-
-    vllm = pytest.importorskip("vllm", reason=f"needs vLLM {version}")
-    if releases.find(vllm.__version__) is not releases.find(version):
-        pytest.skip(f"needs vLLM {version}, found {vllm.__version__}", allow_module_level=True)
-    return vllm

@@ -1,5 +1,5 @@
 """`ReplayConfig`: the shape of the replay's simulated workload and of the
-managers under test (groups, block sizes resolved as vLLM 0.23.0 resolves
+managers under test (groups, block sizes resolved as vLLM resolves
 them, pool size, request mix, the probabilities of every operation), with
 vLLM's own legality rules checked at construction."""
 
@@ -152,12 +152,12 @@ class ReplayConfig:
             raise ValueError("vLLM's hybrid coordinator needs at least two distinct group specs")
         full_sizes = {g.block_size for g in self.groups if g.kind == "full"}
         if self.enable_caching and len(full_sizes) > 1:
-            # vLLM 0.23.0's HybridKVCacheCoordinator.find_longest_cache_hit
+            # The whole-block-hits HybridKVCacheCoordinator.find_longest_cache_hit
             # truncates only the first full-attention spec group to the final
             # hit length; another one keeps longer hits, and allocate_slots
             # then asks its BlockPool for a negative number of blocks, which
             # corrupts the free-block count. No legal trace exists.
-            raise ValueError("vLLM 0.23.0 mishandles full attention groups of different block sizes")
+            raise ValueError("vLLM's whole-block-hits coordinator mishandles full attention groups of different block sizes")
         if "cross_attention" in kinds and self.enable_caching:
             raise ValueError("vLLM disables prefix caching for cross attention (encoder-decoder)")
         if "chunked_local" in kinds and self.enable_caching:
@@ -261,21 +261,3 @@ class ReplayConfig:
 
 
 DEFAULT_CONFIG = ReplayConfig(num_requests=400, max_drafts=4)
-
-# Mixes of the CLI's --mix presets (also usable as --mix NAME).
-MIX_PRESETS: dict[str, str] = {
-    "full": "full",
-    "full-sw": "full,sw:64",
-    "full-mamba": "full,mamba",
-    "full-mamba-spec": "full,mamba:align:2",
-    "sw-mamba": "sw:64,mamba",
-    "full-sw-mamba": "full,sw:64,mamba",
-    "full-mamba3": "full,mamba*3",
-    "interleaved": "full,sw:48,full,sw:48",
-    "two-windows": "full,sw:32,sw:96",
-    "chunked": "full,chunked:64",
-    "mixed-sizes": "full@16,sw:64@32",
-}
-
-
-

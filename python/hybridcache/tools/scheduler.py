@@ -1,4 +1,4 @@
-"""One scheduler simulation: the loop of vLLM 0.23.0's ``Scheduler.schedule``
+"""One scheduler simulation: the loop of vLLM's ``Scheduler.schedule``
 (FCFS, recompute preemption of the newest running request, no admissions in a
 step that preempted, draft tokens scheduled with decodes and accepted at
 random), without the model. Subclasses say how a call reaches the manager(s)
@@ -24,7 +24,7 @@ from .workload import Seq
 def mamba_block_aligned_split(
     req: Request, num_new_tokens: int, num_computed: int, block_size: int, use_eagle: bool = False
 ) -> int:
-    """vLLM 0.23.0's ``Scheduler._mamba_block_aligned_split`` (Mamba "align"
+    """vLLM's ``Scheduler._mamba_block_aligned_split`` (Mamba "align"
     mode): non-final prefill chunks end on block boundaries, and the chunk that
     crosses the last boundary stops there (its state is cached).
     `num_computed` counts local hits and external tokens as computed."""

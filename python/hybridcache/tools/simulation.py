@@ -1,11 +1,11 @@
 """The replay's full-API scheduler simulation: `ReplaySimulation` drives
-every public call of vLLM 0.23.0's v1 ``KVCacheManager`` API the way vLLM's
+every public call of vLLM's v1 ``KVCacheManager`` API the way vLLM's
 ``Scheduler.schedule`` does (the loop is `scheduler.SchedulerSim`): prefix-cache
 lookups, chunked prefill, speculative decoding with changing draft counts,
 EAGLE lookahead, external (connector) tokens, delayed caching, preemption,
 aborts, evictions and prefix-cache resets. Every call goes through a
 `compare.Fanout`, so several managers see the same request objects and every
-output is compared. For a later release (`release_api`, e.g. 0.33.0) the
+output is compared. For the partial-block-hits API (`release_api`) the
 requests are that release's own and the calls that changed are spelled as
 its scheduler issues them (3-tuple lookup, `record_prefix_cache_stats` at
 admission, `has_scheduled_reqs`, the per-step drains, events and stats
@@ -67,7 +67,7 @@ def _later_group_free_hit(blocks: Any) -> bool:
 
 class ReplaySimulation(SchedulerSim):
     """One seeded trace of `config`, every call through `fanout`, spelled as
-    the scheduler of vLLM release `api` issues it (default 0.23.0): its
+    the scheduler of vLLM release `api` issues it (default: the oldest): its
     requests, its lookup and admission calls, its per-step drains, its
     events and stats."""
 
@@ -298,10 +298,10 @@ class ReplaySimulation(SchedulerSim):
             hit = results[0][1]
             external, async_load = self._external_tokens(req, hit)
             if external and _later_group_free_hit(computed[0]):
-                # vLLM 0.23.0 allocates external-token blocks group by group:
+                # vLLM's whole-block-hits manager allocates external-token blocks group by group:
                 # an earlier group's may pop a later group's free hit, which
                 # then sits in two groups. hybridcache avoids that (README,
-                # tests/v0_23/test_vllm_divergences.py); keep traces where vLLM is sound.
+                # its release's test_vllm_divergences.py); keep traces where vLLM is sound.
                 external, async_load = 0, False
         else:  # its async load finished; as vLLM, pass the shared empty blocks
             computed = [m.empty_kv_cache_blocks for m in self.fan.managers]
@@ -315,7 +315,7 @@ class ReplaySimulation(SchedulerSim):
         encoder = seq.encoder_tokens if num_computed == 0 and num_new else 0
         reserved = rng.randint(1, 4) if rng.random() < cfg.reserved_blocks_prob else 0
         if external and cfg.mamba_align:
-            # vLLM 0.23.0's Mamba "align" block count omits the block that
+            # vLLM's whole-block-hits Mamba "align" block count omits the block that
             # allocate_new_computed_blocks takes for external tokens (one per
             # Mamba group), so a tight pool makes its BlockPool raise. Keep
             # that many blocks in reserve so every trace is legal for vLLM.

@@ -52,7 +52,7 @@ class ReplayRequest:
     __slots__ = ("request_id", "num_tokens", "num_computed_tokens", "num_preemptions", "num_prompt_tokens",
                  "block_hashes", "_all_hashes", "all_token_ids", "prompt_token_ids", "lora_request",
                  "cache_salt", "skip_reading_prefix_cache", "mm_features", "prompt_embeds", "spec_token_ids",
-                 # read by vLLM 0.33.0's manager (no async steps, watermark 0, one lookup boundary)
+                 # read by the partial-block-hits manager (no async steps, watermark 0, one lookup boundary)
                  "num_in_flight_tokens", "shared_prefix_boundary", "status", "session_id")
 
     def __init__(self, rid: str, num_prompt_tokens: int, token_ids: list[int], hashes: list[bytes]):

@@ -1,5 +1,5 @@
 //! The block pool: ref counts, cached-block hashes, the free queue and the
-//! prefix-cache map, with vLLM 0.23.0's `BlockPool` semantics; 0.33.0's
+//! prefix-cache map, with vLLM's `BlockPool` semantics; the
 //! extra keys per block (partial-block entries) are in `block_pool_keys.rs`.
 
 use crate::error::{invalid, CoreResult};
@@ -51,18 +51,18 @@ pub struct BlockPool {
     meta: Vec<BlockMeta>,
     queue: FreeQueue,
     map: PrefixMap,
-    // 0.33.0: a cached block's keys beyond its primary hash, (entry, group)
-    // in the order added (vLLM's `cached_block_hashes_by_block`); empty in
-    // 0.23.0, which has one hash per block.
+    // Partial-block entries: a cached block's keys beyond its primary hash,
+    // (entry, group) in the order added (vLLM's
+    // `cached_block_hashes_by_block`); empty with one hash per block.
     extra_keys: std::collections::HashMap<BlockId, SmallVec<[(u32, u32); 2]>>,
     enable_caching: bool,
     enable_events: bool,
     hash_block_size: u32,
     events: Vec<PoolEvent>,
-    /// The null block's count moves with touches and frees (0.23.0); later
-    /// releases skip the null block in both.
+    /// The null block's count moves with touches and frees
+    /// (`null_block_ref_counted`); else both skip the null block.
     null_ref_counted: bool,
-    /// 0.33.0's partial-block entries are on (`profile.partial_block_entries`).
+    /// Partial-block entries are on (`profile.partial_block_entries`).
     partial_entries: bool,
     // vLLM's metrics-collector calls, in order; only when a collector is set.
     record_metrics: bool,
@@ -122,7 +122,7 @@ impl BlockPool {
         self.hash_block_size
     }
 
-    /// Turns on 0.33.0's partial-block entries (fine-grained lookups read it).
+    /// Turns on partial-block entries (fine-grained lookups read it).
     pub fn set_partial_entries(&mut self, on: bool) {
         self.partial_entries = on;
     }
@@ -267,7 +267,8 @@ impl BlockPool {
     pub fn touch(&mut self, blocks: &[BlockId]) {
         for &b in blocks {
             if b == NULL_BLOCK && !self.null_ref_counted {
-                // 0.33.0: the null block is never pooled nor counted.
+                // Not `null_block_ref_counted`: the null block is never
+                // pooled nor counted.
                 continue;
             }
             if self.meta[b as usize].ref_cnt == 0 && b != NULL_BLOCK {
@@ -308,7 +309,7 @@ impl BlockPool {
         }
     }
 
-    /// vLLM 0.28+'s `free_blocks`: drops one reference from each block in
+    /// vLLM's `free_blocks`: drops one reference from each block in
     /// eviction order; of those reaching zero, blocks without a hash (every
     /// block when caching is off) join the front in that order, to be
     /// reused first, and cached ones the back (LRU). Null entries are
@@ -363,7 +364,7 @@ impl BlockPool {
             let b = blocks[i];
             let num_tokens = ((i + 1) * block_size as usize) as u32;
             if self.meta[b as usize].entry != NO_ENTRY {
-                // Only a partial entry of this block (0.33.0), or a Mamba
+                // Only a partial entry of this block (partial-block-hits), or a Mamba
                 // checkpoint keyed lower, is promoted: its keys go (with
                 // events) before the full hash comes.
                 debug_assert!(self.meta[b as usize].num_tokens < num_tokens);

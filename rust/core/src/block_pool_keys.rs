@@ -1,9 +1,10 @@
-//! vLLM 0.33.0's partial-block entries (block_pool.py L486-704): a cached
+//! vLLM's partial-block entries (block_pool.py L486-704): a cached
 //! block can carry several prefix-cache keys, its primary hash (with the
 //! prefix tokens it covers, `block_hash_num_tokens`) and extra keys; a
 //! partial entry makes a block reachable from a hash boundary inside it.
 //! Eviction, promotion to a full block and reset drop every key of a
-//! block. 0.23.0 never adds a second key, so none of this changes it.
+//! block. Without `partial_block_entries` no block gets a second key, so
+//! none of this changes the pool.
 
 use smallvec::SmallVec;
 

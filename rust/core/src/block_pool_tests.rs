@@ -1,4 +1,4 @@
-//! The pool's unit tests (one hash per block, and 0.33.0's partial-block
+//! The pool's unit tests (one hash per block, and partial-block
 //! entries: several keys per block, promotion, eviction, reset).
 
 use super::*;
@@ -95,7 +95,7 @@ fn evict_and_reset() {
     p.check_invariants().unwrap();
 }
 
-// 0.33.0's partial-block entries: blocks of 8 tokens over hash blocks of 4.
+// Partial-block entries: blocks of 8 tokens over hash blocks of 4.
 
 fn partial_pool(events: bool) -> BlockPool {
     let mut p = BlockPool::new(6, true, 4, events, false).unwrap();

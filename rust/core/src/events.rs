@@ -22,7 +22,7 @@ pub enum PoolEvent {
         hash: Box<[u8]>,
         group: u32,
     },
-    /// The extra keys (partial-block entries, 0.33.0) of one block dropped
+    /// The extra keys (partial-block entries) of one block dropped
     /// together, in the order they were added. vLLM keeps them in a Python
     /// `set` and emits one `BlockRemoved` each in that set's order, which
     /// only Python can reproduce: the facade rebuilds the set.
@@ -32,7 +32,7 @@ pub enum PoolEvent {
     AllCleared,
 }
 
-/// A call vLLM 0.23.0's `BlockPool` makes on its `metrics_collector`, as the
+/// A call vLLM's `BlockPool` makes on its `metrics_collector`, as the
 /// pool logs it when block metrics are on (the binding hands the log to the
 /// user's collector after each manager call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -99,8 +99,8 @@ impl<T: AsRef<[u8]>> FromIterator<T> for HashList {
 /// Hashes computed every `hash_block_size` tokens, read at a block size that
 /// is `scale` times larger, as vLLM's `BlockHashListWithBlockSize`: block
 /// i's hash is the concatenation of hashes `i*scale .. (i+1)*scale`
-/// (0.23.0), or the last of them, which chains over the whole prefix
-/// already (`last_only`, 0.33.0; `profile::BlockHashView`).
+/// (whole-block-hits), or the last of them, which chains over the whole
+/// prefix already (`last_only`; `profile::BlockHashView`).
 #[derive(Clone, Copy)]
 pub struct ScaledHashes<'a> {
     hashes: &'a HashList,

@@ -1,5 +1,5 @@
 //! Mamba "align" state-copy plans, built natively from the manager's own
-//! tables: what vLLM 0.23.0's worker computes per step in Python
+//! tables: what vLLM's worker computes per step in Python
 //! (`preprocess_mamba` + `collect_mamba_copy_meta`, and the decisions of
 //! `postprocess_mamba_fused_kernel`), as compact int32 rows for one kernel
 //! launch. Row formats are those of `hybridcache.kernels`.

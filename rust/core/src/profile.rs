@@ -8,8 +8,8 @@
 //! release with a new rule adds a variant of that flag's enum (the enums
 //! are `#[non_exhaustive]`) or a flag, and a profile, not a new seam.
 //!
-//! The flags are those of `reference/vllm-0.23-to-0.33.md` §4.2. Where each
-//! is read:
+//! The flags are those of the shared reference's release comparison
+//! (§4.2). Where each is read:
 //! - `free_policy`: `group_manager` (window frees and request frees choose
 //!   the free-queue end through it);
 //! - `new_block_ids`: `group_manager` (which groups record new block ids);
@@ -49,11 +49,11 @@ use crate::error::{CoreError, CoreResult};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FreePolicy {
-    /// 0.23.0: freed blocks are appended (evicted last), except that
+    /// Whole-block-hits: freed blocks are appended (evicted last), except that
     /// blocks leaving a window, and a sliding-window request's blocks when
     /// it is freed, go to the front (reused first) when not cached.
     AppendWindowScratchFirst,
-    /// 0.28.0 and later (0.33.0): every free goes through one rule: a block
+    /// Partial-block-hits: every free goes through one rule: a block
     /// reaching zero references joins the front (reused first, LIFO) when it
     /// has no hash or caching is off, the back (LRU) when it is cached.
     UnhashedOrCachingOffFirst,
@@ -69,7 +69,7 @@ impl FreePolicy {
         }
     }
 
-    /// Whether the pool itself splits every freed list by hash (0.28+), so
+    /// Whether the pool itself splits every freed list by hash, so
     /// callers hand their blocks over in eviction order and nothing else.
     #[inline]
     pub(crate) fn pool_splits(self) -> bool {
@@ -95,9 +95,9 @@ impl FreePolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NoneHashMode {
-    /// 0.23.0: `hash_fn(PYTHONHASHSEED)`, else 32 random bytes per process.
+    /// Plain keys: `hash_fn(PYTHONHASHSEED)`, else 32 random bytes per process.
     SeededOrRandom,
-    /// 0.29+: `hash_fn(seed)` always; the seed is PYTHONHASHSEED, else
+    /// Tagged keys: `hash_fn(seed)` always; the seed is PYTHONHASHSEED, else
     /// "vllm-none-hash" for sha256 / sha256_cbor (shareable across
     /// processes), else random hex for xxhash* (not collision resistant).
     SeededOrDefault,
@@ -107,16 +107,16 @@ pub enum NoneHashMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ExtraKeyMode {
-    /// 0.23.0: plain values (LoRA name, then the salt on the first block).
+    /// Plain values (LoRA name, then the salt on the first block).
     Plain,
-    /// 0.31+: each value tagged with its source: `("lora", name, path)`,
+    /// Each value tagged with its source: `("lora", name, path)`,
     /// `("mm", id, offset)`, `("cache_salt", salt)`, `("prompt_embeds", d)`.
     Tagged,
 }
 
 impl ExtraKeyMode {
     /// The form KV events publish: untagged in every release so far
-    /// (0.33.0's `to_event_extra_keys` strips the tags).
+    /// (vLLM's `to_event_extra_keys` strips the tags).
     pub fn event_form(self) -> ExtraKeyMode {
         ExtraKeyMode::Plain
     }
@@ -133,9 +133,9 @@ impl ExtraKeyMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MmStart {
-    /// 0.23.0: `-1` (the last input), 0 on the first block.
+    /// Plain keys: `-1` (the last input), 0 on the first block.
     LastInput,
-    /// 0.33.0: the first input ending after the block's start
+    /// Tagged keys: the first input ending after the block's start
     /// (`get_mm_features_in_window`), 0 when none does.
     Window,
 }
@@ -144,7 +144,7 @@ pub enum MmStart {
 pub struct Hashing {
     pub none_hash: NoneHashMode,
     pub extra_keys: ExtraKeyMode,
-    /// Lookahead hashes (0.33.0's `num_hash_lookahead_tokens`): a block's
+    /// Lookahead hashes (vLLM's `num_hash_lookahead_tokens`): a block's
     /// hash also covers the next L tokens. False: L must be 0.
     pub lookahead_hash_tokens: bool,
     pub mm_start: MmStart,
@@ -152,7 +152,7 @@ pub struct Hashing {
 
 impl Hashing {
     /// Untagged extra keys, a seeded-or-random NONE_HASH, no lookahead,
-    /// a resumed multimodal scan from the last input (vLLM 0.23.0's).
+    /// a resumed multimodal scan from the last input (whole-block-hits).
     pub const PLAIN_KEYS: Hashing = Hashing {
         none_hash: NoneHashMode::SeededOrRandom,
         extra_keys: ExtraKeyMode::Plain,
@@ -161,7 +161,7 @@ impl Hashing {
     };
 
     /// Tagged extra keys, a seeded-or-default NONE_HASH, lookahead hashes,
-    /// a resumed multimodal scan from the block's window (vLLM 0.31+).
+    /// a resumed multimodal scan from the block's window (partial-block-hits).
     pub const TAGGED_KEYS: Hashing = Hashing {
         none_hash: NoneHashMode::SeededOrDefault,
         extra_keys: ExtraKeyMode::Tagged,
@@ -176,11 +176,11 @@ impl Hashing {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Retention {
-    /// 0.23.0 (`VLLM_PREFIX_CACHE_RETENTION_INTERVAL`): sliding-window
+    /// Whole-block-hits (`VLLM_PREFIX_CACHE_RETENTION_INTERVAL`): sliding-window
     /// groups only; the one replay boundary kept is the last
     /// scheduler-block boundary before the prompt's last token.
     SlidingWindowPromptTail,
-    /// 0.30+ (`KVCacheConfig.prefix_cache_retention_interval`): sliding
+    /// Partial-block-hits (`KVCacheConfig.prefix_cache_retention_interval`): sliding
     /// window and Mamba groups (`attention::mamba::retention`); the
     /// tails kept are those ending at each of `replay_boundaries` (one
     /// position, two with EAGLE) and at the request's shared-prefix
@@ -191,7 +191,7 @@ pub enum Retention {
 
 impl Retention {
     /// Whether a config with no group this rule sparsifies accepts
-    /// `interval` (0.33.0 takes 0 there: dense either way).
+    /// `interval` (replay boundaries take 0 there: dense either way).
     pub(crate) fn accepts_without_sparse_groups(self, interval: usize) -> bool {
         match self {
             Retention::SlidingWindowPromptTail => false,
@@ -204,9 +204,9 @@ impl Retention {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BlockHashView {
-    /// 0.23.0: the concatenation of the block's hash-block hashes.
+    /// Whole-block-hits: the concatenation of the block's hash-block hashes.
     Concatenated,
-    /// 0.33.0: the last hash-block hash in the block (it chains over the
+    /// Partial-block-hits: the last hash-block hash in the block (it chains over the
     /// whole prefix already).
     LastHashBlock,
 }
@@ -215,11 +215,11 @@ pub enum BlockHashView {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum HybridHit {
-    /// 0.23.0: only the first full-attention spec group is cut to the hit;
+    /// Whole-block-hits: only the first full-attention spec group is cut to the hit;
     /// an EAGLE group's lookup may reach one block past the candidate but
     /// not past `max_cache_hit_length`; two different specs at least.
     FirstFullTruncated,
-    /// 0.29+: every full-attention group is cut to the hit; the EAGLE
+    /// Partial-block-hits: every full-attention group is cut to the hit; the EAGLE
     /// lookup's cap is the tokens the request has hashes for; one spec
     /// group suffices (several equal full-attention groups); the search
     /// also reports the longest hit any type found (the uncached common
@@ -230,7 +230,7 @@ pub enum HybridHit {
 
 impl HybridHit {
     /// Whether an EAGLE Mamba group's lookup reaches one block past the
-    /// candidate (0.23.0), or stops at it (0.33.0).
+    /// candidate (`FirstFullTruncated`), or stops at it.
     #[inline]
     pub(crate) fn mamba_eagle_margin(self) -> bool {
         matches!(self, HybridHit::FirstFullTruncated)
@@ -241,11 +241,11 @@ impl HybridHit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MambaRules {
-    /// 0.23.0: window frees take every draft token as rejected (the
+    /// Whole-block-hits: window frees take every draft token as rejected (the
     /// computed count less `num_speculative_blocks`); an align table's
     /// frees stop at the first null block below the window.
     DraftsRejected,
-    /// 0.29+ (0.33.0): window frees follow the processed tokens alone
+    /// Partial-block-hits: window frees follow the processed tokens alone
     /// (see `frees_on_processed_tokens`); an align table's frees pass over
     /// the null gaps prefill leaves (`_remove_blocks_in_range` down to the
     /// retired blocks); a request counts as allocated after its first
@@ -278,7 +278,7 @@ impl MambaRules {
     }
 
     /// Align caching keys prefill checkpoints and the prompt boundary at
-    /// their positions and queues boundary-state offloads (0.30+).
+    /// their positions and queues boundary-state offloads.
     #[inline]
     pub(crate) fn caches_prefill_states(self) -> bool {
         matches!(self, MambaRules::ProcessedTokensNullGaps)
@@ -289,7 +289,7 @@ impl MambaRules {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NewBlockIds {
-    /// 0.23.0: the groups whose spec says so (full attention, MLA, TQ).
+    /// The groups whose spec says so (full attention, MLA, TQ).
     BySpec,
 }
 
@@ -297,10 +297,10 @@ pub enum NewBlockIds {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StatsPolicy {
-    /// 0.23.0: `get_computed_blocks` counts each lookup it makes (not the
+    /// Whole-block-hits: `get_computed_blocks` counts each lookup it makes (not the
     /// ones `skip_reading_prefix_cache` skips), preempted ones apart.
     CountedInLookup,
-    /// 0.27.0 and later: lookups count nothing; the scheduler records each
+    /// Partial-block-hits: lookups count nothing; the scheduler records each
     /// admission (`record_prefix_cache_stats`).
     RecordedByScheduler,
 }
@@ -315,11 +315,11 @@ pub struct BehaviourProfile {
     pub retention: Retention,
     /// Sub-block hash hits with copy-on-write of the partial block.
     pub partial_hits: bool,
-    /// Partial-block prefix-cache entries (0.24+, used from 0.26): a block
+    /// Partial-block prefix-cache entries: a block
     /// may carry several keys, full attention over smaller hash blocks
     /// caches the prompt's partial tail, and a full-attention hit aligned
-    /// to hash blocks probes the boundaries inside its next block. 0.23.0:
-    /// one hash per block.
+    /// to hash blocks probes the boundaries inside its next block. Off: one
+    /// hash per block.
     pub partial_block_entries: bool,
     /// The null block's ref count is maintained.
     pub null_block_ref_counted: bool,
@@ -330,35 +330,35 @@ pub struct BehaviourProfile {
     /// answer zeros).
     pub common_prefix: bool,
     pub stats: StatsPolicy,
-    /// `allocate_slots` may adopt prefix-cache hits with no new token
-    /// (0.33.0); 0.23.0 needs new or external tokens.
+    /// `allocate_slots` may adopt prefix-cache hits with no new token; off,
+    /// it needs new or external tokens.
     pub adopt_only_steps: bool,
     pub hybrid_hit: HybridHit,
     /// `allocate_slots` frees window blocks up to the processed tokens,
-    /// `total_computed - request.num_in_flight_tokens` (0.26+: async
-    /// steps still read the blocks below); 0.23.0 up to `total_computed`.
+    /// `total_computed - request.num_in_flight_tokens` (async steps still
+    /// read the blocks below); off, up to `total_computed`.
     pub frees_on_processed_tokens: bool,
     /// External tokens' blocks are allocated after every group touched its
-    /// hits, and a metrics collector sees it in that order (0.24+); 0.23.0
-    /// interleaves the two per group (its log order is kept).
+    /// hits, and a metrics collector sees it in that order; off, the two
+    /// interleave per group (that log order is kept).
     pub two_phase_external: bool,
     /// Groups flagged `is_eagle_group` drop their last hit block only when
-    /// `use_eagle` is on (0.28+'s `drop_eagle_group_ids`; with lookahead
-    /// hashes the scheduler turns it off); 0.23.0 drops for them always.
+    /// `use_eagle` is on (vLLM's `drop_eagle_group_ids`; with lookahead
+    /// hashes the scheduler turns it off); off, they drop always.
     pub eagle_drop_needs_use_eagle: bool,
     pub block_hash_view: BlockHashView,
     pub mamba: MambaRules,
     /// `allocate_slots` takes `has_scheduled_reqs` and
-    /// `skip_zeroing_group_ids` after its first ten parameters (0.33.0's
-    /// API; 0.23.0's takes the ten only).
+    /// `skip_zeroing_group_ids` after its first ten parameters; off, the
+    /// ten only.
     pub allocate_step_args: bool,
-    /// `get_computed_blocks` takes `max_cache_hit_length` (0.33.0's API).
+    /// `get_computed_blocks` takes `max_cache_hit_length`.
     pub lookup_hit_cap_arg: bool,
 }
 
 impl BehaviourProfile {
     /// Whole-block hits: one hash per block, appended frees, lookups
-    /// counted as they are made (vLLM 0.23.0's behaviour).
+    /// counted as they are made.
     pub const WHOLE_BLOCK_HITS: BehaviourProfile = BehaviourProfile {
         name: "whole-block-hits",
         free_policy: FreePolicy::AppendWindowScratchFirst,
@@ -385,8 +385,8 @@ impl BehaviourProfile {
     /// Partial-block hits: partial-block cache entries, sub-block hash
     /// hits with copy-on-write where a Mamba align block spans hash blocks,
     /// tagged hash keys with lookahead, one free rule for every free,
-    /// scheduler-recorded stats (vLLM 0.33.0's behaviour: reference §4.1's
-    /// feature table, last row).
+    /// scheduler-recorded stats (the shared reference's §4.1 feature table,
+    /// last row).
     pub const PARTIAL_BLOCK_HITS: BehaviourProfile = BehaviourProfile {
         name: "partial-block-hits",
         free_policy: FreePolicy::UnhashedOrCachingOffFirst,
@@ -459,7 +459,7 @@ mod tests {
             BehaviourProfile::named("partial-block-hits").unwrap(),
             BehaviourProfile::PARTIAL_BLOCK_HITS
         );
-        let err = BehaviourProfile::named("0.23.0").unwrap_err();
+        let err = BehaviourProfile::named("no-such-profile").unwrap_err();
         assert!(format!("{err:?}").contains("whole-block-hits"), "{err:?}");
     }
 

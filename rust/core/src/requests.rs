@@ -59,9 +59,9 @@ struct ColdState {
     // `request.num_prompt_tokens`, when an allocation passed it (only
     // sparse retention reads it).
     num_prompt_tokens: Option<usize>,
-    // `request.shared_prefix_boundary` as last passed (0.33.0's retention).
+    // `request.shared_prefix_boundary` as last passed (replay-boundary retention).
     shared_prefix_boundary: usize,
-    // `request.num_computed_tokens` as last passed (only 0.33.0's Mamba
+    // `request.num_computed_tokens` as last passed (only the Mamba
     // shared-prefix checkpoint reads it).
     num_computed_tokens: usize,
 }

@@ -30,11 +30,11 @@ pub enum SpecKind {
     },
     /// Cross attention of encoder-decoder models (per-request encoder states).
     CrossAttention,
-    /// Reference sliding window attention (vLLM 0.33.0's `RSWASpec`): full
+    /// Reference sliding window attention (vLLM's `RSWASpec`): full
     /// attention whose decode blocks older than `window` tokens past the
     /// prompt are freed.
     Rswa { window: u32 },
-    /// One ring block per request, never cached (vLLM 0.33.0's
+    /// One ring block per request, never cached (vLLM's
     /// `CircularBufferSpec`).
     CircularBuffer,
 }
@@ -54,27 +54,27 @@ pub struct GroupSpec {
     /// Per-request admission cap in blocks (sliding window, chunked local),
     /// as the spec's `max_admission_blocks_per_request` gives it.
     pub admission_cap: Option<usize>,
-    /// Mamba align prefill checkpoint blocks (vLLM 0.29+'s
+    /// Mamba align prefill checkpoint blocks (vLLM's
     /// `num_prefill_checkpoint_blocks > 0`, with an alignment): a chunk may
     /// reserve the block before its running state for an exported state.
     pub mamba_checkpoints: Option<MambaCheckpoints>,
-    /// The group takes part in prefix caching (vLLM 0.33.0's
+    /// The group takes part in prefix caching (vLLM's
     /// `spec.prefix_cacheable`: false for circular buffers and bounded-replay
     /// sliding windows); a group that does not is left out of hit searches
     /// and never caches.
     pub prefix_cacheable: bool,
-    /// Sliding window: tokens kept below the window (vLLM 0.33.0's
+    /// Sliding window: tokens kept below the window (vLLM's
     /// `extra_retained_tokens`, the multi-module MTP lag); 0 elsewhere.
     pub extra_retained_tokens: u32,
 }
 
-/// What decides a Mamba align prefill checkpoint (vLLM 0.33.0's
+/// What decides a Mamba align prefill checkpoint (vLLM's
 /// `_needs_internal_checkpoint` and `get_mamba_prefill_checkpoint_position`):
 /// the spec's alignment and the manager's settings it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MambaCheckpoints {
     /// `prefill_checkpoint_alignment`; 0: the spec exports no checkpoints
-    /// (set with prefix caching for the 0.33.0 caching rules alone).
+    /// (set with prefix caching for the partial-block-hits caching rules alone).
     pub alignment: u32,
     pub hash_block_size: u32,
     pub num_hash_lookahead_tokens: u32,
@@ -141,7 +141,7 @@ impl GroupSpec {
 }
 
 /// The groups as a manager with decode / prefill context parallelism sees
-/// them, or why vLLM 0.23.0 cannot run them. vLLM scales every manager's
+/// them, or why vLLM cannot run them. vLLM scales every manager's
 /// block size by `dcp * pcp` (the base `SingleTypeKVCacheManager`
 /// constructor; the unitary coordinator and full attention's hit search
 /// scale theirs alike), and only its coordinator's divisibility check reads
@@ -175,20 +175,20 @@ pub(crate) fn context_parallel_groups(
         .any(|g| matches!(g.kind, SpecKind::Mamba { .. }));
     if enable_caching && groups.len() > 1 {
         return refuse(
-            "vLLM 0.23.0 supports context parallelism only for a single KV cache group \
+            "vLLM supports context parallelism only for a single KV cache group \
              (its hybrid coordinator asserts dcp == pcp == 1)",
         );
     }
     if enable_caching && !groups[0].is_full_attention() {
         return refuse(
-            "with prefix caching, vLLM 0.23.0 supports context parallelism only for full \
+            "with prefix caching, vLLM supports context parallelism only for full \
              attention (the sliding-window, chunked-local and Mamba hit searches assert \
              dcp == pcp == 1)",
         );
     }
     if mamba {
         return Err(CoreError::Unsupported(format!(
-            "dcp_world_size={dcp}, pcp_world_size={pcp} with a Mamba group (vLLM 0.23.0's \
+            "dcp_world_size={dcp}, pcp_world_size={pcp} with a Mamba group (vLLM's \
              Mamba manager asserts dcp == pcp == 1 on lookup)"
         )));
     }

@@ -1,5 +1,5 @@
-//! Behaviour of `KvCacheManager` through its public API, mirroring vLLM
-//! 0.23.0's single-group full-attention semantics.
+//! Behaviour of `KvCacheManager` through its public API, mirroring vLLM's
+//! single-group full-attention semantics (the whole-block-hits profile).
 
 use hybridcache_core::{
     AllocateArgs, BlockMetric, CoreError, GroupSpec, KvCacheManager, ManagerConfig, PoolEvent,

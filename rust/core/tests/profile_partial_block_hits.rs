@@ -1,8 +1,9 @@
-//! The partial-block-hits profile (vLLM 0.33.0's behaviour) through the
+//! The partial-block-hits profile through the
 //! manager's public API: the free-queue rule, deferred frees, caching
 //! capped at the hashed blocks,
 //! scheduler-recorded stats and adopt-only steps. The same scenarios run
-//! against vLLM 0.33.0 itself in the Python differential tests.
+//! against vLLM itself in the Python differential tests (the releases
+//! whose table row names this profile).
 
 use hybridcache_core::{
     AllocateArgs, BehaviourProfile, GroupSpec, KvCacheManager, MambaMode, ManagerConfig, SpecKind,
@@ -87,8 +88,9 @@ fn deferred_free_returns_only_what_was_handed_out() {
 
 #[test]
 fn caching_stops_at_the_hashed_blocks() {
-    // Lookahead hashes: 3 full blocks, only 1 hash yet. 0.23.0 refuses;
-    // 0.33.0 caches the hashed block and the rest once their hashes come.
+    // Lookahead hashes: 3 full blocks, only 1 hash yet. whole-block-hits
+    // refuses; partial-block-hits caches the hashed block and the rest
+    // once their hashes come.
     let mut m = manager(10, true);
     m.sync_hashes("r0", 0, hashes(1, 1)).unwrap();
     prefill(&mut m, "r0", 48);
@@ -181,9 +183,9 @@ fn full_and_mamba(
 }
 
 #[test]
-fn mamba_window_frees_count_drafts_as_rejected_only_in_0_23() {
-    // 13 computed tokens, 2 speculative blocks: 0.23.0 frees below
-    // (13 - 2 - 1) / 4 = 2 blocks, 0.33.0 below (13 - 1) / 4 = 3.
+fn mamba_window_frees_count_drafts_as_rejected_only_with_whole_block_hits() {
+    // 13 computed tokens, 2 speculative blocks: whole-block-hits
+    // frees below (13 - 2 - 1) / 4 = 2 blocks, partial-block-hits below (13 - 1) / 4 = 3.
     for (profile, freed) in [
         (BehaviourProfile::WHOLE_BLOCK_HITS, 2),
         (BehaviourProfile::PARTIAL_BLOCK_HITS, 3),
@@ -230,7 +232,7 @@ fn hybrid(
 }
 
 #[test]
-fn equal_full_attention_groups_are_one_spec_group_in_0_33_only() {
+fn equal_full_attention_groups_are_one_spec_group_with_partial_block_hits_only() {
     let two = || vec![GroupSpec::full_attention(16), GroupSpec::full_attention(16)];
     assert!(hybrid(BehaviourProfile::WHOLE_BLOCK_HITS, two(), None).is_err());
     let mut m = hybrid(BehaviourProfile::PARTIAL_BLOCK_HITS, two(), None).unwrap();

@@ -39,15 +39,15 @@ enum Mix {
     FullChunked,
     /// Full attention with dcp 2 x pcp 2: blocks of 16 tokens.
     FullContextParallel,
-    /// vLLM 0.33.0's profile: full attention + Mamba align with two
-    /// speculative blocks, with or without caching (0.33.0 runs align
-    /// without a prefix cache too).
-    FullMambaAlign033,
+    /// The partial-block-hits profile: full attention + Mamba align with
+    /// two speculative blocks, with or without caching (that profile runs
+    /// align without a prefix cache too).
+    PartialHitsMambaAlign,
     /// The same with prefill checkpoint blocks (alignment 1).
-    FullMambaAlignCheckpoints033,
-    /// vLLM 0.33.0's profile: full attention of 8 over hash blocks of 4
+    PartialHitsMambaAlignCheckpoints,
+    /// The partial-block-hits profile: full attention of 8 over hash blocks of 4
     /// (partial-tail entries) beside a sliding window of 4.
-    FullWideSw033,
+    PartialHitsWideSw,
 }
 
 const ALL_MIXES: [Mix; 10] = [
@@ -58,9 +58,9 @@ const ALL_MIXES: [Mix; 10] = [
     Mix::FullMamba3,
     Mix::FullChunked,
     Mix::FullContextParallel,
-    Mix::FullMambaAlign033,
-    Mix::FullMambaAlignCheckpoints033,
-    Mix::FullWideSw033,
+    Mix::PartialHitsMambaAlign,
+    Mix::PartialHitsMambaAlignCheckpoints,
+    Mix::PartialHitsWideSw,
 ];
 
 const MAX_MODEL_LEN: usize = 96;
@@ -129,12 +129,12 @@ fn mix_groups(mix: Mix, caching: bool) -> (Vec<GroupSpec>, u32, u32) {
         Mix::FullChunked => (vec![GroupSpec::full_attention(4), chunked(8, 4)], 8, 4),
         // vLLM's scheduler passes block_size * dcp * pcp for both sizes.
         Mix::FullContextParallel => (vec![GroupSpec::full_attention(4)], 16, 16),
-        Mix::FullMambaAlign033 => (
+        Mix::PartialHitsMambaAlign => (
             vec![GroupSpec::full_attention(4), mamba(MambaMode::Align, 2, 4)],
             4,
             4,
         ),
-        Mix::FullMambaAlignCheckpoints033 => {
+        Mix::PartialHitsMambaAlignCheckpoints => {
             let mut m = mamba(MambaMode::Align, 2, 4);
             m.mamba_checkpoints = Some(MambaCheckpoints {
                 alignment: 1,
@@ -145,12 +145,12 @@ fn mix_groups(mix: Mix, caching: bool) -> (Vec<GroupSpec>, u32, u32) {
             });
             (vec![GroupSpec::full_attention(4), m], 4, 4)
         }
-        Mix::FullWideSw033 => (vec![GroupSpec::full_attention(8), sw(7, 4)], 8, 4),
+        Mix::PartialHitsWideSw => (vec![GroupSpec::full_attention(8), sw(7, 4)], 8, 4),
     }
 }
 
 fn is_align_mix(mix: Mix, caching: bool) -> bool {
-    mix == Mix::FullMambaAlign033
+    mix == Mix::PartialHitsMambaAlign
         || caching && matches!(mix, Mix::FullMambaAlignSpec | Mix::FullMamba3)
 }
 
@@ -170,7 +170,9 @@ fn make_manager(
         hash_block_size: hbs,
         profile: if matches!(
             mix,
-            Mix::FullMambaAlign033 | Mix::FullMambaAlignCheckpoints033 | Mix::FullWideSw033
+            Mix::PartialHitsMambaAlign
+                | Mix::PartialHitsMambaAlignCheckpoints
+                | Mix::PartialHitsWideSw
         ) {
             BehaviourProfile::PARTIAL_BLOCK_HITS
         } else {
@@ -514,9 +516,9 @@ impl Machine {
                         | Mix::FullChunked
                         | Mix::FullMambaAlignSpec
                         | Mix::FullMamba3
-                        | Mix::FullMambaAlign033
-                        | Mix::FullMambaAlignCheckpoints033
-                        | Mix::FullWideSw033
+                        | Mix::PartialHitsMambaAlign
+                        | Mix::PartialHitsMambaAlignCheckpoints
+                        | Mix::PartialHitsWideSw
                 ) {
                     prop_assert_eq!(&after, &before, "Ok(None) changed state (full attention)");
                 }
@@ -618,7 +620,7 @@ impl Machine {
                 }
                 let rest = num_tokens - hit_len;
                 let ext = (ext as usize).min(rest - 1);
-                // vLLM 0.23.0 bug (see `vllm_bug_external_tokens_take_a_later_groups_free_hit`):
+                // A vLLM bug the whole-block-hits profile keeps (see `vllm_bug_external_tokens_take_a_later_groups_free_hit`):
                 // an earlier group's external-token blocks may pop a free hit
                 // block of a later group. Kept out unless asked for.
                 let later_free_hit = hit
@@ -883,8 +885,9 @@ fn run(
     Ok(mach.stats)
 }
 
-/// `HC_PROPTEST_KNOWN_BUGS=1` also generates inputs that hit known vLLM 0.23.0
-/// bugs (which hybridcache reproduces, so the invariant check then fails).
+/// `HC_PROPTEST_KNOWN_BUGS=1` also generates inputs that hit known vLLM bugs
+/// of the whole-block-hits profile (which hybridcache reproduces, so the
+/// invariant check then fails).
 fn known_bugs() -> bool {
     std::env::var("HC_PROPTEST_KNOWN_BUGS").is_ok_and(|v| v == "1")
 }
@@ -985,10 +988,10 @@ mix_tests! {
     full_sw_retention_2: Mix::FullSw, true, Some(16);
     full_sw_retention_0: Mix::FullSw, true, Some(0);
     sw_mamba_retention_3: Mix::SwMamba, true, Some(12);
-    full_mamba_align_0_33_no_caching: Mix::FullMambaAlign033, false;
-    full_mamba_align_checkpoints_0_33_no_caching: Mix::FullMambaAlignCheckpoints033, false;
-    full_wide_sw_0_33_caching: Mix::FullWideSw033, true;
-    full_wide_sw_0_33_no_caching: Mix::FullWideSw033, false;
+    partial_hits_mamba_align_no_caching: Mix::PartialHitsMambaAlign, false;
+    partial_hits_mamba_align_checkpoints_no_caching: Mix::PartialHitsMambaAlignCheckpoints, false;
+    partial_hits_wide_sw_caching: Mix::PartialHitsWideSw, true;
+    partial_hits_wide_sw_no_caching: Mix::PartialHitsWideSw, false;
 }
 
 #[test]
@@ -1001,8 +1004,8 @@ fn every_mix_builds() {
     }
 }
 
-/// vLLM 0.23.0 bug, reproduced exactly by hybridcache (drop-in parity): with
-/// several groups, `allocate_new_computed_blocks` runs group by group, and an
+/// A vLLM bug the whole-block-hits profile reproduces exactly (drop-in
+/// parity; `two_phase_external` off): with several groups, `allocate_new_computed_blocks` runs group by group, and an
 /// earlier group's blocks for external computed tokens come from the front
 /// of the free queue, which may hold a later group's prefix-cache hit
 /// (ref_cnt 0). That group then touches the block anyway: one block serves
@@ -1053,7 +1056,7 @@ fn vllm_bug_external_tokens_take_a_later_groups_free_hit() {
         ..Default::default()
     };
     m.allocate_slots("b", &args, None).unwrap().unwrap();
-    // vLLM 0.23.0 gives b ([1, 2, 3, 7], [0, 0, 7, 6]): block 7 in both
+    // vLLM (whole-block-hits) gives b ([1, 2, 3, 7], [0, 0, 7, 6]): block 7 in both
     // groups. hybridcache touches every group's hits before allocating.
     let ids = m.get_block_ids("b");
     assert_eq!(&ids[0][..3], &[1, 2, 3]);
@@ -1066,7 +1069,7 @@ fn vllm_bug_external_tokens_take_a_later_groups_free_hit() {
         .expect("a block must not serve two groups");
 }
 
-/// vLLM 0.23.0 bug, fixed in hybridcache: in Mamba "align" mode vLLM's
+/// A vLLM bug of the whole-block-hits profile, fixed in hybridcache: in Mamba "align" mode vLLM's
 /// `get_num_blocks_to_allocate` counts only `1 + num_speculative_blocks` new
 /// blocks, not the blocks `allocate_new_computed_blocks` takes for external
 /// computed tokens. With a pool that tight vLLM raises `ValueError: Cannot

@@ -1,7 +1,7 @@
-//! vLLM 0.33.0's groups outside the classic attention types through the
+//! The groups outside the classic attention types through the
 //! manager's public API: R-SWA's gap frees, a circular buffer's ring, a
-//! group out of prefix caching. The same scenarios run against vLLM 0.33.0
-//! in `tests/test_scratch_groups_033.py` and the 0.33 fuzz.
+//! group out of prefix caching. The same scenarios run against vLLM
+//! in the release tests' `test_scratch_groups.py` and in the fuzz.
 
 use hybridcache_core::{
     AllocateArgs, BehaviourProfile, GroupSpec, KvCacheManager, ManagerConfig, SpecKind,

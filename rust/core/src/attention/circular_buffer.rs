@@ -1,4 +1,4 @@
-//! Circular buffers (vLLM 0.33.0's `CircularBufferManager`): a request holds
+//! Circular buffers (vLLM's `CircularBufferManager`): a request holds
 //! one ring block for its whole life, claimed on its first allocation (or by
 //! its external tokens); nothing is skipped, hit or cached.
 

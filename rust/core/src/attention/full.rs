@@ -11,7 +11,7 @@ pub(super) fn skipped_tokens(_n: usize) -> usize {
 }
 
 /// Left to right; hashes form a chain, so the first miss ends the hit.
-/// When hits align on hash blocks smaller than a block (0.33.0's partial
+/// When hits align on hash blocks smaller than a block (partial
 /// hash hits, `HitSearch::fine_grained`), the hit then extends into the
 /// next block at the longest of its inner hash boundaries cached there (a
 /// partial-block entry). Returns the hit's tokens.

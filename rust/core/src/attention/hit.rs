@@ -23,7 +23,7 @@ impl HitSearch<'_> {
                 .get_cached_block(&self.hashes.get(i), self.groups, hit)
     }
 
-    /// Hits land on hash-block boundaries inside blocks (0.33.0's partial
+    /// Hits land on hash-block boundaries inside blocks (partial
     /// hash hits: the coordinator aligns hits to the hash block size).
     pub fn fine_grained(&self) -> bool {
         let unit = self.alignment_tokens;

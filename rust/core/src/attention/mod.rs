@@ -250,8 +250,8 @@ impl Attention {
     /// Which blocks caching keeps (None: all), for blocks of `bs` tokens,
     /// scheduler blocks of `sbs` = (scheduler block, hit alignment) and the retention interval, if any, with
     /// the profile's rule (a type the rule does not sparsify ignores it).
-    /// `any_eagle`: some group drops an EAGLE block (where 0.33.0 puts the
-    /// replay boundaries).
+    /// `any_eagle`: some group drops an EAGLE block (where `ReplayBoundaries`
+    /// puts the replay boundaries).
     pub fn reachable_blocks(
         &self,
         bs: u32,
@@ -269,7 +269,8 @@ impl Attention {
     }
 
     /// Whether a retention interval under `rule` sparsifies this type
-    /// (0.23.0: sliding windows only; 0.33.0 Mamba states too).
+    /// (`SlidingWindowPromptTail`: sliding windows only; `ReplayBoundaries`
+    /// Mamba states too).
     pub fn retains_sparsely(&self, rule: Retention) -> bool {
         match rule {
             Retention::SlidingWindowPromptTail => matches!(self, Attention::SlidingWindow(_)),

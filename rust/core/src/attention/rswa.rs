@@ -1,4 +1,4 @@
-//! Reference sliding window attention (vLLM 0.33.0's `RSWAManager`): full
+//! Reference sliding window attention (vLLM's `RSWAManager`): full
 //! attention for hits, caching and sizing, whose window frees, given the
 //! prompt length, drop the decode blocks between the prompt's last block and
 //! the last `window` processed tokens (the prompt stays visible to every

@@ -10,7 +10,7 @@ use crate::{cdiv, BlockId, NULL_BLOCK};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SlidingWindow {
     window: usize,
-    /// Tokens kept below the window, never attended (vLLM 0.33.0's
+    /// Tokens kept below the window, never attended (vLLM's
     /// `extra_retained_tokens`: multi-module MTP may re-prefill them).
     extra: usize,
 }
@@ -19,7 +19,7 @@ pub(crate) struct SlidingWindow {
 /// tails: the request's prompt length (its replay boundaries) and, under
 /// `Retention::ReplayBoundaries`, its shared-prefix junction (0: none).
 /// Mamba align caching reads them too, and `num_computed_tokens` (the
-/// request's own count at the call: 0.33.0's shared-prefix checkpoint
+/// request's own count at the call: vLLM's shared-prefix checkpoint
 /// keys the junction only inside the prompt chunk being computed).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct RetentionMarks {
@@ -42,7 +42,7 @@ pub(crate) struct ReachableBlocks {
     per_segment: usize,
     /// Sparse retention: the rule placing the replay boundaries, the hit
     /// alignment (scheduler block) and whether any group drops an EAGLE
-    /// block (0.33.0's `replay_boundaries(..., use_eagle)`).
+    /// block (vLLM's `replay_boundaries(..., use_eagle)`).
     replay: Option<(Retention, usize, bool)>,
     /// Where hits end (vLLM's `cache_hit_alignment_tokens`: the hash block
     /// under partial hash hits, else the scheduler block): boundaries
@@ -106,8 +106,9 @@ impl ReachableBlocks {
     /// The blocks ending at the positions a later request replaying this
     /// one resumes at: kept under sparse retention, which would otherwise
     /// skip them. Empty when dense or when the prompt length is unknown.
-    /// 0.23.0: the last aligned boundary before the prompt's last token
-    /// (lookups cap a hit at `num_prompt_tokens - 1`). 0.33.0: each of
+    /// `SlidingWindowPromptTail`: the last aligned boundary before the
+    /// prompt's last token (lookups cap a hit at `num_prompt_tokens - 1`).
+    /// `ReplayBoundaries`: each of
     /// `replay_boundaries` (that one; with EAGLE one block below the
     /// resend's and the extension's boundaries) and the shared-prefix
     /// junction (one block lower too for an EAGLE group).
@@ -372,7 +373,7 @@ mod tests {
     fn replay_boundaries_rule_keeps_junctions_and_eagle_resend_tails() {
         const NEW: Retention = Retention::ReplayBoundaries;
         let sw = SlidingWindow::new(8);
-        // Without EAGLE the replay boundary is 0.23.0's; the junction at 64
+        // Without EAGLE the replay boundary is the prompt tail's; the junction at 64
         // keeps the block before it.
         let r = sw.reachable_blocks(8, (32, 32), false, false, Some((0, NEW)));
         assert_eq!(kept_with(r, 16, 100, 0), vec![11]);

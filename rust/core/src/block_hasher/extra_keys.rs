@@ -1,7 +1,7 @@
 //! The extra keys of a block's hash: the one place that says which of a
 //! request's properties enter a block's key, in which order, on which
-//! blocks and in which form (vLLM's `generate_block_hash_extra_keys`; 0.33.0
-//! adds lookahead keys, `get_request_block_hasher`). Callers read the
+//! blocks and in which form (vLLM's `generate_block_hash_extra_keys`; tagged
+//! keys add lookahead keys, `get_request_block_hasher`). Callers read the
 //! properties (the binding from a request object, the facade's own
 //! `Request`) and pass them in; `K` is their value type (a Python object
 //! in the binding, a [`super::Key`] in tests).
@@ -75,7 +75,7 @@ pub fn extra_keys<B: KeyBuilder>(
     Ok(())
 }
 
-/// A lookahead block's key (0.33.0, `num_hash_lookahead_tokens` L > 0):
+/// A lookahead block's key (`num_hash_lookahead_tokens` L > 0):
 /// `(E, *next_tokens)`, where `E` is the tuple of the keys of the block's
 /// window (the block and its L next tokens), or None without keys, and
 /// `next_tokens` the L tokens after the block. The block's own tokens stay

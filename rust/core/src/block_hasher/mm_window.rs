@@ -7,8 +7,8 @@
 use crate::profile::MmStart;
 
 /// The index the first new block's scan starts from, for a hasher resuming
-/// at token `start` (0 on the first block). `LastInput` is vLLM 0.23.0's
-/// `-1` (the scan resolves it to the last input); `Window` is 0.33.0's
+/// at token `start` (0 on the first block). `LastInput` is vLLM's
+/// `-1` (the scan resolves it to the last input); `Window` is vLLM's
 /// `get_mm_features_in_window(...)[0]`: the first input ending after
 /// `start`, where the last one does.
 pub fn resume_index(mode: MmStart, ends: &[usize], start: usize) -> i64 {
@@ -26,7 +26,7 @@ pub fn resume_index(mode: MmStart, ends: &[usize], start: usize) -> i64 {
 
 /// After a lookahead window's scan returned `idx`, back to the first input
 /// that still overlaps tokens after `block_end`: the next block's window
-/// starts there (0.33.0's `generate_lookahead_block_hash_extra_keys`).
+/// starts there (vLLM's `generate_lookahead_block_hash_extra_keys`).
 pub fn lookahead_rewind(ends: &[usize], block_end: usize, mut idx: i64) -> i64 {
     while idx > 0 {
         match ends.get(idx as usize - 1) {

@@ -1,5 +1,5 @@
-//! Request block hashing, bit-identical to vLLM 0.23.0 and 0.33.0 (the
-//! release's rules: `profile::Hashing`; what differs is the extra keys'
+//! Request block hashing, bit-identical to vLLM's in each supported
+//! release (the release's rules: `profile::Hashing`; what differs is the extra keys'
 //! form, the NONE_HASH seed, lookahead hashes and where a resumed
 //! multimodal scan starts, each in its own function below).
 //!

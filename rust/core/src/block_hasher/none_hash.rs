@@ -6,7 +6,7 @@
 use super::HashFn;
 use crate::profile::NoneHashMode;
 
-/// 0.33.0's `DEFAULT_NONE_HASH_SEED`.
+/// vLLM's `DEFAULT_NONE_HASH_SEED`.
 pub const DEFAULT_NONE_HASH_SEED: &str = "vllm-none-hash";
 
 /// What a release derives `NONE_HASH` from (`init_none_hash`).

@@ -1,4 +1,4 @@
-//! Re-keying one cached block (vLLM 0.33.0's `cache_partial_block` where
+//! Re-keying one cached block (vLLM's `cache_partial_block` where
 //! the entry is one whole hash block): Mamba align keys a prefill
 //! checkpoint block, or the prompt's last reusable boundary, at a prefix
 //! position other than its own table index.

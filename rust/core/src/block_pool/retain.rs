@@ -1,4 +1,4 @@
-//! What vLLM 0.33.0's copy-on-write does to the pool beside allocating:
+//! What vLLM's copy-on-write does to the pool beside allocating:
 //! an extra reference on a copy's endpoint (held until the scheduler
 //! frees it after the step) and the prefix-map entry a key stands for
 //! (Mamba marks partial keys cached this step by it).

@@ -89,13 +89,13 @@ impl Coordinator {
                 return Err(CoreError::InvalidArgument(format!(
                     "with one KV cache group and prefix caching, hash_block_size ({hash_block_size}) \
                      must equal the group's block_size times dcp_world_size * pcp_world_size \
-                     ({}), as vLLM 0.23.0 requires",
+                     ({}), as vLLM requires",
                     groups[0].block_size
                 )));
             }
             CoordinatorKind::Unitary
         } else {
-            // Groups out of prefix caching hash nothing (vLLM 0.33.0).
+            // Groups out of prefix caching hash nothing (as in vLLM).
             if let Some(g) = groups
                 .iter()
                 .find(|g| g.prefix_cacheable && g.block_size % hash_block_size != 0)
@@ -108,8 +108,8 @@ impl Coordinator {
             CoordinatorKind::Hybrid
         };
         if enable_caching && groups.iter().any(|g| g.kind == SpecKind::CrossAttention) {
-            // vLLM accepts this config but fails on the first lookup (0.23.0
-            // and 0.33.0: CrossAttentionManager's hit search raises).
+            // vLLM accepts this config but fails on the first lookup
+            // (CrossAttentionManager's hit search raises).
             return Err(CoreError::Unsupported(
                 "prefix caching with cross-attention groups (vLLM cannot serve it either: its \
                  cross-attention hit search raises; encoder-decoder models run without it)"
@@ -161,7 +161,7 @@ impl Coordinator {
         }
         let retention = retention_interval.map(|n| (n, profile.retention));
         // Replay boundaries follow every EAGLE group, cacheable or not
-        // (0.33.0's `drop_eagle_group_ids`); a group outside the hit search
+        // (vLLM's `drop_eagle_group_ids`); a group outside the hit search
         // never gets `use_eagle` itself.
         let any_eagle = managers.iter().any(|m| m.use_eagle)
             || (kind != CoordinatorKind::NoPrefixCache && eagle_groups.iter().any(|&e| e));

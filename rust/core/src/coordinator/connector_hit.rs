@@ -1,4 +1,4 @@
-//! vLLM 0.33.0's lookup for requests with a KV connector on hybrid models
+//! vLLM's lookup for requests with a KV connector on hybrid models
 //! with Mamba layers (`get_computed_blocks_for_connector`): each spec group
 //! looked up on its own (`find_longest_cache_hit_per_group`, in
 //! `hit_search`); the full-attention hit is the local prefix unless another

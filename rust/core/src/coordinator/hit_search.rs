@@ -163,7 +163,7 @@ impl Coordinator {
         out: &mut Vec<Vec<BlockId>>,
     ) -> usize {
         let bs = sg.spec.block_size as usize;
-        // 0.33.0: no margin for Mamba, whose finder drops nothing.
+        // `EveryFullTruncated`: no margin for Mamba, whose finder drops nothing.
         let margin = !sg.spec.is_mamba() || self.hybrid_hit.mamba_eagle_margin();
         let max_length = if drop_eagle && margin {
             (max_len + self.eagle_margin(&sg.spec.kind, bs)).min(eagle_cap)
@@ -188,7 +188,7 @@ impl Coordinator {
         )
     }
 
-    /// vLLM 0.33.0's `find_longest_cache_hit_per_group`: every spec group's
+    /// vLLM's `find_longest_cache_hit_per_group`: every spec group's
     /// own hit, not reconciled with the others (the offloading connector
     /// bounds its loads by the groups it does not offload): blocks and hit
     /// tokens per group; empty for groups outside the hit search. Hybrid
@@ -201,7 +201,7 @@ impl Coordinator {
         if self.kind != CoordinatorKind::Hybrid || self.hybrid_hit != HybridHit::EveryFullTruncated
         {
             return Err(CoreError::InvalidArgument(
-                "find_longest_cache_hit_per_group is vLLM 0.33.0's HybridKVCacheCoordinator's \
+                "find_longest_cache_hit_per_group is the partial-block-hits hybrid coordinator's \
                  (several KV cache groups with prefix caching)"
                     .into(),
             ));

@@ -1,5 +1,5 @@
 //! The coordinator: drives one manager per KV-cache group and finds cache
-//! hits across them, as vLLM 0.23.0's `get_kv_cache_coordinator` chooses:
+//! hits across them, as vLLM's `get_kv_cache_coordinator` chooses:
 //! no prefix cache, unitary (one group), or hybrid (several attention types).
 
 use crate::attention::RetentionMarks;
@@ -40,11 +40,11 @@ pub struct Coordinator {
     pub hash_view: BlockHashView,
     // External tokens' metrics logged after every group's touches.
     two_phase_external: bool,
-    /// Multi-module MTP (vLLM 0.33.0's `num_reprefillable_tokens`, its
+    /// Multi-module MTP (vLLM's `num_reprefillable_tokens`, its
     /// `num_prefill_lookahead - 1`): the last tokens may be re-prefilled,
-    /// so their KV is not final and is not cached. 0 otherwise (0.23.0).
+    /// so their KV is not final and is not cached. 0 otherwise (whole-block-hits).
     pub reprefillable_tokens: usize,
-    /// vLLM 0.33.0's `enable_partial_hash_hits` (`partial_hits.rs`).
+    /// vLLM's `enable_partial_hash_hits` (`partial_hits.rs`).
     partial_hits: bool,
     /// What `settle` read, kept for `set_partial_hits_dcp`.
     settled: (bool, Option<(usize, crate::profile::Retention)>, bool),
@@ -104,7 +104,7 @@ impl Coordinator {
     }
 
     /// Adds a new request's cache hits to every group, then allocates the
-    /// blocks of its external tokens. vLLM 0.23.0 interleaves the two per
+    /// blocks of its external tokens. vLLM (whole-block-hits) interleaves the two per
     /// group, so an earlier group's external blocks can pop a later group's
     /// free hit block, which that group then takes too: one block in two
     /// groups. Touching all hits first gives the same blocks whenever vLLM's
@@ -187,7 +187,7 @@ impl Coordinator {
 
     /// Whether a caching rule uses the requests' shared-prefix junction:
     /// sparse retention keeping replay boundaries, or a Mamba group's
-    /// checkpoint rules (vLLM 0.33.0 uses `request.shared_prefix_boundary`
+    /// checkpoint rules (vLLM uses `request.shared_prefix_boundary`
     /// there and nowhere else).
     pub fn reads_junction(&self) -> bool {
         matches!(
@@ -196,7 +196,7 @@ impl Coordinator {
         ) || self.managers.iter().any(|m| m.reads_junction())
     }
 
-    /// vLLM 0.33.0's `shared_prefix_checkpoint` on every Mamba group (only
+    /// vLLM's `shared_prefix_checkpoint` on every Mamba group (only
     /// align caching reads it).
     pub fn set_shared_prefix_checkpoint(&mut self, on: bool) {
         for m in self.managers.iter_mut() {
@@ -421,7 +421,7 @@ impl Coordinator {
         true
     }
 
-    /// `num_prompt_tokens`: as vLLM 0.33.0's (R-SWA frees its gap given it).
+    /// `num_prompt_tokens`: as vLLM's (R-SWA frees its gap given it).
     pub fn remove_skipped_blocks(
         &mut self,
         slot: ReqSlot,
@@ -480,11 +480,12 @@ fn first_count_caching(rule: Cacheable, m: &SingleTypeManager, n: usize) -> usiz
     lo
 }
 
-/// Tokens `m` caches for `num_tokens` computed tokens (vLLM 0.33.0's
-/// `get_num_cacheable_tokens`; with no re-prefillable tokens, 0.23.0's rule).
+/// Tokens `m` caches for `num_tokens` computed tokens (vLLM's
+/// `get_num_cacheable_tokens`; with no re-prefillable tokens, the
+/// whole-block-hits rule).
 fn tokens_to_cache(rule: Cacheable, m: &SingleTypeManager, num_tokens: usize) -> usize {
     if !m.spec.prefix_cacheable {
-        // Out of prefix caching (vLLM 0.33.0's `cache_blocks` returns).
+        // Out of prefix caching (vLLM's `cache_blocks` returns).
         return 0;
     }
     // KV the next step may re-prefill (multi-module MTP) is not final.

@@ -1,4 +1,4 @@
-//! vLLM 0.33.0's partial hash hits (kv_cache_utils
+//! vLLM's partial hash hits (kv_cache_utils
 //! `partial_hash_hits_enabled` L762, `eagle_proof_margin` L804; coordinator
 //! L694-716): a hybrid model with a Mamba align group whose block spans
 //! several hash blocks finds hits at hash-block granularity, so a hit can
@@ -57,7 +57,7 @@ impl Coordinator {
     }
 
     /// The enabling rule again under decode context parallelism `dcp`
-    /// (vLLM 0.33.0's facade scales the dcp-sharded groups itself and
+    /// (vLLM's facade scales the dcp-sharded groups itself and
     /// builds the core with dcp 1; only this rule reads the real one): the
     /// hit alignment and what each group settled from it follow. Call
     /// before the first request.

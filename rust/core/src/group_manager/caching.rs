@@ -1,8 +1,8 @@
 //! Caching a request's blocks in one group (vLLM's `cache_blocks`): how
 //! many hashes a call needs, what a lookup's computed tokens leave cached,
 //! the prefix-cache keys of the full blocks (sparse retention's marks and
-//! replay tails decide which), and the common-prefix count a 0.23.0
-//! scheduler asks for.
+//! replay tails decide which), and the common-prefix count a
+//! whole-block-hits scheduler asks for.
 
 use super::{entry_key, SingleTypeManager};
 use crate::attention::{ReplayTails, RetentionMarks};

@@ -1,4 +1,4 @@
-//! vLLM 0.33.0's copy-on-write of partial hits (single_type_kv_cache_manager
+//! vLLM's copy-on-write of partial hits (single_type_kv_cache_manager
 //! L164-175, L262-266, L319-325, L455-475, Mamba L1748-1923): a hit that
 //! ends inside a block shares that block's KV only up to the hit, so the
 //! request writes past it into a private copy. Its allocation takes one more
@@ -22,7 +22,7 @@ pub(super) type PartialHit = (usize, BlockId);
 
 #[derive(Debug, Clone, Default)]
 pub(super) struct CowState {
-    /// The profile has partial hits (0.33.0); nothing here is used else.
+    /// The profile has partial hits (partial-block-hits); nothing here is used else.
     on: bool,
     /// vLLM's `_partial_hit_reqs`.
     partial_hits: HashMap<ReqSlot, PartialHit, FxBuild>,

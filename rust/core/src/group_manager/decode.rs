@@ -5,8 +5,8 @@
 //!    at or before a null block (`remove_skipped_blocks`);
 //! 2. Mamba align: the old state block stays a copy source;
 //! 3. the table covers `sizing().required_blocks(..)` (`allocate_new_blocks`);
-//! 4. no new full block is cached (`cache_blocks`), nor, with 0.33.0's
-//!    align caching, the prompt's state keyed (`prompt_state_keys_below`).
+//! 4. no new full block is cached (`cache_blocks`), nor, with
+//!    `caches_prefill_states`, the prompt's state keyed (`prompt_state_keys_below`).
 //!
 //! `decode_is_noop` checks these on the tables; `decode_horizon` turns
 //! each into a bound on the counts through the rules' exact inverses

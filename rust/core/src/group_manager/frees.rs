@@ -46,7 +46,7 @@ impl SingleTypeManager {
         }
     }
 
-    /// vLLM 0.24+'s `pop_blocks_for_free`: forgets the request's table and
+    /// vLLM's `pop_blocks_for_free`: forgets the request's table and
     /// returns its blocks in table order, leading null blocks left out,
     /// still holding their references (the caller frees them later).
     pub fn pop_blocks(&mut self, slot: ReqSlot) -> Vec<BlockId> {
@@ -166,9 +166,10 @@ impl SingleTypeManager {
         }
     }
 
-    /// Tokens at the end of the computed count window frees ignore: 0.23.0
-    /// takes a Mamba group's drafts as rejected under async scheduling (it
-    /// subtracts the block count); 0.33.0 frees on processed tokens instead.
+    /// Tokens at the end of the computed count window frees ignore:
+    /// `DraftsRejected` takes a Mamba group's drafts as rejected under async scheduling (it
+    /// subtracts the block count); `ProcessedTokensNullGaps` frees on processed
+    /// tokens instead.
     #[inline]
     pub(super) fn window_drafts(&self) -> usize {
         if self.mamba_rules.drafts_rejected() {
@@ -178,7 +179,7 @@ impl SingleTypeManager {
         }
     }
 
-    /// 0.33.0's align tables: window frees pass over prefill's null gaps.
+    /// `align_frees_skip_nulls` tables: window frees pass over prefill's null gaps.
     #[inline]
     pub(super) fn frees_skip_nulls(&self) -> bool {
         self.attn.align().is_some() && self.mamba_rules.align_frees_skip_nulls()

@@ -1,4 +1,4 @@
-//! vLLM 0.33.0's Mamba align caching beyond the full blocks
+//! vLLM's Mamba align caching beyond the full blocks
 //! (`MambaManager.cache_blocks` / `_cache_partial_tail_block`, for blocks
 //! of one hash block each; wider ones: `mamba_partial.rs`): the prefill checkpoint block is keyed at its
 //! checkpoint position, or evicted when that state is transient; the
@@ -14,7 +14,7 @@ use crate::hashes::ScaledHashes;
 use crate::{cdiv, BlockId, MambaCheckpoints, ReqSlot};
 
 impl SingleTypeManager {
-    /// Whether this group follows 0.33.0's align caching rules.
+    /// Whether this group follows the partial-block-hits align caching rules.
     pub(crate) fn caches_align_states(&self) -> bool {
         self.enable_caching
             && self.is_mamba_align()
@@ -31,7 +31,7 @@ impl SingleTypeManager {
             || self.shared_prefix_checkpoint
     }
 
-    /// Records the checkpoint of this count (0.33.0's `_checkpoints`, set
+    /// Records the checkpoint of this count (vLLM's `_checkpoints`, set
     /// by every count outside the admission check): `on` for a chunk ending
     /// at `query_end` that reserves one.
     pub fn note_align_checkpoint(&mut self, slot: ReqSlot, on: bool, query_end: usize) {

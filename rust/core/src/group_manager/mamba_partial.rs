@@ -1,4 +1,4 @@
-//! vLLM 0.33.0's Mamba align caching beyond the full blocks when a block
+//! vLLM's Mamba align caching beyond the full blocks when a block
 //! spans several hash blocks (`MambaManager.cache_blocks` /
 //! `_cache_partial_tail_block`, L1978-2135): states are keyed at hash
 //! boundaries inside their block (`cache_partial_block`). The prefill

@@ -47,10 +47,10 @@ pub(crate) struct SingleTypeManager {
     records_new_block_ids: bool,
     free_policy: FreePolicy,
     mamba_rules: MambaRules,
-    /// Caching stops at the hashed blocks (0.33.0) instead of needing a
+    /// Caching stops at the hashed blocks (partial-block-hits) instead of needing a
     /// hash for every full block.
     cap_at_hashes: bool,
-    /// 0.33.0 full attention over smaller hash blocks: the prompt tail that
+    /// Partial-block entries, full attention over smaller hash blocks: the prompt tail that
     /// ends inside a block is cached as a partial entry (`partial_tail.rs`).
     partial_tails: bool,
     enable_caching: bool,
@@ -59,16 +59,16 @@ pub(crate) struct SingleTypeManager {
     // its hash: an entry id reused within the step is held only by blocks
     // cached within the step, so `entry_key` marks are exact.
     cached_this_step: HashSet<u64, FxBuild>,
-    /// Mamba align (0.33.0): states cached since the last take, for a KV
+    /// Mamba align (partial-block-hits): states cached since the last take, for a KV
     /// connector: (slot, block, boundary tokens).
     pending_offloads: Vec<(ReqSlot, BlockId, usize)>,
-    /// vLLM 0.33.0's `cache_hit_alignment_tokens`: the hash block size
+    /// vLLM's `cache_hit_alignment_tokens`: the hash block size
     /// under partial hash hits, else the scheduler block size (set by the
     /// coordinator).
     pub alignment_tokens: u32,
-    /// 0.33.0's copy-on-write bookkeeping (`copy_on_write.rs`).
+    /// Partial hits' copy-on-write bookkeeping (`copy_on_write.rs`).
     cow: CowState,
-    /// Mamba (0.33.0's `shared_prefix_checkpoint`, set by the manager):
+    /// Mamba (vLLM's `shared_prefix_checkpoint`, set by the manager):
     /// align caching also keys the state at the shared-prefix junction
     /// (`SingleTypeManager::keys_prompt_state_at`).
     pub shared_prefix_checkpoint: bool,
@@ -213,7 +213,7 @@ impl SingleTypeManager {
             }
         }
         if let (Some(m), Some(_)) = (self.attn.mamba(), self.attn.align()) {
-            // vLLM 0.23.0 leaves out the block it allocates for external
+            // vLLM (whole-block-hits) leaves out the block it allocates for external
             // (connector) tokens here and then fails to get it from the
             // pool; counting it keeps the answer "None", not a crash.
             let external = self.external_blocks(
@@ -306,7 +306,7 @@ impl SingleTypeManager {
         }
         if self.attn.fixed_blocks().is_some() {
             // A ring takes no hits and no count of cached blocks; external
-            // tokens claim it (vLLM 0.33.0's `allocate_external_computed_blocks`).
+            // tokens claim it (vLLM's `allocate_external_computed_blocks`).
             let held = self.blocks(slot).len();
             return if num_external_computed_tokens > 0 {
                 self.required_blocks(0, 0).saturating_sub(held)
@@ -427,7 +427,7 @@ impl SingleTypeManager {
         self.records_new_block_ids
     }
 
-    /// Records the request's blocks from index `from` on again (0.33.0's
+    /// Records the request's blocks from index `from` on again (vLLM's
     /// `record_blocks_for_zeroing`), if this group records new block ids.
     pub fn record_blocks_for_zeroing(&mut self, slot: ReqSlot, from: usize) {
         if !self.records_new_block_ids {
@@ -468,7 +468,7 @@ impl SingleTypeManager {
         );
     }
 
-    /// Mamba align (0.29+): whether an allocation for the chunk
+    /// Mamba align: whether an allocation for the chunk
     /// `query_start..query_end` reserves a prefill checkpoint block, judged
     /// on the table as it is before the call (`Mamba::needs_checkpoint`).
     pub fn align_checkpoint(

@@ -1,4 +1,4 @@
-//! vLLM 0.33.0's `FullAttentionManager._cache_partial_tail_block`
+//! vLLM's `FullAttentionManager._cache_partial_tail_block`
 //! (single_type_kv_cache_manager.py L866-897): when a full-attention block
 //! spans several hash blocks, the last hash boundary of the prompt that a
 //! later request can resend (`num_prompt_tokens - 1` tokens, the whole

@@ -65,7 +65,7 @@ pub(crate) fn check_counts(
     Ok(())
 }
 
-/// A call that would compute and adopt nothing. 0.33.0 also lets a step
+/// A call that would compute and adopt nothing. `adopt_only_steps` also lets a step
 /// adopt only prefix-cache hits (an async load, a chunk ending inside a
 /// replayed hit).
 #[inline]
@@ -219,7 +219,7 @@ pub(crate) fn check_computed_blocks(
     for (g, (sm, blocks)) in m.coord.managers.iter().zip(nc).enumerate() {
         let bs = sm.block_size as usize;
         let tokens = blocks.len() * bs;
-        // Partial hash hits (0.33.0) may end inside a group's last block.
+        // Partial hash hits (partial-block-hits) may end inside a group's last block.
         let inside = m.coord.partial_hash_hits() && n > 0 && tokens > n && tokens - n < bs;
         covered = covered.max(tokens.min(n));
         let unit = if m.coord.partial_hash_hits() {

@@ -1,5 +1,5 @@
 //! `allocate_slots`: the argument checks (nothing changes before they
-//! pass) and the general allocation steps, in vLLM 0.23.0's order.
+//! pass) and the general allocation steps, in vLLM's order.
 
 use std::borrow::Cow;
 
@@ -270,7 +270,7 @@ impl KvCacheManager {
             (num_tokens_main_model + args.num_lookahead_tokens).min(self.max_model_len);
 
         // Blocks outside the window are freed even if the allocation fails;
-        // 0.33.0 only below the processed tokens (see the profile).
+        // with `frees_on_processed_tokens`, only below the processed tokens.
         let processed = total_computed.saturating_sub(args.num_in_flight_tokens);
         let prompt = self.gap_prompt_len(slot, args);
         self.coord.remove_skipped_blocks(slot, processed, prompt);
@@ -299,7 +299,7 @@ impl KvCacheManager {
             external => need_with_external(external),
         };
         // Decided on the tables before the hits and external blocks join;
-        // the count records them even when the allocation fails (0.33.0).
+        // the count records them even when the allocation fails (partial-block-hits).
         let checkpoints =
             self.coord
                 .align_checkpoints(slot, query_start, num_tokens_main_model, prefill_end);
@@ -464,7 +464,7 @@ impl KvCacheManager {
         ))
     }
 
-    /// The prompt length 0.33.0's `allocate_slots` hands the window frees
+    /// The prompt length vLLM's `allocate_slots` hands the window frees
     /// (R-SWA frees its gap by it): known where some group frees gaps.
     fn gap_prompt_len(&self, slot: ReqSlot, args: &AllocateArgs) -> Option<usize> {
         if !self.reads_gap_prompt {
@@ -474,7 +474,7 @@ impl KvCacheManager {
             .or_else(|| self.reqs.num_prompt_tokens(slot))
     }
 
-    /// Where the request's prefill ends for Mamba checkpoints (vLLM 0.33.0:
+    /// Where the request's prefill ends for Mamba checkpoints (vLLM:
     /// `max(num_prompt_tokens, num_tokens - 1)`, read only where
     /// checkpoints wait for it; 0 elsewhere: every chunk may checkpoint).
     fn prefill_end(&self, slot: ReqSlot, args: &AllocateArgs) -> usize {

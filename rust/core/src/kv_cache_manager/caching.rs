@@ -1,5 +1,5 @@
 //! `cache_blocks`: by request id, and for a request the caller already
-//! resolved to its slot (vLLM 0.33.0's scheduler caches every running
+//! resolved to its slot (vLLM's scheduler caches every running
 //! request after every step, so that call is as hot as a decode).
 
 use super::KvCacheManager;
@@ -129,7 +129,7 @@ impl KvCacheManager {
         self.reqs.set_num_computed_tokens(slot, n);
     }
 
-    /// vLLM 0.33.0's `estimate_cached_tokens`: over the groups it counts
+    /// vLLM's `estimate_cached_tokens`: over the groups it counts
     /// (prefix-cacheable, not cross attention), the fewest of each group's
     /// most tokens any of the request's blocks' hash covers
     /// (`BlockPool::block_hash_num_tokens`); 0 for none, or for a request

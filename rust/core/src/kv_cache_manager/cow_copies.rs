@@ -1,4 +1,4 @@
-//! vLLM 0.33.0's per-step drains of partial hash hits (kv_cache_manager
+//! vLLM's per-step drains of partial hash hits (kv_cache_manager
 //! L863-927): the copy-on-write copies the worker runs this step, and a
 //! finishing producer's partial-tail boundary block.
 

@@ -1,4 +1,4 @@
-//! Deferred frees (vLLM 0.24+): `pop_blocks_for_free` forgets a request but
+//! Deferred frees: `pop_blocks_for_free` forgets a request but
 //! leaves its blocks referenced (so do the copy-on-write endpoints of
 //! `take_kv_cache_block_copies`); the scheduler hands them back a step later
 //! through `block_pool.free_blocks`. The manager counts the references it
@@ -41,7 +41,7 @@ impl KvCacheManager {
         blocks
     }
 
-    /// vLLM 0.28+'s `BlockPool.free_blocks(blocks)` for blocks handed out
+    /// vLLM's `BlockPool.free_blocks(blocks)` for blocks handed out
     /// by `pop_blocks_for_free`, in eviction order. Refused as a whole
     /// (nothing changes) when a block was not handed out that many times.
     pub fn free_handed_out(&mut self, blocks: &[BlockId]) -> CoreResult<()> {

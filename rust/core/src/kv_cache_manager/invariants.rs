@@ -76,7 +76,7 @@ impl KvCacheManager {
                         // A cached position holds the request's own hash (align
                         // mode moves speculative blocks, so it is exempt): the
                         // block's, or a partial entry's at the boundary it
-                        // covers (0.33.0: a prompt tail, also on a block whose
+                        // covers (partial-block entries: a prompt tail, also on a block whose
                         // full hash was evicted).
                         let bs = m.block_size as usize;
                         let covers = pool.block_hash_num_tokens(b).unwrap_or(0) as usize;

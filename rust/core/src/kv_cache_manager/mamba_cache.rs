@@ -1,4 +1,4 @@
-//! vLLM 0.33.0's manager calls that Mamba prefix caching adds: the KV
+//! vLLM's manager calls that Mamba prefix caching adds: the KV
 //! connector's per-group lookup and the boundary-state offloads.
 
 use super::KvCacheManager;
@@ -8,7 +8,7 @@ use crate::hashes::HashList;
 use crate::{BlockId, ReqSlot};
 
 impl KvCacheManager {
-    /// 0.33.0's `get_computed_blocks_for_connector` on hybrid models with
+    /// vLLM's `get_computed_blocks_for_connector` on hybrid models with
     /// Mamba layers and a full-attention group: each group's own hit, the
     /// full-attention one as the local prefix, and whether a group lags it
     /// (`hit_diverged`); `None` where vLLM answers `get_computed_blocks`
@@ -45,7 +45,7 @@ impl KvCacheManager {
         Ok(Some((hit, diverged)))
     }
 
-    /// vLLM 0.33.0's `take_boundary_state_offloads`: the Mamba align states
+    /// vLLM's `take_boundary_state_offloads`: the Mamba align states
     /// cached since the last take, group by group, oldest first: (request
     /// slot, group, block, boundary tokens). Every slot is live (a free
     /// drops the request's entries): `request_id_at` names it.

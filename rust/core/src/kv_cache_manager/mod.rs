@@ -47,7 +47,7 @@ pub struct ManagerConfig {
     /// the spec's tokens (see `Coordinator::new`).
     pub dcp_world_size: u32,
     pub pcp_world_size: u32,
-    /// Sparse retention of what is cached (vLLM 0.23.0's
+    /// Sparse retention of what is cached (vLLM's
     /// `VLLM_PREFIX_CACHE_RETENTION_INTERVAL`): None dense; 0 only the
     /// prompt's replay boundary; N (a multiple of `scheduler_block_size`)
     /// one hit's blocks per N tokens and the replay boundary. Which groups
@@ -77,19 +77,19 @@ pub struct AllocateArgs<'a> {
     pub full_sequence_must_fit: bool,
     pub reserved_blocks: usize,
     /// Free blocks to keep beyond the allocation when admitting a waiting
-    /// request (0.24+'s watermark; the caller decides when it applies).
+    /// request (vLLM's watermark; the caller decides when it applies).
     pub watermark_blocks: usize,
     /// `request.num_prompt_tokens`, kept for the request's lifetime; pass
     /// it when `wants_num_prompt_tokens` (None otherwise: nothing changes).
     pub num_prompt_tokens: Option<usize>,
-    /// `request.shared_prefix_boundary` (0.33.0), kept until the next call
-    /// passes it; pass it when `wants_shared_prefix_boundary`.
+    /// `request.shared_prefix_boundary` (partial-block-hits), kept until the
+    /// next call passes it; pass it when `wants_shared_prefix_boundary`.
     pub shared_prefix_boundary: Option<usize>,
-    /// `request.num_in_flight_tokens` (0.33.0: window frees stop that far
+    /// `request.num_in_flight_tokens` (`frees_on_processed_tokens`: window frees stop that far
     /// below the computed tokens); pass it when `wants_num_in_flight_tokens`.
     pub num_in_flight_tokens: usize,
     /// Groups (bit i: group i) whose external-token blocks an async load
-    /// writes, so they are not recorded for zeroing (0.33.0's
+    /// writes, so they are not recorded for zeroing (vLLM's
     /// `skip_zeroing_group_ids`).
     pub skip_zeroing_groups: u64,
 }
@@ -143,7 +143,7 @@ pub struct KvCacheManager {
     /// Window frees lag the in-flight tokens (`frees_on_processed_tokens`, a group with a window).
     reads_in_flight: bool,
     /// Window frees read the prompt length (an R-SWA group frees the gap
-    /// after the prompt: 0.33.0 passes `num_prompt_tokens`).
+    /// after the prompt: vLLM passes `num_prompt_tokens`).
     reads_gap_prompt: bool,
 }
 
@@ -201,7 +201,8 @@ impl KvCacheManager {
             handed_out: deferred_free::HandedOut::default(),
             // Sparse retention, Mamba checkpoints that wait for the prefill
             // end, R-SWA's gap frees, partial tails (their boundary is the
-            // prompt's), or 0.33.0's Mamba align caching (always).
+            // prompt's), or Mamba align caching under `caches_prefill_states`
+            // (always).
             reads_gap_prompt,
             reads_prompt_len: reads_gap_prompt
                 || cfg.enable_caching
@@ -229,14 +230,14 @@ impl KvCacheManager {
     }
 
     /// Whether allocations (and `cache_blocks`) should carry the request's
-    /// `shared_prefix_boundary` (0.33.0's sparse retention keeps it).
+    /// `shared_prefix_boundary` (replay-boundary retention keeps it).
     #[inline]
     pub fn wants_shared_prefix_boundary(&self) -> bool {
         self.reads_junction
     }
 
     /// Whether allocations should carry `request.num_in_flight_tokens`
-    /// (0.33.0 frees window blocks on the processed tokens only).
+    /// (`frees_on_processed_tokens`).
     #[inline]
     pub fn wants_num_in_flight_tokens(&self) -> bool {
         self.reads_in_flight
@@ -284,7 +285,7 @@ impl KvCacheManager {
         self.enable_caching
     }
 
-    /// The coordinator vLLM 0.23.0 would build for this config:
+    /// The coordinator vLLM would build for this config:
     /// "no_prefix_cache", "unitary" (one group) or "hybrid".
     pub fn coordinator_kind(&self) -> &'static str {
         use crate::coordinator::CoordinatorKind as K;
@@ -323,7 +324,7 @@ impl KvCacheManager {
 
     /// Cache hit for a request of `num_tokens` tokens: blocks per group and
     /// the number of hit tokens. Changes nothing.
-    /// `max_hit`: the most hit tokens (0.33.0's `max_cache_hit_length`);
+    /// `max_hit`: the most hit tokens (vLLM's `max_cache_hit_length`);
     /// None: all but the last token, whose logits must be recomputed.
     pub fn get_computed_blocks(
         &self,
@@ -336,7 +337,7 @@ impl KvCacheManager {
     }
 
     /// `get_computed_blocks` with the longest hit one attention type found
-    /// (`CacheHit::longest`, behind 0.33.0's `shared_prefix_boundary`).
+    /// (`CacheHit::longest`, behind vLLM's `shared_prefix_boundary`).
     pub fn find_cache_hit(
         &self,
         request_id: &str,
@@ -369,7 +370,7 @@ impl KvCacheManager {
         &self.profile
     }
 
-    /// Multi-module MTP (vLLM 0.33.0's `num_prefill_lookahead` - 1): that
+    /// Multi-module MTP (vLLM's `num_prefill_lookahead` - 1): that
     /// many last computed tokens are never cached. Set before the first
     /// request (the decode horizons assume it fixed).
     pub fn set_reprefillable_tokens(&mut self, n: usize) -> CoreResult<()> {
@@ -380,7 +381,7 @@ impl KvCacheManager {
         Ok(())
     }
 
-    /// vLLM 0.33.0's `mamba_shared_prefix_checkpoint`, already narrowed by
+    /// vLLM's `mamba_shared_prefix_checkpoint`, already narrowed by
     /// the caller (EAGLE groups, partial hash hits, no re-prefillable
     /// tokens): each Mamba align group also keys the running state at the
     /// request's shared-prefix junction inside the prompt chunk being
@@ -521,7 +522,7 @@ impl KvCacheManager {
         self.remove_skipped_blocks_of_prompt(request_id, total_computed_tokens, None);
     }
 
-    /// `remove_skipped_blocks` with vLLM 0.33.0's `num_prompt_tokens` (R-SWA
+    /// `remove_skipped_blocks` with vLLM's `num_prompt_tokens` (R-SWA
     /// groups free the gap after the prompt given it; None: window frees only).
     pub fn remove_skipped_blocks_of_prompt(
         &mut self,
@@ -536,7 +537,7 @@ impl KvCacheManager {
         }
     }
 
-    /// 0.33.0's `record_blocks_for_zeroing`: the request's blocks from
+    /// vLLM's `record_blocks_for_zeroing`: the request's blocks from
     /// `start_token` on are handed to the worker for zeroing again (after a
     /// failed async KV load), in each group that records new block ids.
     /// `start_token` must be block-aligned in those groups (ValueError,
@@ -666,7 +667,7 @@ impl KvCacheManager {
         self.coord.managers.iter().any(|m| m.holds(slot))
     }
 
-    /// vLLM 0.33.0's `_checkpoints` of a Mamba align group: each request's
+    /// vLLM's `_checkpoints` of a Mamba align group: each request's
     /// prefill checkpoint of its last allocation (id, position, table index).
     pub fn align_checkpoints_of(&self, group: usize) -> Vec<(&str, usize, usize)> {
         let Some(m) = self.coord.managers.get(group) else {

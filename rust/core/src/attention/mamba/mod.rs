@@ -25,7 +25,7 @@ pub struct AlignState {
     pub last_state_block_idx: Option<usize>,
     /// The request got blocks before (later rounds reuse speculative blocks).
     pub allocated: bool,
-    /// 0.33.0's `_checkpoints`: the prefill checkpoint of the last count
+    /// vLLM's `_checkpoints`: the prefill checkpoint of the last count
     /// (position, table index), which caching keys at that position.
     pub checkpoint: Option<(usize, usize)>,
 }
@@ -108,7 +108,7 @@ impl Mamba {
         num_new.min(cap)
     }
 
-    /// Align (0.29+): whether a chunk computing `query_start..query_end`
+    /// Align: whether a chunk computing `query_start..query_end`
     /// reserves a checkpoint block (at index `cdiv(query_end, bs) - 2`) for
     /// the state the worker exports at the prompt's reusable boundary.
     /// `blocks`: the table before this call; `prefill_end` 0 lets every
@@ -153,10 +153,10 @@ impl Mamba {
     /// block and the speculative blocks of the previous round move forward
     /// for reuse. A shrinking draft count (vLLM #39271) needs nothing new.
     /// Appends the ids handed out (new or moved) to `out`.
-    /// `allocated_on_any_call` (0.29+): a call that needs no block marks
-    /// the request allocated too. `checkpoint` (0.29+, `needs_checkpoint`):
+    /// `allocated_on_any_call`: a call that needs no block marks
+    /// the request allocated too. `checkpoint` (`needs_checkpoint`):
     /// the block before the running state is a real one, not null, and a
-    /// speculative block there stays for it. `partial` (0.33.0): one more
+    /// speculative block there stays for it. `partial` (partial-block-hits): one more
     /// block for a copy-on-write, returned with whether the request had
     /// been allocated before.
     #[allow(clippy::too_many_arguments)]
@@ -220,7 +220,7 @@ impl Mamba {
     }
 }
 
-/// 0.33.0's `get_mamba_prefill_checkpoint_position(num_tokens,
+/// vLLM's `get_mamba_prefill_checkpoint_position(num_tokens,
 /// alignment_tokens, drop_eagle_block, num_hash_lookahead_tokens)`: the last
 /// boundary that leaves tokens for the logits (and EAGLE's dropped block).
 pub(crate) fn checkpoint_position(

@@ -1,4 +1,4 @@
-//! vLLM 0.33.0's sparse retention of Mamba states (`MambaManager.
+//! vLLM's sparse retention of Mamba states (`MambaManager.
 //! reachable_block_mask`): a hit needs exactly the one state block ending
 //! on its boundary, so a retention interval keeps each segment's last block
 //! and the blocks ending at the request's replay boundaries and junction.
@@ -43,7 +43,7 @@ mod tests {
     use crate::attention::{ReplayTails, RetentionMarks};
     use crate::spec::MambaMode;
 
-    /// vLLM 0.33.0's mask, restated: segment tails, then the blocks ending
+    /// vLLM's mask, restated: segment tails, then the blocks ending
     /// at each aligned boundary.
     fn vllm_mask(
         start: usize,

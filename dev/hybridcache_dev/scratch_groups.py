@@ -1,9 +1,9 @@
-"""The 0.33.0 fuzz's mixes with vLLM 0.33.0's groups outside the classic
+"""The partial-block-hits fuzz's mixes with vLLM's groups outside the classic
 attention types: circular buffers (`CircularBufferSpec`, one ring block per
 request), bounded-replay sliding windows (`SlidingWindowMLASpec(
 bounded_replay=True)`: not prefix-cacheable), R-SWA (`RSWASpec`: full
 attention freeing the decode gap after the prompt) and sliding windows with
-`extra_retained_tokens` (multi-module MTP's lag). `release_api.V033` draws
+`extra_retained_tokens` (multi-module MTP's lag). `release_api.PartialBlockHits` draws
 their groups here and builds their vLLM config here; the driver is the same.
 
 Group kinds (`fuzz_setup.Group.kind`) added here: "circ" (block size = the
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import configs
+from hybridcache.tools import configs
 from .fuzz_setup import Group, Setup, group_specs
 
 MIXES = ("full_circ", "full_swbr", "rswa", "rswa_sw", "full_swx")
@@ -57,7 +57,7 @@ def covers(s: Setup) -> bool:
 
 
 def _spec(g: Group, base: Any) -> Any:
-    """vLLM 0.33.0's spec of `g`, on the layout of `base` (its classic spec)."""
+    """vLLM's spec of `g`, on the layout of `base` (its classic spec)."""
     from vllm.v1 import kv_cache_interface as iface
 
     attn = dict(block_size=base.block_size, num_kv_heads=base.num_kv_heads, head_size=base.head_size,
@@ -72,7 +72,7 @@ def _spec(g: Group, base: Any) -> Any:
 
 
 def kv_cache_config(s: Setup) -> Any:
-    """vLLM 0.33.0's KVCacheConfig of `s` (with its retention interval)."""
+    """vLLM's KVCacheConfig of `s` (with its retention interval)."""
     base = dataclasses.replace(s, groups=tuple(
         dataclasses.replace(g, kind=_BASE_KIND.get(g.kind, g.kind), num_spec=0 if g.kind in _BASE_KIND else g.num_spec)
         for g in s.groups))

@@ -1,4 +1,4 @@
-"""vLLM 0.23.0's `KVCacheMetricsCollector`, recording every call it gets:
+"""vLLM's `KVCacheMetricsCollector`, recording every call it gets:
 what the differential tools give each manager to compare what the managers
 tell their collectors (the calls in order, the blocks sampled, the eviction
 events). Both collectors sample with the global `random`: a tool runs

@@ -1,20 +1,22 @@
 """The long fuzz's configurations and bookkeeping: the spec mixes, a random
-setup of a mix that vLLM 0.23.0 accepts (`random_setup`), the managers built
+setup of a mix that every supported vLLM accepts (`random_setup`), the managers built
 from it (through `configs`, the one config builder), the exceptions that
 classify a finding, the chooser interface the driver draws from, and the
 figures a run counts."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import releases
-from . import configs
-from .configs import GroupSpec
+from hybridcache import releases
+from hybridcache.tools import configs
+from hybridcache.tools.configs import GroupSpec
 
 MIXES = ("full", "sw", "full_sw", "full_mamba_align", "sw_mamba", "full_mamba3", "full_chunked")
 MAX_MODEL_LEN = 128
@@ -64,10 +66,10 @@ class Setup:
     events: bool
     log_stats: bool
     max_model_len: int = MAX_MODEL_LEN
-    # Context parallelism (single full-attention group only, as vLLM 0.23.0).
+    # Context parallelism (single full-attention group only, as the whole-block-hits profile).
     dcp: int = 1
     pcp: int = 1
-    replicated: tuple[int, ...] = ()  # groups whose spec is not dcp-sharded (0.33.0)
+    replicated: tuple[int, ...] = ()  # groups whose spec is not dcp-sharded (partial-block-hits)
     # A recording metrics collector on each manager at this sample rate.
     metrics_sample_rate: float | None = None
     # VLLM_PREFIX_CACHE_RETENTION_INTERVAL while the managers are built
@@ -84,7 +86,7 @@ class Setup:
     full_must_fit: bool = False  # scheduler_reserve_full_isl
     deferred_frees: bool = False  # frees may go through pop_blocks_for_free
     async_sched: bool = False  # steps run ahead of their outputs (num_in_flight_tokens)
-    shared_prefix_checkpoint: bool = False  # enable_mamba_shared_prefix_checkpoint (0.33.0)
+    shared_prefix_checkpoint: bool = False  # enable_mamba_shared_prefix_checkpoint (partial-block-hits)
 
     @property
     def align(self) -> bool:
@@ -114,7 +116,7 @@ class Setup:
 
 
 def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
-    """A random configuration of `mix` that vLLM 0.23.0 accepts."""
+    """A random configuration of `mix` that every supported vLLM accepts."""
     mode = "none"
     groups: tuple[Group, ...]
     if mix == "full":
@@ -149,7 +151,7 @@ def random_setup(rng: Any, mix: str, caching: bool) -> Setup:
     else:
         raise ValueError(f"unknown mix {mix!r}; choose from {', '.join(MIXES)}")
     eagle = rng.random() < 0.25 and mix != "full_chunked"  # vLLM: no EAGLE with chunked local
-    # Sparse retention (vLLM 0.23.0 accepts it only with a sliding window):
+    # Sparse retention (the whole-block-hits profile accepts it only with a sliding window):
     # unset, latest boundary only, or 1-3 scheduler blocks per segment.
     retention = None
     if any(g.kind == "sw" for g in groups):
@@ -221,14 +223,36 @@ def group_specs(s: Setup) -> tuple[GroupSpec, ...]:
     )
 
 
+RETENTION_ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
+
+
+@contextlib.contextmanager
+def retention_interval(value: int | None) -> Iterator[None]:
+    """VLLM_PREFIX_CACHE_RETENTION_INTERVAL set to `value` (None: unset)
+    while managers are built (both implementations read it then); the
+    previous value is restored after."""
+    before = os.environ.get(RETENTION_ENV)
+    if value is None:
+        os.environ.pop(RETENTION_ENV, None)
+    else:
+        os.environ[RETENTION_ENV] = str(value)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(RETENTION_ENV, None)
+        else:
+            os.environ[RETENTION_ENV] = before
+
+
 def build_hybridcache(s: Setup) -> Any:
-    with configs.retention_interval(s.retention):
+    with retention_interval(s.retention):
         return configs.hybridcache_manager(configs.hybridcache_kv_cache_config(group_specs(s), s.num_blocks),
                                            {**_manager_kwargs(s), **_collector(s)})
 
 
 def build_vllm(s: Setup) -> Any:
-    with configs.retention_interval(s.retention):
+    with retention_interval(s.retention):
         m = configs.vllm_manager(configs.vllm_kv_cache_config(group_specs(s), s.num_blocks),
                                  {**_manager_kwargs(s), **_collector(s)})
     # vLLM reads the variable at construction (unless its env cache is on).
@@ -279,7 +303,7 @@ class Figures:
     context_parallel_setups: int = 0
     metrics_setups: int = 0
     reports: list[str] = field(default_factory=list)
-    # Per-release call counts (e.g. 0.33.0's deferred frees); 0.23.0 has none.
+    # Per-profile call counts (e.g. the partial-block-hits deferred frees).
     calls: dict[str, int] = field(default_factory=dict)
 
     def count(self, name: str, n: int = 1) -> None:
