@@ -307,7 +307,8 @@ def test_num_blocks_no_pool_can_hold(num_blocks: int) -> None:
 
 def test_other_hashes_under_a_live_requests_id(w: World) -> None:
     """A different request under a's id (a shorter, other hash list) would
-    leave a's cached blocks cached under hashes a no longer has."""
+    leave a's cached blocks cached under hashes a no longer has: a second
+    live request with a held id is refused."""
     impostor = req("a", range(300, 305))
-    assert_rejected(w.m, lambda: w.m.get_computed_blocks(impostor), ValueError, '"a"', "block_hashes[0]")
+    assert_rejected(w.m, lambda: w.m.get_computed_blocks(impostor), ValueError, '"a"', "another live request")
     assert_still_works(w)

@@ -181,17 +181,21 @@ def test_bad_calls_raise_and_change_nothing(call: Any, message: str) -> None:
 
 def test_requests_are_found_by_value_whatever_the_id_object() -> None:
     """A request is the same request whichever str object carries its id
-    (rebuilt strings, another Request object), and a freed request's id
-    object names nothing once the request is gone."""
+    (a rebuilt, equal string); another live Request object with its id is
+    refused; and a freed request's id object names nothing once the request
+    is gone."""
     m = _make()
     a = Request("".join(["req", "-a"]), list(range(8)), BS)
     assert _ids(m.allocate_slots(a, 8)) == ([1, 2],)
     a.num_computed_tokens = 8
-    same = Request("req-a" + "", list(range(8)), BS)  # an equal id, maybe another object
-    same.request_id = "".join(["req-", "a"])
-    same.num_computed_tokens = 8
-    assert same.request_id is not a.request_id
-    assert _ids(m.allocate_slots(same, 4)) == ([3],), "found by value: the request's table grows"
+    old_id = a.request_id
+    a.request_id = "".join(["req-", "a"])  # an equal id, another str object
+    assert a.request_id is not old_id
+    assert _ids(m.allocate_slots(a, 4)) == ([3],), "found by value: the request's table grows"
+    other = Request("req-a" + "", list(range(8)), BS)  # another live request, the same id
+    other.num_computed_tokens = 8
+    with pytest.raises(ValueError, match="another live request"):
+        m.allocate_slots(other, 4)
     m.free(a)
     assert m.get_block_ids("req-a") == ([],)
     # The old id object now names a new request: nothing of the old one shows.

@@ -50,3 +50,16 @@ def test_snapshot_sees_every_kind_of_change() -> None:
     before = hf.snapshot(w.m, rids)
     w.finish()
     assert hf.snapshot(w.m, rids) != before
+
+
+def test_objects_that_fight_back_are_drawn_and_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the hostile objects' calls (`hostile_kinds`): every kind is met
+    (re-entrant, raising, renamed, swapped) and none breaks its contract."""
+    every_call = hf.World.calls
+    monkeypatch.setattr(hf.World, "calls", lambda self: every_call(self)[-1:])
+    seen: list[str] = []
+    t = hf.run_batch("hybrid", seed=2, calls=200, announce=seen.append)
+    assert not t.failures, "\n".join(t.failures[:10])
+    for kind in ("re-entrant", "Error from", "KeyboardInterrupt from", "rename ", "swap "):
+        assert any(kind in s for s in seen), kind
+    assert t.raised > 20 and t.accepted > 20

@@ -1,7 +1,9 @@
 """Hostile-input fuzz: random types and values (huge, negative, bool, float,
 None, wrong objects, stale or foreign blocks, mismatched lengths) sent to
 every public entry point of `hybridcache.KVCacheManager`: the constructor,
-the vLLM API, the batch, array, Mamba plan and view APIs.
+the vLLM API, the batch, array, Mamba plan and view APIs; and callers whose
+objects fight back (`hybridcache_dev.hostile_kinds`: re-entrant, raising and
+identity-changing requests).
 
 Each call either succeeds (then the manager's invariants must hold) or
 raises a clear ValueError / TypeError / KeyError / IndexError /
@@ -26,6 +28,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from hybridcache_dev.hostile_kinds import hostile_call
 
 BS = 4
 MAX_LEN = 96
@@ -105,7 +109,7 @@ class World:
     a second manager (for foreign blocks), and the hostile values to send."""
 
     def __init__(self, config: str, rng: random.Random) -> None:
-        from hybridcache import Request
+        from hybridcache_dev.hostile_kinds import Hookable as Request  # armed by the hostile objects' calls
 
         self.config, self.rng = config, rng
         self.m = make_manager(config)
@@ -141,6 +145,7 @@ class World:
         return self.Request(f"r{self.serial}", tokens, BS)
 
     def admit(self, r: Any) -> None:
+        self.m.new_step_starts()  # each admission in a step of its own
         blocks, hit = self.m.get_computed_blocks(r)
         if self.m.allocate_slots(r, r.num_tokens - hit, hit, blocks) is not None:
             r.num_computed_tokens = r.num_tokens
@@ -312,6 +317,7 @@ class World:
             ("block_pool views", lambda: self._pool_views()),
             ("reads", lambda: self._reads()),
             ("constructor", lambda: self._construct()),
+            hostile_call(r, m, self.running, lambda: self.new_request(length=r.randint(1, 12)), MAX_LEN),
         ]
 
     def _views(self, blocks: Any) -> Any:

@@ -19,6 +19,7 @@ __all__ = [
     "KVCacheBlocks",
     "NativeManager",
     "__version__",
+    "_register_request_class",
     "block_extra_keys",
     "block_view",
     "native_token_append",
@@ -132,12 +133,20 @@ class NativeManager:
         event_sink: Callable[[list[_RawEvent], Any], None] | None,
         log_stats: bool = False,
         metrics_sink: Callable[[list[tuple[int, int]]], None] | None = None,
+        event_read: Callable[[Any], Any] | None = None,
+        explain_step_waits: bool = False,
     ) -> None:
         """Called once by the facade: the shared empty KVCacheBlocks, the event
         sink (None when events are off), whether lookups are counted and the
         block-metrics sink (None without a metrics collector): it gets the
         pool's log of collector calls after each manager call, a list of
-        (kind, block_id), kind 0 allocated, 1 accessed, 2 evicted, 3 reset."""
+        (kind, block_id), kind 0 allocated, 1 accessed, 2 evicted, 3 reset.
+        `event_read(request)`: what the event sink reads of a request, read
+        before a call changes anything and handed to the sink in the
+        request's place (None: the sink gets the request).
+        `explain_step_waits`: an allocation whose prefix hit waits for a
+        step that never starts (`new_step_starts()` never called) raises
+        RuntimeError instead of answering None."""
     @property
     def num_blocks(self) -> int:
         """Blocks in the pool, the null block (0) included."""
@@ -646,3 +655,8 @@ def none_hash_seed(hash_name: str, pythonhashseed: str | None = None, profile: s
     $PYTHONHASHSEED: the seed, or None for 32 random bytes ("whole-block-hits"
     unseeded); "partial-block-hits" unseeded: "vllm-none-hash" for sha256*, a
     random hex seed for xxhash*."""
+
+def _register_request_class(cls: type) -> None:
+    """Registers `hybridcache.request.Request` (done on import): a manager
+    with prefix caching refuses such a request whose `_hash_block_size` is
+    not its own `hash_block_size` (ValueError at its lookup or admission)."""

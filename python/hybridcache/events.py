@@ -171,6 +171,27 @@ def _set_order(keys: list[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
     return [(k[:-4], int.from_bytes(k[-4:], "big", signed=False)) for k in held]
 
 
+class EventSource:
+    """What `EventBuilder.build` reads of a request, read at once (before
+    the manager call that makes the events changes anything, so that a
+    read that raises leaves the manager as it was)."""
+
+    __slots__ = ("all_token_ids", "mm_features", "lora_request", "cache_salt", "prompt_embeds",
+                 "_prompt_embeds_per_block_hashes", "session_id")
+
+    def __init__(self, request: Any) -> None:
+        """Reads `request`'s fields, as `build` would read them."""
+        self.all_token_ids = request.all_token_ids
+        self.mm_features = request.mm_features
+        self.lora_request = request.lora_request
+        self.cache_salt = request.cache_salt
+        self.prompt_embeds = request.prompt_embeds
+        self._prompt_embeds_per_block_hashes = (
+            None if self.prompt_embeds is None else request._prompt_embeds_per_block_hashes
+        )
+        self.session_id = getattr(request, "session_id", None)
+
+
 class EventBuilder:
     """Turns the core's event tuples into event objects of one vLLM
     release's shape, reading from the request of the call that produced

@@ -14,8 +14,9 @@ from hybridcache.block_pool import BlockPoolView
 from hybridcache.blocks import BlockView, KVCacheBlocks, block_view
 from hybridcache.config import read_num_blocks
 from hybridcache.coordinator import coordinator_view
-from hybridcache.events import EventBuilder, prefix_cache_stats_class
+from hybridcache.events import EventBuilder, EventSource, prefix_cache_stats_class
 from hybridcache.releases import profile_of
+from hybridcache.size_checks import check_scheduler_block_size
 
 
 def _positive_int(name: str, v: Any) -> int:
@@ -70,6 +71,12 @@ class KVCacheManagerBase(_native.NativeManager):
     dcp_world_size: int
     pcp_world_size: int
 
+    # An allocation whose prefix hit waits for a step that never starts
+    # (`new_step_starts()` never called): the facades of vLLM releases answer
+    # None there, as vLLM's managers do; hybridcache's own `KVCacheManager`
+    # raises a RuntimeError saying so (True).
+    _EXPLAINS_STEP_WAITS = False
+
     @classmethod
     def _build(
         cls,
@@ -107,6 +114,8 @@ class KVCacheManagerBase(_native.NativeManager):
             dcp_world_size,
             pcp_world_size,
         ))
+        # After the core's own checks of the sizes (their errors come first).
+        check_scheduler_block_size(groups, scheduler_block_size, dcp_world_size * pcp_world_size)
         self.dcp_world_size, self.pcp_world_size = dcp_world_size, pcp_world_size
         self._init_python_side(
             kv_cache_config, groups, max_model_len, enable_caching, use_eagle, log_stats, enable_kv_cache_events,
@@ -159,6 +168,8 @@ class KVCacheManagerBase(_native.NativeManager):
             self._on_events if builder else None,
             self.log_stats,
             self._on_block_metrics if metrics_collector is not None else None,
+            EventSource if builder else None,
+            type(self)._EXPLAINS_STEP_WAITS,
         )
         self.block_pool = BlockPoolView(self)
         self.coordinator = coordinator_view(self)

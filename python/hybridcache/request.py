@@ -13,6 +13,7 @@ from array import array
 from collections.abc import Iterable
 from typing import Any, Callable
 
+from hybridcache import _native
 from hybridcache._native import block_extra_keys
 
 BlockHasher = Callable[[bytes | None, "list[int]", "tuple[Any, ...] | None"], bytes]
@@ -68,8 +69,9 @@ class Request:
         request_id: unique among the requests the manager holds (str).
         prompt_token_ids: the prompt.
         hash_block_size: tokens per block hash; must equal the manager's
-            `hash_block_size` (block hashes of any other size never match).
-            None: no hashes (prefix caching off).
+            `hash_block_size`: a manager with prefix caching refuses a
+            request hashed at another size (ValueError at its lookup or
+            admission). None: no hashes (prefix caching off).
         lora_request: the LoRA adapter, or None.
         cache_salt: a salt mixed into the first block's hash, so only
             requests with the same salt share cached blocks.
@@ -188,3 +190,8 @@ class Request:
             f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
             f"num_computed_tokens={self.num_computed_tokens})"
         )
+
+
+# The manager reads `_hash_block_size` of this class's instances (and only
+# theirs) to refuse requests hashed at another size.
+_native._register_request_class(Request)

@@ -255,10 +255,12 @@ def vllm_kv_cache_config(groups: Sequence[GroupSpec], num_blocks: int) -> Any:
 
 
 def hybridcache_manager(kv_cache_config: Any, kwargs: dict[str, Any]) -> Any:
-    """hybridcache's KVCacheManager on `kv_cache_config` (its own or vLLM's classes)."""
-    from .. import KVCacheManager
+    """hybridcache's facade of vLLM 0.23.0 on `kv_cache_config` (its own or
+    vLLM's classes): `KVCacheManager` answering as vLLM's where a caller
+    never calls `new_step_starts()` (None, not hybridcache's own error)."""
+    from ..releases.v0_23.scheduler import VllmKVCacheManager
 
-    return KVCacheManager(kv_cache_config, **kwargs)
+    return VllmKVCacheManager(kv_cache_config, **kwargs)
 
 
 def vllm_manager(kv_cache_config: Any, kwargs: dict[str, Any]) -> Any:

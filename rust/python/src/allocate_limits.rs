@@ -31,10 +31,12 @@ impl NativeManager {
     pub(crate) fn group_mask(&self, name: &str, groups: &Bound<'_, PyAny>) -> PyResult<u64> {
         let n = self.inner.num_groups();
         let mut mask = 0u64;
-        for g in groups.try_iter().map_err(|_| {
-            pyo3::exceptions::PyTypeError::new_err(format!(
-                "{name} must be an iterable of group indices"
-            ))
+        for g in groups.try_iter().map_err(|e| {
+            crate::convert::or_caller(groups.py(), e, || {
+                pyo3::exceptions::PyTypeError::new_err(format!(
+                    "{name} must be an iterable of group indices"
+                ))
+            })
         })? {
             let g = count_obj(name, &g?)?;
             if g >= n {

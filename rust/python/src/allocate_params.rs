@@ -126,7 +126,7 @@ pub(crate) fn call_matched<'py>(
     keywords: impl Iterator<Item = (Bound<'py, PyAny>, Bound<'py, PyAny>)>,
 ) -> PyResult<PyObject> {
     let py = manager.py();
-    let n = manager.borrow().num_allocate_params();
+    let n = crate::call_guard::borrow(manager)?.num_allocate_params();
     if positional.len() > n {
         return Err(arg_error(ArgError::TooMany(positional.len(), n)));
     }
@@ -195,6 +195,7 @@ impl NativeManager {
         args: &Bound<'_, PyTuple>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyObject> {
+        let _in_call = crate::call_guard::enter(slf, "allocate_slots")?;
         call_matched(slf, args.iter(), kwargs.into_iter().flat_map(|k| k.iter()))
     }
 }

@@ -13,6 +13,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 
+use crate::call_guard::{borrow, borrow_mut};
 use crate::calls::{prompt_len_if_wanted, raw_events, read_in_flight_fields};
 use crate::convert::{
     count, count_obj, fill_hash_update, guard, hash_update, req_attr, to_py_err, u32_bytes,
@@ -96,7 +97,11 @@ pub(crate) fn decode_batch<'py>(
         let Some(v) = v else { return Ok(None) };
         let vals: Vec<i64> = v
             .extract()
-            .map_err(|_| PyTypeError::new_err(format!("{name} must be a list of ints")))?;
+            .map_err(|e| {
+                crate::convert::or_caller(py, e, || {
+                    PyTypeError::new_err(format!("{name} must be a list of ints"))
+                })
+            })?;
         if vals.len() != n {
             return Err(PyValueError::new_err(format!(
                 "{name} has {} entries for {n} requests",
@@ -115,7 +120,7 @@ pub(crate) fn decode_batch<'py>(
         lookahead,
     };
     let (result, pending_events) = {
-        let mut this = slf.borrow_mut();
+        let mut this = borrow_mut(slf)?;
         let events_on = this
             .py_side
             .as_ref()
@@ -123,8 +128,7 @@ pub(crate) fn decode_batch<'py>(
         run_requests(&mut this, requests, &lists, events_on)?
     };
     if !pending_events.is_empty() {
-        let sink = slf
-            .borrow()
+        let sink = borrow(slf)?
             .py_side()?
             .event_sink
             .as_ref()
@@ -203,7 +207,7 @@ pub(crate) fn decode_arrays<'py>(
         num_tokens: totals,
         lookahead,
     };
-    let mut this = slf.borrow_mut();
+    let mut this = borrow_mut(slf)?;
     let events_on = this
         .py_side
         .as_ref()
@@ -244,6 +248,9 @@ struct DecodeLists {
 /// One request of `allocate_decode_batch` as pass 1 read and checked it.
 struct Checked<'py> {
     request: Bound<'py, PyAny>,
+    /// What the event sink reads of the request (the facade's
+    /// `event_read(request)`, read in pass 1), or the request.
+    source: Bound<'py, PyAny>,
     rid: Bound<'py, PyString>,
     slot: Option<ReqSlot>,
     args: AllocateArgs<'static>,
@@ -268,9 +275,21 @@ fn run_requests<'py>(
     // Pass 1: read and check; only the id cache changes.
     state.batch.start(state.inner.slot_capacity());
     let mut new_ids: Vec<String> = Vec::new();
+    let event_read = state
+        .py_side
+        .as_ref()
+        .and_then(|s| s.event_read.as_ref())
+        .filter(|_| events_on)
+        .map(|r| r.clone_ref(py));
     for (i, request) in requests.iter().enumerate() {
-        let at =
-            |e: PyErr| PyErr::from_type(e.get_type(py), format!("requests[{i}]: {}", e.value(py)));
+        // The binding's own errors name the request; the caller's own
+        // (raised by its code) propagate unchanged.
+        let at = |e: PyErr| {
+            if crate::convert::caller_raised(py, &e) {
+                return e;
+            }
+            PyErr::from_type(e.get_type(py), format!("requests[{i}]: {}", e.value(py)))
+        };
         let rid = request_id(&request).map_err(at)?;
         let num_computed = match &lists.num_computed_tokens {
             Some(c) => c[i],
@@ -292,7 +311,7 @@ fn run_requests<'py>(
             watermark_blocks: state.watermark_for(&request).map_err(at)?,
             ..Default::default()
         };
-        let slot = state.lookup_id(&rid)?;
+        let slot = state.checked_slot(&request, &rid).map_err(at)?;
         let twice = match slot {
             Some(s) => !state.batch.mark(s),
             None => {
@@ -333,7 +352,12 @@ fn run_requests<'py>(
             guard(|| inner.check_allocate(slot, id, &args, update.as_ref())).map_err(at)?;
             Some(update)
         };
+        let source = match (&event_read, &general) {
+            (Some(read), Some(_)) => read.bind(py).call1((&request,))?,
+            _ => request.clone(),
+        };
         items.push(Checked {
+            source,
             request,
             rid,
             slot,
@@ -357,17 +381,23 @@ fn run_requests<'py>(
             (Some(update), slot) => {
                 let (inner, out) = (&mut state.inner, &mut state.scratch);
                 let rid = item.rid.to_str()?;
-                guard(|| match slot {
+                let ok = guard(|| match slot {
                     Some(s) => Ok(inner.allocate_checked(s, &item.args, update.as_ref(), out)),
                     None => {
                         inner.allocate_general_into(None, rid, &item.args, update.as_ref(), out)
                     }
-                })?
+                })?;
+                if slot.is_none() && ok {
+                    if let Some(s) = state.inner.lookup(rid) {
+                        state.remember_new_request(&item.request, s, Some(&item.rid));
+                    }
+                }
+                ok
             }
             (None, None) => unreachable!("a no-op decode has a slot"),
         };
         if events_on && state.inner.has_events() {
-            events.push((state.inner.take_events(), item.request.clone()));
+            events.push((state.inner.take_events(), item.source.clone()));
         }
         result.push(got, &state.scratch, num_groups);
     }
@@ -394,6 +424,7 @@ impl NativeManager {
         num_computed_tokens: Option<&Bound<'py, PyAny>>,
         num_tokens: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>)> {
+        let _in_call = crate::call_guard::enter(slf, "allocate_decode_batch")?;
         decode_batch(
             slf,
             requests,
@@ -445,6 +476,7 @@ impl NativeManager {
         Bound<'py, PyBytes>,
         Bound<'py, PyBytes>,
     )> {
+        let _in_call = crate::call_guard::enter(slf, "allocate_decode_arrays")?;
         decode_arrays(
             slf,
             handles,

@@ -117,50 +117,6 @@ pub(crate) fn read_in_flight_fields(
     Ok(())
 }
 
-/// `request.shared_prefix_boundary` (and `num_computed_tokens`) noted for
-/// a `cache_blocks` call, when the core wants them.
-pub(crate) fn note_shared_prefix_boundary(
-    inner: &mut KvCacheManager,
-    request: &Bound<'_, PyAny>,
-    rid: &str,
-) -> PyResult<()> {
-    if inner.wants_shared_prefix_boundary() {
-        let n = req_attr(request, intern!(request.py(), "shared_prefix_boundary"))?;
-        inner.set_shared_prefix_boundary(rid, count_obj("request.shared_prefix_boundary", &n)?);
-    }
-    if inner.wants_num_computed_tokens() {
-        let n = req_attr(request, intern!(request.py(), "num_computed_tokens"))?;
-        inner.set_num_computed_tokens(rid, count_obj("request.num_computed_tokens", &n)?);
-    }
-    Ok(())
-}
-
-/// `cache_blocks` of a held request (`slot`): the hashes it lacks, its
-/// shared-prefix boundary and computed count where the core keeps them,
-/// then the core's call.
-pub(crate) fn cache_held(
-    this: &mut NativeManager,
-    request: &Bound<'_, PyAny>,
-    slot: u32,
-    num_computed_tokens: usize,
-) -> PyResult<()> {
-    let update = this.pending_hashes_at(request, Some(slot))?;
-    if this.inner.wants_shared_prefix_boundary() {
-        let b = req_attr(request, intern!(request.py(), "shared_prefix_boundary"))?;
-        let b = count_obj("request.shared_prefix_boundary", &b)?;
-        this.inner.set_shared_prefix_boundary_at(slot, b);
-    }
-    if this.inner.wants_num_computed_tokens() {
-        let n = req_attr(request, intern!(request.py(), "num_computed_tokens"))?;
-        let n = count_obj("request.num_computed_tokens", &n)?;
-        this.inner.set_num_computed_tokens_at(slot, n);
-    }
-    guard(|| {
-        this.inner
-            .cache_blocks_held(slot, num_computed_tokens, update)
-    })
-}
-
 impl NativeManager {
     /// `allocate_slots` after argument matching (both entries land here).
     pub(crate) fn allocate_slots_impl(
@@ -173,11 +129,11 @@ impl NativeManager {
         let rid = request_id(request)?;
         let new_computed = Self::computed_ids(slf, opt.new_computed_blocks)?;
         let skip_zeroing_groups = match opt.skip_zeroing_group_ids {
-            Some(groups) => slf.borrow().group_mask("skip_zeroing_group_ids", groups)?,
+            Some(groups) => crate::call_guard::borrow(slf)?.group_mask("skip_zeroing_group_ids", groups)?,
             None => 0,
         };
         let watermark_blocks = if opt.has_scheduled_reqs {
-            slf.borrow().watermark_for(request)?
+            crate::call_guard::borrow(slf)?.watermark_for(request)?
         } else {
             0
         };
@@ -209,7 +165,13 @@ impl NativeManager {
             shared_prefix_boundary: None,
             num_in_flight_tokens: 0,
         };
-        Self::allocation_result(slf, request, |this| this.allocate_one(request, &rid, args))
+        Self::allocation_result(slf, request, |this| {
+            let ok = this.allocate_one(request, &rid, args)?;
+            if !ok {
+                this.step_waits.check(&this.inner, new_computed.as_deref())?;
+            }
+            Ok(ok)
+        })
     }
 
     /// Runs one allocation (`allocate` answers vLLM's None with false) and
@@ -219,8 +181,9 @@ impl NativeManager {
         request: &Bound<'_, PyAny>,
         allocate: impl FnOnce(&mut Self) -> PyResult<bool>,
     ) -> PyResult<PyObject> {
+        let source = Self::event_source(slf, request)?;
         let (result, has_events) = {
-            let mut this = slf.borrow_mut();
+            let mut this = crate::call_guard::borrow_mut(slf)?;
             let ok = allocate(&mut this)?;
             let result = if ok {
                 this.scratch_blocks(slf)?
@@ -231,9 +194,30 @@ impl NativeManager {
             (result, pending)
         };
         if has_events {
-            Self::flush_events(slf, Some(request))?;
+            Self::flush_events(slf, Some(source.as_ref().unwrap_or(request)))?;
         }
         Ok(result)
+    }
+
+    /// What the event sink reads of `request`, read now, before the call
+    /// changes anything (the facade's `event_read`); None when events are
+    /// off or the sink reads the request itself.
+    pub(crate) fn event_source<'py>(
+        slf: &Bound<'py, Self>,
+        request: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let read = {
+            let this = crate::call_guard::borrow(slf)?;
+            match this.py_side.as_ref() {
+                Some(crate::native_manager::PythonSide {
+                    event_sink: Some(_),
+                    event_read: Some(read),
+                    ..
+                }) => read.clone_ref(slf.py()),
+                _ => return Ok(None),
+            }
+        };
+        read.bind(slf.py()).call1((request,)).map(Some)
     }
 }
 
@@ -323,7 +307,7 @@ impl NativeManager {
         rid: &Bound<'_, PyString>,
         args: AllocateArgs,
     ) -> PyResult<bool> {
-        let slot = self.lookup_id(rid)?;
+        let slot = self.checked_slot(request, rid)?;
         if let Some(s) = slot {
             let (inner, out) = (&mut self.inner, &mut self.scratch);
             if guard(|| Ok(inner.try_noop_decode(s, &args, out)))? {
@@ -342,6 +326,10 @@ impl NativeManager {
         rid: Option<&Bound<'_, PyString>>,
         mut args: AllocateArgs,
     ) -> PyResult<bool> {
+        if slot.is_none() && self.inner.enable_caching() {
+            // A new request: its hashes are about to be used.
+            crate::hash_size::check(request, self.inner.pool().hash_block_size())?;
+        }
         if args.num_tokens == NUM_TOKENS_UNREAD {
             args.num_tokens = request_num_tokens(request)?;
         }
@@ -352,39 +340,29 @@ impl NativeManager {
         let update = has_update.then_some(&self.hash_buf);
         match slot {
             // A held request's id is the core's own: no UTF-8 view of the str.
-            Some(s) => guard(|| inner.allocate_held_into(s, &args, update, out)),
+            Some(s) => {
+                let ok = guard(|| inner.allocate_held_into(s, &args, update, out))?;
+                if ok && self.held_object(s).is_none() {
+                    // A slot its lookup made: known by its object from now on.
+                    self.remember_new_request(request, s, rid);
+                }
+                Ok(ok)
+            }
             None => {
                 // A new request: callers with no slot pass the id they read.
                 let rid = match rid {
                     Some(r) => r.clone(),
                     None => request_id(request)?,
                 };
-                let rid = rid.to_str()?;
-                guard(|| inner.allocate_general_into(None, rid, &args, update, out))
+                let id = rid.to_str()?;
+                let ok = guard(|| inner.allocate_general_into(None, id, &args, update, out))?;
+                if let Some(s) = self.inner.lookup(id).filter(|_| ok) {
+                    // Known by its object from now on (see `checked_slot`).
+                    self.remember_new_request(request, s, Some(&rid));
+                }
+                Ok(ok)
             }
         }
-    }
-
-    /// The slot of the request whose id is `rid`: by the str object's
-    /// address when this object was seen before (see `id_cache`).
-    pub(crate) fn lookup_id(&mut self, rid: &Bound<'_, PyString>) -> PyResult<Option<u32>> {
-        if let Some(slot) = self.ids.get(rid).and_then(|h| self.inner.slot_of_handle(h)) {
-            return Ok(Some(slot));
-        }
-        let slot = self.inner.lookup(rid.to_str()?);
-        if let Some(s) = slot {
-            self.ids.remember(rid, self.inner.handle_at(s));
-        }
-        Ok(slot)
-    }
-
-    /// Lets go of the request object the hot calls know a request by
-    /// (`IdCache::remember_request`) when the manager lets go of the request;
-    /// the request's slot, if it holds one.
-    pub(crate) fn forget_request_object(&mut self, request_id: &str) -> Option<u32> {
-        let slot = self.inner.lookup(request_id)?;
-        self.ids.forget_request(slot);
-        Some(slot)
     }
 
     /// The request's hashes the core lacks, read only when this allocation
@@ -440,7 +418,7 @@ impl NativeManager {
         let Some(blocks) = blocks else {
             return Ok(None);
         };
-        let this = slf.borrow();
+        let this = crate::call_guard::borrow(slf)?;
         let side = this.py_side()?;
         if blocks.is(&side.empty) || blocks.is_none() {
             return Ok(None);
@@ -473,11 +451,13 @@ impl NativeManager {
             return Ok(Some(ids));
         }
         // Any KVCacheBlocks-like object (vLLM's own): read block ids.
-        let groups = blocks.getattr(intern!(py, "blocks")).map_err(|_| {
-            PyTypeError::new_err(format!(
-                "new_computed_blocks must be KVCacheBlocks, got {}",
-                convert::type_name(blocks)
-            ))
+        let groups = blocks.getattr(intern!(py, "blocks")).map_err(|e| {
+            convert::or_caller(py, e, || {
+                PyTypeError::new_err(format!(
+                    "new_computed_blocks must be KVCacheBlocks, got {}",
+                    convert::type_name(blocks)
+                ))
+            })
         })?;
         let ids = groups
             .try_iter()?
@@ -501,7 +481,7 @@ impl NativeManager {
     pub(crate) fn flush_block_metrics(slf: &Bound<'_, Self>) -> PyResult<()> {
         let py = slf.py();
         let (sink, log) = {
-            let mut this = slf.borrow_mut();
+            let mut this = crate::call_guard::borrow_mut(slf)?;
             if !this.inner.has_block_metrics() {
                 return Ok(());
             }
@@ -530,7 +510,7 @@ impl NativeManager {
         Self::flush_block_metrics(slf)?;
         let py = slf.py();
         let (sink, events) = {
-            let mut this = slf.borrow_mut();
+            let mut this = crate::call_guard::borrow_mut(slf)?;
             if !this.inner.has_events() {
                 return Ok(());
             }
@@ -559,7 +539,7 @@ impl NativeManager {
     /// A facade `KVCacheBlocks` for `ids`, or the shared empty one.
     pub(crate) fn make_blocks(slf: &Bound<'_, Self>, ids: &[Vec<u32>]) -> PyResult<PyObject> {
         let py = slf.py();
-        let this = slf.borrow();
+        let this = crate::call_guard::borrow(slf)?;
         let side = this.py_side()?;
         if ids.iter().all(Vec::is_empty) {
             return Ok(side.empty.clone_ref(py));

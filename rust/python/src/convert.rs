@@ -34,6 +34,25 @@ pub fn guard<T>(f: impl FnOnce() -> Result<T, CoreError>) -> PyResult<T> {
     }
 }
 
+/// Whether `e` was raised by the caller's Python code (a property,
+/// `__index__`, `__len__`, ...): it carries a traceback, where an error
+/// made by CPython's C code or by this binding has none. Such an error
+/// propagates unchanged, never replaced by one naming the argument.
+#[cold]
+pub fn caller_raised(py: Python<'_>, e: &PyErr) -> bool {
+    e.traceback(py).is_some()
+}
+
+/// `e` where the caller's code raised it, else the binding's own error `ours()`.
+#[cold]
+pub fn or_caller(py: Python<'_>, e: PyErr, ours: impl FnOnce() -> PyErr) -> PyErr {
+    if caller_raised(py, &e) {
+        e
+    } else {
+        ours()
+    }
+}
+
 pub fn count(name: &str, v: i64) -> PyResult<usize> {
     usize::try_from(v).map_err(|_| PyValueError::new_err(format!("{name} must be >= 0, got {v}")))
 }
@@ -54,6 +73,7 @@ pub fn count_obj(name: &str, v: &Bound<'_, PyAny>) -> PyResult<usize> {
 fn count_obj_error(name: &str, v: &Bound<'_, PyAny>, got: PyResult<i64>) -> PyResult<usize> {
     match got {
         Ok(i) => count(name, i),
+        Err(e) if caller_raised(v.py(), &e) => Err(e),
         Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(v.py()) => Err(
             PyValueError::new_err(format!("{name} must be >= 0 and < 2**63, got {v}")),
         ),
@@ -70,20 +90,23 @@ pub fn u32_arg(name: &str, v: i64) -> PyResult<u32> {
 
 /// vLLM's `Request._all_token_ids`, the list behind `all_token_ids`, whose
 /// length is `num_tokens` (a property, run as Python code at every read;
-/// 0.23.0 and 0.33.0); None where the request has no such list.
-pub fn token_list<'py>(request: &Bound<'py, PyAny>) -> Option<Bound<'py, PyList>> {
+/// 0.23.0 and 0.33.0); None where the request has no such list (no such
+/// attribute, or not a list). Any other error of the read propagates.
+pub fn token_list<'py>(request: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyList>>> {
+    let py = request.py();
     let ty = request.get_type().as_ptr() as usize;
     if TYPE_WITHOUT_TOKEN_LIST.load(Ordering::Relaxed) == ty {
-        return None;
+        return Ok(None);
     }
-    let list = request
-        .getattr(pyo3::intern!(request.py(), "_all_token_ids"))
-        .ok()
-        .and_then(|t| t.downcast_into_exact::<PyList>().ok());
+    let list = match request.getattr(pyo3::intern!(py, "_all_token_ids")) {
+        Ok(t) => t.downcast_into_exact::<PyList>().ok(),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => None,
+        Err(e) => return Err(e),
+    };
     if list.is_none() {
         TYPE_WITHOUT_TOKEN_LIST.store(ty, Ordering::Relaxed);
     }
-    list
+    Ok(list)
 }
 
 /// The type of the last request found without a `_all_token_ids` list:
@@ -93,7 +116,7 @@ static TYPE_WITHOUT_TOKEN_LIST: AtomicUsize = AtomicUsize::new(0);
 
 /// `request.num_tokens`, read as the length of `token_list` where there is one.
 pub fn request_num_tokens(request: &Bound<'_, PyAny>) -> PyResult<usize> {
-    if let Some(list) = token_list(request) {
+    if let Some(list) = token_list(request)? {
         return Ok(list.len());
     }
     count_obj(
@@ -116,7 +139,7 @@ pub fn req_attr<'py>(
 
 #[cold]
 #[inline(never)]
-fn not_a_request(request: &Bound<'_, PyAny>, name: &Bound<'_, PyAny>, e: PyErr) -> PyErr {
+pub fn not_a_request(request: &Bound<'_, PyAny>, name: &Bound<'_, PyAny>, e: PyErr) -> PyErr {
     if !e.is_instance_of::<pyo3::exceptions::PyAttributeError>(request.py()) {
         return e;
     }
@@ -156,13 +179,13 @@ pub fn int_list(name: &str, v: &Bound<'_, PyAny>, non_negative: bool) -> PyResul
 /// A block id as `KVCacheBlocks(...)` takes it: any int that fits 64
 /// bits (range-checked where it is used); anything else is refused here.
 pub fn block_id_arg(b: &Bound<'_, PyAny>) -> PyResult<i64> {
-    b.extract::<i64>().map_err(|_| {
+    b.extract::<i64>().map_err(|e| or_caller(b.py(), e, || {
         if b.is_instance_of::<pyo3::types::PyInt>() {
             PyValueError::new_err(format!("block id {b} out of range"))
         } else {
             PyTypeError::new_err(format!("block ids must be ints, got {}", type_name(b)))
         }
-    })
+    }))
 }
 
 pub fn type_name(v: &Bound<'_, PyAny>) -> String {
@@ -301,10 +324,11 @@ pub fn block_ids(
         let mut ids = Vec::new();
         for b in g?.try_iter()? {
             let b = b?;
-            let id = b
-                .extract::<i64>()
-                .ok()
-                .and_then(|v| u32::try_from(v).ok())
+            let id = match b.extract::<i64>() {
+                Ok(v) => u32::try_from(v).ok(),
+                Err(e) if caller_raised(b.py(), &e) => return Err(e),
+                Err(_) => None,
+            }
                 .filter(|&v| v < num_blocks);
             match id {
                 Some(id) => ids.push(id),
@@ -427,8 +451,10 @@ pub fn uint_array<'a, T: LeUint>(name: &str, v: &'a Bound<'_, PyAny>) -> PyResul
     list.iter()
         .enumerate()
         .map(|(i, x)| {
-            let x: i64 = x.extract().map_err(|_| {
-                PyTypeError::new_err(format!("{name}[{i}] must be an int, got {}", type_name(&x)))
+            let x: i64 = x.extract().map_err(|e| {
+                or_caller(x.py(), e, || {
+                    PyTypeError::new_err(format!("{name}[{i}] must be an int, got {}", type_name(&x)))
+                })
             })?;
             T::try_from(x).map_err(|_| {
                 PyValueError::new_err(format!(

@@ -37,21 +37,28 @@ impl NativeManager {
     /// 0.24+'s `pop_blocks_for_free(request)`, as block ids: the request is
     /// forgotten, its blocks (table order, leading nulls left out) stay
     /// referenced until `_free_handed_out`.
-    fn _pop_blocks_for_free(&mut self, request_id: &str) -> Vec<u32> {
-        let _ = self.forget_request_object(request_id);
-        self.pop_handed_out(request_id)
+    fn _pop_blocks_for_free(slf: &Bound<'_, Self>, request_id: &str) -> PyResult<Vec<u32>> {
+        let _in_call = crate::call_guard::enter(slf, "pop_blocks_for_free")?;
+        let (ids, _held) = {
+            let mut this = crate::call_guard::borrow_mut(slf)?;
+            let (_, held) = this.forget_request_object(request_id);
+            (this.pop_handed_out(request_id), held)
+        };
+        Ok(ids) // `_held` dropped here, the manager settled (a finalizer may run)
     }
 
     /// 0.33.0's `record_blocks_for_zeroing(request_id, start_token)`: the
     /// request's blocks from `start_token` on, recorded for zeroing again
     /// in the groups that record new block ids.
     fn _record_blocks_for_zeroing(
-        &mut self,
+        slf: &Bound<'_, Self>,
         request_id: &str,
         start_token: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
+        let _in_call = crate::call_guard::enter(slf, "record_blocks_for_zeroing")?;
         let start = count_obj("start_token", start_token)?;
-        self.inner
+        crate::call_guard::borrow_mut(slf)?
+            .inner
             .record_blocks_for_zeroing(request_id, start)
             .map_err(to_py_err)
     }
@@ -59,7 +66,8 @@ impl NativeManager {
     /// 0.28+'s `block_pool.free_blocks(blocks)` for blocks
     /// `_pop_blocks_for_free` handed out (objects with `block_id`, or ids),
     /// in eviction order; ValueError (nothing freed) for any other block.
-    fn _free_handed_out(&mut self, blocks: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.free_handed_out(blocks)
+    fn _free_handed_out(slf: &Bound<'_, Self>, blocks: &Bound<'_, PyAny>) -> PyResult<()> {
+        let _in_call = crate::call_guard::enter(slf, "block_pool.free_blocks")?;
+        crate::call_guard::borrow_mut(slf)?.free_handed_out(blocks)
     }
 }

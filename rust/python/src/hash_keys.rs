@@ -162,11 +162,13 @@ fn block_extra_keys<'py>(
     for k in mm_keys.into_iter().flatten() {
         let pair = k
             .extract::<(Bound<'py, PyAny>, Bound<'py, PyAny>)>()
-            .map_err(|_| {
-                PyTypeError::new_err(format!(
-                    "mm_keys items must be (identifier, offset) pairs, got {}",
-                    type_name(&k)
-                ))
+            .map_err(|e| {
+                crate::convert::or_caller(k.py(), e, || {
+                    PyTypeError::new_err(format!(
+                        "mm_keys items must be (identifier, offset) pairs, got {}",
+                        type_name(&k)
+                    ))
+                })
             })?;
         mm.push(pair);
     }

@@ -213,7 +213,7 @@ impl BlockHasher {
         let have = hashes.len()?;
         let mut start = have * bs;
         // The tokens and their count straight from vLLM's list where there is one.
-        let (tokens, num_tokens) = match crate::convert::token_list(request) {
+        let (tokens, num_tokens) = match crate::convert::token_list(request)? {
             Some(t) => {
                 let n = t.len();
                 (t.into_any(), n)

@@ -61,9 +61,14 @@ impl<T> Pinned<T> {
 
     /// Lets go of the slot's object.
     fn forget(&mut self, slot: usize) {
-        if let Some(old) = self.held.get_mut(slot).and_then(Option::take) {
-            self.table.remove(old.as_ptr() as usize);
-        }
+        drop(self.take(slot));
+    }
+
+    /// Lets go of the slot's object, handed to the caller.
+    fn take(&mut self, slot: usize) -> Option<Py<T>> {
+        let old = self.held.get_mut(slot).and_then(Option::take)?;
+        self.table.remove(old.as_ptr() as usize);
+        Some(old)
     }
 }
 
@@ -72,6 +77,9 @@ pub struct IdCache {
     ids: Pinned<PyString>,
     // The hot calls' table, by request object.
     requests: Pinned<PyAny>,
+    // Per slot: whether the request object's `request_id` and
+    // `num_computed_tokens` are its `__dict__`'s entries (`remember_request`).
+    fields_in_dict: Vec<bool>,
 }
 
 impl IdCache {
@@ -88,10 +96,41 @@ impl IdCache {
         self.requests.table.get_hot(addr)
     }
 
-    /// Remembers that `request` is the request of `handle`.
-    #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
-    pub fn remember_request(&mut self, request: &Bound<'_, PyAny>, handle: u64) {
+    /// Remembers that `request` is the request of `handle` (every
+    /// allocation of a request remembers it: a held request is known by
+    /// its object until it is freed). `fields_in_dict`: its `request_id`
+    /// and `num_computed_tokens` are its `__dict__`'s entries (the hot
+    /// calls read them there: `raw_ffi::fields_in_dict`).
+    pub fn remember_request(&mut self, request: &Bound<'_, PyAny>, handle: u64, fields_in_dict: bool) {
         self.requests.remember(request, handle);
+        let slot = handle as u32 as usize;
+        if slot >= self.fields_in_dict.len() {
+            self.fields_in_dict.resize(slot + 1, false);
+        }
+        self.fields_in_dict[slot] = fields_in_dict;
+    }
+
+    /// The request object held for `slot`, if any.
+    pub fn request_at(&self, slot: u32) -> Option<&PyObject> {
+        self.requests.held.get(slot as usize).and_then(Option::as_ref)
+    }
+
+    /// The handle the request object at `addr` was remembered with (the
+    /// slot may have changed hands since: check it).
+    pub fn handle_of_request(&self, addr: usize) -> Option<u64> {
+        self.requests.table.get_addr(addr)
+    }
+
+    /// The id str remembered for `slot`, if any.
+    #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
+    pub fn id_at(&self, slot: u32) -> Option<&Py<PyString>> {
+        self.ids.held.get(slot as usize).and_then(Option::as_ref)
+    }
+
+    /// Whether the request of `slot` keeps its fields in its `__dict__`.
+    #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
+    pub fn fields_in_dict(&self, slot: u32) -> bool {
+        self.fields_in_dict.get(slot as usize).copied().unwrap_or(false)
     }
 
     /// The request objects held (for the garbage collector: a request may
@@ -100,19 +139,45 @@ impl IdCache {
         self.requests.held.iter().flatten()
     }
 
-    /// Lets go of every request object (the garbage collector's clear).
-    pub fn forget_requests(&mut self) {
+    /// Lets go of every request object (the garbage collector's clear);
+    /// returned, for the caller to drop.
+    pub fn forget_requests(&mut self) -> Vec<PyObject> {
+        let out = std::mem::take(&mut self.requests.held).into_iter().flatten().collect();
         self.requests = Pinned::default();
+        out
     }
 
     /// Lets go of the request object of a slot the manager freed (its
-    /// token lists are large; the str of its id is not).
-    pub fn forget_request(&mut self, slot: u32) {
-        self.requests.forget(slot as usize);
+    /// token lists are large; the str of its id is not). Returns what was
+    /// held, for the caller to drop once the manager's state is settled
+    /// (dropping a request can run its finalizer, which is Python code).
+    #[must_use]
+    pub fn forget_request(&mut self, slot: u32) -> Option<PyObject> {
+        self.requests.take(slot as usize)
     }
 
     /// Remembers that `id` names the request of `handle`.
     pub fn remember(&mut self, id: &Bound<'_, PyString>, handle: u64) {
         self.ids.remember(id, handle);
     }
+}
+
+/// The error for a held request whose `request_id` changed.
+#[cold]
+#[inline(never)]
+pub(crate) fn renamed_error(held: &str, now: &str) -> PyErr {
+    pyo3::exceptions::PyValueError::new_err(format!(
+        "request {held:?}: its request_id was changed to {now:?} while the manager holds it \
+         (a request's id must stay the same until free(); vLLM never changes it)"
+    ))
+}
+
+/// The error for a second live request object with a held request's id.
+#[cold]
+#[inline(never)]
+pub(crate) fn second_request_error(id: &str) -> PyErr {
+    pyo3::exceptions::PyValueError::new_err(format!(
+        "request_id {id:?} is held by another live request: free() it before a new request \
+         takes its id (request ids are unique among the requests the manager holds)"
+    ))
 }

@@ -16,13 +16,16 @@ mod allocate_limits;
 mod allocate_params;
 mod batch;
 mod blocks;
+mod call_guard;
 mod calls;
 mod convert;
 mod deferred_frees;
 mod hash_keys;
+mod hash_size;
 mod hasher;
 mod hasher_methods;
 mod id_cache;
+mod identity;
 mod lookup;
 mod mamba_calls;
 mod manager_setup;
@@ -35,6 +38,7 @@ mod raw_ffi;
 mod raw_methods;
 mod rebuild;
 mod request_calls;
+mod step_waits;
 
 use pyo3::prelude::*;
 
@@ -45,6 +49,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<blocks::BlockView>()?;
     m.add_function(wrap_pyfunction!(blocks::block_view, m)?)?;
     hasher_methods::register(m)?;
+    m.add_function(wrap_pyfunction!(hash_size::_register_request_class, m)?)?;
     #[cfg(feature = "raw-ffi")]
     raw_ffi::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -5,6 +5,7 @@ use hybridcache_core::CoreError;
 use pyo3::intern;
 use pyo3::prelude::*;
 
+use crate::call_guard::{borrow, borrow_mut};
 use crate::convert::{count_obj, guard, hash_update, req_attr};
 use crate::native_manager::NativeManager;
 use crate::py_args::request_id;
@@ -29,7 +30,7 @@ pub(crate) fn lookup<'py>(
 ) -> PyResult<(PyObject, usize, usize, Option<bool>)> {
     let py = slf.py();
     let max_hit = match max_cache_hit_length.filter(|m| !m.is_none()) {
-        Some(_) if !slf.borrow().inner.profile().lookup_hit_cap_arg => {
+        Some(_) if !borrow(slf)?.inner.profile().lookup_hit_cap_arg => {
             // Without the profile's hit cap, the call takes only the request.
             return Err(pyo3::exceptions::PyTypeError::new_err(
                 "get_computed_blocks() got an unexpected keyword argument 'max_cache_hit_length'",
@@ -38,19 +39,34 @@ pub(crate) fn lookup<'py>(
         Some(m) => Some(count_obj("max_cache_hit_length", m)?),
         None => None,
     };
-    let empty = || -> PyResult<PyObject> { Ok(slf.borrow().py_side()?.empty.clone_ref(py)) };
-    let reads = slf.borrow().inner.reads_prefix_cache(|| {
+    let empty = || -> PyResult<PyObject> { Ok(borrow(slf)?.py_side()?.empty.clone_ref(py)) };
+    let reads = borrow(slf)?.inner.reads_prefix_cache(|| {
         req_attr(request, intern!(py, "skip_reading_prefix_cache"))?.is_truthy()
     })?;
     if !reads {
         return Ok((empty()?, 0, 0, connector.then_some(false)));
     }
-    let rid = request_id(request)?;
-    let rid = rid.to_str()?;
+    let rid_obj = request_id(request)?;
+    let rid = rid_obj.to_str()?;
     let num_tokens = crate::convert::request_num_tokens(request)?;
     let (hit, boundary) = {
-        let mut this = slf.borrow_mut();
+        let mut this = borrow_mut(slf)?;
+        // A second live request with a held id, or a held one renamed:
+        // refused before its hashes reach the core.
+        this.checked_slot(request, &rid_obj)?;
+        if this.inner.enable_caching() {
+            crate::hash_size::check(request, this.inner.pool().hash_block_size())?;
+        }
         let update = this.pending_hashes(request, rid)?;
+        // Read before the core changes (its hashes are stored below).
+        let preempted = if this.inner.counts_lookups() {
+            count_obj(
+                "request.num_preemptions",
+                &req_attr(request, intern!(py, "num_preemptions"))?,
+            )? > 0
+        } else {
+            false
+        };
         let hit = guard(|| {
             if num_tokens == 0 {
                 return Err(CoreError::InvalidArgument(format!(
@@ -82,10 +98,6 @@ pub(crate) fn lookup<'py>(
             ));
         }
         if this.inner.counts_lookups() {
-            let preempted = count_obj(
-                "request.num_preemptions",
-                &req_attr(request, intern!(py, "num_preemptions"))?,
-            )? > 0;
             this.inner.record_lookup(num_tokens, hit.len, preempted);
         }
         // 0.33.0's junction: where the longest single-type hit ends, when
@@ -116,7 +128,7 @@ pub(crate) fn per_group_hits<'py>(
     let max_hit = count_obj("max_cache_hit_length", max_cache_hit_length)?;
     let hashes = hash_update(block_hashes, 0)?.unwrap_or_default().hashes;
     let (blocks, lens) = {
-        let this = slf.borrow();
+        let this = borrow(slf)?;
         guard(|| this.inner.find_cache_hit_per_group(&hashes, max_hit))?
     };
     Ok((NativeManager::make_blocks(slf, &blocks)?, lens))
@@ -136,6 +148,7 @@ impl NativeManager {
         request: &Bound<'py, PyAny>,
         max_cache_hit_length: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(PyObject, usize)> {
+        let _in_call = crate::call_guard::enter(slf, "get_computed_blocks")?;
         let (blocks, hit, _) = computed_blocks(slf, request, max_cache_hit_length)?;
         Ok((blocks, hit))
     }
@@ -149,6 +162,7 @@ impl NativeManager {
         request: &Bound<'py, PyAny>,
         max_cache_hit_length: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(PyObject, usize, usize)> {
+        let _in_call = crate::call_guard::enter(slf, "get_computed_blocks")?;
         computed_blocks(slf, request, max_cache_hit_length)
     }
 
@@ -159,6 +173,7 @@ impl NativeManager {
         block_hashes: &Bound<'py, PyAny>,
         max_cache_hit_length: &Bound<'py, PyAny>,
     ) -> PyResult<(PyObject, Vec<usize>)> {
+        let _in_call = crate::call_guard::enter(slf, "find_longest_cache_hit_per_group")?;
         per_group_hits(slf, block_hashes, max_cache_hit_length)
     }
 
@@ -171,6 +186,7 @@ impl NativeManager {
         request: &Bound<'py, PyAny>,
         max_cache_hit_length: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(PyObject, usize, usize, Option<bool>)> {
+        let _in_call = crate::call_guard::enter(slf, "get_computed_blocks_for_connector")?;
         lookup(slf, request, max_cache_hit_length, true)
     }
 }

@@ -28,14 +28,16 @@ impl NativeManager {
     /// `group, dst, conv_src, temp_src, bias`, little endian) for the batch
     /// `request_ids`, given the worker's accepted-token counts.
     fn mamba_pre_copy_plan<'py>(
-        &mut self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
         request_ids: Vec<String>,
         num_accepted: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyByteArray>> {
+        let py = slf.py();
+        let _in_call = crate::call_guard::enter(slf, "mamba_pre_copy_plan")?;
         let num_accepted = int_list("num_accepted", num_accepted, false)?;
         let ids: Vec<&str> = request_ids.iter().map(String::as_str).collect();
-        let rows = guard(|| self.inner.mamba_pre_copy_plan(&ids, &num_accepted))?;
+        let mut this = crate::call_guard::borrow_mut(slf)?;
+        let rows = guard(|| this.inner.mamba_pre_copy_plan(&ids, &num_accepted))?;
         let bytes: Vec<u8> = rows
             .iter()
             .flatten()

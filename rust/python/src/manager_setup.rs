@@ -7,6 +7,7 @@ use hybridcache_core::{BatchScratch, HashUpdate, KvCacheManager, NewBlocks};
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::call_guard::{borrow_mut, enter};
 use crate::convert::{count_obj, guard};
 use crate::id_cache::IdCache;
 use crate::native_manager::{NativeManager, PythonSide, Watermark};
@@ -50,6 +51,7 @@ impl NativeManager {
             batch: BatchScratch::default(),
             ids: IdCache::default(),
             watermark: Default::default(),
+            step_waits: Default::default(),
         })
     }
 
@@ -58,7 +60,10 @@ impl NativeManager {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         if let Some(side) = &self.py_side {
             visit.call(&side.empty)?;
-            for sink in [&side.event_sink, &side.metrics_sink].into_iter().flatten() {
+            for sink in [&side.event_sink, &side.metrics_sink, &side.event_read]
+                .into_iter()
+                .flatten()
+            {
                 visit.call(sink)?;
             }
         }
@@ -70,25 +75,33 @@ impl NativeManager {
 
     fn __clear__(&mut self) {
         self.py_side = None;
-        self.ids.forget_requests();
+        drop(self.ids.forget_requests());
     }
 
     /// Called once by the facade: the shared empty KVCacheBlocks, the event
     /// sink (None when events are off), whether lookups are counted and the
-    /// block-metrics sink (None without a metrics collector).
-    #[pyo3(signature = (empty, event_sink, log_stats=false, metrics_sink=None))]
+    /// block-metrics sink (None without a metrics collector), what reads a
+    /// request for the event sink before a call changes anything, and
+    /// whether an allocation whose hit waits for a step that never starts
+    /// (`new_step_starts()` never called) raises rather than answering None.
+    #[pyo3(signature = (empty, event_sink, log_stats=false, metrics_sink=None, event_read=None,
+                        explain_step_waits=false))]
     fn _bind_python(
         &mut self,
         empty: PyObject,
         event_sink: Option<PyObject>,
         log_stats: bool,
         metrics_sink: Option<PyObject>,
+        event_read: Option<PyObject>,
+        explain_step_waits: bool,
     ) {
+        self.step_waits.explain = explain_step_waits;
         self.inner.set_record_block_metrics(metrics_sink.is_some());
         self.py_side = Some(PythonSide {
             empty,
             event_sink,
             metrics_sink,
+            event_read,
         });
         self.inner.set_log_stats(log_stats);
     }
@@ -130,9 +143,11 @@ impl NativeManager {
 
     /// 0.33.0's multi-module MTP: the last `n` computed tokens are not
     /// cached (set at construction).
-    fn _set_reprefillable_tokens(&mut self, n: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn _set_reprefillable_tokens(slf: &Bound<'_, Self>, n: &Bound<'_, PyAny>) -> PyResult<()> {
+        let _in_call = enter(slf, "_set_reprefillable_tokens")?;
         let n = count_obj("num_reprefillable_tokens", n)?;
-        guard(|| self.inner.set_reprefillable_tokens(n))
+        let mut this = borrow_mut(slf)?;
+        guard(|| this.inner.set_reprefillable_tokens(n))
     }
 
     /// 0.33.0's watermark: `blocks` stay free when a request whose status
@@ -152,13 +167,15 @@ impl NativeManager {
     /// Prefix-cache lookup counters since the last call, reset:
     /// (reset, requests, queries, hits, preempted_requests, preempted_queries, preempted_hits).
     #[pyo3(signature = (take=true))]
-    fn _take_stats(&mut self, take: bool) -> (bool, u64, u64, u64, u64, u64, u64) {
+    fn _take_stats(slf: &Bound<'_, Self>, take: bool) -> PyResult<(bool, u64, u64, u64, u64, u64, u64)> {
+        let _in_call = enter(slf, "make_prefix_cache_stats")?;
+        let mut this = borrow_mut(slf)?;
         let s = if take {
-            self.inner.take_stats()
+            this.inner.take_stats()
         } else {
-            self.inner.stats()
+            this.inner.stats()
         };
-        (
+        Ok((
             s.reset,
             s.requests,
             s.queries,
@@ -166,14 +183,19 @@ impl NativeManager {
             s.preempted_requests,
             s.preempted_queries,
             s.preempted_hits,
-        )
+        ))
     }
 
-    fn take_new_block_ids(&mut self) -> Vec<u32> {
-        self.inner.take_new_block_ids()
+    fn take_new_block_ids(slf: &Bound<'_, Self>) -> PyResult<Vec<u32>> {
+        let _in_call = enter(slf, "take_new_block_ids")?;
+        Ok(borrow_mut(slf)?.inner.take_new_block_ids())
     }
 
-    fn new_step_starts(&mut self) {
-        self.inner.new_step_starts();
+    fn new_step_starts(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let _in_call = enter(slf, "new_step_starts")?;
+        let mut this = borrow_mut(slf)?;
+        this.inner.new_step_starts();
+        this.step_waits.started = true;
+        Ok(())
     }
 }

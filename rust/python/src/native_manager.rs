@@ -19,6 +19,11 @@ pub(crate) struct PythonSide {
     /// pool's log of them: a list of (kind, block_id), kind 0 allocated,
     /// 1 accessed, 2 evicted, 3 reset (block_id 0).
     pub(crate) metrics_sink: Option<PyObject>,
+    /// `read(request)`: what the event sink will read of a request, read
+    /// before the call changes anything (handed to the sink in its place),
+    /// so that a read that raises leaves the manager as it was. None: the
+    /// sink gets the request.
+    pub(crate) event_read: Option<PyObject>,
 }
 
 /// The scheduler's watermark: blocks an admission leaves free, and the
@@ -43,4 +48,5 @@ pub(crate) struct NativeManager {
     pub(crate) batch: BatchScratch,
     pub(crate) ids: IdCache,
     pub(crate) watermark: Watermark,
+    pub(crate) step_waits: crate::step_waits::StepWaits,
 }

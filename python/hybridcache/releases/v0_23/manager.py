@@ -102,6 +102,10 @@ class KVCacheManager(KVCacheManagerBase):
 
     __slots__ = ()
 
+    # hybridcache's own API: a missing `new_step_starts()` is named (see
+    # `KVCacheManagerBase`); vLLM's scheduler's class below answers None.
+    _EXPLAINS_STEP_WAITS = True
+
     dcp_world_size: int
     pcp_world_size: int
 

@@ -15,6 +15,8 @@ class VllmKVCacheManager(KVCacheManager):
     (after `install()`): `KVCacheManager` with vLLM's keyword arguments,
     plus the `coordinator` view the scheduler reads."""
 
+    _EXPLAINS_STEP_WAITS = False  # vLLM's answer: None
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """The arguments of `KVCacheManager`."""
         super().__init__(*args, **kwargs)

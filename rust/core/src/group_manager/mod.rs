@@ -502,6 +502,17 @@ impl SingleTypeManager {
         self.cached_this_step.clear();
     }
 
+    /// Whether a hit ending on `new_computed` must wait a step here: its
+    /// last block's state was cached in this very step (the rule
+    /// `get_num_blocks_to_allocate` applies).
+    pub fn hit_waits_a_step(&self, pool: &BlockPool, new_computed: &[BlockId]) -> bool {
+        self.attn.hits_wait_a_step()
+            && new_computed
+                .last()
+                .and_then(|&last| pool.block_entry(last).map(entry_key))
+                .is_some_and(|key| self.cached_this_step.contains(&key))
+    }
+
     /// Longest prefix of `hashes` cached in every group of `groups`, at most
     /// `max_length` tokens, for a group of `spec`. Fills `out[k]` for `groups[k]`;
     /// returns the hit's tokens.

@@ -424,6 +424,7 @@ impl KvCacheManager {
     /// prefetch before its next call: the hot line (`RequestRegistry::
     /// hot_line_addr`), then each group's record (two lines each), which a
     /// decode that changes blocks reads.
+    #[inline(always)]
     pub fn for_each_decode_line(&self, handle: u64, mut f: impl FnMut(*const u8)) {
         let Some(hot) = self.reqs.hot_line_addr(handle) else {
             return;
@@ -629,6 +630,18 @@ impl KvCacheManager {
 
     pub fn new_step_starts(&mut self) {
         self.coord.new_step_starts();
+    }
+
+    /// Whether a hit of `new_computed` blocks (per group) waits a step in
+    /// some group: a state it ends on was cached in this very step, so an
+    /// allocation that takes it answers "no room" until `new_step_starts`.
+    pub fn hit_waits_a_step(&self, new_computed: &[Vec<BlockId>]) -> bool {
+        let pool = &self.coord.pool;
+        self.coord
+            .managers
+            .iter()
+            .zip(new_computed)
+            .any(|(m, blocks)| m.hit_waits_a_step(pool, blocks))
     }
 
     /// Ids of the requests the manager holds state for (any order; reads only).

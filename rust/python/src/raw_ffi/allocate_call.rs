@@ -13,9 +13,11 @@ use hybridcache_core::AllocateArgs;
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyString;
 
-use super::vectorcall::{call_args, held_request, plain_count, raw_call, CallArgs, MethodDef};
+
+use super::vectorcall::{
+    attr_count, call_args, dict_count, held_request, plain_count, raw_call, CallArgs, MethodDef,
+};
 use crate::allocate_params::{call_matched, param_name, Param};
 use crate::native_manager::NativeManager;
 
@@ -55,8 +57,9 @@ unsafe fn call(
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
 ) -> PyResult<PyObject> {
+    let _in_call = crate::call_guard::enter_addr(py, slf as usize, "allocate_slots")?;
     // SAFETY: as this function's.
-    let fast = unsafe { decode_fast(py, slf, args, nargs, kwnames) };
+    let fast = unsafe { decode_fast(py, slf, args, nargs, kwnames) }?;
     // SAFETY: `slf` is a live manager: CPython checks it against the
     // descriptor's class, a `NativeManager` subclass (`_raw_methods`).
     let manager = || unsafe { Bound::from_borrowed_ptr(py, slf).downcast_into_unchecked() };
@@ -108,24 +111,6 @@ unsafe fn call_full(
     call_matched(&manager, positional.into_iter(), keywords.into_iter())
 }
 
-/// `request.<name>` as a plain count, or None (no exception left set).
-///
-/// # Safety
-/// `request` is a live object; the GIL is held.
-unsafe fn count_attr(request: *mut ffi::PyObject, name: &Bound<'_, PyString>) -> Option<usize> {
-    // SAFETY: as this function's; the attribute is a new reference, released here.
-    unsafe {
-        let v = ffi::PyObject_GetAttr(request, name.as_ptr());
-        if v.is_null() {
-            ffi::PyErr_Clear();
-            return None;
-        }
-        let n = plain_count(v);
-        ffi::Py_DECREF(v);
-        n
-    }
-}
-
 /// What `decode_fast` made of a call.
 enum Fast {
     /// A decode that changed no block: the shared empty result.
@@ -138,7 +123,8 @@ enum Fast {
     },
     /// Anything else (other spellings, odd values, unknown requests): the
     /// full path handles it, errors included (the reads here have no side
-    /// effects, so repeating them changes nothing).
+    /// effects, so repeating them changes nothing; a read that raised is
+    /// not repeated: `decode_fast` returns its error).
     Other,
 }
 
@@ -146,7 +132,8 @@ enum Fast {
 /// `(request, n, num_lookahead_tokens=k)`, in straight-line code with raw
 /// calls and no error plumbing: under a Python scheduler a call's cost is
 /// mostly instruction-cache misses. Most such calls change no block and end
-/// here. No exception is left set.
+/// here. An error: a read of the request raised, or the request's id
+/// changed while held (nothing changed).
 ///
 /// # Safety
 /// As `allocate_slots_fast`'s arguments, with the GIL held.
@@ -156,9 +143,9 @@ unsafe fn decode_fast(
     args: *const *mut ffi::PyObject,
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
-) -> Fast {
+) -> PyResult<Fast> {
     if nargs != 2 {
-        return Fast::Other;
+        return Ok(Fast::Other);
     }
     // SAFETY: the vectorcall contract: `args` holds 2 positional values and
     // one per keyword name; all are live for the call.
@@ -169,40 +156,45 @@ unsafe fn decode_fast(
                 && ffi::PyTuple_GetItem(kwnames, 0)
                     == param_name(py, Param::NumLookaheadTokens).as_ptr();
             if !only_lookahead {
-                return Fast::Other;
+                return Ok(Fast::Other);
             }
             let v = *args.add(2);
             if v != ffi::Py_None() {
                 match plain_count(v) {
                     Some(n) => lookahead = n,
-                    None => return Fast::Other,
+                    None => return Ok(Fast::Other),
                 }
             }
         }
         let Some(num_new_tokens) = plain_count(*args.add(1)).filter(|&n| n > 0) else {
-            return Fast::Other;
+            return Ok(Fast::Other);
         };
         // `slf` is a manager (see `call`).
         let obj = Borrowed::from_ptr(py, slf);
         let manager = obj.downcast_unchecked::<NativeManager>();
         let Ok(mut this) = manager.try_borrow_mut() else {
-            return Fast::Other;
+            return Ok(Fast::Other);
         };
         if this.watermark.blocks > 0 {
             // The watermark reads the request's status: the general path.
-            return Fast::Other;
+            return Ok(Fast::Other);
         }
         let request = *args;
-        let Some(handle) = held_request(py, &mut this, request) else {
-            return Fast::Other;
+        let Some((handle, dict)) = held_request(py, &mut this, request)? else {
+            return Ok(Fast::Other);
         };
-        let Some(num_computed_tokens) = count_attr(request, intern!(py, "num_computed_tokens"))
-        else {
-            return Fast::Other;
+        let name = intern!(py, "num_computed_tokens");
+        let computed = match &dict {
+            Some(d) => dict_count(py, d, request, name)?,
+            None => attr_count(py, request, name)?,
+        };
+        drop(dict);
+        let Some(num_computed_tokens) = computed else {
+            return Ok(Fast::Other);
         };
         let this = &mut *this;
         let Some(side) = &this.py_side else {
-            return Fast::Other;
+            return Ok(Fast::Other);
         };
         // Most decodes change no block: judged from the request's hot line.
         let unread = crate::py_args::NUM_TOKENS_UNREAD;
@@ -213,13 +205,13 @@ unsafe fn decode_fast(
             unread,
             lookahead,
         ) else {
-            return Fast::Other;
+            return Ok(Fast::Other);
         };
         if noop {
             // A decode that changes no block makes no event.
             this.inner
                 .record_plain_noop_decode(slot, num_computed_tokens, num_new_tokens);
-            return Fast::Done(side.empty.clone_ref(py));
+            return Ok(Fast::Done(side.empty.clone_ref(py)));
         }
         // The general path reads the tables and the free queue soon: fetch
         // their lines together now (they are cold under a Python scheduler).
@@ -232,6 +224,6 @@ unsafe fn decode_fast(
             num_lookahead_tokens: lookahead,
             ..Default::default()
         };
-        Fast::General { slot, args }
+        Ok(Fast::General { slot, args })
     }
 }

@@ -41,19 +41,20 @@ unsafe extern "C" fn cache_blocks_fast(
     // vectorcall contract (see `allocate_call`).
     unsafe {
         raw_call(|py| {
-            if is_noop(py, slf, args, nargs, kwnames) {
-                return Ok(py.None());
-            }
             // SAFETY: `slf` is a live manager: CPython checks it against the
             // descriptor's class, a `NativeManager` subclass (`_raw_methods`).
             let manager = Bound::from_borrowed_ptr(py, slf);
             if nargs == 2 && kwnames.is_null() {
+                let _in_call = crate::call_guard::enter_addr(py, slf as usize, "cache_blocks")?;
+                if is_noop(py, slf, args)? {
+                    return Ok(py.None());
+                }
                 // The scheduler's spelling: the method's body, directly.
                 let (request, n) = (
                     Bound::from_borrowed_ptr(py, *args),
                     Bound::from_borrowed_ptr(py, *args.add(1)),
                 );
-                NativeManager::cache_blocks(manager.downcast_unchecked(), &request, &n)?;
+                NativeManager::cache_blocks_impl(manager.downcast_unchecked(), &request, &n)?;
                 return Ok(py.None());
             }
             // The native class's method (a subclass's attribute may be this).
@@ -65,43 +66,41 @@ unsafe extern "C" fn cache_blocks_fast(
     }
 }
 
-/// Whether the call is the scheduler's `(request, n)` for a held request
-/// whose caching of `n` tokens changes nothing (no exception left set;
-/// false also for anything odd: the general path handles it, errors
-/// included, and the reads here have no side effects).
+/// Whether the scheduler's call `(request, n)` is for a held request whose
+/// caching of `n` tokens changes nothing (false also for anything odd: the
+/// general path handles it, errors included, and the reads here have no
+/// side effects). An error: a read of the request raised, or its id
+/// changed while held (nothing changed).
 ///
 /// # Safety
-/// As `cache_blocks_fast`'s arguments, with the GIL held.
+/// As `cache_blocks_fast`'s arguments, with 2 positional values, with the
+/// GIL held.
 unsafe fn is_noop(
     py: Python<'_>,
     slf: *mut ffi::PyObject,
     args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-) -> bool {
-    if nargs != 2 || !kwnames.is_null() {
-        return false;
-    }
+) -> PyResult<bool> {
     // SAFETY: the vectorcall contract: `args` holds 2 live values.
     unsafe {
         let Some(n) = plain_count(*args.add(1)) else {
-            return false;
+            return Ok(false);
         };
         // `slf` is a manager (see `cache_blocks_fast`).
         let obj = Borrowed::from_ptr(py, slf);
         let Ok(mut this) = obj.downcast_unchecked::<NativeManager>().try_borrow_mut() else {
-            return false;
+            return Ok(false);
         };
         // The core keeps the request's computed count (the shared-prefix
         // checkpoint): the general path reads it.
         if this.inner.wants_num_computed_tokens() {
-            return false;
+            return Ok(false);
         }
-        let Some(handle) = held_request(py, &mut this, *args) else {
-            return false;
+        let Some((handle, _)) = held_request(py, &mut this, *args)? else {
+            return Ok(false);
         };
-        this.inner
+        Ok(this
+            .inner
             .cache_blocks_is_noop_by_handle(handle, n)
-            .is_some_and(|(_, noop)| noop)
+            .is_some_and(|(_, noop)| noop))
     }
 }

@@ -8,7 +8,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyTuple};
 
 pub(crate) struct MethodDef(pub(crate) ffi::PyMethodDef);
 // SAFETY: CPython only reads the definition, whose pointers are to statics.
@@ -99,65 +99,184 @@ pub(crate) unsafe fn plain_count(obj: *mut ffi::PyObject) -> Option<usize> {
 }
 
 /// The handle of a hot call's request: by the request object when this
-/// object was seen before and its slot still holds it, else through
-/// `request.request_id` and the id cache (`learn_request`). None: no such
-/// attribute, or an id not seen before (no exception left set). The call
-/// the scheduler made after this one last time has its entry and decode
-/// data prefetched.
+/// object was seen before and its slot still holds it (every allocation
+/// remembers its request's object). None: an object the manager does not
+/// know (the full path reads and judges it). An error: a read of the request raised (it propagates
+/// unchanged), the request's id was changed while the manager holds it, or
+/// another live request holds its id. With the handle: the request's
+/// `__dict__` where its fields are that dict's entries (the caller reads
+/// them there). The call the scheduler made after this one last time has
+/// its entry and decode data prefetched.
 ///
 /// # Safety
 /// `request` is a live object; the GIL is held.
 #[inline]
-pub(crate) unsafe fn held_request(
-    py: Python<'_>,
+pub(crate) unsafe fn held_request<'py>(
+    py: Python<'py>,
     this: &mut crate::native_manager::NativeManager,
     request: *mut ffi::PyObject,
-) -> Option<u64> {
+) -> PyResult<Option<(u64, Option<Bound<'py, PyDict>>)>> {
     if let Some((handle, next)) = this.ids.get_hot_request(request as usize) {
         if let Some(n) = next {
             prefetch(n.entry);
             this.inner.for_each_decode_line(n.handle, prefetch);
         }
-        if this.inner.slot_of_handle(handle).is_some() {
-            return Some(handle);
+        if let Some(slot) = this.inner.slot_of_handle(handle) {
+            // SAFETY: as this function's.
+            let dict = unsafe { check_id(py, this, request, slot) }?;
+            return Ok(Some((handle, dict)));
         }
     }
-    // SAFETY: as this function's.
-    unsafe { learn_request(py, this, request) }
+    // An object the manager does not know (or no longer holds): the full
+    // path reads it and judges it (a second live request with a held id,
+    // whatever it is, errors in the full path's order).
+    Ok(None)
 }
 
-/// `held_request` for a request object not known (yet, or any more): its
-/// handle by `request.request_id`, the object remembered for next time. Out
-/// of line: the hot calls' code stays a few cache lines.
+/// Whether the held request in `slot` (known by its object) still has the
+/// id it was admitted with: its `__dict__` entry is the very str the
+/// manager keeps (one dict lookup), or its `request_id` reads equal to it.
+/// ValueError naming both ids when it was renamed (or swapped). Returns
+/// the request's `__dict__` where its fields are that dict's entries.
 ///
 /// # Safety
-/// As `held_request`'s.
+/// `request` is a live object; the GIL is held.
+#[inline]
+unsafe fn check_id<'py>(
+    py: Python<'py>,
+    this: &crate::native_manager::NativeManager,
+    request: *mut ffi::PyObject,
+    slot: u32,
+) -> PyResult<Option<Bound<'py, PyDict>>> {
+    if !this.ids.fields_in_dict(slot) {
+        // SAFETY: as this function's.
+        unsafe { check_id_read(py, this, request, slot) }?;
+        return Ok(None);
+    }
+    // SAFETY: `request` is live and the GIL is held; the dict is a new
+    // reference (owned by the Bound), or NULL with an exception set; the
+    // entry read is borrowed from the dict, compared by address only.
+    unsafe {
+        let d = ffi::PyObject_GenericGetDict(request, std::ptr::null_mut());
+        let dict = Bound::from_owned_ptr_or_err(py, d)?.downcast_into_unchecked::<PyDict>();
+        let v = ffi::PyDict_GetItemWithError(dict.as_ptr(), pyo3::intern!(py, "request_id").as_ptr());
+        let same = this.ids.id_at(slot).is_some_and(|id| id.as_ptr() == v);
+        if !same {
+            if v.is_null() && !ffi::PyErr_Occurred().is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            check_id_read(py, this, request, slot)?;
+        }
+        Ok(Some(dict))
+    }
+}
+
+/// `check_id` by reading `request.request_id` (any error propagates).
+///
+/// # Safety
+/// `request` is a live object; the GIL is held.
 #[cold]
 #[inline(never)]
-unsafe fn learn_request(
+unsafe fn check_id_read(
     py: Python<'_>,
-    this: &mut crate::native_manager::NativeManager,
+    this: &crate::native_manager::NativeManager,
     request: *mut ffi::PyObject,
-) -> Option<u64> {
-    // SAFETY: as this function's; the attribute is a new reference, owned
-    // by the Bound made of it.
-    let rid = unsafe {
-        let rid = ffi::PyObject_GetAttr(request, pyo3::intern!(py, "request_id").as_ptr());
-        if rid.is_null() {
-            ffi::PyErr_Clear();
-            return None;
-        }
-        Bound::from_owned_ptr(py, rid)
-    };
-    // Only str ids are cached (by address: the cache holds the str).
-    let handle = this
-        .ids
-        .get(rid.downcast::<pyo3::types::PyString>().ok()?)?;
-    this.inner.slot_of_handle(handle)?;
+    slot: u32,
+) -> PyResult<()> {
     // SAFETY: `request` is live (this function's contract).
     let request = unsafe { Borrowed::from_ptr(py, request) };
-    this.ids.remember_request(&request, handle);
-    Some(handle)
+    let rid = crate::py_args::request_id(&request)?;
+    let held = this.inner.request_id_at(slot);
+    if rid.to_str()? == held {
+        return Ok(());
+    }
+    Err(crate::id_cache::renamed_error(held, rid.to_str()?))
+}
+
+/// `request.<name>` from its `__dict__` (see `held_request`) as a plain
+/// count; None where it is something else (the full path names it). A
+/// missing entry is read the generic way (its error is the full path's).
+///
+/// # Safety
+/// `request` is a live object; the GIL is held.
+#[inline]
+pub(crate) unsafe fn dict_count(
+    py: Python<'_>,
+    dict: &Bound<'_, PyDict>,
+    request: *mut ffi::PyObject,
+    name: &Bound<'_, pyo3::types::PyString>,
+) -> PyResult<Option<usize>> {
+    // SAFETY: a live dict and a str; the entry is borrowed, read at once.
+    unsafe {
+        let v = ffi::PyDict_GetItemWithError(dict.as_ptr(), name.as_ptr());
+        if !v.is_null() {
+            return Ok(plain_count(v));
+        }
+        if !ffi::PyErr_Occurred().is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        attr_count(py, request, name)
+    }
+}
+
+/// `request.<name>` as a plain count; None where it is something else
+/// (the full path names the problem). A read that failed is the error the
+/// full path gives (never read again there: the caller's own error
+/// propagates unchanged, the manager untouched).
+///
+/// # Safety
+/// `request` is a live object; the GIL is held.
+#[cold]
+#[inline(never)]
+pub(crate) unsafe fn attr_count(
+    py: Python<'_>,
+    request: *mut ffi::PyObject,
+    name: &Bound<'_, pyo3::types::PyString>,
+) -> PyResult<Option<usize>> {
+    // SAFETY: as this function's; the attribute is a new reference, released here.
+    unsafe {
+        let v = ffi::PyObject_GetAttr(request, name.as_ptr());
+        if v.is_null() {
+            return Err(read_error(py, request, name));
+        }
+        let n = plain_count(v);
+        ffi::Py_DECREF(v);
+        Ok(n)
+    }
+}
+
+/// The error of a failed attribute read, as the full path gives it (a
+/// missing attribute names what was expected; any other error unchanged).
+///
+/// # Safety
+/// `request` is a live object; the GIL is held; the error is set.
+#[cold]
+#[inline(never)]
+unsafe fn read_error(
+    py: Python<'_>,
+    request: *mut ffi::PyObject,
+    name: &Bound<'_, pyo3::types::PyString>,
+) -> PyErr {
+    let e = PyErr::fetch(py);
+    // SAFETY: as this function's.
+    let request = unsafe { Borrowed::from_ptr(py, request) };
+    crate::convert::not_a_request(&request, name, e)
+}
+
+/// Whether `request`'s `request_id` and `num_computed_tokens` are its
+/// `__dict__`'s entries: its type reads attributes the generic way and has
+/// no class attribute of either name (checked once, when the request is
+/// remembered; the hot calls then read the dict, as the generic lookup
+/// would, at a fraction of its cost).
+pub(crate) fn fields_in_dict(request: &Bound<'_, PyAny>) -> bool {
+    let py = request.py();
+    let ty = request.get_type();
+    // SAFETY: a live type; the slot is read, not called.
+    let getattro = unsafe { ffi::PyType_GetSlot(ty.as_type_ptr(), ffi::Py_tp_getattro) };
+    getattro == ffi::PyObject_GenericGetAttr as *mut std::ffi::c_void
+        && [pyo3::intern!(py, "request_id"), pyo3::intern!(py, "num_computed_tokens")]
+            .iter()
+            .all(|name| matches!(ty.hasattr(*name), Ok(false)))
 }
 
 /// A vectorcall's arguments as objects: the positional values, then the
