@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hybridcache import releases
 from hybridcache.tools.compare import norm_blocks
 from hybridcache.tools.release_api import norm_block_list
 
@@ -33,6 +34,12 @@ class Queries033:
             self.both(f"get_block_ids_for_computed_tokens({r.request_id}, {n})",
                       lambda m: m.get_block_ids_for_computed_tokens(request_id=r.request_id, num_computed_tokens=n),
                       lambda x: tuple(map(tuple, x)))
+        if releases.find(self.api.name).cached_tokens_probe:
+            # Cache-aware admission's probe, of a waiting or a running request.
+            q = self.pick(c, c.choice(("waiting", "running")))
+            if q is not None:
+                p: Any = q.req
+                self.both(f"get_num_cached_tokens({p.request_id})", lambda m: m.get_num_cached_tokens(p))
 
     def op_per_group_hits(self: Any, c: Any) -> None:
         """The offloading connector's bound (`_max_loadable_tokens`): each

@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import importlib.util
 import math
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -547,7 +548,16 @@ class V033(ReleaseApi):
             block_hasher=hasher,
             session_id=session_id,
         )
-        r.skip_reading_prefix_cache = skip_reading_prefix_cache
+        gate = releases.find(self.name).read_gate  # type: ignore[union-attr]
+        if gate == "skip_reading_prefix_cache":
+            r.skip_reading_prefix_cache = skip_reading_prefix_cache
+        else:
+            # 0.34.0's prefix_cache_hit_limit: 0 skips; else a tenth of the
+            # requests bound their hits (drawn from the request, so both
+            # sides of a comparison get the same bound).
+            draw = random.Random(f"{request_id}/{len(tokens)}")
+            r.prefix_cache_hit_limit = (0 if skip_reading_prefix_cache else
+                                        draw.randint(0, len(tokens)) if draw.random() < 0.1 else None)
         if report_full:
             r.kv_cache_report_mode = "full"
         return r

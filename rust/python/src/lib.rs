@@ -33,6 +33,7 @@ mod py_args;
 #[cfg(feature = "raw-ffi")]
 mod raw_ffi;
 mod raw_methods;
+mod read_gate;
 mod rebuild;
 mod request_calls;
 

@@ -39,15 +39,14 @@ pub(crate) fn lookup<'py>(
         None => None,
     };
     let empty = || -> PyResult<PyObject> { Ok(slf.borrow().py_side()?.empty.clone_ref(py)) };
-    let reads = slf.borrow().inner.reads_prefix_cache(|| {
-        req_attr(request, intern!(py, "skip_reading_prefix_cache"))?.is_truthy()
-    })?;
-    if !reads {
+    let gate = slf.borrow().read_gate;
+    let Some(limit) = gate.read(&slf.borrow().inner, request)? else {
         return Ok((empty()?, 0, 0, connector.then_some(false)));
-    }
+    };
     let rid = request_id(request)?;
     let rid = rid.to_str()?;
     let num_tokens = crate::convert::request_num_tokens(request)?;
+    let max_hit = gate.bound(num_tokens, limit, max_hit);
     let (hit, boundary) = {
         let mut this = slf.borrow_mut();
         let update = this.pending_hashes(request, rid)?;

@@ -50,6 +50,7 @@ impl NativeManager {
             batch: BatchScratch::default(),
             ids: IdCache::default(),
             watermark: Default::default(),
+            read_gate: Default::default(),
         })
     }
 

@@ -43,4 +43,6 @@ pub(crate) struct NativeManager {
     pub(crate) batch: BatchScratch,
     pub(crate) ids: IdCache,
     pub(crate) watermark: Watermark,
+    // Which request attribute gates and bounds lookups (the release's).
+    pub(crate) read_gate: crate::read_gate::ReadGate,
 }
