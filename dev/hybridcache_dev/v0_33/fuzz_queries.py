@@ -10,6 +10,7 @@ from typing import Any
 
 from hybridcache import releases
 from hybridcache.tools.compare import norm_blocks
+from hybridcache.tools.fuzz_setup import Divergence
 from hybridcache.tools.release_api import norm_block_list
 
 
@@ -20,6 +21,12 @@ class Queries033:
     def op_common_prefix(self: Any, c: Any) -> None:
         q = self.pick(c, "running")
         rid = q.req.request_id if q is not None else "nobody"
+        if not releases.find(self.api.name).common_prefix_blocks:
+            # Gone (0.34.0): gone from the candidate too.
+            assert not hasattr(self.ref, "get_num_common_prefix_blocks")
+            if hasattr(self.hc, "get_num_common_prefix_blocks"):
+                raise Divergence("the candidate has get_num_common_prefix_blocks, which this release removed")
+            return
         self.both(f"get_num_common_prefix_blocks({rid})", lambda m: list(m.get_num_common_prefix_blocks(rid)))
 
     def op_queries(self: Any, c: Any) -> None:
