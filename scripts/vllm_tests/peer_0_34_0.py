@@ -10,8 +10,12 @@ exists in 0.34.0's files. Measured here against vLLM 0.34.0's own manager
 (`run_vllm_peer_tests.py --against-vllm`, CPU, offline, this file's
 HF_MODELS, the triton-cpu plugin): 833 of 902 pass (832 of the ten files'
 901); the 69 others are OFFLINE below. The swap builds the release's facade
-(hybridcache.releases); the INTERNALS / BAD_INPUT / UNSUPPORTED_FEATURES rows
-are 0.33.0's and apply to a facade that keeps 0.33.0's behaviour for them.
+(hybridcache.releases: `VllmKVCacheManager034`); the INTERNALS / BAD_INPUT /
+UNSUPPORTED_FEATURES rows are 0.33.0's, which the facade keeps, plus one new
+GC-internal case. Against hybridcache (2026-12-06): 741 of 902 pass, 0
+divergences; of the 161 others: 69 OFFLINE, 72 HiSparse (UNSUPPORTED_FEATURES),
+9 reach internals (8 as for 0.33.0, `test_reset_prefix_cache`), 4 CACHE_POP,
+1 kv_event_queue, 6 BAD_INPUT.
 """
 
 # As for 0.33.0: no device is inferred on a machine without a GPU. Building a
