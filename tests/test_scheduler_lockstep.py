@@ -121,6 +121,12 @@ def helpers() -> Any:
     if not HF_HOME.is_dir():
         pytest.skip(f"the offline model configs are missing ({HF_HOME}): run scripts/run_vllm_peer_tests.py once")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    platforms = sys.modules.get("vllm.platforms")
+    current = getattr(platforms, "_current_platform", None)
+    if current is not None and not current.is_cpu() and os.environ["VLLM_TARGET_DEVICE"] == "cpu":
+        # An earlier test resolved vLLM's platform without a device to find
+        # (no GPU, no target set): resolved again, now as the CPU's.
+        platforms._current_platform = None  # type: ignore[union-attr]
     os.environ["HF_HOME"] = str(HF_HOME)
     os.environ["HF_HUB_OFFLINE"] = "1"
     if "huggingface_hub" in sys.modules:

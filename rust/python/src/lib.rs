@@ -34,6 +34,7 @@ mod py_args;
 mod raw_ffi;
 mod raw_methods;
 mod read_gate;
+mod read_gate_methods;
 mod rebuild;
 mod request_calls;
 

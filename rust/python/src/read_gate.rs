@@ -1,7 +1,7 @@
 //! Which request attribute decides whether a lookup reads the prefix cache
 //! and how far a hit may reach, a release's choice made at construction
-//! (the release table's `read_gate`), and the side-effect-free probe of the
-//! prefix cache. A `#[pymethods]` block of its own.
+//! (the release table's `read_gate`; `read_gate_methods` sets it on a
+//! manager).
 //!
 //! - `skip_reading_prefix_cache` (a bool; until vLLM 0.33.0): true skips
 //!   the lookup; the bound is the caller's, else `num_tokens - 1`.
@@ -10,12 +10,10 @@
 //!   bound)`, None being no limit.
 
 use hybridcache_core::KvCacheManager;
-use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
 
-use crate::convert::{count_obj, guard, hash_update, req_attr, request_num_tokens};
-use crate::native_manager::NativeManager;
+use crate::convert::{count_obj, req_attr};
 
 #[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
 pub(crate) enum ReadGate {
@@ -28,7 +26,7 @@ pub(crate) enum ReadGate {
 
 impl ReadGate {
     /// The request attribute each gate reads.
-    const NAMES: [(&'static str, ReadGate); 2] = [
+    pub(crate) const NAMES: [(&'static str, ReadGate); 2] = [
         ("skip_reading_prefix_cache", ReadGate::SkipFlag),
         ("prefix_cache_hit_limit", ReadGate::HitLimit),
     ];
@@ -79,47 +77,5 @@ impl ReadGate {
                     .fold(num_tokens.saturating_sub(1), usize::min),
             ),
         }
-    }
-}
-
-#[pymethods]
-impl NativeManager {
-    /// Chooses the request attribute lookups read (`ReadGate::NAMES`):
-    /// "skip_reading_prefix_cache" (the default) or "prefix_cache_hit_limit".
-    fn _set_read_gate(&mut self, attribute: &str) -> PyResult<()> {
-        let found = ReadGate::NAMES.iter().find(|(name, _)| *name == attribute);
-        let Some((_, gate)) = found else {
-            let names: Vec<_> = ReadGate::NAMES.iter().map(|(n, _)| *n).collect();
-            return Err(PyValueError::new_err(format!(
-                "unknown read gate {attribute:?}; choose from {}",
-                names.join(", ")
-            )));
-        };
-        self.read_gate = *gate;
-        Ok(())
-    }
-
-    /// The request attribute lookups read.
-    #[getter]
-    fn _read_gate(&self) -> &'static str {
-        ReadGate::NAMES
-            .iter()
-            .find(|(_, g)| *g == self.read_gate)
-            .map_or("", |(n, _)| *n)
-    }
-
-    /// vLLM 0.34.0's `get_num_cached_tokens(request)`: how many of the
-    /// request's tokens the prefix cache holds, bounded by
-    /// `request.num_tokens - 1` (not by its hit limit); 0 where the lookup
-    /// is off for it. Takes no reference, touches no block, emits no event,
-    /// records no stat and does not register the request.
-    fn _num_cached_tokens(&self, request: &Bound<'_, PyAny>) -> PyResult<usize> {
-        if self.read_gate.read(&self.inner, request)?.is_none() {
-            return Ok(0);
-        }
-        let num_tokens = request_num_tokens(request)?;
-        let hashes = req_attr(request, intern!(request.py(), "block_hashes"))?;
-        let hashes = hash_update(&hashes, 0)?.unwrap_or_default().hashes;
-        guard(|| Ok(self.inner.probe_cache_hit(&hashes, num_tokens)))
     }
 }
