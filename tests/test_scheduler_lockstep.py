@@ -87,7 +87,7 @@ CASES = [
     Case("full-swa-retention32-async-spec", layout="full_sw", retention=32, async_scheduling=True, num_spec=2,
          window=40, seed=8),
     Case("swa-retention0-async", layout="sw", retention=0, async_scheduling=True, seed=9),
-    Case("full-swa-storm", layout="full_sw", retention=0, num_blocks=40, window=17, seed=10),
+    Case("full-swa-storm", layout="full_sw", retention=0, num_blocks=34, window=17, seed=10),
     Case("full-chunked-async", layout="full_chunked", window=32, async_scheduling=True, seed=11),
     Case("full-mamba-none-spec", caching=False, layout="full_mamba", num_spec=2, seed=12),
     Case("full-mamba-align-async-spec", caching=False, layout="full_mamba", mamba_mode="align",
