@@ -180,13 +180,13 @@ def _scheduler(helpers: Any, case: Case, hybrid: bool) -> Any:
 
     if hybrid:
         hc_vllm.install()
-    make_config = helpers.KVCacheConfig
-    helpers.KVCacheConfig = _layout(case, make_config)
     extra = {}
     if case.admission_window:
         if "cache_aware_admission_window" not in inspect.signature(helpers.create_scheduler).parameters:
             pytest.skip("this release's scheduler has no cache-aware admission")
         extra = dict(cache_aware_admission_window=case.admission_window, cache_aware_admission_threshold=0.3)
+    make_config = helpers.KVCacheConfig
+    helpers.KVCacheConfig = _layout(case, make_config)
     try:
         sched = helpers.create_scheduler(
             enable_prefix_caching=case.caching,
