@@ -178,13 +178,13 @@ def _layout(case: Case, make_config: Any) -> Any:
 def _scheduler(helpers: Any, case: Case, hybrid: bool) -> Any:
     import hybridcache.vllm as hc_vllm
 
-    if hybrid:
-        hc_vllm.install()
     extra = {}
     if case.admission_window:
         if "cache_aware_admission_window" not in inspect.signature(helpers.create_scheduler).parameters:
             pytest.skip("this release's scheduler has no cache-aware admission")
         extra = dict(cache_aware_admission_window=case.admission_window, cache_aware_admission_threshold=0.3)
+    if hybrid:
+        hc_vllm.install()
     make_config = helpers.KVCacheConfig
     helpers.KVCacheConfig = _layout(case, make_config)
     try:
