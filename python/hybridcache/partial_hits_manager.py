@@ -103,6 +103,8 @@ class PartialHitsManager(SchedulerRecordedStats, DeferredFrees, BlockCopies, KVC
 
     # The release's row (a subclass names it): its version, profile and flags.
     _release: Release
+    # Its core profile (`block_copies` builds vLLM's classes where it is loaded).
+    _profile: str
 
     # The row's flags for methods a release's class has or lacks.
     _FLAGGED_METHODS = (("cached_tokens_probe", "get_num_cached_tokens"),

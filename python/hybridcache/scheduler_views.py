@@ -43,7 +43,7 @@ class EvictFirstBlockPoolView(SchedulerBlockPoolView):
     """`SchedulerBlockPoolView` of a release whose pool's `free_blocks`
     takes `evict_first` (0.34.0; the row's `evict_first`)."""
 
-    def free_blocks(self, ordered_blocks: Any, evict_first: bool = False) -> None:  # type: ignore[override]
+    def free_blocks(self, ordered_blocks: Any, evict_first: bool = False) -> None:
         """`free_blocks(blocks, evict_first=False)`: drops the references of
         blocks `pop_blocks_for_free` handed out, in eviction order: those
         freed without a hash (or with caching off) are reused first, cached

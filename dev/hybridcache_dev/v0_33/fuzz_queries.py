@@ -21,7 +21,7 @@ class Queries033:
     def op_common_prefix(self: Any, c: Any) -> None:
         q = self.pick(c, "running")
         rid = q.req.request_id if q is not None else "nobody"
-        if not releases.find(self.api.name).common_prefix_blocks:
+        if not releases.require(self.api.name, "the fuzz").common_prefix_blocks:
             # Gone (0.34.0): gone from the candidate too.
             assert not hasattr(self.ref, "get_num_common_prefix_blocks")
             if hasattr(self.hc, "get_num_common_prefix_blocks"):
@@ -41,7 +41,7 @@ class Queries033:
             self.both(f"get_block_ids_for_computed_tokens({r.request_id}, {n})",
                       lambda m: m.get_block_ids_for_computed_tokens(request_id=r.request_id, num_computed_tokens=n),
                       lambda x: tuple(map(tuple, x)))
-        if releases.find(self.api.name).cached_tokens_probe:
+        if releases.require(self.api.name, "the fuzz").cached_tokens_probe:
             # Cache-aware admission's probe, of a waiting or a running request.
             q = self.pick(c, c.choice(("waiting", "running")))
             if q is not None:
