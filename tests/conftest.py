@@ -118,6 +118,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.stash[_LEFT] = Counter()
     config.stash[_IGNORED] = set()
+    # With vLLM installed, the triton-cpu plugin (tests/vllm_cpu_triton.py):
+    # it wraps the CPU platform's config check only where that check refuses
+    # a VllmConfig for lack of Triton, so tests building one run on CPU.
+    if installed_vllm_release() is not None and not config.pluginmanager.has_plugin("vllm_cpu_triton"):
+        config.pluginmanager.import_plugin("vllm_cpu_triton")
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.vllm("0.23.0", "0.33.0")
+pytestmark = pytest.mark.vllm("0.23.0", "0.33.0", "0.34.0")
 
 vllm = pytest.importorskip("vllm")
 

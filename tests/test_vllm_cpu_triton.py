@@ -64,9 +64,12 @@ def test_the_shim_acts_only_where_the_cpu_platform_refuses_without_triton() -> N
     import vllm.triton_utils
 
     platform = cpu.CpuPlatform
-    original = platform.__dict__["check_and_update_config"]
     if vllm.triton_utils.HAS_TRITON:
         pytest.skip("Triton is usable here: vLLM's own check passes")
+    # The suite's conftest may have wrapped it already: vLLM's own first.
+    was_installed = platform.__dict__["check_and_update_config"] is not _unwrapped(platform)
+    shim.uninstall()
+    original = platform.__dict__["check_and_update_config"]
     # vLLM's own behaviour on a config that stops the call at its first read
     # after model_config: vLLM 0.34.0 refuses before that read, 0.33.0 warns
     # and reads on with the real (false) flag.
@@ -97,6 +100,14 @@ def test_the_shim_acts_only_where_the_cpu_platform_refuses_without_triton() -> N
     finally:
         shim.uninstall()
         assert platform.__dict__["check_and_update_config"] is original
+        if was_installed:
+            shim.install()
+
+
+def _unwrapped(platform: type) -> object:
+    """The platform's own check, under the shim's wrapper if there is one."""
+    raw = platform.__dict__["check_and_update_config"]
+    return getattr(raw.__func__, "_original", raw)
 
 
 class _Refuses:

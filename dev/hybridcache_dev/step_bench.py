@@ -288,8 +288,17 @@ def simulate_model(so: Any, sched: Any, rng: random.Random) -> Any:
         drafts = so.scheduled_spec_decode_tokens.get(rid, [])
         accepted = rng.randint(0, len(drafts)) if drafts else 0
         sampled.append([rng.randrange(1, 900) for _ in range(accepted + 1)])
-    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                             sampled_token_ids=sampled)
+    return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, **_index_of(ModelRunnerOutput, req_ids))
+
+
+def _index_of(output_cls: Any, req_ids: list[str]) -> dict[str, Any]:
+    """`req_id_to_index` where the release's `ModelRunnerOutput` has it
+    (gone in 0.34.0: the scheduler indexes `req_ids`)."""
+    import inspect
+
+    if "req_id_to_index" not in inspect.signature(output_cls).parameters:
+        return {}
+    return {"req_id_to_index": {r: i for i, r in enumerate(req_ids)}}
 
 
 def propose_drafts(cfg: StepConfig, so: Any, sched: Any, rng: random.Random) -> Any:
@@ -310,7 +319,7 @@ def norm_output(so: Any) -> tuple[Any, ...]:
         list(c.num_computed_tokens),
         list(so.num_scheduled_tokens.items()),
         sorted((k, list(v)) for k, v in so.scheduled_spec_decode_tokens.items()),
-        list(so.num_common_prefix_blocks),
+        list(getattr(so, "num_common_prefix_blocks", ())),  # gone in 0.34.0
         sorted(so.preempted_req_ids),
         sorted(so.finished_req_ids),
         so.new_block_ids_to_zero,
@@ -402,8 +411,8 @@ class Lockstep:
         drafts = propose_drafts(self.cfg, outs[ref_v], ref, self.rng) if self.cfg.num_spec else None
         engine: dict[str, Any] = {}
         for v in order:
-            mro = ModelRunnerOutput(req_ids=list(model.req_ids), req_id_to_index=dict(model.req_id_to_index),
-                                    sampled_token_ids=[list(t) for t in model.sampled_token_ids])
+            mro = ModelRunnerOutput(req_ids=list(model.req_ids), sampled_token_ids=[list(t) for t in model.sampled_token_ids],
+                                    **_index_of(ModelRunnerOutput, list(model.req_ids)))
             sched = self.scheds[v]
             t0 = clock()
             engine[v] = sched.update_from_output(outs[v], mro)

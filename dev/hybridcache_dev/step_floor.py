@@ -21,7 +21,9 @@ ANSWERING = ("allocate_slots", "get_computed_blocks", "get_blocks", "get_block_i
              # with partial-block hits
              "get_computed_blocks_for_connector", "truncate_computed_blocks", "pop_blocks_for_free",
              "take_kv_cache_block_copies", "take_boundary_state_offloads", "estimate_cached_tokens",
-             "get_block_ids_for_computed_tokens", "finalize_partial_tail_offloads")
+             "get_block_ids_for_computed_tokens", "finalize_partial_tail_offloads",
+             # vLLM 0.34.0
+             "get_num_cached_tokens")
 SILENT = ("free", "cache_blocks", "new_step_starts", "remove_skipped_blocks",
           "record_prefix_cache_stats", "record_blocks_for_zeroing")
 

@@ -236,12 +236,23 @@ class NativeManager:
         `start_token` on are recorded for zeroing again, in the groups that
         record new block ids (ValueError if `start_token` is not a multiple
         of their block size)."""
-    def _free_handed_out(self, blocks: Iterable[Any]) -> None:
+    def _free_handed_out(self, blocks: Iterable[Any], evict_first: bool = False) -> None:
         """vLLM's `block_pool.free_blocks(blocks)` for blocks
         `_pop_blocks_for_free` handed out (objects with `block_id`, or ids),
         in eviction order: unhashed ones (all with caching off) are reused
-        first, cached ones last. ValueError, nothing freed, for a block not
-        handed out (as often)."""
+        first, cached ones last (first too with 0.34.0's `evict_first`).
+        ValueError, nothing freed, for a block not handed out (as often)."""
+    def _set_read_gate(self, attribute: str) -> None:
+        """The request attribute lookups read: "skip_reading_prefix_cache"
+        (the default) or "prefix_cache_hit_limit" (0.34.0: 0 skips, N bounds
+        a hit to min(num_tokens - 1, N, the caller's bound))."""
+    @property
+    def _read_gate(self) -> str:
+        """The request attribute lookups read."""
+    def _num_cached_tokens(self, request: _Request) -> int:
+        """vLLM 0.34.0's `get_num_cached_tokens`: the prefix-cache hit of the
+        request's hashes bounded by `num_tokens - 1`, changing nothing; 0
+        where the lookup is off for it."""
     def _take_stats(self, take: bool = True) -> tuple[bool, int, int, int, int, int, int]:
         """Prefix-cache lookup counters since the last take (reset unless `take` is False):
         (reset, requests, queries, hits, preempted_requests, preempted_queries, preempted_hits)."""
@@ -604,9 +615,11 @@ class KVCacheBlocks:
     """Block ids per KV-cache group (vLLM's `KVCacheBlocks`); `blocks` builds
     block views on demand."""
 
-    def __new__(cls, block_ids: Iterable[Iterable[int]], native: NativeManager | None = None) -> KVCacheBlocks:
+    def __new__(cls, block_ids: Iterable[Iterable[int]] | None = None, native: NativeManager | None = None, *,
+                blocks: Iterable[Iterable[Any]] | None = None) -> KVCacheBlocks:
         """Block ids per group; `native`: the manager they belong to (needed
-        for `blocks` and the unhashed queries)."""
+        for `blocks` and the unhashed queries). Or, as vLLM's dataclass is
+        built, `blocks=`: blocks per group (objects with `block_id`, or ids)."""
     @overload
     def get_block_ids(self, allow_none: Literal[False] = False, group_ids: Sequence[int] | None = None) -> tuple[list[int], ...]: ...
     @overload

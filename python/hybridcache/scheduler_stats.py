@@ -8,6 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 
+# Whether a request skips the prefix-cache lookup, by the attribute's value
+# (the row's `read_gate`; the native lookup reads the same).
+_SKIPS = {
+    "skip_reading_prefix_cache": bool,
+    "prefix_cache_hit_limit": lambda limit: limit == 0,
+}
+
+
 class SchedulerRecordedStats:
     """Mixin for a release's facade (over `KVCacheManagerBase`, whose
     `_stats_cls` is the stats class); `_live_stats` holds the live object
@@ -18,9 +26,12 @@ class SchedulerRecordedStats:
     _live_stats: Any
 
     def prefix_cache_lookup_enabled(self, request: Any) -> bool:
-        """Whether a local prefix-cache lookup may run for `request`."""
+        """Whether a local prefix-cache lookup may run for `request`: with
+        caching on, unless the request attribute the release's row names
+        (`read_gate`) skips it."""
         manager: Any = self
-        return manager.enable_caching and not request.skip_reading_prefix_cache
+        gate = manager._release.read_gate
+        return manager.enable_caching and not _SKIPS[gate](getattr(request, gate))
 
     def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
         """Counts one admission's lookup (the scheduler's call), unless

@@ -10,8 +10,12 @@ exists in 0.34.0's files. Measured here against vLLM 0.34.0's own manager
 (`run_vllm_peer_tests.py --against-vllm`, CPU, offline, this file's
 HF_MODELS, the triton-cpu plugin): 833 of 902 pass (832 of the ten files'
 901); the 69 others are OFFLINE below. The swap builds the release's facade
-(hybridcache.releases); the INTERNALS / BAD_INPUT / UNSUPPORTED_FEATURES rows
-are 0.33.0's and apply to a facade that keeps 0.33.0's behaviour for them.
+(hybridcache.releases: `VllmKVCacheManager034`); the INTERNALS / BAD_INPUT /
+UNSUPPORTED_FEATURES rows are 0.33.0's, which the facade keeps, plus one new
+GC-internal case. Against hybridcache (2026-12-06): 741 of 902 pass, 0
+divergences; of the 161 others: 69 OFFLINE, 72 HiSparse (UNSUPPORTED_FEATURES),
+9 reach internals (8 as for 0.33.0, `test_reset_prefix_cache`), 4 CACHE_POP,
+1 kv_event_queue, 6 BAD_INPUT.
 """
 
 # As for 0.33.0: no device is inferred on a machine without a GPU. Building a
@@ -94,6 +98,14 @@ INTERNALS: dict[str, tuple[str, tuple[str, ...]]] = {
     "test_prefill_hybrid_model_eagle": CACHE_POP,
     "test_eagle_with_sliding_window": CACHE_POP,
     "test_different_block_size": CACHE_POP,
+    # New in 0.34.0: after the reset, `gc.is_tracked(cached_block_hash_to_block._cache)`
+    # is false. `_cache` is vLLM's Python dict of the prefix map; hybridcache's
+    # map lives in the native core (no Python object for the cyclic GC to
+    # track) and its view offers no `_cache` to ask about.
+    "test_reset_prefix_cache": (
+        "reads vLLM's GC internal cached_block_hash_to_block._cache (the map is native here)",
+        ("cached_block_hash_to_block",),
+    ),
     "test_block_stored_event_group_idx_out_of_bounds": (
         "appends to block_pool.kv_event_queue (a read-only view here), patches vllm kv_cache_manager.logger",
         ("kv_event_queue",),
@@ -137,7 +149,7 @@ NOT_IMPLEMENTED: tuple[str, ...] = ()
 # enable_mamba_shared_prefix_checkpoint (covered); one case calls Mamba's
 # private `_cache_partial_tail_block` (an internal, by the mark below).
 UNSUPPORTED_FEATURES: tuple[str, ...] = (
-    "hybridcache's vLLM 0.33.0 support needs at least one KV cache group",
-    "not supported by hybridcache's vLLM 0.33.0 facade yet",
+    "hybridcache's vLLM 0.33+ support needs at least one KV cache group",
+    "not supported by hybridcache's vLLM 0.33+ facade yet",
 )
 INTERNAL_MARK = "internal that hybridcache does not provide"

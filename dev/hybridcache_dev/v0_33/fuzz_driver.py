@@ -326,7 +326,7 @@ class SchedulerDriver(SchedulerQueries, SchedulerFrees, Driver):
         if did_lookup:
             hit_ref, hit_hc, n, diverged = self.lookup(c, r, self.connector and c.chance(0.15))
             rest = r.num_tokens - n
-            if self.connector and rest > 1 and c.chance(0.2) and not r.skip_reading_prefix_cache:
+            if self.connector and rest > 1 and c.chance(0.2) and not _skips_external(r):
                 ext = c.randint(1, min(12, rest - 1))
                 if self.s.align and not self.allow_known_bugs and not self._roomy(r.num_tokens + 4):
                     # vLLM 0.33.0 still under-counts Mamba align blocks for
@@ -589,3 +589,11 @@ class SchedulerDriver(SchedulerQueries, SchedulerFrees, Driver):
 
 
 __all__ = ["Deferred", "SchedulerDriver", "ReferenceError_"]
+
+
+def _skips_external(r: Any) -> bool:
+    """Whether the scheduler reads no external (connector) hit for `r`:
+    0.34.0's `skip_reading_external_kv` (any bounded request), else
+    `skip_reading_prefix_cache`."""
+    external = getattr(r, "skip_reading_external_kv", None)
+    return bool(r.skip_reading_prefix_cache if external is None else external)

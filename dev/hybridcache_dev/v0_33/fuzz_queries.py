@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hybridcache import releases
 from hybridcache.tools.compare import norm_blocks
+from hybridcache_dev.fuzz_setup import Divergence
 from hybridcache_dev.release_api import norm_block_list
 
 
@@ -19,6 +21,12 @@ class SchedulerQueries:
     def op_common_prefix(self: Any, c: Any) -> None:
         q = self.pick(c, "running")
         rid = q.req.request_id if q is not None else "nobody"
+        if not releases.require(self.api.name, "the fuzz").common_prefix_blocks:
+            # Gone (0.34.0): gone from the candidate too.
+            assert not hasattr(self.ref, "get_num_common_prefix_blocks")
+            if hasattr(self.hc, "get_num_common_prefix_blocks"):
+                raise Divergence("the candidate has get_num_common_prefix_blocks, which this release removed")
+            return
         self.both(f"get_num_common_prefix_blocks({rid})", lambda m: list(m.get_num_common_prefix_blocks(rid)))
 
     def op_queries(self: Any, c: Any) -> None:
@@ -33,6 +41,12 @@ class SchedulerQueries:
             self.both(f"get_block_ids_for_computed_tokens({r.request_id}, {n})",
                       lambda m: m.get_block_ids_for_computed_tokens(request_id=r.request_id, num_computed_tokens=n),
                       lambda x: tuple(map(tuple, x)))
+        if releases.require(self.api.name, "the fuzz").cached_tokens_probe:
+            # Cache-aware admission's probe, of a waiting or a running request.
+            q = self.pick(c, c.choice(("waiting", "running")))
+            if q is not None:
+                p: Any = q.req
+                self.both(f"get_num_cached_tokens({p.request_id})", lambda m: m.get_num_cached_tokens(p))
 
     def op_per_group_hits(self: Any, c: Any) -> None:
         """The offloading connector's bound (`_max_loadable_tokens`): each

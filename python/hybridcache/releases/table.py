@@ -50,6 +50,22 @@ class Release:
         per_request_decode: whether the release's scheduler allocates a
             decode one request at a time as hybridcache's batched decode API
             replaces (`hybridcache bench` times that API against it).
+        read_gate: the request attribute a lookup reads to decide whether
+            to read the prefix cache and how far a hit may reach:
+            "skip_reading_prefix_cache" (a bool; until 0.33.0) or
+            "prefix_cache_hit_limit" (0: no lookup, N: a hit reaches at most
+            `min(num_tokens - 1, N, the caller's bound)`, None: unbounded).
+            The facade passes it to the native lookup at construction.
+        zeroing_from_config: whether the facade takes the zeroing decision
+            (new block ids recorded for the worker) from the config's
+            `needs_kv_cache_zeroing` field, which the engine ORs over every
+            worker, rather than from the layout (Mamba or mixed precision).
+        evict_first: whether the pool view's `free_blocks` takes
+            `evict_first` (cached blocks to the front of the free queue).
+        cached_tokens_probe: whether the manager has `get_num_cached_tokens`
+            (the side-effect-free prefix-cache probe).
+        common_prefix_blocks: whether the manager has
+            `get_num_common_prefix_blocks`.
         layouts: the benchmark layouts (`hybridcache bench`'s configs, `bench
             --step`'s layouts, `replay`'s default trace: "full") this
             release's facade covers; None: every layout.
@@ -65,6 +81,11 @@ class Release:
     hash_lookahead: bool = False
     event_extras: bool = False
     per_request_decode: bool = False
+    read_gate: str = "skip_reading_prefix_cache"
+    zeroing_from_config: bool = False
+    evict_first: bool = False
+    cached_tokens_probe: bool = False
+    common_prefix_blocks: bool = False
     layouts: tuple[str, ...] | None = None
 
     @property
@@ -111,9 +132,12 @@ def oracle_venv_of(version: str) -> str:
 
 RELEASES: tuple[Release, ...] = (
     Release("0.23.0", "v0_23", "VllmKVCacheManager", profile="whole-block-hits", tools_oracle=True, native_hasher=True,
-            native_token_append=True, per_request_decode=True),
+            native_token_append=True, per_request_decode=True, common_prefix_blocks=True),
     Release("0.33.0", "v0_33", "VllmKVCacheManager033", profile="partial-block-hits", tools_oracle=True, native_hasher=True,
-            native_token_append=True, hash_lookahead=True, event_extras=True),
+            native_token_append=True, hash_lookahead=True, event_extras=True, common_prefix_blocks=True),
+    Release("0.34.0", "v0_34", "VllmKVCacheManager034", profile="partial-block-hits", tools_oracle=True, native_hasher=True,
+            native_token_append=True, hash_lookahead=True, event_extras=True, read_gate="prefix_cache_hit_limit",
+            zeroing_from_config=True, evict_first=True, cached_tokens_probe=True),
 )
 
 # The releases' versions, oldest first (.ci/run makes one oracle venv each).

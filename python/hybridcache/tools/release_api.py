@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -137,7 +138,16 @@ class BoundaryLookupApi(ReleaseApi):
         r = Request(request_id, list(tokens), SamplingParams(max_tokens=max_model_len), None,
                     lora_request=LoRARequest("lora-a", 1, "/adapters/a") if lora else None,
                     cache_salt=cache_salt, block_hasher=hasher, session_id=session_id)
-        r.skip_reading_prefix_cache = skip_reading_prefix_cache
+        row = releases.find(self.name)
+        if row is None or row.read_gate == "skip_reading_prefix_cache":
+            r.skip_reading_prefix_cache = skip_reading_prefix_cache
+        else:
+            # The hit-limit gate: 0 skips; else a tenth of the requests bound
+            # their hits (drawn from the request, so both sides of a
+            # comparison get the same bound).
+            draw = random.Random(f"{request_id}/{len(tokens)}")
+            r.prefix_cache_hit_limit = (0 if skip_reading_prefix_cache else
+                                        draw.randint(0, len(tokens)) if draw.random() < 0.1 else None)
         return r
 
     def tool_request(self, request_id: str, tokens: Sequence[int], hash_block_size: int, max_model_len: int,

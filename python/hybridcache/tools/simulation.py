@@ -392,7 +392,8 @@ class ReplaySimulation(SchedulerSim):
 
     def _observe_schedule(self) -> None:
         """What vLLM's schedule() reads at the end of a step."""
-        if self.running:
+        row = releases.find(self.api.name)
+        if self.running and (row is None or row.common_prefix_blocks):
             rid = self.running[0].rid
             self.fan.call(
                 f"get_num_common_prefix_blocks({rid})",

@@ -53,7 +53,9 @@ class ReplayRequest:
                  "block_hashes", "_all_hashes", "all_token_ids", "prompt_token_ids", "lora_request",
                  "cache_salt", "skip_reading_prefix_cache", "mm_features", "prompt_embeds", "spec_token_ids",
                  # read by the partial-block-hits manager (no async steps, watermark 0, one lookup boundary)
-                 "num_in_flight_tokens", "shared_prefix_boundary", "status", "session_id")
+                 "num_in_flight_tokens", "shared_prefix_boundary", "status", "session_id",
+                 # the hit-limit read gate's bound (None: unbounded)
+                 "prefix_cache_hit_limit")
 
     def __init__(self, rid: str, num_prompt_tokens: int, token_ids: list[int], hashes: list[bytes]):
         self.request_id = rid
@@ -75,6 +77,13 @@ class ReplayRequest:
         self.shared_prefix_boundary = 0
         self.status = None
         self.session_id = None
+        self.prefix_cache_hit_limit = None
+
+    def get_max_cache_hit_length(self, bound: int | None = None) -> int:
+        """vLLM 0.34.0's `Request.get_max_cache_hit_length`: the least of
+        `num_tokens - 1`, the hit limit and `bound`."""
+        limits = (self.num_tokens - 1, self.prefix_cache_hit_limit, bound)
+        return min(limit for limit in limits if limit is not None)
 
 
 class BenchDivergence(AssertionError):

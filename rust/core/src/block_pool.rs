@@ -315,6 +315,17 @@ impl BlockPool {
     /// reused first, and cached ones the back (LRU). Null entries are
     /// skipped.
     pub fn free_blocks_split(&mut self, blocks: impl IntoIterator<Item = BlockId>) {
+        self.free_blocks_evicting(blocks, false);
+    }
+
+    /// `free_blocks_split`, or with `evict_first` (vLLM 0.34.0's
+    /// `free_blocks(..., evict_first=True)`, for blocks another tier holds)
+    /// cached blocks reaching zero join the front too, in that order.
+    pub fn free_blocks_evicting(
+        &mut self,
+        blocks: impl IntoIterator<Item = BlockId>,
+        evict_first: bool,
+    ) {
         let mut first: SmallVec<[BlockId; 16]> = SmallVec::new();
         let mut last: SmallVec<[BlockId; 16]> = SmallVec::new();
         for b in blocks {
@@ -324,7 +335,7 @@ impl BlockPool {
             let m = &mut self.meta[b as usize];
             m.ref_cnt -= 1;
             if m.ref_cnt == 0 {
-                if m.entry == NO_ENTRY || !self.enable_caching {
+                if m.entry == NO_ENTRY || !self.enable_caching || evict_first {
                     first.push(b);
                 } else {
                     last.push(b);

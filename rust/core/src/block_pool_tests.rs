@@ -258,3 +258,31 @@ fn moved_keys_stay_live_and_reset_clears_them() {
     assert_eq!(p.block_keys(a[1]).count(), 0);
     p.check_invariants().unwrap();
 }
+
+#[test]
+fn evict_first_puts_cached_blocks_in_front() {
+    for evict_first in [false, true] {
+        let mut p = partial_pool(true);
+        let a = new_blocks(&mut p, 3);
+        // a[0] and a[1] cached, a[2] not.
+        p.cache_full_blocks(&a, 0, 2, 8, 0, |_| true, |i| Cow::Owned(vec![i as u8; 8]));
+        p.free_blocks_evicting(a.iter().rev().copied(), evict_first);
+        let queue: Vec<_> = p.free_queue().collect();
+        let front: Vec<_> = queue.iter().take(3).copied().collect();
+        if evict_first {
+            assert_eq!(
+                front,
+                vec![a[2], a[1], a[0]],
+                "all to the front, in the given order"
+            );
+        } else {
+            assert_eq!(front[0], a[2], "the unhashed block to the front");
+            assert_eq!(
+                &queue[queue.len() - 2..],
+                &[a[1], a[0]],
+                "cached ones to the back"
+            );
+        }
+        p.check_invariants().unwrap();
+    }
+}

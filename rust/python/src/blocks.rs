@@ -240,14 +240,34 @@ impl KVCacheBlocks {
 
 #[pymethods]
 impl KVCacheBlocks {
+    /// `KVCacheBlocks(block_ids, native=None)`: block ids per group; or,
+    /// as vLLM's dataclass is built, `KVCacheBlocks(blocks=...)`: blocks
+    /// per group (objects with `block_id`, or ids).
     #[new]
-    #[pyo3(signature = (block_ids, native=None))]
-    fn new(block_ids: &Bound<'_, PyAny>, native: Option<PyObject>) -> PyResult<Self> {
+    #[pyo3(signature = (block_ids=None, native=None, *, blocks=None))]
+    fn new(
+        block_ids: Option<&Bound<'_, PyAny>>,
+        native: Option<PyObject>,
+        blocks: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let (groups, objects) = match (block_ids, blocks) {
+            (Some(ids), None) => (ids, false),
+            (None, Some(blocks)) => (blocks, true),
+            _ => {
+                return Err(pyo3::exceptions::PyTypeError::new_err(
+                    "KVCacheBlocks() takes either block_ids or blocks=",
+                ))
+            }
+        };
+        let py = groups.py();
         let mut ids = SmallVec::new();
-        for g in block_ids.try_iter()? {
+        for g in groups.try_iter()? {
             let mut group = GroupIds::new();
             for b in g?.try_iter()? {
-                let b = b?;
+                let mut b = b?;
+                if objects && !b.is_instance_of::<pyo3::types::PyInt>() {
+                    b = b.getattr(pyo3::intern!(py, "block_id"))?;
+                }
                 // Out-of-range ids are kept: allocate_slots rejects them by name.
                 group.push(crate::convert::block_id_arg(&b)?);
             }

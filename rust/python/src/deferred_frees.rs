@@ -17,7 +17,11 @@ impl NativeManager {
 
     /// `block_pool.free_blocks(blocks)` for blocks `pop_blocks_for_free`
     /// handed out: block objects (with `block_id`) or ids, in eviction order.
-    pub(crate) fn free_handed_out(&mut self, blocks: &Bound<'_, PyAny>) -> PyResult<()> {
+    pub(crate) fn free_handed_out(
+        &mut self,
+        blocks: &Bound<'_, PyAny>,
+        evict_first: bool,
+    ) -> PyResult<()> {
         let py = blocks.py();
         let mut ids = Vec::new();
         for b in blocks.try_iter()? {
@@ -28,7 +32,7 @@ impl NativeManager {
             };
             ids.push(self.block_id(count_obj("block_id", &id)? as i64)?);
         }
-        guard(|| self.inner.free_handed_out(&ids))
+        guard(|| self.inner.free_handed_out_evicting(&ids, evict_first))
     }
 }
 
@@ -66,8 +70,10 @@ impl NativeManager {
     /// 0.28+'s `block_pool.free_blocks(blocks)` for blocks
     /// `_pop_blocks_for_free` handed out (objects with `block_id`, or ids),
     /// in eviction order; ValueError (nothing freed) for any other block.
-    fn _free_handed_out(slf: &Bound<'_, Self>, blocks: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// `evict_first`: cached blocks join the front of the free queue too.
+    #[pyo3(signature = (blocks, evict_first=false))]
+    fn _free_handed_out(slf: &Bound<'_, Self>, blocks: &Bound<'_, PyAny>, evict_first: bool) -> PyResult<()> {
         let _in_call = crate::call_guard::enter(slf, "block_pool.free_blocks")?;
-        crate::call_guard::borrow_mut(slf)?.free_handed_out(blocks)
+        crate::call_guard::borrow_mut(slf)?.free_handed_out(blocks, evict_first)
     }
 }

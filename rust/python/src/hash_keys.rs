@@ -243,10 +243,25 @@ pub(crate) fn read_tokens(
             }
         }
     } else {
+        // Another sequence (vLLM 0.34.0's `array('i')`-based TokenBuffer,
+        // whose slices are lists): one slice, not an item call per token.
         let end = end.min(seq.len()?);
-        for i in start..end {
-            if !push(seq.get_item(i)?, out) {
-                return Ok(false);
+        if start >= end {
+            return Ok(true);
+        }
+        let slice = pyo3::types::PySlice::new(seq.py(), start as isize, end as isize, 1);
+        let part = seq.get_item(slice)?;
+        if let Ok(list) = part.downcast::<PyList>() {
+            for item in list.iter() {
+                if !push(item, out) {
+                    return Ok(false);
+                }
+            }
+        } else {
+            for i in start..end {
+                if !push(seq.get_item(i)?, out) {
+                    return Ok(false);
+                }
             }
         }
     }

@@ -218,10 +218,22 @@ impl BlockHasher {
                 let n = t.len();
                 (t.into_any(), n)
             }
-            None => (
-                request.getattr(intern!(py, "all_token_ids"))?,
-                request.getattr(intern!(py, "num_tokens"))?.extract()?,
-            ),
+            // A token container that is not a list (0.34.0's TokenBuffer):
+            // itself, sliced once per block (`read_tokens`).
+            None => match request
+                .getattr(intern!(py, "_all_token_ids"))
+                .ok()
+                .filter(|t| t.hasattr(intern!(py, "tolist")).unwrap_or(false))
+            {
+                Some(t) => {
+                    let n = t.len()?;
+                    (t, n)
+                }
+                None => (
+                    request.getattr(intern!(py, "all_token_ids"))?,
+                    request.getattr(intern!(py, "num_tokens"))?.extract()?,
+                ),
+            },
         };
         if !self.has_new_block(have, num_tokens) {
             return Ok(out);

@@ -36,6 +36,8 @@ mod py_args;
 #[cfg(feature = "raw-ffi")]
 mod raw_ffi;
 mod raw_methods;
+mod read_gate;
+mod read_gate_methods;
 mod rebuild;
 mod request_calls;
 mod step_waits;

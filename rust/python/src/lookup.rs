@@ -40,15 +40,14 @@ pub(crate) fn lookup<'py>(
         None => None,
     };
     let empty = || -> PyResult<PyObject> { Ok(borrow(slf)?.py_side()?.empty.clone_ref(py)) };
-    let reads = borrow(slf)?.inner.reads_prefix_cache(|| {
-        req_attr(request, intern!(py, "skip_reading_prefix_cache"))?.is_truthy()
-    })?;
-    if !reads {
+    let gate = borrow(slf)?.read_gate;
+    let Some(limit) = gate.read(&borrow(slf)?.inner, request)? else {
         return Ok((empty()?, 0, 0, connector.then_some(false)));
-    }
+    };
     let rid_obj = request_id(request)?;
     let rid = rid_obj.to_str()?;
     let num_tokens = crate::convert::request_num_tokens(request)?;
+    let max_hit = gate.bound(num_tokens, limit, max_hit);
     let (hit, boundary) = {
         let mut this = borrow_mut(slf)?;
         // A second live request with a held id, or a held one renamed:

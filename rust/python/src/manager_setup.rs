@@ -52,6 +52,7 @@ impl NativeManager {
             ids: IdCache::default(),
             watermark: Default::default(),
             step_waits: Default::default(),
+            read_gate: Default::default(),
         })
     }
 

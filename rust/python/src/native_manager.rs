@@ -49,4 +49,6 @@ pub(crate) struct NativeManager {
     pub(crate) ids: IdCache,
     pub(crate) watermark: Watermark,
     pub(crate) step_waits: crate::step_waits::StepWaits,
+    // Which request attribute gates and bounds lookups (the release's).
+    pub(crate) read_gate: crate::read_gate::ReadGate,
 }

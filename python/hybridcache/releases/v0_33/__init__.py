@@ -1,4 +1,3 @@
-"""vLLM 0.33.0: its facade (`manager.KVCacheManager033`), its views
-(`views`: the block pool with deferred frees, the coordinator classes its
-tests name, per-group managers), its layout checks (`layout`) and its
-scheduler binding (`scheduler.VllmKVCacheManager033`)."""
+"""vLLM 0.33.0: its facade (`manager.KVCacheManager033`, the shared
+partial-hits manager with 0.33.0's row and `get_num_common_prefix_blocks`)
+and its scheduler binding (`scheduler.VllmKVCacheManager033`)."""

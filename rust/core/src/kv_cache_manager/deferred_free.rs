@@ -45,6 +45,16 @@ impl KvCacheManager {
     /// by `pop_blocks_for_free`, in eviction order. Refused as a whole
     /// (nothing changes) when a block was not handed out that many times.
     pub fn free_handed_out(&mut self, blocks: &[BlockId]) -> CoreResult<()> {
+        self.free_handed_out_evicting(blocks, false)
+    }
+
+    /// `free_handed_out`; with `evict_first` cached blocks reaching zero
+    /// join the front of the free queue too (`BlockPool::free_blocks_evicting`).
+    pub fn free_handed_out_evicting(
+        &mut self,
+        blocks: &[BlockId],
+        evict_first: bool,
+    ) -> CoreResult<()> {
         let mut wanted: HashMap<BlockId, u32> = HashMap::new();
         for &b in blocks {
             self.coord.pool.check_block_id(b)?;
@@ -65,7 +75,9 @@ impl KvCacheManager {
                 self.handed_out.held.insert(b, left);
             }
         }
-        self.coord.pool.free_blocks_split(blocks.iter().copied());
+        self.coord
+            .pool
+            .free_blocks_evicting(blocks.iter().copied(), evict_first);
         Ok(())
     }
 

@@ -355,6 +355,20 @@ impl KvCacheManager {
         Ok(self.coord.find_longest_cache_hit(hashes, max_hit))
     }
 
+    /// How many of a request's tokens the prefix cache holds, for a caller
+    /// that has not decided to admit it (vLLM 0.34.0's
+    /// `get_num_cached_tokens`): the hit search over the request's `hashes`,
+    /// bounded by `num_tokens - 1`. Changes nothing: no reference, touch,
+    /// event or stat, and the request is not registered.
+    pub fn probe_cache_hit(&self, hashes: &HashList, num_tokens: usize) -> usize {
+        if num_tokens == 0 {
+            return 0;
+        }
+        self.coord
+            .find_longest_cache_hit(hashes, num_tokens - 1)
+            .len
+    }
+
     /// Every spec group's own hit over `hashes` (at most `max_hit` tokens),
     /// not reconciled: see `Coordinator::find_longest_cache_hit_per_group`.
     pub fn find_cache_hit_per_group(

@@ -1,15 +1,16 @@
 //! vLLM's `Request.append_output_token_ids` as a raw method descriptor.
 //!
 //! vLLM's scheduler appends each sampled token with
-//! `request.append_output_token_ids(token)`, which appends it to two lists
-//! and calls `update_block_hashes()`, which calls the request's block
+//! `request.append_output_token_ids(token)`, which appends it to two token
+//! containers (lists; `array('i')`-based `TokenBuffer`s since vLLM 0.34.0,
+//! appended by their own C `append`) and calls `update_block_hashes()`, which calls the request's block
 //! hasher: two Python frames and a builtin call per token, for every running
 //! request every step, where most calls find no new full block. With native
 //! hashing installed, this descriptor does the same work in one call: the two
 //! appends, then (for a request whose hasher is hybridcache's) the hasher's
 //! own no-new-block test, hashing only when a block fills.
 //!
-//! It follows the body both supported releases share. Every other case runs
+//! It follows the body every supported release shares. Every other case runs
 //! vLLM's own code: other spellings and non-int tokens its
 //! `append_output_token_ids`, other hashers its `update_block_hashes` rule,
 //! and subclasses their own methods. The class's `update_block_hashes` is
@@ -152,12 +153,19 @@ unsafe fn append_token(
         ) else {
             return Ok(false);
         };
-        if ffi::PyList_CheckExact(output.as_ptr()) == 0 || ffi::PyList_CheckExact(all.as_ptr()) == 0
-        {
-            return Ok(false);
+        // Exact lists (until vLLM 0.33.0) are appended to directly; other
+        // containers (0.34.0's `TokenBuffer`, an `array('i')`) by their own
+        // `append`, as vLLM's method does: C calls, no Python frame.
+        let lists = ffi::PyList_CheckExact(output.as_ptr()) != 0
+            && ffi::PyList_CheckExact(all.as_ptr()) != 0;
+        if lists {
+            list_append(py, &output, token)?;
+            list_append(py, &all, token)?;
+        } else {
+            let token = Borrowed::from_ptr(py, token);
+            output.call_method1(intern!(py, "append"), (token,))?;
+            all.call_method1(intern!(py, "append"), (token,))?;
         }
-        list_append(py, &output, token)?;
-        list_append(py, &all, token)?;
         // vLLM's update_block_hashes, for hybridcache's hasher.
         let hasher = fields.get(intern!(py, "_block_hasher"))?;
         if hasher.is_none() {
@@ -186,7 +194,11 @@ unsafe fn append_token(
         let h = Borrowed::from_ptr(py, h);
         let h = h.downcast_unchecked::<BlockHasher>().get();
         let have = usize::try_from(ffi::PyList_Size(hashes.as_ptr())).unwrap_or(0);
-        let num_tokens = usize::try_from(ffi::PyList_Size(all.as_ptr())).unwrap_or(0);
+        let num_tokens = if lists {
+            usize::try_from(ffi::PyList_Size(all.as_ptr())).unwrap_or(0)
+        } else {
+            all.len()?
+        };
         if !h.has_new_block(have, num_tokens) {
             return Ok(true);
         }

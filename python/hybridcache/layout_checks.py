@@ -1,8 +1,10 @@
-"""Which KV-cache layouts hybridcache's vLLM 0.33.0 facade covers, in
-0.33.0's terms: each group's spec by the 0.33.0 manager that runs it, the
-layouts refused by name (NotImplementedError), 0.33.0's retention-interval
-and context-parallel checks. `manager.KVCacheManager033` asks these at
-construction; the tools (`hybridcache replay`) ask the facade."""
+"""Which KV-cache layouts hybridcache's facade covers for the releases
+running the partial-block-hits profile (vLLM 0.33.0 on), in 0.33.0's terms
+(0.34.0 keeps them): each group's spec by the 0.33.0 manager that runs it,
+the layouts refused by name (NotImplementedError), the retention-interval
+and context-parallel checks, and the zeroing decision.
+`partial_hits_manager.PartialHitsManager` asks these at construction; the
+tools (`hybridcache replay`) ask the facade."""
 
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ def check_layout(kv_cache_config: Any, enable_caching: bool) -> list[str]:
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
     if not groups:
         raise NotImplementedError(
-            "hybridcache's vLLM 0.33.0 support needs at least one KV cache group (attention-free "
+            "hybridcache's vLLM 0.33+ support needs at least one KV cache group (attention-free "
             "models are not supported yet)"
         )
     kinds = []
@@ -61,7 +63,7 @@ def check_layout(kv_cache_config: Any, enable_caching: bool) -> list[str]:
         if kind is None:
             raise NotImplementedError(
                 f"kv_cache_groups[{i}]: {type(spec).__name__} is not supported by hybridcache's vLLM "
-                "0.33.0 facade yet (it covers full attention, R-SWA, circular buffers, sliding window, "
+                "0.33+ facade yet (it covers full attention, R-SWA, circular buffers, sliding window, "
                 "chunked local and cross-attention groups, and Mamba beside full attention, sliding "
                 "windows, chunked local attention and circular buffers)"
             )
@@ -79,12 +81,19 @@ def check_layout(kv_cache_config: Any, enable_caching: bool) -> list[str]:
     return kinds
 
 
-def needs_zeroing(kv_cache_config: Any, kinds: list[str]) -> bool:
-    """0.33.0's `KVCacheConfig.needs_kv_cache_zeroing`: Mamba layers, or
+def needs_zeroing(kv_cache_config: Any, kinds: list[str], from_config: bool = False) -> bool:
+    """Whether new blocks are recorded for the worker to zero. 0.33.0's
+    `KVCacheConfig.needs_kv_cache_zeroing` property: Mamba layers, or
     attention caches in more than one precision (a block reused across
-    groups would decode stale bytes); then new blocks are recorded for the
-    worker to zero."""
-    return "mamba" in kinds or bool(getattr(kv_cache_config, "has_mixed_precision_kv_cache", False))
+    groups would decode stale bytes). `from_config` (the row's
+    `zeroing_from_config`, 0.34.0): the config's `needs_kv_cache_zeroing`
+    field as it is, which the engine ORs over every worker's config (one
+    worker needing it makes all record); the rule where the config has no
+    such field."""
+    rule = "mamba" in kinds or bool(getattr(kv_cache_config, "has_mixed_precision_kv_cache", False))
+    if from_config:
+        return bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", rule))
+    return rule
 
 
 def _check_mamba_layout(kinds: list[str], enable_caching: bool, modes: list[str] | None = None) -> None:
@@ -101,7 +110,7 @@ def _check_mamba_layout(kinds: list[str], enable_caching: bool, modes: list[str]
     if others:
         raise NotImplementedError(
             f"Mamba groups beside {', '.join(others)} groups are not supported by hybridcache's vLLM "
-            "0.33.0 facade yet (it covers Mamba alone and beside full attention, sliding windows, "
+            "0.33+ facade yet (it covers Mamba alone and beside full attention, sliding windows, "
             "chunked local attention and circular buffers)"
         )
     if enable_caching and any(m != "align" for m in modes or ()):

@@ -1,4 +1,5 @@
-"""vLLM 0.33.0's own `Scheduler` and `AsyncScheduler`, built twice per
+"""The installed vLLM's own `Scheduler` and `AsyncScheduler` (0.33.0 and
+0.34.0: the releases running the partial-block-hits profile), built twice per
 configuration — stock, and after `hybridcache.vllm.install()` — and driven in
 lockstep by the same seeded workload and simulated model outputs (sampled
 tokens, accepted and rejected drafts whose count changes every step, stop
@@ -9,13 +10,20 @@ the engine-core outputs with their prefix-cache stats, and the manager's
 pool: free count, usage and free-queue order. hybridcache's side hashes
 request blocks with the native hasher `install()` gives vLLM's engine.
 
-The schedulers come from vLLM 0.33.0's own test helper (`create_scheduler`
-in its tests/v1/core/utils.py, fetched by `scripts/fetch_vllm_tests.sh
-0.33.0`), with its offline model config.
+Some requests skip the prefix cache or (0.34.0) bound their hits
+(`prefix_cache_hit_limit`), as the release's row names the request
+attribute (`read_gate`); where the release's scheduler has cache-aware
+admission (0.34.0), one case turns it on, so `get_num_cached_tokens`
+reorders admissions.
+
+The schedulers come from the installed release's own test helper
+(`create_scheduler` in its tests/v1/core/utils.py, fetched by
+`scripts/fetch_vllm_tests.sh VERSION`), with its offline model config.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 import sys
@@ -25,11 +33,19 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.vllm("0.33.0")
+pytestmark = pytest.mark.vllm("0.33.0", "0.34.0")
 
-ROOT = Path(__file__).resolve().parents[2]
-TESTS = ROOT / ".cache" / "vllm-tests" / "0.33.0"
+ROOT = Path(__file__).resolve().parents[1]
 HF_HOME = ROOT / ".cache" / "vllm-tests" / "hf-home"
+
+
+def _installed() -> Any:
+    """The installed release's row."""
+    from importlib import metadata
+
+    from hybridcache import releases
+
+    return releases.require(metadata.version("vllm"), "the scheduler lock-step")
 STOP = 999
 
 
@@ -55,6 +71,8 @@ class Case:
     window: int = 24
     # KVCacheConfig.prefix_cache_retention_interval (0: the serving default).
     retention: int | None = None
+    # Cache-aware admission's window (where the release's scheduler has it).
+    admission_window: int = 0
 
 
 CASES = [
@@ -69,7 +87,7 @@ CASES = [
     Case("full-swa-retention32-async-spec", layout="full_sw", retention=32, async_scheduling=True, num_spec=2,
          window=40, seed=8),
     Case("swa-retention0-async", layout="sw", retention=0, async_scheduling=True, seed=9),
-    Case("full-swa-storm", layout="full_sw", retention=0, num_blocks=40, window=17, seed=10),
+    Case("full-swa-storm", layout="full_sw", retention=0, num_blocks=34, window=17, seed=10),
     Case("full-chunked-async", layout="full_chunked", window=32, async_scheduling=True, seed=11),
     Case("full-mamba-none-spec", caching=False, layout="full_mamba", num_spec=2, seed=12),
     Case("full-mamba-align-async-spec", caching=False, layout="full_mamba", mamba_mode="align",
@@ -87,16 +105,28 @@ CASES = [
     Case("mamba-align-caching", layout="mamba", mamba_mode="align", seed=19),
     Case("full-chunked-mamba-caching-async", layout="full_chunked_mamba", mamba_mode="align", window=32,
          async_scheduling=True, seed=20),
+    # Cache-aware admission (0.34.0): past half usage the first waiting
+    # requests are reordered by the manager's get_num_cached_tokens.
+    Case("cache-aware-admission", num_blocks=40, admission_window=4, seed=21),
+    Case("cache-aware-admission-async", num_blocks=40, admission_window=3, async_scheduling=True, seed=22),
 ]
 
 
 @pytest.fixture(scope="module")
 def helpers() -> Any:
-    if not (TESTS / "tests" / "v1" / "core" / "utils.py").is_file():
-        pytest.skip(f"vLLM 0.33.0's tests not fetched ({TESTS}): run `bash scripts/fetch_vllm_tests.sh 0.33.0`")
+    version = _installed().version
+    tests = ROOT / ".cache" / "vllm-tests" / version
+    if not (tests / "tests" / "v1" / "core" / "utils.py").is_file():
+        pytest.skip(f"vLLM {version}'s tests not fetched ({tests}): run `bash scripts/fetch_vllm_tests.sh {version}`")
     if not HF_HOME.is_dir():
         pytest.skip(f"the offline model configs are missing ({HF_HOME}): run scripts/run_vllm_peer_tests.py once")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    platforms = sys.modules.get("vllm.platforms")
+    current = getattr(platforms, "_current_platform", None)
+    if current is not None and not current.is_cpu() and os.environ["VLLM_TARGET_DEVICE"] == "cpu":
+        # An earlier test resolved vLLM's platform without a device to find
+        # (no GPU, no target set): resolved again, now as the CPU's.
+        platforms._current_platform = None  # type: ignore[union-attr]
     os.environ["HF_HOME"] = str(HF_HOME)
     os.environ["HF_HUB_OFFLINE"] = "1"
     if "huggingface_hub" in sys.modules:
@@ -107,11 +137,11 @@ def helpers() -> Any:
         offline = {"HF_HOME": str(HF_HOME), "HF_HUB_CACHE": str(HF_HOME / "hub"), "HF_HUB_OFFLINE": True}
         for name, value in offline.items():
             setattr(constants, name, value)
-    sys.path.insert(0, str(TESTS))
+    sys.path.insert(0, str(tests))
     try:
         from tests.v1.core import utils
     finally:
-        sys.path.remove(str(TESTS))
+        sys.path.remove(str(tests))
     return utils
 
 
@@ -148,6 +178,11 @@ def _layout(case: Case, make_config: Any) -> Any:
 def _scheduler(helpers: Any, case: Case, hybrid: bool) -> Any:
     import hybridcache.vllm as hc_vllm
 
+    extra = {}
+    if case.admission_window:
+        if "cache_aware_admission_window" not in inspect.signature(helpers.create_scheduler).parameters:
+            pytest.skip("this release's scheduler has no cache-aware admission")
+        extra = dict(cache_aware_admission_window=case.admission_window, cache_aware_admission_threshold=0.3)
     if hybrid:
         hc_vllm.install()
     make_config = helpers.KVCacheConfig
@@ -163,6 +198,7 @@ def _scheduler(helpers: Any, case: Case, hybrid: bool) -> Any:
             num_speculative_tokens=case.num_spec,
             speculative_method=("ngram_gpu" if case.async_scheduling else "ngram") if case.num_spec else None,
             async_scheduling=case.async_scheduling,
+            **extra,
         )
         # The scheduler reads the cache mode from its CacheConfig (the
         # helper's has vLLM's default); align prefills end on block boundaries.
@@ -193,6 +229,10 @@ def _requests(case: Case, native: bool) -> dict[int, list[Any]]:
     factory = (hc_vllm.native_request_block_hasher(get_request_block_hasher, token_append=True) if native
                else get_request_block_hasher)
     rng = random.Random(case.seed)
+    # Requests that skip the prefix cache or bound their hits, drawn apart
+    # (the workload's draws stay the same): the request attribute the
+    # release's row names (`read_gate`).
+    gate, rng_gate = _installed().read_gate, random.Random(case.seed + 300)
     prefixes = [[rng.randrange(1, 900) for _ in range(n)] for n in (0, 16, 40, 64)]
     plan: dict[int, list[Any]] = {}
     n = 0
@@ -202,9 +242,14 @@ def _requests(case: Case, native: bool) -> dict[int, list[Any]]:
             prompt = prefix + [rng.randrange(1, 900) for _ in range(rng.randint(1, 90))]
             params = SamplingParams(max_tokens=rng.randint(2, 40), stop_token_ids=[STOP])
             params.update_from_generation_config({}, 50256)
-            plan.setdefault(step, []).append(Request(
+            request = Request(
                 request_id=f"r{n}", prompt_token_ids=prompt, sampling_params=params, pooling_params=None,
-                arrival_time=float(step), block_hasher=factory(16, sha256)))
+                arrival_time=float(step), block_hasher=factory(16, sha256))
+            if rng_gate.random() < 0.15:
+                skip = rng_gate.random() < 0.3
+                setattr(request, gate, skip if gate == "skip_reading_prefix_cache"
+                        else 0 if skip else rng_gate.randint(1, len(prompt)))
+            plan.setdefault(step, []).append(request)
             n += 1
     return plan
 
@@ -214,7 +259,8 @@ def _norm(so: Any) -> dict[str, Any]:
     return {
         "new": [(r.req_id, [list(g) for g in r.block_ids], r.num_computed_tokens) for r in so.scheduled_new_reqs],
         "cached": list(c.req_ids),
-        "resumed": sorted(c.resumed_req_ids),
+        # Gone in 0.34.0 (a resumed request is sent again in full).
+        "resumed": sorted(getattr(c, "resumed_req_ids", ())),
         "new_block_ids": [None if b is None else [list(g) for g in b] for b in c.new_block_ids],
         "computed": list(c.num_computed_tokens),
         "tokens": sorted(so.num_scheduled_tokens.items()),
@@ -261,8 +307,10 @@ def _model_output(so: Any, sched: Any, rng: random.Random) -> Any:
         drafts = so.scheduled_spec_decode_tokens.get(rid, [])
         accepted = rng.randint(0, len(drafts)) if drafts else 0
         sampled.append([STOP if rng.random() < 0.03 else rng.randrange(1, 900) for _ in range(accepted + 1)])
-    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                             sampled_token_ids=sampled)
+    # `req_id_to_index` is gone in 0.34.0 (the scheduler indexes req_ids).
+    index = ({"req_id_to_index": {r: i for i, r in enumerate(req_ids)}}
+             if "req_id_to_index" in inspect.signature(ModelRunnerOutput).parameters else {})
+    return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, **index)
 
 
 def _drafts(case: Case, so: Any, sched: Any, rng: random.Random) -> Any:
@@ -283,7 +331,7 @@ def run_lockstep(helpers: Any, case: Case) -> dict[str, int]:
     from vllm.v1.request import RequestStatus
 
     stock, hc = _scheduler(helpers, case, False), _scheduler(helpers, case, True)
-    assert type(hc.kv_cache_manager).__name__ == "VllmKVCacheManager033"
+    assert type(hc.kv_cache_manager).__name__ == _installed().facade
     # Within CPython's shared keys: the scheduler's lookups on it specialize
     # (tests/test_bound_allocate.py).
     assert len(vars(hc.kv_cache_manager)) < 30, sorted(vars(hc.kv_cache_manager))
@@ -294,6 +342,13 @@ def run_lockstep(helpers: Any, case: Case) -> dict[str, int]:
         for k in case.layout.split("_")]
     assert stock.kv_cache_manager.coordinator.retention_interval == case.retention
     assert type(stock.kv_cache_manager).__module__.startswith("vllm.")
+    probes = [[], []]
+    if case.admission_window:
+        # Both managers' probe answers, in order (cache-aware admission).
+        for side, s in zip(probes, (stock, hc)):
+            probe = s.kv_cache_manager.get_num_cached_tokens
+            s.kv_cache_manager.get_num_cached_tokens = (
+                lambda request, probe=probe, side=side: side.append((request.request_id, probe(request))) or side[-1][1])
     plans = _requests(case, native=False), _requests(case, native=True)
     rng_model, rng_events = random.Random(case.seed + 100), random.Random(case.seed + 200)
     seen = {"steps": 0, "tokens": 0, "hit_tokens": 0, "preempted": 0, "finished": 0, "drafts": 0,
@@ -321,6 +376,7 @@ def run_lockstep(helpers: Any, case: Case) -> dict[str, int]:
                 s.update_draft_token_ids(_drafts(case, so, s, random.Random(seed + 1)))
         assert results[0] == results[1], f"[{case.name}] step {step}: engine outputs differ"
         assert _pool(stock) == _pool(hc), f"[{case.name}] step {step}: pools differ"
+        assert probes[0] == probes[1], f"[{case.name}] step {step}: get_num_cached_tokens answers differ"
         if rng_events.random() < 0.05 and stock.running:
             victim = rng_events.choice(sorted(r.request_id for r in stock.running))
             for s in (stock, hc):
@@ -333,6 +389,8 @@ def run_lockstep(helpers: Any, case: Case) -> dict[str, int]:
             seen["window_frees"] += sum(
                 0 in stock.kv_cache_manager.get_block_ids(r.request_id)[sw_group] for r in stock.running)
         seen["steps"] += 1
+    seen["probes"] = len(probes[1])
+    seen["probe_hits"] = sum(1 for _, n in probes[1] if n)
     return seen
 
 
@@ -363,19 +421,20 @@ def test_scheduler_lockstep(helpers: Any, case: Case) -> None:
         assert seen["preempted"] > 0
     if case.layout != "full":
         assert seen["window_frees"] > 0
+    if case.admission_window:
+        assert seen["probe_hits"] > 0
 
 
 def test_lockstep_detects_a_divergence(helpers: Any, monkeypatch: Any) -> None:
     """The harness can fail: a manager that hands blocks out in another
     order is caught."""
-    from hybridcache.releases.v0_33.manager import KVCacheManager033
-
-    original = KVCacheManager033.get_computed_blocks
+    facade = _installed().facade_class()
+    original = facade.get_computed_blocks
 
     def no_hits(self: Any, request: Any, max_cache_hit_length: Any = None) -> Any:
         blocks, _, _ = original(self, request, 0)
         return blocks, 0, 0
 
-    monkeypatch.setattr(KVCacheManager033, "get_computed_blocks", no_hits)
+    monkeypatch.setattr(facade, "get_computed_blocks", no_hits)
     with pytest.raises(AssertionError, match="differ"):
         run_lockstep(helpers, Case("detect", steps=120, seed=5))

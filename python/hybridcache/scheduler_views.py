@@ -1,5 +1,7 @@
-"""The vLLM internals a 0.33.0 scheduler, engine and connectors read of
-`KVCacheManager033`, as live views over the native manager:
+"""The vLLM internals a scheduler, engine and connectors of a release
+running the partial-block-hits profile (0.33.0 on) read of its facade
+(`partial_hits_manager.PartialHitsManager`), as live views over the native
+manager:
 `manager.block_pool` (with the scheduler's deferred `free_blocks`),
 `manager.coordinator` (registered with the vLLM coordinator class 0.33.0
 would build, `find_longest_cache_hit_per_group` for the offloading
@@ -15,21 +17,21 @@ from hybridcache.blocks import BlockView, block_view
 from hybridcache.coordinator import CoordinatorView, SingleTypeManagerView, _group_block_ids
 from hybridcache.deferred_frees import DeferredFreeBlockPool
 from hybridcache.loaded_vllm import loaded_vllm
-from hybridcache.releases import of_folder
-from hybridcache.releases.v0_33.layout import layout_kind
+from hybridcache.layout_checks import layout_kind
 
 if TYPE_CHECKING:
-    from hybridcache.releases.v0_33.manager import KVCacheManager033
+    from hybridcache.partial_hits_manager import PartialHitsManager
 
-RELEASE = of_folder("v0_33")
+# The core profile of the releases these views serve.
+PROFILE = "partial-block-hits"
 
 
-class BlockPoolView033(DeferredFreeBlockPool):
+class SchedulerBlockPoolView(DeferredFreeBlockPool):
     """`manager.block_pool` for 0.33.0: the shared pool views with the
     scheduler's deferred frees (`free_blocks` of blocks
     `pop_blocks_for_free` returned), plus 0.33.0's pool fields."""
 
-    def __init__(self, manager: KVCacheManager033) -> None:
+    def __init__(self, manager: PartialHitsManager) -> None:
         """The pool view of `manager`, with 0.33.0's pool fields
         (`num_hash_lookahead_tokens`, `hash_block_size`)."""
         super().__init__(manager)
@@ -37,15 +39,28 @@ class BlockPoolView033(DeferredFreeBlockPool):
         self.hash_block_size = manager._hash_block_size
 
 
-class CoordinatorView033(CoordinatorView):
+class EvictFirstBlockPoolView(SchedulerBlockPoolView):
+    """`SchedulerBlockPoolView` of a release whose pool's `free_blocks`
+    takes `evict_first` (0.34.0; the row's `evict_first`)."""
+
+    def free_blocks(self, ordered_blocks: Any, evict_first: bool = False) -> None:
+        """`free_blocks(blocks, evict_first=False)`: drops the references of
+        blocks `pop_blocks_for_free` handed out, in eviction order: those
+        freed without a hash (or with caching off) are reused first, cached
+        ones last, or first too with `evict_first` (blocks another tier
+        already holds). ValueError, nothing freed, for any other block."""
+        self._native._free_handed_out(list(ordered_blocks), bool(evict_first))
+
+
+class SchedulerCoordinatorView(CoordinatorView):
     """`manager.coordinator` for 0.33.0: what its scheduler and engine read
     (`single_type_managers[g].block_size` / `.kv_cache_spec`,
     `enable_partial_hash_hits`) and call (`get_num_blocks_to_allocate`
     with 0.33.0's arguments)."""
 
-    _manager: KVCacheManager033
+    _manager: PartialHitsManager
 
-    def __init__(self, manager: KVCacheManager033) -> None:
+    def __init__(self, manager: PartialHitsManager) -> None:
         """The coordinator view of `manager`, with per-group views that
         carry each group's spec and block size."""
         super().__init__(manager)
@@ -79,7 +94,7 @@ class CoordinatorView033(CoordinatorView):
     @retention_interval.setter
     def retention_interval(self, value: Any) -> None:
         """Assignable before the manager's first request (see
-        `KVCacheManager033._assign_retention_interval`)."""
+        `PartialHitsManager._assign_retention_interval`)."""
         self._manager._assign_retention_interval(value)
 
     def get_num_blocks_to_allocate(  # type: ignore[override]
@@ -119,18 +134,18 @@ class CoordinatorView033(CoordinatorView):
         return [block_view(native, b) for b in native._pop_blocks_for_free(request_id)]
 
 
-class HybridKVCacheCoordinator(CoordinatorView033):
-    """`CoordinatorView033` of a layout vLLM serves with its
+class HybridKVCacheCoordinator(SchedulerCoordinatorView):
+    """`SchedulerCoordinatorView` of a layout vLLM serves with its
     HybridKVCacheCoordinator (several groups, prefix caching), with that
     class's per-group hit search. Registered as a virtual subclass of
     vLLM's class, so the offloading connector's `isinstance` check passes."""
 
-    def __init__(self, manager: KVCacheManager033) -> None:
+    def __init__(self, manager: PartialHitsManager) -> None:
         """The coordinator view of `manager`."""
         super().__init__(manager)
         # Hybrid only in 0.33.0 (the granularity of request.block_hashes).
         self.hash_block_size = manager._hash_block_size
-        vllm_cls = _loaded_vllm_033("vllm.v1.core.kv_cache_coordinator", "HybridKVCacheCoordinator")
+        vllm_cls = _loaded_vllm("vllm.v1.core.kv_cache_coordinator", "HybridKVCacheCoordinator")
         if vllm_cls is not None and not issubclass(HybridKVCacheCoordinator, vllm_cls):
             vllm_cls.register(HybridKVCacheCoordinator)
 
@@ -150,16 +165,16 @@ class HybridKVCacheCoordinator(CoordinatorView033):
         return tuple(list(g) for g in blocks.blocks), tuple(hits)
 
 
-def _loaded_vllm_033(module_name: str, name: str) -> Any:
-    """`name` of vLLM's module `module_name` where the loaded vLLM runs this
-    release's profile (`hybridcache.loaded_vllm`)."""
-    return loaded_vllm(RELEASE.profile, module_name, name)
+def _loaded_vllm(module_name: str, name: str) -> Any:
+    """`name` of vLLM's module `module_name` where the loaded vLLM runs the
+    partial-block-hits profile (`hybridcache.loaded_vllm`)."""
+    return loaded_vllm(PROFILE, module_name, name)
 
 
 # The coordinator view is named as the coordinator vLLM 0.33.0 builds for
 # the layout (its tests check the class name).
-_COORDINATOR_VIEWS: dict[str, type[CoordinatorView033]] = {
-    **{kind: type(name, (CoordinatorView033,), {"__doc__": f"`CoordinatorView033` of a layout vLLM serves with its {name}."})
+_COORDINATOR_VIEWS: dict[str, type[SchedulerCoordinatorView]] = {
+    **{kind: type(name, (SchedulerCoordinatorView,), {"__doc__": f"`SchedulerCoordinatorView` of a layout vLLM serves with its {name}."})
        for kind, name in (("no_prefix_cache", "KVCacheCoordinatorNoPrefixCache"), ("unitary", "UnitaryKVCacheCoordinator"))},
     "hybrid": HybridKVCacheCoordinator,
 }
@@ -169,7 +184,7 @@ class _NumCachedBlockView(Mapping):
     """`single_type_managers[g].num_cached_block`, read-only: running
     request id -> blocks of group g cached so far."""
 
-    def __init__(self, manager: KVCacheManager033, group: int) -> None:
+    def __init__(self, manager: PartialHitsManager, group: int) -> None:
         """The cached-block counts of group `group` of `manager`."""
         self._native = manager
         self._group = group
@@ -187,13 +202,13 @@ class _NumCachedBlockView(Mapping):
         return sum(1 for _ in self)
 
 
-class _SingleTypeManagerView033(SingleTypeManagerView):
+class _GroupManagerView(SingleTypeManagerView):
     """One group's manager as 0.33.0's scheduler, engine and connectors
     read it: `block_size`, `kv_cache_spec`, `block_pool`, `_null_block` (what
     `req_to_blocks` lists outside a window), and the read-only
     `req_to_blocks` / `num_cached_block` views."""
 
-    def __init__(self, manager: KVCacheManager033, group: int, spec: Any) -> None:
+    def __init__(self, manager: PartialHitsManager, group: int, spec: Any) -> None:
         """The view of group `group` of `manager`, whose spec is `spec`."""
         super().__init__(manager, group)
         self.kv_cache_spec = spec
@@ -220,29 +235,29 @@ class _SingleTypeManagerView033(SingleTypeManagerView):
         return {r: (p, i) for r, p, i in native._align_checkpoints(self.kv_cache_group_id)}
 
 
-def _cache_hit_alignment_tokens(manager: KVCacheManager033) -> int:
+def _cache_hit_alignment_tokens(manager: PartialHitsManager) -> int:
     """0.33.0's `_cache_hit_alignment_tokens` of `manager`'s hybrid coordinator."""
     return manager._hash_block_size if manager._native._partial_hash_hits else manager._scheduler_block_size
 
 
-_MANAGER_VIEWS: dict[type, type[_SingleTypeManagerView033]] = {}
+_MANAGER_VIEWS: dict[type, type[_GroupManagerView]] = {}
 
 
-def _manager_view_class(spec: Any) -> type[_SingleTypeManagerView033]:
+def _manager_view_class(spec: Any) -> type[_GroupManagerView]:
     """The per-group view class for `spec`: named as, and registered with,
     the `SingleTypeKVCacheManager` class vLLM 0.33.0 would run the group
     with (its spec registry's choice), when vLLM has loaded it."""
-    registry = _loaded_vllm_033("vllm.v1.kv_cache_spec_registry", "KVCacheSpecRegistry")
+    registry = _loaded_vllm("vllm.v1.kv_cache_spec_registry", "KVCacheSpecRegistry")
     vllm_cls = registry.get_manager_class(spec) if registry is not None else None
     if vllm_cls is None:
-        return _SingleTypeManagerView033
+        return _GroupManagerView
     view = _MANAGER_VIEWS.get(vllm_cls)
     if view is None:
-        view = type(vllm_cls.__name__, (_SingleTypeManagerView033,),
-                    {"__doc__": f"`_SingleTypeManagerView033` of a group vLLM runs with its {vllm_cls.__name__}."})
+        view = type(vllm_cls.__name__, (_GroupManagerView,),
+                    {"__doc__": f"`_GroupManagerView` of a group vLLM runs with its {vllm_cls.__name__}."})
         vllm_cls.register(view)
         _MANAGER_VIEWS[vllm_cls] = view
     return view
 
 
-__all__ = ["BlockPoolView033", "CoordinatorView033", "HybridKVCacheCoordinator"]
+__all__ = ["EvictFirstBlockPoolView", "SchedulerBlockPoolView", "SchedulerCoordinatorView", "HybridKVCacheCoordinator"]
