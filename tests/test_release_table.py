@@ -60,4 +60,4 @@ def test_a_row_without_its_own_tool_api_borrows_its_profiles(monkeypatch: pytest
         assert type(api) is type(like) and api is not like
         assert api.name == "0.99.0" and api.facade == ("hybridcache.releases.v0_99.scheduler", "VllmKVCacheManager099")
         assert like.name == last.version and module.release("0.99.0") is api
-    assert drive._folder(api) == drive._folder(like) == last.folder
+    assert drive._folder(api) == drive._folder(like) == releases.of_profile(last.profile).folder

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from hybridcache.tools import oracle
+from hybridcache_dev import oracle
 
 pytestmark = pytest.mark.vllm("0.34.0")
 oracle.module_needs_vllm("0.34.0")
 
 from hybridcache.tools.compare import pool_state  # noqa: E402
-from hybridcache.tools.fuzz_setup import Group, Setup  # noqa: E402
+from hybridcache_dev.fuzz_setup import Group, Setup  # noqa: E402
 from hybridcache_dev.pair import OURS, REF, ManagerPair  # noqa: E402
 
 BS = 4
