@@ -136,7 +136,7 @@ def test_zeroing_follows_the_config_field(field: bool) -> None:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
     from hybridcache.releases.v0_34.manager import KVCacheManager034
-    from hybridcache.tools.release_api import release
+    from hybridcache_dev.release_api import release
 
     s = _setup()
     api = release("0.34.0")
