@@ -95,13 +95,11 @@ pub(crate) fn decode_batch<'py>(
     let n = requests.len();
     let counts_arg = |name: &str, v: Option<&Bound<'py, PyAny>>| -> PyResult<Option<Vec<usize>>> {
         let Some(v) = v else { return Ok(None) };
-        let vals: Vec<i64> = v
-            .extract()
-            .map_err(|e| {
-                crate::convert::or_caller(py, e, || {
-                    PyTypeError::new_err(format!("{name} must be a list of ints"))
-                })
-            })?;
+        let vals: Vec<i64> = v.extract().map_err(|e| {
+            crate::convert::or_caller(py, e, || {
+                PyTypeError::new_err(format!("{name} must be a list of ints"))
+            })
+        })?;
         if vals.len() != n {
             return Err(PyValueError::new_err(format!(
                 "{name} has {} entries for {n} requests",

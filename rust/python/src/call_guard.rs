@@ -143,8 +143,11 @@ fn busy(py: Python<'_>, manager: usize) -> PyErr {
 /// The manager's state, shared: RuntimeError (not a panic) while a call
 /// has it borrowed.
 #[inline]
-pub(crate) fn borrow<'a, 'py>(slf: &'a Bound<'py, NativeManager>) -> PyResult<PyRef<'py, NativeManager>> {
-    slf.try_borrow().map_err(|_| busy(slf.py(), slf.as_ptr() as usize))
+pub(crate) fn borrow<'a, 'py>(
+    slf: &'a Bound<'py, NativeManager>,
+) -> PyResult<PyRef<'py, NativeManager>> {
+    slf.try_borrow()
+        .map_err(|_| busy(slf.py(), slf.as_ptr() as usize))
 }
 
 /// The manager's state, exclusive: RuntimeError (not a panic) while a call

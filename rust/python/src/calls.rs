@@ -129,7 +129,9 @@ impl NativeManager {
         let rid = request_id(request)?;
         let new_computed = Self::computed_ids(slf, opt.new_computed_blocks)?;
         let skip_zeroing_groups = match opt.skip_zeroing_group_ids {
-            Some(groups) => crate::call_guard::borrow(slf)?.group_mask("skip_zeroing_group_ids", groups)?,
+            Some(groups) => {
+                crate::call_guard::borrow(slf)?.group_mask("skip_zeroing_group_ids", groups)?
+            }
             None => 0,
         };
         let watermark_blocks = if opt.has_scheduled_reqs {
@@ -168,7 +170,8 @@ impl NativeManager {
         Self::allocation_result(slf, request, |this| {
             let ok = this.allocate_one(request, &rid, args)?;
             if !ok {
-                this.step_waits.check(&this.inner, new_computed.as_deref())?;
+                this.step_waits
+                    .check(&this.inner, new_computed.as_deref())?;
             }
             Ok(ok)
         })

@@ -179,13 +179,15 @@ pub fn int_list(name: &str, v: &Bound<'_, PyAny>, non_negative: bool) -> PyResul
 /// A block id as `KVCacheBlocks(...)` takes it: any int that fits 64
 /// bits (range-checked where it is used); anything else is refused here.
 pub fn block_id_arg(b: &Bound<'_, PyAny>) -> PyResult<i64> {
-    b.extract::<i64>().map_err(|e| or_caller(b.py(), e, || {
-        if b.is_instance_of::<pyo3::types::PyInt>() {
-            PyValueError::new_err(format!("block id {b} out of range"))
-        } else {
-            PyTypeError::new_err(format!("block ids must be ints, got {}", type_name(b)))
-        }
-    }))
+    b.extract::<i64>().map_err(|e| {
+        or_caller(b.py(), e, || {
+            if b.is_instance_of::<pyo3::types::PyInt>() {
+                PyValueError::new_err(format!("block id {b} out of range"))
+            } else {
+                PyTypeError::new_err(format!("block ids must be ints, got {}", type_name(b)))
+            }
+        })
+    })
 }
 
 pub fn type_name(v: &Bound<'_, PyAny>) -> String {
@@ -329,7 +331,7 @@ pub fn block_ids(
                 Err(e) if caller_raised(b.py(), &e) => return Err(e),
                 Err(_) => None,
             }
-                .filter(|&v| v < num_blocks);
+            .filter(|&v| v < num_blocks);
             match id {
                 Some(id) => ids.push(id),
                 None => {
@@ -453,7 +455,10 @@ pub fn uint_array<'a, T: LeUint>(name: &str, v: &'a Bound<'_, PyAny>) -> PyResul
         .map(|(i, x)| {
             let x: i64 = x.extract().map_err(|e| {
                 or_caller(x.py(), e, || {
-                    PyTypeError::new_err(format!("{name}[{i}] must be an int, got {}", type_name(&x)))
+                    PyTypeError::new_err(format!(
+                        "{name}[{i}] must be an int, got {}",
+                        type_name(&x)
+                    ))
                 })
             })?;
             T::try_from(x).map_err(|_| {

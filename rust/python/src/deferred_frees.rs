@@ -72,7 +72,11 @@ impl NativeManager {
     /// in eviction order; ValueError (nothing freed) for any other block.
     /// `evict_first`: cached blocks join the front of the free queue too.
     #[pyo3(signature = (blocks, evict_first=false))]
-    fn _free_handed_out(slf: &Bound<'_, Self>, blocks: &Bound<'_, PyAny>, evict_first: bool) -> PyResult<()> {
+    fn _free_handed_out(
+        slf: &Bound<'_, Self>,
+        blocks: &Bound<'_, PyAny>,
+        evict_first: bool,
+    ) -> PyResult<()> {
         let _in_call = crate::call_guard::enter(slf, "block_pool.free_blocks")?;
         crate::call_guard::borrow_mut(slf)?.free_handed_out(blocks, evict_first)
     }

@@ -21,7 +21,9 @@ static REQUEST_CLASS: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 pub(crate) fn _register_request_class(cls: &Bound<'_, PyType>) -> PyResult<()> {
     let mine = REQUEST_CLASS.get_or_init(cls.py(), || cls.clone().unbind());
     if !mine.is(cls) {
-        return Err(PyValueError::new_err("another Request class is registered already"));
+        return Err(PyValueError::new_err(
+            "another Request class is registered already",
+        ));
     }
     Ok(())
 }

@@ -101,7 +101,12 @@ impl IdCache {
     /// its object until it is freed). `fields_in_dict`: its `request_id`
     /// and `num_computed_tokens` are its `__dict__`'s entries (the hot
     /// calls read them there: `raw_ffi::fields_in_dict`).
-    pub fn remember_request(&mut self, request: &Bound<'_, PyAny>, handle: u64, fields_in_dict: bool) {
+    pub fn remember_request(
+        &mut self,
+        request: &Bound<'_, PyAny>,
+        handle: u64,
+        fields_in_dict: bool,
+    ) {
         self.requests.remember(request, handle);
         let slot = handle as u32 as usize;
         if slot >= self.fields_in_dict.len() {
@@ -112,7 +117,10 @@ impl IdCache {
 
     /// The request object held for `slot`, if any.
     pub fn request_at(&self, slot: u32) -> Option<&PyObject> {
-        self.requests.held.get(slot as usize).and_then(Option::as_ref)
+        self.requests
+            .held
+            .get(slot as usize)
+            .and_then(Option::as_ref)
     }
 
     /// The handle the request object at `addr` was remembered with (the
@@ -130,7 +138,10 @@ impl IdCache {
     /// Whether the request of `slot` keeps its fields in its `__dict__`.
     #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
     pub fn fields_in_dict(&self, slot: u32) -> bool {
-        self.fields_in_dict.get(slot as usize).copied().unwrap_or(false)
+        self.fields_in_dict
+            .get(slot as usize)
+            .copied()
+            .unwrap_or(false)
     }
 
     /// The request objects held (for the garbage collector: a request may
@@ -142,7 +153,10 @@ impl IdCache {
     /// Lets go of every request object (the garbage collector's clear);
     /// returned, for the caller to drop.
     pub fn forget_requests(&mut self) -> Vec<PyObject> {
-        let out = std::mem::take(&mut self.requests.held).into_iter().flatten().collect();
+        let out = std::mem::take(&mut self.requests.held)
+            .into_iter()
+            .flatten()
+            .collect();
         self.requests = Pinned::default();
         out
     }

@@ -91,7 +91,10 @@ impl NativeManager {
     /// the request's slot, if it holds one, and the objects let go of: the
     /// caller drops them once the manager's state is settled (a finalizer
     /// is Python code, which may call the manager).
-    pub(crate) fn forget_request_object(&mut self, request_id: &str) -> (Option<u32>, Option<HeldObjects>) {
+    pub(crate) fn forget_request_object(
+        &mut self,
+        request_id: &str,
+    ) -> (Option<u32>, Option<HeldObjects>) {
         let Some(slot) = self.inner.lookup(request_id) else {
             return (None, None);
         };

@@ -168,7 +168,10 @@ impl NativeManager {
     /// Prefix-cache lookup counters since the last call, reset:
     /// (reset, requests, queries, hits, preempted_requests, preempted_queries, preempted_hits).
     #[pyo3(signature = (take=true))]
-    fn _take_stats(slf: &Bound<'_, Self>, take: bool) -> PyResult<(bool, u64, u64, u64, u64, u64, u64)> {
+    fn _take_stats(
+        slf: &Bound<'_, Self>,
+        take: bool,
+    ) -> PyResult<(bool, u64, u64, u64, u64, u64, u64)> {
         let _in_call = enter(slf, "make_prefix_cache_stats")?;
         let mut this = borrow_mut(slf)?;
         let s = if take {

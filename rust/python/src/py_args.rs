@@ -37,10 +37,7 @@ pub(crate) fn opt_flag(name: &str, v: Option<&Bound<'_, PyAny>>) -> PyResult<boo
         Some(v) if v.is_none() => Ok(false),
         Some(v) => v.extract::<bool>().map_err(|e| {
             crate::convert::or_caller(v.py(), e, || {
-                PyTypeError::new_err(format!(
-                    "{name} must be a bool, got {}",
-                    type_name(v)
-                ))
+                PyTypeError::new_err(format!("{name} must be a bool, got {}", type_name(v)))
             })
         }),
     }

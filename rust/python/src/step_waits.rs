@@ -21,7 +21,11 @@ impl StepWaits {
     /// because its hit waits for a step that, `new_step_starts()` never
     /// having been called, never starts.
     #[cold]
-    pub(crate) fn check(&self, inner: &KvCacheManager, new_computed: Option<&[Vec<u32>]>) -> PyResult<()> {
+    pub(crate) fn check(
+        &self,
+        inner: &KvCacheManager,
+        new_computed: Option<&[Vec<u32>]>,
+    ) -> PyResult<()> {
         if !self.explain || self.started {
             return Ok(());
         }

@@ -14,7 +14,6 @@ use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 
-
 use super::vectorcall::{
     attr_count, call_args, dict_count, held_request, plain_count, raw_call, CallArgs, MethodDef,
 };

@@ -159,7 +159,8 @@ unsafe fn check_id<'py>(
     unsafe {
         let d = ffi::PyObject_GenericGetDict(request, std::ptr::null_mut());
         let dict = Bound::from_owned_ptr_or_err(py, d)?.downcast_into_unchecked::<PyDict>();
-        let v = ffi::PyDict_GetItemWithError(dict.as_ptr(), pyo3::intern!(py, "request_id").as_ptr());
+        let v =
+            ffi::PyDict_GetItemWithError(dict.as_ptr(), pyo3::intern!(py, "request_id").as_ptr());
         let same = this.ids.id_at(slot).is_some_and(|id| id.as_ptr() == v);
         if !same {
             if v.is_null() && !ffi::PyErr_Occurred().is_null() {
@@ -274,9 +275,12 @@ pub(crate) fn fields_in_dict(request: &Bound<'_, PyAny>) -> bool {
     // SAFETY: a live type; the slot is read, not called.
     let getattro = unsafe { ffi::PyType_GetSlot(ty.as_type_ptr(), ffi::Py_tp_getattro) };
     getattro == ffi::PyObject_GenericGetAttr as *mut std::ffi::c_void
-        && [pyo3::intern!(py, "request_id"), pyo3::intern!(py, "num_computed_tokens")]
-            .iter()
-            .all(|name| matches!(ty.hasattr(*name), Ok(false)))
+        && [
+            pyo3::intern!(py, "request_id"),
+            pyo3::intern!(py, "num_computed_tokens"),
+        ]
+        .iter()
+        .all(|name| matches!(ty.hasattr(*name), Ok(false)))
 }
 
 /// A vectorcall's arguments as objects: the positional values, then the
