@@ -15,7 +15,8 @@
 #      dependency tree, over a torch venv (torch's wheel with its CUDA
 #      libraries, about 6 GB, downloaded once; pip's cache serves reruns);
 #   2. the wheel built from this tree with maturin (needs cargo) into
-#      .cache/try-dist/, installed into VENV;
+#      .cache/try-dist/, installed into VENV, and the development package
+#      (dev/, for `hybridcache bench --step`);
 #   3. hybridcache --version, hybridcache replay (the default serving trace,
 #      every call compared with vLLM's manager) and hybridcache bench --quick
 #      (the manager's calls timed beside vLLM's, results verified equal).
@@ -24,7 +25,7 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 PY=${PYTHON:-python3}
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
 versions() { "$PY" -c "import runpy; print(*runpy.run_path('python/hybridcache/releases/table.py')['VERSIONS'])"; }
 
 dry=""
@@ -55,6 +56,7 @@ steps=(
   "PYTHON=$PY bash scripts/install_oracle.sh $VERSION $VENV"
   "$VENV/bin/maturin build --release --out $DIST -i $VENV/bin/python"
   "$VENV/bin/python -m pip install --quiet --no-deps --force-reinstall $DIST/vllm_hybridcache-*.whl"
+  "$VENV/bin/python -m pip install --quiet --no-deps -e dev"
   "$VENV/bin/hybridcache --version"
   "$VENV/bin/hybridcache replay"
   "$VENV/bin/hybridcache bench --quick"
@@ -74,6 +76,7 @@ PYTHON="$PY" bash scripts/install_oracle.sh "$VERSION" "$VENV"
 rm -rf "$DIST"
 "$VENV/bin/maturin" build --release --out "$DIST" -i "$VENV/bin/python"
 "$VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall "$DIST"/vllm_hybridcache-*.whl
+"$VENV/bin/python" -m pip install --quiet --no-deps -e dev  # the development package: bench --step
 "$VENV/bin/hybridcache" --version
 echo "== hybridcache replay: the default serving trace, every call compared with vLLM $VERSION's manager"
 "$VENV/bin/hybridcache" replay
