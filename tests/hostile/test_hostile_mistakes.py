@@ -1,5 +1,5 @@
 """Mistakes a new user makes with hybridcache's own classes, from the
-README alone: requests hashed at another block size than the manager's,
+documentation alone: requests hashed at another block size than the manager's,
 a scheduler block size that is not the groups' LCM, and a loop that never
 calls `new_step_starts()`. Each gets a clear error, never a wrong answer."""
 

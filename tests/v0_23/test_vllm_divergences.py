@@ -1,5 +1,5 @@
 """Sequences that vLLM 0.23.0 accepts but mishandles, where hybridcache
-deliberately differs (README: "Where hybridcache and vLLM 0.23.0 differ").
+deliberately differs (docs/compatibility.md: "Where vLLM fails and hybridcache stays correct").
 Each test shows vLLM's fault and hybridcache's sound answer."""
 
 from __future__ import annotations
