@@ -47,6 +47,24 @@ impl CowState {
         }
         self.partial_hits.remove(&slot)
     }
+
+    /// Mamba align: the pending redirect, if its block is still at its
+    /// place in the request's table (`blocks`). A boundary cached behind the
+    /// request (in a block it has computed past, which this allocation's
+    /// skip has just freed) has no state left to copy, so it is dropped;
+    /// vLLM asserts there (its scheduler never caches behind the request).
+    pub fn take_live_partial_hit(
+        &mut self,
+        slot: ReqSlot,
+        blocks: &[BlockId],
+    ) -> Option<PartialHit> {
+        let (idx, source) = self.take_partial_hit(slot)?;
+        if blocks.get(idx) == Some(&source) {
+            return Some((idx, source));
+        }
+        self.producer_tails.remove(&slot);
+        None
+    }
 }
 
 impl SingleTypeManager {

@@ -374,8 +374,8 @@ impl SingleTypeManager {
         let bs = self.bs();
         if let (Some(m), Some(_)) = (self.attn.mamba(), self.attn.align()) {
             let start = out.len();
-            let partial = self.cow.take_partial_hit(slot);
             let r = self.records.with_table(slot);
+            let partial = self.cow.take_live_partial_hit(slot, &r.blocks);
             let cow = m.allocate_align_blocks(
                 pool,
                 bs,
