@@ -524,19 +524,29 @@ class SchedulerDriver(SchedulerQueries, SchedulerFrees, Driver):
 
     def op_cache_blocks(self, c: Any) -> None:
         """As the scheduler does after outputs and loads: never past the
-        processed tokens (in-flight ones are not computed yet)."""
+        processed tokens (in-flight ones are not computed yet). With Mamba
+        "align" and prefix caching exactly as it does: the processed count,
+        after an output that carries tokens (none mid-prefill); a Mamba
+        partial tail cached behind the request, or keyed again after its
+        copy-on-write, makes vLLM assert
+        (tests/v0_34/test_partial_tail_behind.py)."""
         q = self.pick(c, "running")
         if q is None:
             return
         r: Any = q.req
         hi = max(0, r.num_computed_tokens - r.num_in_flight_tokens)
         n = c.randint(0, hi)
+        as_scheduler = self.s.caching and any(g.kind == "mamba" and g.mode == "align" for g in self.s.groups)
+        if as_scheduler:
+            n = hi
         if self.s.shared_prefix_checkpoint and 0 < r.shared_prefix_boundary <= hi and c.chance(0.3):
             # At a junction already computed: the manager must not key the
             # running state there (it keys junctions ahead of the computed
             # tokens only).
             n = r.shared_prefix_boundary
             self.f.count("cache_blocks_at_computed_junctions")
+        elif as_scheduler and hi < max(r.num_prompt_tokens, r.num_tokens - 1):
+            return  # mid-prefill: no output, no call
         self.note(f"cache_blocks {r.request_id} {n}")
         self.both(f"cache_blocks({r.request_id}, {n})", lambda m: m.cache_blocks(r, n))
 
