@@ -70,7 +70,7 @@ from .tools.bench_trace import (
     record,
     vllm_kv_cache_config,
 )
-from .tools.oracle import load_vllm, quiet_logs
+from .tools.oracle import load_vllm, quiet_logs, tool_release
 from .tools.timed_replay import (
     CLOCKS,
     KINDS,
@@ -85,25 +85,6 @@ RUNNING = (64, 256, 1024)
 SCALE_BLOCKS = 1_000_000
 BATCHED_NOTE = ("batched decode API: not run on vLLM {} (it is hybridcache's own extension, timed against "
                 "a release's per-request decode calls; this release's scheduler does not call it)")
-
-
-def tool_release(tool: str, use_vllm: bool = True) -> tuple[releases.Release | None, str]:
-    """(release, note): the installed vLLM's row of `hybridcache.releases`
-    when hybridcache supports it (the tools then compare against that
-    release's manager), else None and why, in one line: not used, not
-    installed, or `releases.require`'s message listing the supported releases."""
-    if not use_vllm:
-        return None, "vLLM not used (--no-vllm)"
-    version, note = load_vllm(releases.RELEASES)
-    if version is not None:
-        return releases.find(version), note
-    installed = getattr(sys.modules.get("vllm"), "__version__", None)
-    if installed is not None:  # imported, but not a release hybridcache supports
-        try:
-            releases.require(installed, tool)
-        except RuntimeError as e:
-            note = str(e)
-    return None, note
 
 
 def run_workload(

@@ -16,7 +16,8 @@ import pytest
 pytestmark = pytest.mark.vllm("0.23.0")
 
 from liars import FakeBlocks, LiesOnce
-from hybridcache.replay import DEFAULT_CONFIG, ReplayConfig, ReplayDivergence, replay, run_single
+from hybridcache.tools.compare import ReplayDivergence
+from hybridcache_dev.replay import DEFAULT_CONFIG, ReplayConfig, replay, run_single
 from hybridcache_dev.replay import main
 
 SEEDS = range(6)

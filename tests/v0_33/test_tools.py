@@ -14,7 +14,8 @@ from liars import FakeBlocks, LiesOnce
 
 from hybridcache import bench
 from hybridcache.__main__ import main
-from hybridcache.replay import DEFAULT_CONFIG, ReplayDivergence, release_factories, replay
+from hybridcache.tools.compare import ReplayDivergence
+from hybridcache_dev.replay import DEFAULT_CONFIG, release_factories, replay
 from hybridcache.tools import bench_trace
 
 pytestmark = pytest.mark.vllm("0.33.0")

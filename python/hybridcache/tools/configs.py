@@ -2,8 +2,9 @@
 turns them into configurations: hybridcache's own config classes (no vLLM, no
 torch) or vLLM's (imports both when called).
 
-A layout is a sequence of `GroupSpec`; `parse_mix` reads the compact text form
-the replay CLI takes (``"full,sw:128@32,mamba:align:2,full+eagle"``).
+A layout is a sequence of `GroupSpec`; `format_mix` writes its compact text
+form (``"full,sw:128@32,mamba:align:2,full+eagle"``), which the development
+package's `parse_mix` reads.
 """
 
 from __future__ import annotations
@@ -138,53 +139,6 @@ def mamba(
 
 def cross_attention(block_size: int | None = None) -> GroupSpec:
     return GroupSpec("cross_attention", block_size)
-
-
-def parse_mix(text: str) -> tuple[GroupSpec, ...]:
-    """Parses a mix such as ``"full,sw:128@32,mamba:align:2,full+eagle"``.
-
-    Comma-separated groups, each ``KIND[:ARGS][@BLOCK_SIZE][+eagle]``; ``*N``
-    after a group repeats it. Kinds: ``full``; ``sw:WINDOW``;
-    ``chunked:CHUNK``; ``mamba[:MODE[:NUM_SPECULATIVE_BLOCKS]]`` (MODE one of
-    none/all/align/auto); ``cross``.
-    """
-    groups: list[GroupSpec] = []
-    for raw in text.split(","):
-        item = raw.strip()
-        if not item:
-            raise ValueError(f"empty group in mix {text!r}")
-        repeat = 1
-        if "*" in item:
-            item, count = item.rsplit("*", 1)
-            repeat = int(count)
-        eagle = False
-        if item.endswith("+eagle"):
-            item, eagle = item[: -len("+eagle")], True
-        block_size = None
-        if "@" in item:
-            item, size = item.split("@", 1)
-            block_size = int(size)
-        name, *args = item.split(":")
-        kind = _KIND_ALIASES.get(name)
-        try:
-            if kind == "full" and not args:
-                group = full(block_size, eagle=eagle)
-            elif kind == "sliding_window" and len(args) == 1:
-                group = sliding_window(int(args[0]), block_size, eagle=eagle)
-            elif kind == "chunked_local" and len(args) == 1:
-                group = chunked_local(int(args[0]), block_size, eagle=eagle)
-            elif kind == "mamba" and len(args) <= 2:
-                mode = args[0] if args and args[0] != "auto" else None
-                nspec = int(args[1]) if len(args) > 1 else 0
-                group = mamba(mode, nspec, block_size, eagle=eagle)
-            elif kind == "cross_attention" and not args and not eagle:
-                group = cross_attention(block_size)
-            else:
-                raise ValueError
-        except ValueError as e:
-            raise ValueError(f"cannot parse mix group {raw.strip()!r} ({e or 'bad arguments'})") from None
-        groups.extend([group] * repeat)
-    return tuple(groups)
 
 
 def format_mix(groups: Iterable[GroupSpec]) -> str:

@@ -97,3 +97,22 @@ def vllm_missing(tool: str, accepted: Any = None) -> str | None:
     rows = ORACLE_RELEASES if accepted is None else tuple(accepted)
     hint = " or ".join(r.install_hint for r in rows)
     return missing(tool, f"vLLM {_oracle_text(rows)} and torch", hint, note)
+
+
+def tool_release(tool: str, use_vllm: bool = True) -> tuple[releases.Release | None, str]:
+    """(release, note): the installed vLLM's row of `hybridcache.releases`
+    when hybridcache supports it (the tools then compare against that
+    release's manager), else None and why, in one line: not used, not
+    installed, or `releases.require`'s message listing the supported releases."""
+    if not use_vllm:
+        return None, "vLLM not used (--no-vllm)"
+    version, note = load_vllm(releases.RELEASES)
+    if version is not None:
+        return releases.find(version), note
+    installed = getattr(sys.modules.get("vllm"), "__version__", None)
+    if installed is not None:  # imported, but not a release hybridcache supports
+        try:
+            releases.require(installed, tool)
+        except RuntimeError as e:
+            note = str(e)
+    return None, note
