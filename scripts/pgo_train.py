@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import sys
 from array import array
+from pathlib import Path
 
-from hybridcache.bench import CONFIGS, Workload, run_workload
-from hybridcache.bench_batched import accept_drafts, decoding_manager
-from hybridcache.releases import SUPPORTED_VLLM_VERSIONS
+# The development package (dev/, not in the wheel: the batched decode driver).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
+
+from hybridcache.bench import CONFIGS, Workload, run_workload  # noqa: E402
+from hybridcache.releases import SUPPORTED_VLLM_VERSIONS  # noqa: E402
+from hybridcache_dev.bench_batched import accept_drafts, decoding_manager  # noqa: E402
 
 SEED = 7
 # Each release's facade and rules (the table in hybridcache.releases): their

@@ -116,7 +116,7 @@ def test_a_release_folder_imports_no_other_release() -> None:
     for module, imported in graph.items():
         if not module.startswith(("hybridcache.releases", "hybridcache_dev")) and module != "hybridcache":
             bad = [m for m in imported if m.startswith("hybridcache.releases.v")]
-            if module.startswith("hybridcache.tools") or module in ("hybridcache.bench_batched",):
+            if module.startswith("hybridcache.tools"):
                 continue
             assert not bad, f"{module} imports {bad}"
 

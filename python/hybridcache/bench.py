@@ -48,7 +48,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import releases
-from .bench_batched import format_batched, run_batched
 from .bench_report import Progress, binding_text, format_report, matplotlib_missing, plot
 from .tools.bench_trace import (
     ALLOC_NEW,
@@ -85,6 +84,8 @@ RUNNING = (64, 256, 1024)
 SCALE_BLOCKS = 1_000_000
 BATCHED_NOTE = ("batched decode API: not run on vLLM {} (it is hybridcache's own extension, timed against "
                 "a release's per-request decode calls; this release's scheduler does not call it)")
+BATCHED_DEV = ("batched decode API: timed by hybridcache's development package "
+               "(pip install -e dev, from the repository)")
 
 
 def run_workload(
@@ -242,8 +243,7 @@ def run_bench(
         scale = scale_figures(bool(vllm_version), scale_blocks, name) if scale_blocks else None
         results = [run_workload(w, bool(vllm_version), progress, clock=clock) for w in workloads]
         # The batched decode API is hybridcache's own, timed against a release's per-request decode calls.
-        batched = (_batched_rows(configs, runnings, min(steps, 100), seed)
-                   if release is not None and release.per_request_decode else None)
+        batched, batched_note = _batched(release, configs, runnings, min(steps, 100), seed)
     finally:
         progress.close()
         gc.unfreeze()
@@ -262,25 +262,24 @@ def run_bench(
         "results": results,
         "skipped": skipped,
         "batched": batched,
-        "batched_note": None if batched or vllm_version is None else BATCHED_NOTE.format(name),
+        "batched_note": batched_note,
         "seconds": time.perf_counter() - start,
     }
 
 
-def _batched_rows(configs: Sequence[str], runnings: Sequence[int], steps: int, seed: int) -> list[dict[str, Any]]:
-    """The batched decode API against vLLM's per-request calls (see bench_batched)."""
-
-    def make_configs(config: str, num_blocks: int) -> tuple[Any, Any]:
-        w = Workload(config=config, running=1, steps=1, seed=seed)
-        return hybridcache_kv_cache_config(w, num_blocks), vllm_kv_cache_config(w, num_blocks)
-
-    rows = []
-    for config in configs:
-        kwargs = Workload(config=config, running=1, steps=1, seed=seed).manager_kwargs()
-        kwargs.update(log_stats=False, enable_kv_cache_events=False)
-        for running in runnings:
-            rows.append(run_batched(config, running, steps, make_configs, kwargs, seed))
-    return rows
+def _batched(release: releases.Release | None, configs: Sequence[str], runnings: Sequence[int], steps: int,
+             seed: int) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """(rows, note): the batched decode API against the release's per-request
+    calls, timed by the development package's `bench_batched` where it is installed."""
+    if release is None:
+        return None, None
+    if not release.per_request_decode:
+        return None, BATCHED_NOTE.format(release.version)
+    try:
+        from hybridcache_dev.bench_batched import batched_rows
+    except ImportError:
+        return None, BATCHED_DEV
+    return batched_rows(configs, runnings, steps, seed), None
 
 
 def _loadavg() -> list[float] | None:
@@ -366,6 +365,8 @@ def main(args: Any) -> int:
         print(format_report(report))
         if report.get("batched"):
             print()
+            from hybridcache_dev.bench_batched import format_batched
+
             print(format_batched(report["batched"], report["vllm"]))
         elif report.get("batched_note"):
             print()
