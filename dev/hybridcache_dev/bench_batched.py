@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 from hybridcache import KVCacheManager
 from hybridcache.request import Request
-from hybridcache.tools.bench_trace import Workload, hybridcache_kv_cache_config, vllm_kv_cache_config
+
+from .bench_trace import Workload, hybridcache_kv_cache_config, vllm_kv_cache_config
 
 BS = 16
 

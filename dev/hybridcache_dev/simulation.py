@@ -23,11 +23,11 @@ from hybridcache import releases
 from hybridcache.request import Request
 from hybridcache.tools.compare import Fanout
 from hybridcache.tools.release_api import ReleaseApi, release
-from hybridcache.tools.scheduler import SchedulerSim, mamba_block_aligned_split
 from hybridcache.tools.trace import Runner
-from hybridcache.tools.workload import Seq, drifting_drafts, prompt_with_prefix, shared_prefix_len, vocab_tokens
 
 from .replay_config import ReplayConfig
+from .scheduler import SchedulerSim, mamba_block_aligned_split
+from .workload import Seq, drifting_drafts, prompt_with_prefix, shared_prefix_len, vocab_tokens
 
 
 @dataclass

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import importlib.util
 import os
 import sys
 import time
@@ -49,27 +50,20 @@ from typing import Any
 
 from . import releases
 from .bench_report import Progress, binding_text, format_report, matplotlib_missing, plot
+from .tools import configs as tools_configs
 from .tools.bench_trace import (
-    ALLOC_NEW,
-    ALLOC_RUN,
-    COMMON_PREFIX,
     CONFIG_TITLES,
     CONFIGS,
-    FREE,
-    GET_BLOCKS,
-    GET_COMPUTED,
-    NEW_STEP,
-    STATS,
-    TAKE_NEW_IDS,
+    RUNNING,
+    STEPS,
     Recording,
-    Workload,
-    hybridcache_kv_cache_config,
+    load,
     make_hybridcache_manager,
     make_vllm_manager,
-    record,
-    vllm_kv_cache_config,
+    manager_kwargs,
 )
 from .tools.oracle import load_vllm, quiet_logs, tool_release
+from .tools.release_api import release as release_api
 from .tools.timed_replay import (
     CLOCKS,
     KINDS,
@@ -80,7 +74,6 @@ from .tools.timed_replay import (
     timer_overhead_ns,
 )
 
-RUNNING = (64, 256, 1024)
 SCALE_BLOCKS = 1_000_000
 BATCHED_NOTE = ("batched decode API: not run on vLLM {} (it is hybridcache's own extension, timed against "
                 "a release's per-request decode calls; this release's scheduler does not call it)")
@@ -88,28 +81,41 @@ BATCHED_DEV = ("batched decode API: timed by hybridcache's development package "
                "(pip install -e dev, from the repository)")
 
 
-def run_workload(
-    w: Workload, use_vllm: bool, progress: Any = None, chunk_steps: int = 8, clock: str = "perf_counter"
+def recording(config: str, running: int, steps: int, seed: int, release: str) -> Recording:
+    """The workload's recording: shipped (the default grid, seed 0, its first
+    `steps` measured steps), else recorded live by the development package."""
+    rec = load(config, running, steps, seed, release)
+    if rec is not None:
+        return rec
+    if importlib.util.find_spec("hybridcache_dev") is None:
+        raise LookupError(f"the wheel ships the recordings of --running {','.join(map(str, RUNNING))}, up to "
+                          f"--steps {STEPS}, seed 0; other workloads are recorded by hybridcache's development "
+                          "package (pip install -e dev, from the repository)")
+    from hybridcache_dev.bench_trace import Workload, record
+
+    return record(Workload(config=config, running=running, steps=steps, seed=seed, release=release))
+
+
+def run_recording(
+    rec: Recording, use_vllm: bool, progress: Any = None, chunk_steps: int = 8, clock: str = "perf_counter"
 ) -> dict[str, Any]:
-    """Records `w`, replays it on hybridcache (and vLLM), returns the result."""
-    label = f"{w.config} @ {w.running}"
-    if progress:
-        progress.phase(f"record {label}")
-    rec = record(w, on_step=(lambda: progress.advance(1)) if progress else None)
-    factories: list[tuple[str, Callable[[Workload], Any]]] = [("hybridcache", make_hybridcache_manager)]
+    """Replays `rec` on hybridcache (and vLLM), returns the result."""
+    meta = rec.meta
+    warmup, steps = meta["warmup_steps"], meta["steps"]
+    factories: list[tuple[str, Callable[[Recording], Any]]] = [("hybridcache", make_hybridcache_manager)]
     if use_vllm:
         factories.append(("vllm", make_vllm_manager))
     if progress:
-        progress.phase(f"replay {label}")
+        progress.phase(f"replay {meta['config']} @ {meta['running']}")
     result: dict[str, Any] = {
-        "config": w.config,
-        "running": w.running,
-        "num_blocks": w.num_blocks,
-        "max_num_batched_tokens": w.max_num_batched_tokens,
-        "warmup_steps": w.warmup_steps,
-        "steps": w.steps,
+        "config": meta["config"],
+        "running": meta["running"],
+        "num_blocks": meta["num_blocks"],
+        "max_num_batched_tokens": meta["kwargs"]["max_num_batched_tokens"],
+        "warmup_steps": warmup,
+        "steps": steps,
         "ops": rec.num_ops,
-        "mean_running": sum(rec.running_after_step[w.warmup_steps:]) / max(1, w.steps),
+        "mean_running": sum(rec.running_after_step[warmup:]) / max(1, steps),
         "trace": rec.counters,
         "record_seconds": rec.seconds,
         "compared": [name for name, _ in factories],
@@ -117,7 +123,7 @@ def run_workload(
     }
     start = time.perf_counter()
     try:
-        on_chunk = (lambda n: progress.advance(n / len(factories))) if progress else None
+        on_chunk = (lambda n: progress.advance(n / len(factories) / len(rec.steps))) if progress else None
         impls = replay_timed(rec, factories, chunk_steps, clock, on_chunk=on_chunk)
     except BenchDivergence as e:
         result["verified"] = False
@@ -128,7 +134,7 @@ def run_workload(
     # Every implementation equals the recording, hence each other.
     result["verified"] = True
     result["timer_overhead_ns"] = impls[0].timer_overhead_ns
-    result["impls"] = {impl.name: impl_result(impl, w.warmup_steps) for impl in impls}
+    result["impls"] = {impl.name: impl_result(impl, warmup) for impl in impls}
     if use_vllm:
         hc, vl = result["impls"]["hybridcache"], result["impls"]["vllm"]
         result["speedup"] = {
@@ -184,17 +190,12 @@ def pool_scale(factory: Callable[[Any], Any], config: Any, num_blocks: int) -> d
 def scale_figures(use_vllm: bool, num_blocks: int = SCALE_BLOCKS, release: str = releases.DEFAULT.version) -> dict[str, Any]:
     """Build time and bytes per block of a `num_blocks` pool (full
     attention), hybridcache's facade for vLLM `release` (and vLLM's manager)."""
-    w = Workload(config="full", release=release)
-    api, kwargs = w.api, w.manager_kwargs()
-    out = {
-        "hybridcache": pool_scale(
-            lambda c: api.tool_facade(c, kwargs), hybridcache_kv_cache_config(w, num_blocks), num_blocks
-        )
-    }
+    api, kwargs, groups = release_api(release), manager_kwargs(), [tools_configs.full(16)]
+    out = {"hybridcache": pool_scale(lambda c: api.tool_facade(c, kwargs),
+                                     tools_configs.hybridcache_kv_cache_config(groups, num_blocks), num_blocks)}
     if use_vllm:
-        out["vllm"] = pool_scale(
-            lambda c: api.tool_vllm(c, kwargs), vllm_kv_cache_config(w, num_blocks), num_blocks
-        )
+        out["vllm"] = pool_scale(lambda c: api.tool_vllm(c, kwargs),
+                                 tools_configs.vllm_kv_cache_config(groups, num_blocks), num_blocks)
     return out
 
 
@@ -231,17 +232,20 @@ def run_bench(
         for c in configs if release is not None and not release.covers(c)
     ]
     configs = [c for c in configs if release is None or release.covers(c)]
-    workloads = [Workload(config=c, running=r, steps=steps, seed=seed, release=name)
-                 for c in configs for r in runnings]
-    total = sum(2 * (w.warmup_steps + w.steps) for w in workloads)
-    progress = Progress(total, show_progress)
+    progress = Progress(len(configs) * len(runnings), show_progress)
     # Everything alive now (vLLM, torch) is left out of later collections.
     gc.collect()
     gc.freeze()
     try:
         progress.phase(f"pool of {scale_blocks:,} blocks")
         scale = scale_figures(bool(vllm_version), scale_blocks, name) if scale_blocks else None
-        results = [run_workload(w, bool(vllm_version), progress, clock=clock) for w in workloads]
+        results = []
+        for c in configs:
+            for r in runnings:
+                progress.phase(f"load {c} @ {r}")
+                rec = recording(c, r, steps, seed, name)
+                results.append(run_recording(rec, bool(vllm_version), progress, clock=clock))
+                del rec
         # The batched decode API is hybridcache's own, timed against a release's per-request decode calls.
         batched, batched_note = _batched(release, configs, runnings, min(steps, 100), seed)
     finally:
@@ -275,10 +279,10 @@ def _batched(release: releases.Release | None, configs: Sequence[str], runnings:
         return None, None
     if not release.per_request_decode:
         return None, BATCHED_NOTE.format(release.version)
-    try:
-        from hybridcache_dev.bench_batched import batched_rows
-    except ImportError:
+    if importlib.util.find_spec("hybridcache_dev") is None:
         return None, BATCHED_DEV
+    from hybridcache_dev.bench_batched import batched_rows
+
     return batched_rows(configs, runnings, steps, seed), None
 
 
@@ -341,19 +345,15 @@ def main(args: Any) -> int:
             return 2
     # Whatever vLLM (or anything else) logs goes to stderr, not into the table
     # / JSON, and only its errors: vLLM's and torch's warnings are quiet.
-    with contextlib.redirect_stdout(sys.stderr), quiet_logs():
-        report = run_bench(
-            configs=args.configs or CONFIGS,
-            runnings=runnings,
-            steps=steps,
-            seed=args.seed,
-            use_vllm=not args.no_vllm,
-            show_progress=not args.no_progress,
-            scale_blocks=max(0, scale_blocks),
-            quick=args.quick,
-            clock=args.clock,
-        )
-        why = plot(report, args.plot) if args.plot else None
+    try:
+        with contextlib.redirect_stdout(sys.stderr), quiet_logs():
+            report = run_bench(configs=args.configs or CONFIGS, runnings=runnings, steps=steps, seed=args.seed,
+                               use_vllm=not args.no_vllm, show_progress=not args.no_progress,
+                               scale_blocks=max(0, scale_blocks), quick=args.quick, clock=args.clock)
+            why = plot(report, args.plot) if args.plot else None
+    except LookupError as e:
+        print(f"hybridcache bench: {e}", file=sys.stderr)
+        return 2
     if args.plot:
         print(why or f"plot written to {args.plot}", file=sys.stderr)
     if args.json:
@@ -387,35 +387,21 @@ def _without_series(r: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = [
-    "ALLOC_NEW",
-    "ALLOC_RUN",
     "CLOCKS",
-    "COMMON_PREFIX",
     "CONFIGS",
     "CONFIG_TITLES",
-    "FREE",
-    "GET_BLOCKS",
-    "GET_COMPUTED",
     "KINDS",
-    "NEW_STEP",
-    "STATS",
-    "TAKE_NEW_IDS",
-    "hybridcache_kv_cache_config",
-    "load_vllm",
-    "make_hybridcache_manager",
-    "make_vllm_manager",
-    "plot",
-    "timer_overhead_ns",
-    "vllm_kv_cache_config",
     "RUNNING",
     "BenchDivergence",
     "Recording",
-    "Workload",
     "format_report",
-    "record",
+    "load_vllm",
+    "plot",
+    "recording",
     "replay_timed",
     "run_bench",
-    "run_workload",
+    "run_recording",
     "scale_figures",
+    "timer_overhead_ns",
+    "tool_release",
 ]
-

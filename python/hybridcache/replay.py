@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import importlib.util
 import sys
 import time
 from typing import Any
@@ -30,12 +32,10 @@ from .tools.release_api import release as release_api
 def _live(args: argparse.Namespace, row: releases.Release | None) -> tuple[dict[str, Any], str] | str:
     """--seed / --requests other than the recording's: the development
     package's live simulation. (summary, requests) or why it cannot run."""
-    try:
-        from hybridcache_dev import replay as dev
-    except ImportError:
+    if importlib.util.find_spec("hybridcache_dev") is None:
         return ("--seed and --requests simulate a new trace with hybridcache's development package "
                 "(pip install -e dev, from the repository); without it the recorded default trace runs")
-    import dataclasses
+    from hybridcache_dev import replay as dev
 
     config = dev.DEFAULT_CONFIG
     if args.requests is not None:

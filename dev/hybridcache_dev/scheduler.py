@@ -4,11 +4,11 @@ step that preempted, draft tokens scheduled with decodes and accepted at
 random), without the model. Subclasses say how a call reaches the manager(s)
 and what else a step does:
 
-- `hybridcache.tools.simulation.ReplaySimulation` (``hybridcache replay``,
+- `simulation.ReplaySimulation` (``hybridcache replay``,
   the parity tests): every public manager call, connector tokens, async
   loads, aborts, evictions and resets, each call fanned out to several
   managers and compared;
-- `hybridcache.tools.bench_trace.Recorder` (``hybridcache bench``): the
+- `bench_trace.Recorder` (``hybridcache bench``): the
   serving hot path on one manager, every call written down for timed replay.
 """
 
@@ -17,7 +17,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from ..request import Request
+from hybridcache.request import Request
+
 from .workload import Seq
 
 
