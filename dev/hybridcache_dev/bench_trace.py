@@ -25,18 +25,17 @@ import argparse
 import dataclasses
 import json
 import lzma
-from dataclasses import dataclass
 import math
 import random
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hybridcache import releases
 from hybridcache.request import Request
-from hybridcache.tools import configs
 from hybridcache.tools.bench_trace import (
     ADMIT_KW,
     ALLOC_NEW,
@@ -63,10 +62,11 @@ from hybridcache.tools.bench_trace import (
     shipped_name,
 )
 from hybridcache.tools.compare import norm_drained, norm_stats, norm_usage
-from hybridcache.tools.configs import GroupSpec
 from hybridcache.tools.release_api import ReleaseApi, release
 
-from .scheduler import SchedulerSim, mamba_block_aligned_split
+from . import configs
+from .configs import GroupSpec
+from .scheduler import SchedulerSim, mamba_block_aligned_split, spelling
 from .workload import Seq, bit_tokens, bursty_drafts, shared_prefix_len
 
 TRACES = Path(__file__).resolve().parents[2] / "python" / "hybridcache" / "traces"
@@ -158,7 +158,7 @@ class Workload:
         return dict(config=self.config, running=self.running, steps=self.steps, seed=self.seed,
                     release=self.release, block_size=self.block_size, warmup_steps=self.warmup_steps,
                     num_blocks=self.num_blocks, groups=[dataclasses.asdict(g) for g in self.groups()],
-                    kwargs=self.manager_kwargs())
+                    kwargs=self.manager_kwargs(), drains=list(spelling(self.api).step_drains))
 
     def manager_kwargs(self) -> dict[str, Any]:
         """The constructor keywords (`hybridcache.tools.bench_trace.manager_kwargs`)."""
@@ -199,10 +199,10 @@ class Recorder(SchedulerSim):
         super().__init__(random.Random(w.seed), w.max_num_batched_tokens, w.running, w.max_model_len)
         self.w = w
         self.m = manager
-        self.api = w.api
-        self.admit_kw = bool(self.api.admission_kwargs(False))
-        self.drains = () if self.api.queries_common_prefix else self.api.step_drains()
-        self.cache_after_output = self.api.caches_after_output(w.max_drafts)
+        self.api, self.calls = w.api, spelling(w.api)
+        self.admit_kw = self.calls.admission_keywords
+        self.drains = () if self.calls.queries_common_prefix else self.calls.step_drains
+        self.cache_after_output = self.calls.caches_after_output(w.max_drafts)
         tokens = bit_tokens(self.rng)
         self.prefixes = [
             tokens(shared_prefix_len(self.rng, w.min_shared_prefix_len, w.max_shared_prefix_len, w.block_size))
@@ -318,7 +318,7 @@ class Recorder(SchedulerSim):
             n = self.split(req, n, hit)
             if n == 0:
                 return None
-        kw = self.api.admission_kwargs(bool(self.running))
+        kw = self.calls.admission_kwargs(bool(self.running))
         blocks = self.m.allocate_slots(req, n, num_new_computed_tokens=hit, new_computed_blocks=computed,
                                        num_lookahead_tokens=0, **kw)
         if self.admit_kw:
@@ -328,8 +328,8 @@ class Recorder(SchedulerSim):
         if blocks is None:
             self.counters["failed_admissions"] += 1
             return None
-        if self.api.records_lookup_stats:
-            self.api.record_lookup(self.m, req, hit)
+        if self.calls.records_lookup_stats:
+            self.m.record_prefix_cache_stats(req, hit)
             self._rec(RECORD_STATS, seq.index, hit, None, None, None)
         self._rec(GET_BLOCKS, seq.index, None, None, None, self.m.get_blocks(req.request_id).get_block_ids())
         req.num_computed_tokens = hit

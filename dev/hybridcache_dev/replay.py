@@ -8,17 +8,16 @@ default configuration instead (`replay_trace`)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
-
-from collections.abc import Callable
 
 from hybridcache import releases
 from hybridcache.tools.compare import Fanout
-from hybridcache.tools.configs import format_mix, hybridcache_manager, vllm_manager
 from hybridcache.tools.oracle import quiet_logs
 from hybridcache.tools.release_api import ReleaseApi, release
 
+from .configs import format_mix, hybridcache_manager, vllm_manager
 from .replay_config import DEFAULT_CONFIG, ReplayConfig
 from .simulation import ReplaySimulation, ReplaySummary
 
@@ -64,6 +63,18 @@ def release_factories(release_name: str) -> tuple[ManagerFactory, ManagerFactory
     api = release(release_name)
     return (lambda c: api.tool_vllm(c.vllm_kv_cache_config(), c.manager_kwargs()),
             lambda c: api.tool_facade(c.vllm_kv_cache_config(), c.manager_kwargs()))
+
+
+def live(seed: int, requests: int | None, row: releases.Release | None) -> tuple[dict[str, Any], str]:
+    """``hybridcache replay --seed / --requests``: the default configuration
+    simulated live (against vLLM release `row`'s manager, or hybridcache
+    alone); (summary, "N requests")."""
+    config = DEFAULT_CONFIG if requests is None else dataclasses.replace(DEFAULT_CONFIG, num_requests=requests)
+    if row is None:
+        summary = run_single(config, seed, hybridcache_factory)
+    else:
+        summary = replay(config, seed, list(release_factories(row.version)), ["vllm", "hybridcache"], row.version)
+    return summary.as_dict(), f"{config.num_requests} requests"
 
 
 # Mixes of the CLI's --mix presets (also usable as --mix NAME).

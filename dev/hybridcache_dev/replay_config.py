@@ -10,9 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridcache.tools.configs import GroupSpec, format_mix, hybridcache_kv_cache_config, vllm_kv_cache_config
-
-from .mixes import parse_mix
+from .configs import GroupSpec, format_mix, hybridcache_kv_cache_config, parse_mix, vllm_kv_cache_config
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -24,10 +24,10 @@ from typing import Any
 from hybridcache import releases
 from hybridcache.tools import trace
 from hybridcache.tools.compare import Fanout
-from hybridcache.tools.configs import format_mix
 from hybridcache.tools.oracle import quiet_logs
 from hybridcache.tools.release_api import release
 
+from .configs import format_mix
 from .replay_config import DEFAULT_CONFIG, ReplayConfig
 from .simulation import ReplaySimulation
 

@@ -26,7 +26,7 @@ from hybridcache.tools.release_api import ReleaseApi, release
 from hybridcache.tools.trace import Runner
 
 from .replay_config import ReplayConfig
-from .scheduler import SchedulerSim, mamba_block_aligned_split
+from .scheduler import SchedulerSim, mamba_block_aligned_split, spelling
 from .workload import Seq, drifting_drafts, prompt_with_prefix, shared_prefix_len, vocab_tokens
 
 
@@ -80,6 +80,7 @@ class ReplaySimulation(SchedulerSim):
         self.fan = fanout
         self.api = api or release(releases.DEFAULT.version)
         self.ops = runner(fanout, self.api)
+        self.calls = spelling(self.api)
         # Every request made: (seq, LoRA id, cache salt, skip_reading_prefix_cache).
         self.created: list[tuple[Seq, int | None, str | None, bool]] = []
         self._tokens = vocab_tokens(self.rng, config.vocab_size)
@@ -283,7 +284,7 @@ class ReplaySimulation(SchedulerSim):
         computed: str | None = None
         hit, external, async_load = 0, 0, False
         if req.num_computed_tokens == 0:
-            found = self.do("lookup", seq)[0]
+            found = self.do("get_computed_blocks", seq)[0]
             computed, hit = "lookup", found[1]
             external, async_load = self._external_tokens(req, hit)
             if external and _later_group_free_hit(found[0]):
@@ -321,11 +322,11 @@ class ReplaySimulation(SchedulerSim):
             num_encoder_tokens=encoder,
             full_sequence_must_fit=rng.random() < cfg.full_sequence_must_fit_prob,
             reserved_blocks=reserved,
-            **self.api.admission_kwargs(bool(self.running)),
+            **self.calls.admission_kwargs(bool(self.running)),
         )
         if blocks is None:
             return None
-        if self.api.records_lookup_stats and req.num_computed_tokens == 0:
+        if self.calls.records_lookup_stats and req.num_computed_tokens == 0:
             self.do("record_prefix_cache_stats", seq, hit)
         self.summary.cache_hit_tokens += hit
         self.summary.hit_requests += hit > 0
@@ -367,7 +368,7 @@ class ReplaySimulation(SchedulerSim):
         cfg, req = self.cfg, seq.req
         room = min(seq.max_tokens - req.num_output_tokens, cfg.max_model_len - req.num_tokens)
         req.append_output_token_ids(self._tokens(min(num_sampled, room)))
-        if self.api.caches_after_output(cfg.max_drafts):
+        if self.calls.caches_after_output(cfg.max_drafts):
             n = req.num_computed_tokens
             self.do("cache_blocks", seq, n)
         return (
@@ -383,7 +384,7 @@ class ReplaySimulation(SchedulerSim):
         row = releases.find(self.api.name)
         if self.running and (row is None or row.common_prefix_blocks):
             self.do("get_num_common_prefix_blocks", self.running[0])
-        for drain in self.api.step_drains():
+        for drain in self.calls.step_drains:
             self.do(drain)
         for seq in self._holders():
             self.do("get_block_ids", seq)

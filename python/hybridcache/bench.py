@@ -1,39 +1,20 @@
 """`hybridcache bench`: scheduler-step latency of hybridcache's manager next to
-the installed vLLM release's (a row of `releases`; layouts a
-release's facade does not cover are skipped with a note), on a built-in,
-seeded serving trace.
+the installed vLLM release's (a row of `releases`; layouts a release's facade
+does not cover are skipped with a note), on recorded serving traces.
 
-How it measures
----------------
-1. *Record.* A scheduler simulation (vLLM's ``Scheduler.schedule`` loop,
-   without the model; the calls spelled as the installed release's scheduler
-   issues them, `tools.release_api`) drives hybridcache's facade for that
-   release over a seeded
-   workload: arrivals with shared prefixes, chunked prefill (Mamba-align
-   block-aligned chunks where the model has align-mode Mamba groups), decode
-   with 0..16 draft tokens and random acceptance, preemption (recompute) when
-   the pool runs dry, and aborts. Every manager call is written down: the
-   operation, its arguments, the request's state at that moment (tokens,
-   computed tokens, preemptions) and the result.
-2. *Replay.* The recording is replayed against a fresh manager of each
-   implementation, in the same process, alternating implementations every few
-   steps (ABBA order) so machine noise hits both. Only the manager calls are
-   timed (``perf_counter_ns`` around each call, or ``thread_time_ns`` with
-   ``--clock thread_time``; the timer's own median cost is subtracted);
-   setting request state and checking results happen outside the timer. As
-   the scheduler does, a running request's allocation is read with
-   ``get_block_ids(allow_none=True)`` and a newly admitted one's table with
-   ``get_blocks(id).get_block_ids()``, inside the timer. The garbage
-   collector is paused while timing and run between step chunks (that spares
-   vLLM, which allocates far more objects).
-3. *Verify.* Every result of every implementation (block tables, hit
-   lengths, common-prefix counts, stats, usage) and the free-block count
-   after every step must equal the recording; otherwise the configuration is
-   reported as diverged.
-
-This module imports vLLM (and torch) only to compare against it. The workload
-and its recording live in `hybridcache.tools.bench_trace`, the timed replay in
-`hybridcache.tools.timed_replay`, the table and the plot in `bench_report`.
+1. *The trace* (`tools.bench_trace`): a scheduler loop over hybridcache's
+   facade, recorded call by call: arrivals with shared prefixes, chunked
+   prefill (Mamba-align block-aligned chunks), decode with 0..16 draft tokens
+   and random acceptance, preemption when the pool runs dry, aborts. The
+   wheel ships the default grid's recordings; the development package
+   records any other size or seed.
+2. *Replay* (`tools.timed_replay`): against a fresh manager of each
+   implementation, alternating every few steps (ABBA order); only the manager
+   calls are timed (the timer's median cost subtracted), the garbage
+   collector paused while timing.
+3. *Verify*: each result agrees with the recording and with the other
+   implementation's, and so do the free blocks after every step; otherwise
+   the configuration is reported as diverged.
 """
 
 from __future__ import annotations
@@ -384,24 +365,3 @@ def _without_series(r: dict[str, Any]) -> dict[str, Any]:
     if "impls" in r:
         r["impls"] = {k: {kk: vv for kk, vv in v.items() if kk != "step_us_all"} for k, v in r["impls"].items()}
     return r
-
-
-__all__ = [
-    "CLOCKS",
-    "CONFIGS",
-    "CONFIG_TITLES",
-    "KINDS",
-    "RUNNING",
-    "BenchDivergence",
-    "Recording",
-    "format_report",
-    "load_vllm",
-    "plot",
-    "recording",
-    "replay_timed",
-    "run_bench",
-    "run_recording",
-    "scale_figures",
-    "timer_overhead_ns",
-    "tool_release",
-]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import importlib.util
 import sys
 import time
@@ -27,25 +26,6 @@ from .tools import configs, trace
 from .tools.compare import ReplayDivergence
 from .tools.oracle import quiet_logs, tool_release
 from .tools.release_api import release as release_api
-
-
-def _live(args: argparse.Namespace, row: releases.Release | None) -> tuple[dict[str, Any], str] | str:
-    """--seed / --requests other than the recording's: the development
-    package's live simulation. (summary, requests) or why it cannot run."""
-    if importlib.util.find_spec("hybridcache_dev") is None:
-        return ("--seed and --requests simulate a new trace with hybridcache's development package "
-                "(pip install -e dev, from the repository); without it the recorded default trace runs")
-    from hybridcache_dev import replay as dev
-
-    config = dev.DEFAULT_CONFIG
-    if args.requests is not None:
-        config = dataclasses.replace(config, num_requests=args.requests)
-    if row is None:
-        summary = dev.run_single(config, args.seed, dev.hybridcache_factory)
-    else:
-        summary = dev.replay(config, args.seed, list(dev.release_factories(row.version)),
-                             ["vllm", "hybridcache"], row.version)
-    return summary.as_dict(), f"{config.num_requests} requests"
 
 
 def _recorded(row: releases.Release | None) -> tuple[dict[str, Any], str]:
@@ -82,11 +62,13 @@ def main(args: argparse.Namespace) -> int:
         # vLLM logs (prefix-cache resets) go to stderr, not into the summary.
         with contextlib.redirect_stdout(sys.stderr), quiet_logs():
             if args.seed != 0 or args.requests is not None:
-                found = _live(args, row)
-                if isinstance(found, str):
-                    print(f"hybridcache replay: {found}", file=sys.stderr)
+                if importlib.util.find_spec("hybridcache_dev") is None:
+                    print("hybridcache replay: --seed and --requests simulate a new trace with hybridcache's "
+                          "development package (pip install -e dev, from the repository)", file=sys.stderr)
                     return 2
-                s, size = found
+                from hybridcache_dev.replay import live
+
+                s, size = live(args.seed, args.requests, row)
             else:
                 s, size = _recorded(row)
     except ReplayDivergence as e:

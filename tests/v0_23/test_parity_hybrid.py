@@ -22,8 +22,7 @@ pytestmark = pytest.mark.vllm("0.23.0")
 from liars import FakeBlocks, LiesOnce
 from hybridcache.tools.compare import ReplayDivergence
 from hybridcache_dev.replay import ReplayConfig, hybridcache_factory, replay, run_single
-from hybridcache.tools.configs import GroupSpec, format_mix
-from hybridcache_dev.mixes import parse_mix
+from hybridcache_dev.configs import GroupSpec, format_mix, parse_mix
 from hybridcache_dev.replay import hybridcache_on_vllm_config_factory, main, vllm_factory
 
 SEEDS = range(4)

@@ -41,7 +41,7 @@ RUNNING, STEPS = (64, 256, 1024), 300
 NEW_STEP, GET_COMPUTED, ALLOC_NEW, ALLOC_RUN, GET_BLOCKS, FREE, COMMON_PREFIX, TAKE_NEW_IDS, STATS = range(9)
 # Calls of later releases' schedulers: admission with its keywords
 # (b = (hit, has_scheduled_reqs)), record_prefix_cache_stats, the per-step
-# drains (`ReleaseApi.step_drains`), cache_blocks after a sampled output.
+# drains (`meta["drains"]`), cache_blocks after a sampled output.
 ADMIT_KW, RECORD_STATS, DRAINS, CACHE_BLOCKS = range(9, 13)
 OP_NAMES = ("new_step_starts", "get_computed_blocks", "allocate_slots (admission)", "allocate_slots (running)",
             "get_blocks", "free", "get_num_common_prefix_blocks", "take_new_block_ids", "stats/usage",
@@ -55,7 +55,8 @@ BLOCKS = "blocks"  # it returned blocks (a shipped recording keeps no ids)
 @dataclass
 class Recording:
     # The workload: config, running, steps, seed, release, block_size,
-    # warmup_steps, num_blocks, groups, kwargs (the tools' constructor keywords).
+    # warmup_steps, num_blocks, groups, kwargs (the tools' constructor
+    # keywords), drains (the manager's per-step drain calls, in order).
     meta: dict[str, Any]
     steps: list[list[Op]]
     free_after_step: list[int]

@@ -33,10 +33,6 @@ class ReleaseApi:
     profile = "whole-block-hits"
     # Where hybridcache's facade for the release lives, and its class.
     facade: tuple[str, str] = ("", "")
-    # Whether the scheduler records a lookup's stats after admitting on it.
-    records_lookup_stats = False
-    # Whether the scheduler reads get_num_common_prefix_blocks.
-    queries_common_prefix = True
 
     def norm_event(self, event: Any) -> Any:
         return norm_event(event)
@@ -75,22 +71,6 @@ class ReleaseApi:
         blocks, hit = m.get_computed_blocks(request)
         return blocks, hit
 
-    def record_lookup(self, m: Any, request: Any, num_hits: int) -> None:
-        """`record_prefix_cache_stats(request, num_hits)` where the API has it."""
-
-    def admission_kwargs(self, has_running: bool) -> dict[str, Any]:
-        """The `allocate_slots` keywords a waiting request's admission adds."""
-        return {}
-
-    def step_drains(self) -> tuple[str, ...]:
-        """The manager's drain calls the scheduler makes every step, after
-        scheduling (in order; each takes no argument)."""
-        return ("take_new_block_ids",)
-
-    def caches_after_output(self, num_spec_tokens: int) -> bool:
-        """Whether the scheduler calls `cache_blocks(request, computed)` after
-        each running request's sampled output."""
-        return False
 
 
 class BoundaryLookupApi(ReleaseApi):
@@ -102,8 +82,6 @@ class BoundaryLookupApi(ReleaseApi):
     bytes, stats with `hits_by_source`."""
 
     profile = "partial-block-hits"
-    records_lookup_stats = True
-    queries_common_prefix = False
     _hash_fn: Any = None
 
     def tool_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -163,17 +141,6 @@ class BoundaryLookupApi(ReleaseApi):
             request.shared_prefix_boundary = boundary  # as the scheduler stores it
         return blocks, hit
 
-    def record_lookup(self, m: Any, request: Any, num_hits: int) -> None:
-        m.record_prefix_cache_stats(request, num_hits)
-
-    def admission_kwargs(self, has_running: bool) -> dict[str, Any]:
-        return {"has_scheduled_reqs": has_running}
-
-    def step_drains(self) -> tuple[str, ...]:
-        return ("take_boundary_state_offloads", "take_kv_cache_block_copies", "take_new_block_ids")
-
-    def caches_after_output(self, num_spec_tokens: int) -> bool:
-        return num_spec_tokens > 0
 
     def norm_event(self, event: Any) -> Any:
         """Every field and the wire bytes (map-encoded)."""

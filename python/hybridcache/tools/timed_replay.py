@@ -163,7 +163,7 @@ def _replay_steps(
     admit_ns = kind["admit_allocate_slots"]
     gcb_ns, blocks_ns, free_ns, other_ns = kind["get_computed_blocks"], kind["get_blocks"], kind["free"], kind["other"]
     warmup = rec.meta["warmup_steps"]
-    drains = rec.api.step_drains()
+    drains = rec.meta["drains"]
     j = 0
     for s in range(first, last):
         if s == warmup:

@@ -44,7 +44,7 @@ from .configs import GroupSpec
 
 FORMAT = 1
 DRAINS = ("take_boundary_state_offloads", "take_kv_cache_block_copies", "take_new_block_ids")
-_NORMS = {"lookup": norm_computed, "allocate_slots": norm_allocated, "get_block_ids": freeze,
+_NORMS = {"get_computed_blocks": norm_computed, "allocate_slots": norm_allocated, "get_block_ids": freeze,
           "get_num_common_prefix_blocks": norm_ids, "usage": norm_usage, **{d: norm_drained for d in DRAINS}}
 
 
@@ -99,7 +99,7 @@ class Runner:
                           make_prefix_cache_stats=api.norm_stats)
 
     def _call(self, m: Any, i: int, name: str, req: Any, rid: str, args: Sequence[Any]) -> Any:
-        if name == "lookup":
+        if name == "get_computed_blocks":
             found = self.api.lookup(m, req)
             self.computed[i] = found[0]
             return found
@@ -107,9 +107,7 @@ class Runner:
             n, kw, source = args
             blocks = {"lookup": self.computed[i], "empty": m.empty_kv_cache_blocks}.get(source)
             return m.allocate_slots(req, n, new_computed_blocks=blocks, **kw)
-        if name == "record_prefix_cache_stats":
-            return self.api.record_lookup(m, req, *args)
-        if name in ("free", "cache_blocks"):
+        if name in ("free", "cache_blocks", "record_prefix_cache_stats"):
             return getattr(m, name)(req, *args)
         if name in ("remove_skipped_blocks", "get_block_ids", "get_num_common_prefix_blocks"):
             return getattr(m, name)(rid, *args)
