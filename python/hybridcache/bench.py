@@ -171,7 +171,7 @@ def pool_scale(factory: Callable[[Any], Any], config: Any, num_blocks: int) -> d
 def scale_figures(use_vllm: bool, num_blocks: int = SCALE_BLOCKS, release: str = releases.DEFAULT.version) -> dict[str, Any]:
     """Build time and bytes per block of a `num_blocks` pool (full
     attention), hybridcache's facade for vLLM `release` (and vLLM's manager)."""
-    api, kwargs, groups = release_api(release), manager_kwargs(), [tools_configs.full(16)]
+    api, kwargs, groups = release_api(release), manager_kwargs(), [tools_configs.GroupSpec("full", 16)]
     out = {"hybridcache": pool_scale(lambda c: api.tool_facade(c, kwargs),
                                      tools_configs.hybridcache_kv_cache_config(groups, num_blocks), num_blocks)}
     if use_vllm:

@@ -229,7 +229,7 @@ def test_pool_state_divergence_is_detected(vllm_factory):
             return getattr(self._pool, name)
 
     cfg = _config(True, True, 16, False, seed=0)
-    with pytest.raises(ReplayDivergence, match="block_pool state") as info:
+    with pytest.raises(ReplayDivergence, match="pool_state") as info:
         replay(cfg, 0, [vllm_factory, lambda c: QueueLiar(vllm_factory(c))])
     assert info.value.step == 0
 
