@@ -28,6 +28,10 @@ def _check(version: str) -> None:
 
 
 def test_oldest_release_trace_is_current() -> None:
+    installed = releases.installed_vllm_version()
+    if installed is not None and releases.find(installed) is not releases.DEFAULT:
+        # Its events and stats would be the installed vLLM's classes.
+        pytest.skip(f"vLLM {installed} is installed: the oldest release's trace is checked in its venv or without vLLM")
     _check(releases.DEFAULT.version)
 
 

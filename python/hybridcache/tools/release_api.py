@@ -1,13 +1,13 @@
 """How `hybridcache replay` and `hybridcache bench` drive one vLLM release:
-its managers (vLLM's own and hybridcache's facade for it), its requests, and
-the calls its scheduler spells its own way. There is one spelling per core
-profile (`hybridcache.releases`): the whole-block-hits API (2-tuple lookup,
-the common-prefix query) and the partial-block-hits API (3-tuple lookup with
-the shared-prefix boundary, `record_prefix_cache_stats` at admission,
-`has_scheduled_reqs`, the per-step drains, events and stats in full).
+its managers (vLLM's own and hybridcache's facade for it), its requests, its
+lookup, and how its events and stats are read. One class per core profile
+(`hybridcache.releases`): the whole-block-hits API (2-tuple lookup) and the
+partial-block-hits API (vLLM's own requests, the 3-tuple lookup with the
+shared-prefix boundary, events and stats in full).
 
 `release(name)` gives the release's `ReleaseApi`. The development package
-(`hybridcache_dev.release_api`) extends these classes with the fuzz's setups.
+extends these classes with the fuzz's setups (`hybridcache_dev.release_api`)
+and spells the scheduler's other calls (`hybridcache_dev.scheduler`).
 Nothing here imports vLLM or torch at import time.
 """
 
@@ -25,9 +25,8 @@ from .compare import norm_event, norm_stats
 
 
 class ReleaseApi:
-    """The whole-block-hits spelling of the scheduler's calls. The tools
-    describe managers with this API's constructor keywords; a later API's
-    `tool_kwargs` gives its own form."""
+    """The whole-block-hits API. The tools describe managers with its
+    constructor keywords; a later API's `tool_kwargs` gives its own form."""
 
     name = ""
     profile = "whole-block-hits"
@@ -72,14 +71,12 @@ class ReleaseApi:
         return blocks, hit
 
 
-
 class BoundaryLookupApi(ReleaseApi):
-    """The partial-block-hits spelling: the constructor keywords of its
-    scheduler (max_in_flight_tokens, num_hash_lookahead_tokens,
-    num_prefill_lookahead, watermark, ...), vLLM's own `Request` with its
-    block hasher, the 3-tuple lookup, lookup stats recorded at admission,
-    three per-step drains, events compared field by field and as msgpack
-    bytes, stats with `hits_by_source`."""
+    """The partial-block-hits API: the constructor keywords of its scheduler
+    (max_in_flight_tokens, num_hash_lookahead_tokens, num_prefill_lookahead,
+    watermark, ...), vLLM's own `Request` with its block hasher, the 3-tuple
+    lookup, events compared field by field and as msgpack bytes, stats with
+    `hits_by_source`."""
 
     profile = "partial-block-hits"
     _hash_fn: Any = None
