@@ -120,7 +120,7 @@ def load(config: str, running: int, steps: int, seed: int, version: str) -> Reco
     """The shipped recording of this workload's first `steps` measured steps, or None."""
     if seed != 0 or running not in RUNNING or steps > STEPS:
         return None
-    path = resources.files("hybridcache").joinpath("traces", shipped_name(config, running, version))
+    path = resources.files("hybridcache") / "traces" / shipped_name(config, running, version)
     if not path.is_file():
         return None
     data = json.loads(lzma.decompress(path.read_bytes()))
@@ -143,7 +143,7 @@ def decode(data: dict[str, Any], num_steps: int) -> Recording:
         ops: list[Op] = []
         for code, d_idx, a, b, dt, dc, dp, answer in (next(rows) for _ in range(count)):
             idx += d_idx
-            state = None
+            state: tuple[int, int, int] | None = None
             if code in STATEFUL:
                 t, c, p = last.get(idx, (0, 0, 0))
                 state = last[idx] = (t + dt, c + dt + dc, p + dp)
@@ -152,7 +152,7 @@ def decode(data: dict[str, Any], num_steps: int) -> Recording:
                 expected = NO_BLOCKS if answer else BLOCKS
             elif code == GET_COMPUTED:
                 expected = (BLOCKS, answer)
-            if code == CACHE_BLOCKS:
+            if code == CACHE_BLOCKS and state is not None:
                 a += state[1]
             elif code == ADMIT_KW:
                 b = (b // 2, bool(b % 2))

@@ -52,7 +52,7 @@ def trace_name(release: str) -> str:
 
 def load(release: str) -> dict[str, Any]:
     """The shipped default trace of vLLM release `release` (FileNotFoundError if none)."""
-    return loads(resources.files("hybridcache").joinpath("traces", trace_name(release)).read_bytes())
+    return loads((resources.files("hybridcache") / "traces" / trace_name(release)).read_bytes())
 
 
 def loads(data: bytes) -> dict[str, Any]:
@@ -136,7 +136,8 @@ class Requests:
     use and kept in the recorded state."""
 
     def __init__(self, trace: dict[str, Any], api: Any):
-        self.rows, self.api, self.live = trace["requests"], api, {}
+        self.rows, self.api = trace["requests"], api
+        self.live: dict[int, Any] = {}
         self.hash_block_size = trace["kwargs"]["hash_block_size"]
         self.max_model_len = trace["kwargs"]["max_model_len"]
 
