@@ -23,11 +23,12 @@ import statistics
 
 from hybridcache.tools import bench_trace as B
 from hybridcache.tools import timed_replay as T
+from hybridcache_dev.bench_trace import Workload, record
 
 
 def _replay(config: str, running: int, steps: int, floor: bool) -> list[int]:
-    w = B.Workload(config=config, running=running, steps=steps, seed=0)
-    rec = B.record(w)
+    w = Workload(config=config, running=running, steps=steps, seed=0)
+    rec = record(w)
     impl = T.new_impl("hybridcache", B.make_hybridcache_manager, rec)
     m = impl.manager
     empty = m.empty_kv_cache_blocks

@@ -26,7 +26,7 @@ from __future__ import annotations
 import sys
 from array import array
 
-from hybridcache.bench_batched import accept_drafts, decoding_manager
+from hybridcache_dev.bench_batched import accept_drafts, decoding_manager
 
 
 def main(argv: list[str]) -> None:

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import sys
 from array import array
+from pathlib import Path
 
-from hybridcache.bench import CONFIGS, Workload, run_workload
-from hybridcache.bench_batched import accept_drafts, decoding_manager
-from hybridcache.releases import SUPPORTED_VLLM_VERSIONS
+# The development package (dev/, not in the wheel: the bench's recorder and its batched decode driver).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
+
+from hybridcache.bench import CONFIGS, run_recording  # noqa: E402
+from hybridcache.releases import SUPPORTED_VLLM_VERSIONS  # noqa: E402
+from hybridcache_dev.bench_batched import accept_drafts, decoding_manager  # noqa: E402
+from hybridcache_dev.bench_trace import Workload, record  # noqa: E402
 
 SEED = 7
 # Each release's facade and rules (the table in hybridcache.releases): their
@@ -26,7 +31,7 @@ RELEASES = SUPPORTED_VLLM_VERSIONS
 
 def drop_in(config: str, running: int, steps: int, release: str) -> None:
     w = Workload(config=config, running=running, steps=steps, seed=SEED, release=release)
-    result = run_workload(w, use_vllm=False)
+    result = run_recording(record(w), use_vllm=False)
     if not result["verified"]:
         raise SystemExit(f"training replay diverged: {result.get('divergence')}")
 

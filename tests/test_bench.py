@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hybridcache import bench
+from hybridcache import bench, releases
 from hybridcache.__main__ import main
+from hybridcache.tools import bench_trace
+from hybridcache_dev.bench_trace import Workload, record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,17 +93,27 @@ def test_bench_table_and_plot(tmp_path, capsys):
 
 
 def test_bench_catches_a_wrong_block_table():
-    w = bench.Workload(config="full+swa", running=8, steps=5)
-    rec = bench.record(w)
+    rec = record(Workload(config="full+swa", running=8, steps=5))
     step, i = next(
         (s, i) for s, ops in enumerate(rec.steps) for i, op in enumerate(ops)
-        if op[0] == bench.ALLOC_RUN and isinstance(op[5], tuple) and any(op[5])
+        if op[0] == bench_trace.ALLOC_RUN and isinstance(op[5], tuple) and any(op[5])
     )
     code, idx, a, b, state, expected = rec.steps[step][i]
     tampered = tuple([*g, 999_999] for g in expected)
     rec.steps[step][i] = (code, idx, a, b, state, tampered)
     with pytest.raises(bench.BenchDivergence, match=f"step {step}"):
-        bench.replay_timed(rec, [("hybridcache", bench.make_hybridcache_manager)])
+        bench.replay_timed(rec, [("hybridcache", bench_trace.make_hybridcache_manager)])
+
+
+def test_a_shipped_recording_catches_a_wrong_allocation_outcome():
+    """A shipped recording keeps whether each allocation got blocks."""
+    rec = bench.recording("full", 64, 3, 0, releases.DEFAULT.version)
+    step, i = next((s, i) for s, ops in enumerate(rec.steps) for i, op in enumerate(ops)
+                   if op[0] == bench_trace.ALLOC_RUN and op[5] == bench_trace.BLOCKS)
+    code, idx, a, b, state, _ = rec.steps[step][i]
+    rec.steps[step][i] = (code, idx, a, b, state, bench_trace.NO_BLOCKS)
+    with pytest.raises(bench.BenchDivergence, match=f"differs from the recording at step {step}"):
+        bench.replay_timed(rec, [("hybridcache", bench_trace.make_hybridcache_manager)])
 
 
 def test_replay_subcommand(capsys):

@@ -11,7 +11,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "python" / "hybridcache"
 # The command-line tools' modules are documented by their --help.
-TOOLS = {"replay.py", "bench.py", "bench_batched.py", "bench_report.py"}
+TOOLS = {"replay.py", "bench.py", "bench_report.py"}
 # The package's modules and every release's folder (tools/ and kernels/ aside).
 MODULES = sorted([p for p in PKG.glob("*.py") if p.name not in TOOLS] + list((PKG / "releases").rglob("*.py")))
 MIN_LEN = 20

@@ -4,8 +4,13 @@ names of the others, form a DAG.
 For Rust (the binding crate, rust/python/src) a module's edges are the paths
 it writes: `crate::a::b`, `super::x`, `self::x` and a bare `child::` of a
 submodule it declares; `mod x;` declares a module and is not an edge. An
-edge goes to the longest module path named. For Python packages an edge is an
-`import` or `from ... import` of a module in the same tree.
+edge goes to the longest module path named. For Python (python/hybridcache
+and the development package, dev/) an edge is a module-level `import` or
+`from ... import` of a module of the tree (not those under `if
+TYPE_CHECKING:`, nor imports inside functions, which run after every module
+has loaded; a module's own parent packages load before it, not a circle).
+A release's folder may import the shared modules and the table, never
+another release's folder.
 """
 
 from __future__ import annotations
@@ -56,10 +61,32 @@ def rust_graph(src: Path) -> dict[tuple[str, ...], set[tuple[str, ...]]]:
     return graph
 
 
-def python_graph(package: Path) -> dict[tuple[str, ...], set[tuple[str, ...]]]:
-    """Each module of the package at `package` -> the package's modules it imports."""
-    top = package.parent
-    files = {f: tuple(f.relative_to(top).with_suffix("").parts) for f in package.rglob("*.py")}
+PACKAGES = (ROOT / "python" / "hybridcache", ROOT / "dev" / "hybridcache_dev")
+
+
+def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    out: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                for h in getattr(node, "handlers", []):
+                    visit(h.body)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                out.append(node)
+
+    visit(tree.body)
+    return out
+
+
+def python_graph(*packages: Path) -> dict[tuple[str, ...], set[tuple[str, ...]]]:
+    """Each module of the packages at `packages` -> the modules of the tree it imports at module level."""
+    files = {f: tuple(f.relative_to(package.parent).with_suffix("").parts)
+             for package in packages for f in package.rglob("*.py")}
     names = {(n[:-1] if n[-1] == "__init__" else n) for n in files.values()}
 
     def resolve(path: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -72,21 +99,18 @@ def python_graph(package: Path) -> dict[tuple[str, ...], set[tuple[str, ...]]]:
         is_pkg = name[-1] == "__init__"
         module = name[:-1] if is_pkg else name
         edges: set[tuple[str, ...]] = set()
-        for node in ast.walk(ast.parse(f.read_text())):
+        for node in _module_level_imports(ast.parse(f.read_text())):
             targets: list[tuple[str, ...]] = []
             if isinstance(node, ast.Import):
                 targets = [tuple(a.name.split(".")) for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
+            else:
                 base = module if is_pkg else module[:-1]
-                if node.level:
-                    base = base[: len(base) - (node.level - 1)]
-                else:
-                    base = ()
-                origin = base + tuple((node.module or "").split(".") if node.module else ())
+                base = base[: len(base) - (node.level - 1)] if node.level else ()
+                origin = base + (tuple(node.module.split(".")) if node.module else ())
                 targets = [origin + (a.name,) for a in node.names] + [origin]
             for t in targets:
                 r = resolve(t)
-                if r is not None and r != module:
+                if r is not None and r != module and module[:len(r)] != r:
                     edges.add(r)
         graph[module] = edges
     return graph
@@ -162,3 +186,60 @@ def test_python_imports_make_edges(tmp_path: Path) -> None:
     assert graph[("pkg", "a")] == {("pkg", "sub"), ("pkg", "sub", "b")}
     assert graph[("pkg", "sub", "b")] == {("pkg", "a")}
     assert find_cycle(graph) == [("pkg", "a"), ("pkg", "sub", "b"), ("pkg", "a")]
+
+
+def _dotted(graph: dict[tuple[str, ...], set[tuple[str, ...]]]) -> dict[str, set[str]]:
+    return {".".join(m): {".".join(e) for e in edges} for m, edges in graph.items()}
+
+
+def test_python_packages_have_no_import_circle() -> None:
+    graph = python_graph(*PACKAGES)
+    assert len(graph) > 40
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import circle: {_show(cycle, '.')}"
+
+
+def test_the_checker_finds_a_planted_circle() -> None:
+    graph = python_graph(*PACKAGES)
+    graph[("hybridcache", "facade")].add(("hybridcache", "releases", "v0_33", "manager"))
+    assert find_cycle(graph) is not None
+
+
+def test_a_release_folder_imports_no_other_release() -> None:
+    graph = _dotted(python_graph(*PACKAGES))
+    folders = {m.split(".")[2] for m in graph if m.startswith("hybridcache.releases.v")}
+    assert folders >= {"v0_23", "v0_33", "v0_34"}
+    for module, imported in graph.items():
+        if module.startswith("hybridcache.releases.v"):
+            own = module.split(".")[2]
+            others = [m for m in imported if m.startswith("hybridcache.releases.v") and m.split(".")[2] != own]
+            assert not others, f"{module} imports {others}"
+    # The shared modules import no release folder at module level.
+    for module, imported in graph.items():
+        if not module.startswith(("hybridcache.releases", "hybridcache.tools", "hybridcache_dev")) \
+                and module != "hybridcache":
+            bad = [m for m in imported if m.startswith("hybridcache.releases.v")]
+            assert not bad, f"{module} imports {bad}"
+
+
+def _reaches(graph: dict[str, set[str]], start: str, target: str) -> bool:
+    seen, stack = set(), [start]
+    while stack:
+        m = stack.pop()
+        if m == target:
+            return True
+        if m not in seen:
+            seen.add(m)
+            stack.extend(graph.get(m, ()))
+    return False
+
+
+def test_the_facades_build_on_the_shared_base() -> None:
+    graph = _dotted(python_graph(*PACKAGES))
+    # The plain manager (the oldest release's API) and every later release's facade.
+    managers = ["hybridcache.manager"] + [m for m in graph if m.startswith("hybridcache.releases.v")
+                                          and m.endswith(".manager")]
+    assert len(managers) >= 3
+    for m in managers:
+        assert _reaches(graph, m, "hybridcache.facade"), m
+    assert not any(m.startswith("hybridcache.releases.v") for m in graph["hybridcache.facade"])

@@ -110,11 +110,12 @@ def test_tools_oracle_refuses_a_release_it_does_not_replicate(monkeypatch: pytes
     import vllm
 
     from hybridcache.tools import oracle
+    from hybridcache_dev.oracle import vllm_missing
 
     monkeypatch.setattr(vllm, "__version__", "0.99.0")
     version, note = oracle.load_vllm()
     assert version is None and "vLLM 0.99.0 is installed, not " in note
-    line = oracle.vllm_missing("hybridcache replay")
+    line = vllm_missing("hybridcache replay")
     assert line is not None and all(f"pip install vllm=={r.version}" in line for r in oracle.ORACLE_RELEASES)
 
 

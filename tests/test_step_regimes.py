@@ -43,7 +43,7 @@ def test_each_regime_runs_its_variants_and_divides_by_its_own_floor() -> None:
 
 
 def test_a_tiny_run_against_the_installed_vllm() -> None:
-    from hybridcache.tools.oracle import vllm_missing
+    from hybridcache_dev.oracle import vllm_missing
 
     from hybridcache import releases
 

@@ -76,8 +76,8 @@ from hybridcache_dev.fuzz_setup import (
     build_vllm,
     random_setup,
 )
-from hybridcache.tools.oracle import quiet_logs, vllm_missing
-from hybridcache_dev.oracle import FUZZ_RELEASES, installed_vllm_version
+from hybridcache.tools.oracle import quiet_logs
+from hybridcache_dev.oracle import FUZZ_RELEASES, installed_vllm_version, vllm_missing
 from hybridcache_dev.release_api import CANDIDATES, release
 
 __all__ = [

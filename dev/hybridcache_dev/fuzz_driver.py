@@ -46,6 +46,9 @@ class Driver(BadInputs):
     `build_hc` / `build_ref` build the managers from the setup (default:
     hybridcache's and vLLM's)."""
 
+    # What the driver keeps of each request (a release's driver adds its state).
+    seq_class: type[Seq] = Seq
+
     def __init__(
         self,
         setup: Setup,
@@ -142,7 +145,7 @@ class Driver(BadInputs):
         if len(self.seqs) >= 10:
             return
         r = self.new_request(c)
-        self.seqs.append(Seq(r))
+        self.seqs.append(self.seq_class(r))
         self.note(f"arrive {r.request_id} tokens={r.num_tokens}")
 
     def op_lookup(self, c: Any) -> None:

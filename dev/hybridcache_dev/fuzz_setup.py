@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridcache import releases
-from hybridcache.tools import configs
-from hybridcache.tools.configs import GroupSpec
+
+from . import configs
+from .configs import GroupSpec
 
 MIXES = ("full", "sw", "full_sw", "full_mamba_align", "sw_mamba", "full_mamba3", "full_chunked")
 MAX_MODEL_LEN = 128

@@ -1,13 +1,14 @@
 """The vLLM oracle as the fuzz and the tests see it: the releases the
-differential fuzz replays, the installed one, and a test module's skip
-when another release (or none) is installed."""
+differential fuzz replays, the installed one, a test module's skip when
+another release (or none) is installed, and the one-line message a tool
+gives when vLLM, torch or another optional package is missing."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from hybridcache import releases
-from hybridcache.tools.oracle import load_vllm
+from hybridcache.tools.oracle import ORACLE_RELEASES, load_vllm, oracle_text
 
 # The releases the differential fuzz replays (`--release`, `release_api`).
 FUZZ_RELEASES: tuple[str, ...] = releases.SUPPORTED_VLLM_VERSIONS
@@ -30,3 +31,20 @@ def module_needs_vllm(version: str) -> Any:
     if releases.find(vllm.__version__) is not releases.find(version):
         pytest.skip(f"needs vLLM {version}, found {vllm.__version__}", allow_module_level=True)
     return vllm
+
+
+def missing(tool: str, what: str, hint: str, why: str = "") -> str:
+    """The one line a tool prints when an optional package is missing."""
+    return f"{tool}: needs {what} ({hint})" + (f"; {why}" if why else "")
+
+
+def vllm_missing(tool: str, accepted: Any = None) -> str | None:
+    """None when a vLLM the tools compare against (or one of `accepted`)
+    imports; else the one line `tool` prints (on stderr, no traceback)
+    before it exits with status 2."""
+    version, note = load_vllm(accepted)
+    if version is not None:
+        return None
+    rows = ORACLE_RELEASES if accepted is None else tuple(accepted)
+    hint = " or ".join(r.install_hint for r in rows)
+    return missing(tool, f"vLLM {oracle_text(rows)} and torch", hint, note)

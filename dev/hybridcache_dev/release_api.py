@@ -21,8 +21,7 @@ from typing import Any
 from hybridcache.tools import release_api as tools_api
 from hybridcache.tools.compare import freeze
 
-from . import scratch_groups
-from hybridcache.tools import configs
+from . import configs, scratch_groups
 from .fuzz_setup import MIXES, Group, Setup, _manager_kwargs, build_hybridcache, build_vllm, group_specs, random_setup
 
 CANDIDATES = ("hybridcache", "vllm")

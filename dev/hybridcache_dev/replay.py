@@ -1,26 +1,81 @@
-"""``python -m hybridcache_dev.replay``: the replay of the wheel's
-``hybridcache replay`` (`hybridcache.replay`) on any mix of KV-cache groups,
-block sizes, seed range and options, against vLLM's manager or
-hybridcache's, for the parity tests and by hand. The mix presets live here;
-the simulation, the comparison and the managers are the wheel's."""
+"""The replay's live simulation (`simulation.ReplaySimulation`) against
+several managers, every output compared: `replay` and `run_single` (the
+parity tests), and ``python -m hybridcache_dev.replay`` on any mix of KV-cache
+groups, block sizes, seed range and options, against vLLM's manager or
+hybridcache's. The wheel's ``hybridcache replay`` applies a recording of the
+default configuration instead (`replay_trace`)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hybridcache import releases
-from hybridcache.replay import (
-    DEFAULT_CONFIG,
-    ManagerFactory,
-    ReplayConfig,
-    hybridcache_factory,
-    release_factories,
-    replay,
-    run_single,
-)
-from hybridcache.tools.configs import format_mix, hybridcache_manager, vllm_manager
+from hybridcache.tools.compare import Fanout
+from hybridcache.tools.oracle import quiet_logs
+from hybridcache.tools.release_api import ReleaseApi, release
+
+from .configs import format_mix, hybridcache_manager, vllm_manager
+from .replay_config import DEFAULT_CONFIG, ReplayConfig
+from .simulation import ReplaySimulation, ReplaySummary
+
+ManagerFactory = Callable[[ReplayConfig], Any]
+
+
+def _run(config: ReplayConfig, seed: int, managers: Sequence[Any], names: Sequence[str],
+         api: ReleaseApi | None = None) -> ReplaySummary:
+    fanout = Fanout(managers, names, seed, config.compare_pool_every_op)
+    # vLLM warns on every refused prefix-cache reset, which the trace provokes.
+    with quiet_logs():
+        return ReplaySimulation(config, seed, fanout, api).run()
+
+
+def replay(config: ReplayConfig, seed: int, factories: Sequence[ManagerFactory], names: Sequence[str] | None = None,
+           release_name: str = releases.DEFAULT.version) -> ReplaySummary:
+    """Simulates one seeded trace against every manager, comparing all outputs.
+
+    The first factory builds the reference manager. The calls are spelled as
+    the scheduler of vLLM `release_name` issues them (`release_factories`
+    gives that release's managers). Raises ReplayDivergence on the first
+    operation whose normalized outputs differ.
+    """
+    if names is None:
+        names = [f"manager{i}" for i in range(len(factories))]
+    return _run(config, seed, [factory(config) for factory in factories], names, release(release_name))
+
+
+def run_single(config: ReplayConfig, seed: int, factory: ManagerFactory) -> ReplaySummary:
+    """Simulates one seeded trace against a single manager (no comparison), timed."""
+    return _run(config, seed, [factory(config)], ["manager"])
+
+
+def hybridcache_factory(config: ReplayConfig) -> Any:
+    """hybridcache's KVCacheManager for `config`, on its own config classes
+    (neither vLLM nor torch needed)."""
+    return hybridcache_manager(config.hybridcache_kv_cache_config(), config.manager_kwargs())
+
+
+def release_factories(release_name: str) -> tuple[ManagerFactory, ManagerFactory]:
+    """(vLLM's manager, hybridcache's facade) for vLLM release `release_name`,
+    both on vLLM's config classes, as that release's scheduler builds them."""
+    api = release(release_name)
+    return (lambda c: api.tool_vllm(c.vllm_kv_cache_config(), c.manager_kwargs()),
+            lambda c: api.tool_facade(c.vllm_kv_cache_config(), c.manager_kwargs()))
+
+
+def live(seed: int, requests: int | None, row: releases.Release | None) -> tuple[dict[str, Any], str]:
+    """``hybridcache replay --seed / --requests``: the default configuration
+    simulated live (against vLLM release `row`'s manager, or hybridcache
+    alone); (summary, "N requests")."""
+    config = DEFAULT_CONFIG if requests is None else dataclasses.replace(DEFAULT_CONFIG, num_requests=requests)
+    if row is None:
+        summary = run_single(config, seed, hybridcache_factory)
+    else:
+        summary = replay(config, seed, list(release_factories(row.version)), ["vllm", "hybridcache"], row.version)
+    return summary.as_dict(), f"{config.num_requests} requests"
+
 
 # Mixes of the CLI's --mix presets (also usable as --mix NAME).
 MIX_PRESETS: dict[str, str] = {
@@ -104,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     factories, release_name = dict(_FACTORIES), releases.DEFAULT.version
     if "vllm" in (args.impl, args.compare):
         # vLLM's manager is the installed release's; hybridcache's is its facade for that release.
-        from hybridcache.bench import tool_release
+        from hybridcache.tools.oracle import tool_release
 
         found, note = tool_release("python -m hybridcache_dev.replay")
         if found is None:

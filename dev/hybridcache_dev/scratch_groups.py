@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hybridcache.tools import configs
+from . import configs
 from .fuzz_setup import Group, Setup, group_specs
 
 MIXES = ("full_circ", "full_swbr", "rswa", "rswa_sw", "full_swx")

@@ -107,7 +107,7 @@ def load_vllm() -> str:
     """The installed vLLM's version (imported quietly), or StepBenchUnavailable
     with the one line the command prints."""
     from hybridcache import releases
-    from hybridcache.tools.oracle import vllm_missing
+    from hybridcache_dev.oracle import vllm_missing
 
     # The step bench runs the installed release's own Scheduler, stock
     # against install(): any release with a facade will do.

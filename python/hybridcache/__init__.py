@@ -27,7 +27,7 @@ from hybridcache.config import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from hybridcache.releases.v0_23.manager import KVCacheManager
+from hybridcache.manager import KVCacheManager
 from hybridcache.releases import SUPPORTED_VLLM_VERSIONS
 from hybridcache.request import LoRARequest, Request
 

@@ -16,71 +16,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from . import __version__
-    from .bench import tool_release
-    from .replay import (
-        DEFAULT_CONFIG,
-        ReplayDivergence,
-        format_mix,
-        hybridcache_factory,
-        release_factories,
-        replay,
-        run_single,
-    )
+    from . import replay
 
-    config = DEFAULT_CONFIG
-    if args.requests is not None:
-        if args.requests <= 0:
-            print("hybridcache replay: --requests must be positive", file=sys.stderr)
-            return 2
-        config = dataclasses.replace(config, num_requests=args.requests)
-    release, note = tool_release("hybridcache replay", not args.no_vllm)
-    layout = format_mix(config.mix)
-    if release is not None and not release.covers(layout):
-        note = (f"vLLM {release.version}: hybridcache's facade does not cover the default trace's layout "
-                f"({layout}) yet, so it is not compared")
-        print(f"hybridcache replay: {note}", file=sys.stderr)
-        release = None
-    vllm_version = release.version if release is not None else None
-    with contextlib.redirect_stdout(sys.stderr):
-        hybridcache_factory(config)  # lazy imports (stats classes) out of the timed run
-    start = time.perf_counter()
-    try:
-        # vLLM logs (prefix-cache resets) go to stderr, not into the summary.
-        with contextlib.redirect_stdout(sys.stderr):
-            if release is not None:
-                # That release's manager and hybridcache's facade for it, its scheduler's calls.
-                summary = replay(config, args.seed, list(release_factories(release.version)),
-                                 ["vllm", "hybridcache"], release.version)
-            else:
-                summary = run_single(config, args.seed, hybridcache_factory)
-    except ReplayDivergence as e:
-        print(f"hybridcache replay: DIVERGED from vLLM {vllm_version}: {e}", file=sys.stderr)
-        return 1
-    elapsed = time.perf_counter() - start
-    s = summary.as_dict() if hasattr(summary, "as_dict") else dict(vars(summary))
-    mode = f"hybridcache {__version__} and vLLM {vllm_version}" if vllm_version else f"hybridcache {__version__}"
-    print(f"replayed the default trace (seed {args.seed}, {config.num_requests} requests) on {mode}")
-    print(
-        f"  {s.get('ops', 0):,} ops, {s.get('steps', 0):,} steps, {s.get('preemptions', 0):,} preemptions, "
-        f"{s.get('cache_hit_tokens', 0):,} prefix-cache hit tokens, {s.get('events', 0):,} KV events, {elapsed:.2f} s"
-    )
-    if vllm_version:
-        print(f"verified identical to vLLM {vllm_version}")
-    elif note.startswith("vLLM not installed"):
-        print("vLLM not installed: ran hybridcache only")
-    else:
-        print(f"{note}: ran hybridcache only")
-    return 0
+    return replay.main(args)
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -1,39 +1,20 @@
 """`hybridcache bench`: scheduler-step latency of hybridcache's manager next to
-the installed vLLM release's (a row of `releases`; layouts a
-release's facade does not cover are skipped with a note), on a built-in,
-seeded serving trace.
+the installed vLLM release's (a row of `releases`; layouts a release's facade
+does not cover are skipped with a note), on recorded serving traces.
 
-How it measures
----------------
-1. *Record.* A scheduler simulation (vLLM's ``Scheduler.schedule`` loop,
-   without the model; the calls spelled as the installed release's scheduler
-   issues them, `tools.release_api`) drives hybridcache's facade for that
-   release over a seeded
-   workload: arrivals with shared prefixes, chunked prefill (Mamba-align
-   block-aligned chunks where the model has align-mode Mamba groups), decode
-   with 0..16 draft tokens and random acceptance, preemption (recompute) when
-   the pool runs dry, and aborts. Every manager call is written down: the
-   operation, its arguments, the request's state at that moment (tokens,
-   computed tokens, preemptions) and the result.
-2. *Replay.* The recording is replayed against a fresh manager of each
-   implementation, in the same process, alternating implementations every few
-   steps (ABBA order) so machine noise hits both. Only the manager calls are
-   timed (``perf_counter_ns`` around each call, or ``thread_time_ns`` with
-   ``--clock thread_time``; the timer's own median cost is subtracted);
-   setting request state and checking results happen outside the timer. As
-   the scheduler does, a running request's allocation is read with
-   ``get_block_ids(allow_none=True)`` and a newly admitted one's table with
-   ``get_blocks(id).get_block_ids()``, inside the timer. The garbage
-   collector is paused while timing and run between step chunks (that spares
-   vLLM, which allocates far more objects).
-3. *Verify.* Every result of every implementation (block tables, hit
-   lengths, common-prefix counts, stats, usage) and the free-block count
-   after every step must equal the recording; otherwise the configuration is
-   reported as diverged.
-
-This module imports vLLM (and torch) only to compare against it. The workload
-and its recording live in `hybridcache.tools.bench_trace`, the timed replay in
-`hybridcache.tools.timed_replay`, the table and the plot in `bench_report`.
+1. *The trace* (`tools.bench_trace`): a scheduler loop over hybridcache's
+   facade, recorded call by call: arrivals with shared prefixes, chunked
+   prefill (Mamba-align block-aligned chunks), decode with 0..16 draft tokens
+   and random acceptance, preemption when the pool runs dry, aborts. The
+   wheel ships the default grid's recordings; the development package
+   records any other size or seed.
+2. *Replay* (`tools.timed_replay`): against a fresh manager of each
+   implementation, alternating every few steps (ABBA order); only the manager
+   calls are timed (the timer's median cost subtracted), the garbage
+   collector paused while timing.
+3. *Verify*: each result agrees with the recording and with the other
+   implementation's, and so do the free blocks after every step; otherwise
+   the configuration is reported as diverged.
 """
 
 from __future__ import annotations
@@ -41,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import importlib.util
 import os
 import sys
 import time
@@ -48,29 +30,21 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import releases
-from .bench_batched import format_batched, run_batched
 from .bench_report import Progress, binding_text, format_report, matplotlib_missing, plot
+from .tools import configs as tools_configs
 from .tools.bench_trace import (
-    ALLOC_NEW,
-    ALLOC_RUN,
-    COMMON_PREFIX,
     CONFIG_TITLES,
     CONFIGS,
-    FREE,
-    GET_BLOCKS,
-    GET_COMPUTED,
-    NEW_STEP,
-    STATS,
-    TAKE_NEW_IDS,
+    RUNNING,
+    STEPS,
     Recording,
-    Workload,
-    hybridcache_kv_cache_config,
+    load,
     make_hybridcache_manager,
     make_vllm_manager,
-    record,
-    vllm_kv_cache_config,
+    manager_kwargs,
 )
-from .tools.oracle import load_vllm, quiet_logs
+from .tools.oracle import load_vllm, quiet_logs, tool_release
+from .tools.release_api import release as release_api
 from .tools.timed_replay import (
     CLOCKS,
     KINDS,
@@ -81,53 +55,48 @@ from .tools.timed_replay import (
     timer_overhead_ns,
 )
 
-RUNNING = (64, 256, 1024)
 SCALE_BLOCKS = 1_000_000
 BATCHED_NOTE = ("batched decode API: not run on vLLM {} (it is hybridcache's own extension, timed against "
                 "a release's per-request decode calls; this release's scheduler does not call it)")
+BATCHED_DEV = ("batched decode API: timed by hybridcache's development package "
+               "(pip install -e dev, from the repository)")
 
 
-def tool_release(tool: str, use_vllm: bool = True) -> tuple[releases.Release | None, str]:
-    """(release, note): the installed vLLM's row of `hybridcache.releases`
-    when hybridcache supports it (the tools then compare against that
-    release's manager), else None and why, in one line: not used, not
-    installed, or `releases.require`'s message listing the supported releases."""
-    if not use_vllm:
-        return None, "vLLM not used (--no-vllm)"
-    version, note = load_vllm(releases.RELEASES)
-    if version is not None:
-        return releases.find(version), note
-    installed = getattr(sys.modules.get("vllm"), "__version__", None)
-    if installed is not None:  # imported, but not a release hybridcache supports
-        try:
-            releases.require(installed, tool)
-        except RuntimeError as e:
-            note = str(e)
-    return None, note
+def recording(config: str, running: int, steps: int, seed: int, release: str) -> Recording:
+    """The workload's recording: shipped (the default grid, seed 0, its first
+    `steps` measured steps), else recorded live by the development package."""
+    rec = load(config, running, steps, seed, release)
+    if rec is not None:
+        return rec
+    if importlib.util.find_spec("hybridcache_dev") is None:
+        raise LookupError(f"the wheel ships the recordings of --running {','.join(map(str, RUNNING))}, up to "
+                          f"--steps {STEPS}, seed 0; other workloads are recorded by hybridcache's development "
+                          "package (pip install -e dev, from the repository)")
+    from hybridcache_dev.bench_trace import Workload, record
+
+    return record(Workload(config=config, running=running, steps=steps, seed=seed, release=release))
 
 
-def run_workload(
-    w: Workload, use_vllm: bool, progress: Any = None, chunk_steps: int = 8, clock: str = "perf_counter"
+def run_recording(
+    rec: Recording, use_vllm: bool, progress: Any = None, chunk_steps: int = 8, clock: str = "perf_counter"
 ) -> dict[str, Any]:
-    """Records `w`, replays it on hybridcache (and vLLM), returns the result."""
-    label = f"{w.config} @ {w.running}"
-    if progress:
-        progress.phase(f"record {label}")
-    rec = record(w, on_step=(lambda: progress.advance(1)) if progress else None)
-    factories: list[tuple[str, Callable[[Workload], Any]]] = [("hybridcache", make_hybridcache_manager)]
+    """Replays `rec` on hybridcache (and vLLM), returns the result."""
+    meta = rec.meta
+    warmup, steps = meta["warmup_steps"], meta["steps"]
+    factories: list[tuple[str, Callable[[Recording], Any]]] = [("hybridcache", make_hybridcache_manager)]
     if use_vllm:
         factories.append(("vllm", make_vllm_manager))
     if progress:
-        progress.phase(f"replay {label}")
+        progress.phase(f"replay {meta['config']} @ {meta['running']}")
     result: dict[str, Any] = {
-        "config": w.config,
-        "running": w.running,
-        "num_blocks": w.num_blocks,
-        "max_num_batched_tokens": w.max_num_batched_tokens,
-        "warmup_steps": w.warmup_steps,
-        "steps": w.steps,
+        "config": meta["config"],
+        "running": meta["running"],
+        "num_blocks": meta["num_blocks"],
+        "max_num_batched_tokens": meta["kwargs"]["max_num_batched_tokens"],
+        "warmup_steps": warmup,
+        "steps": steps,
         "ops": rec.num_ops,
-        "mean_running": sum(rec.running_after_step[w.warmup_steps:]) / max(1, w.steps),
+        "mean_running": sum(rec.running_after_step[warmup:]) / max(1, steps),
         "trace": rec.counters,
         "record_seconds": rec.seconds,
         "compared": [name for name, _ in factories],
@@ -135,7 +104,7 @@ def run_workload(
     }
     start = time.perf_counter()
     try:
-        on_chunk = (lambda n: progress.advance(n / len(factories))) if progress else None
+        on_chunk = (lambda n: progress.advance(n / len(factories) / len(rec.steps))) if progress else None
         impls = replay_timed(rec, factories, chunk_steps, clock, on_chunk=on_chunk)
     except BenchDivergence as e:
         result["verified"] = False
@@ -143,10 +112,10 @@ def run_workload(
         result["replay_seconds"] = time.perf_counter() - start
         return result
     result["replay_seconds"] = time.perf_counter() - start
-    # Every implementation equals the recording, hence each other.
+    # Every result agreed with the recording and across the implementations.
     result["verified"] = True
     result["timer_overhead_ns"] = impls[0].timer_overhead_ns
-    result["impls"] = {impl.name: impl_result(impl, w.warmup_steps) for impl in impls}
+    result["impls"] = {impl.name: impl_result(impl, warmup) for impl in impls}
     if use_vllm:
         hc, vl = result["impls"]["hybridcache"], result["impls"]["vllm"]
         result["speedup"] = {
@@ -202,17 +171,12 @@ def pool_scale(factory: Callable[[Any], Any], config: Any, num_blocks: int) -> d
 def scale_figures(use_vllm: bool, num_blocks: int = SCALE_BLOCKS, release: str = releases.DEFAULT.version) -> dict[str, Any]:
     """Build time and bytes per block of a `num_blocks` pool (full
     attention), hybridcache's facade for vLLM `release` (and vLLM's manager)."""
-    w = Workload(config="full", release=release)
-    api, kwargs = w.api, w.manager_kwargs()
-    out = {
-        "hybridcache": pool_scale(
-            lambda c: api.tool_facade(c, kwargs), hybridcache_kv_cache_config(w, num_blocks), num_blocks
-        )
-    }
+    api, kwargs, groups = release_api(release), manager_kwargs(), [tools_configs.GroupSpec("full", 16)]
+    out = {"hybridcache": pool_scale(lambda c: api.tool_facade(c, kwargs),
+                                     tools_configs.hybridcache_kv_cache_config(groups, num_blocks), num_blocks)}
     if use_vllm:
-        out["vllm"] = pool_scale(
-            lambda c: api.tool_vllm(c, kwargs), vllm_kv_cache_config(w, num_blocks), num_blocks
-        )
+        out["vllm"] = pool_scale(lambda c: api.tool_vllm(c, kwargs),
+                                 tools_configs.vllm_kv_cache_config(groups, num_blocks), num_blocks)
     return out
 
 
@@ -249,20 +213,22 @@ def run_bench(
         for c in configs if release is not None and not release.covers(c)
     ]
     configs = [c for c in configs if release is None or release.covers(c)]
-    workloads = [Workload(config=c, running=r, steps=steps, seed=seed, release=name)
-                 for c in configs for r in runnings]
-    total = sum(2 * (w.warmup_steps + w.steps) for w in workloads)
-    progress = Progress(total, show_progress)
+    progress = Progress(len(configs) * len(runnings), show_progress)
     # Everything alive now (vLLM, torch) is left out of later collections.
     gc.collect()
     gc.freeze()
     try:
         progress.phase(f"pool of {scale_blocks:,} blocks")
         scale = scale_figures(bool(vllm_version), scale_blocks, name) if scale_blocks else None
-        results = [run_workload(w, bool(vllm_version), progress, clock=clock) for w in workloads]
+        results = []
+        for c in configs:
+            for r in runnings:
+                progress.phase(f"load {c} @ {r}")
+                rec = recording(c, r, steps, seed, name)
+                results.append(run_recording(rec, bool(vllm_version), progress, clock=clock))
+                del rec
         # The batched decode API is hybridcache's own, timed against a release's per-request decode calls.
-        batched = (_batched_rows(configs, runnings, min(steps, 100), seed)
-                   if release is not None and release.per_request_decode else None)
+        batched, batched_note = _batched(release, configs, runnings, min(steps, 100), seed)
     finally:
         progress.close()
         gc.unfreeze()
@@ -281,25 +247,24 @@ def run_bench(
         "results": results,
         "skipped": skipped,
         "batched": batched,
-        "batched_note": None if batched or vllm_version is None else BATCHED_NOTE.format(name),
+        "batched_note": batched_note,
         "seconds": time.perf_counter() - start,
     }
 
 
-def _batched_rows(configs: Sequence[str], runnings: Sequence[int], steps: int, seed: int) -> list[dict[str, Any]]:
-    """The batched decode API against vLLM's per-request calls (see bench_batched)."""
+def _batched(release: releases.Release | None, configs: Sequence[str], runnings: Sequence[int], steps: int,
+             seed: int) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """(rows, note): the batched decode API against the release's per-request
+    calls, timed by the development package's `bench_batched` where it is installed."""
+    if release is None:
+        return None, None
+    if not release.per_request_decode:
+        return None, BATCHED_NOTE.format(release.version)
+    if importlib.util.find_spec("hybridcache_dev") is None:
+        return None, BATCHED_DEV
+    from hybridcache_dev.bench_batched import batched_rows
 
-    def make_configs(config: str, num_blocks: int) -> tuple[Any, Any]:
-        w = Workload(config=config, running=1, steps=1, seed=seed)
-        return hybridcache_kv_cache_config(w, num_blocks), vllm_kv_cache_config(w, num_blocks)
-
-    rows = []
-    for config in configs:
-        kwargs = Workload(config=config, running=1, steps=1, seed=seed).manager_kwargs()
-        kwargs.update(log_stats=False, enable_kv_cache_events=False)
-        for running in runnings:
-            rows.append(run_batched(config, running, steps, make_configs, kwargs, seed))
-    return rows
+    return batched_rows(configs, runnings, steps, seed), None
 
 
 def _loadavg() -> list[float] | None:
@@ -361,19 +326,15 @@ def main(args: Any) -> int:
             return 2
     # Whatever vLLM (or anything else) logs goes to stderr, not into the table
     # / JSON, and only its errors: vLLM's and torch's warnings are quiet.
-    with contextlib.redirect_stdout(sys.stderr), quiet_logs():
-        report = run_bench(
-            configs=args.configs or CONFIGS,
-            runnings=runnings,
-            steps=steps,
-            seed=args.seed,
-            use_vllm=not args.no_vllm,
-            show_progress=not args.no_progress,
-            scale_blocks=max(0, scale_blocks),
-            quick=args.quick,
-            clock=args.clock,
-        )
-        why = plot(report, args.plot) if args.plot else None
+    try:
+        with contextlib.redirect_stdout(sys.stderr), quiet_logs():
+            report = run_bench(configs=args.configs or CONFIGS, runnings=runnings, steps=steps, seed=args.seed,
+                               use_vllm=not args.no_vllm, show_progress=not args.no_progress,
+                               scale_blocks=max(0, scale_blocks), quick=args.quick, clock=args.clock)
+            why = plot(report, args.plot) if args.plot else None
+    except LookupError as e:
+        print(f"hybridcache bench: {e}", file=sys.stderr)
+        return 2
     if args.plot:
         print(why or f"plot written to {args.plot}", file=sys.stderr)
     if args.json:
@@ -385,6 +346,8 @@ def main(args: Any) -> int:
         print(format_report(report))
         if report.get("batched"):
             print()
+            from hybridcache_dev.bench_batched import format_batched
+
             print(format_batched(report["batched"], report["vllm"]))
         elif report.get("batched_note"):
             print()
@@ -402,38 +365,3 @@ def _without_series(r: dict[str, Any]) -> dict[str, Any]:
     if "impls" in r:
         r["impls"] = {k: {kk: vv for kk, vv in v.items() if kk != "step_us_all"} for k, v in r["impls"].items()}
     return r
-
-
-__all__ = [
-    "ALLOC_NEW",
-    "ALLOC_RUN",
-    "CLOCKS",
-    "COMMON_PREFIX",
-    "CONFIGS",
-    "CONFIG_TITLES",
-    "FREE",
-    "GET_BLOCKS",
-    "GET_COMPUTED",
-    "KINDS",
-    "NEW_STEP",
-    "STATS",
-    "TAKE_NEW_IDS",
-    "hybridcache_kv_cache_config",
-    "load_vllm",
-    "make_hybridcache_manager",
-    "make_vllm_manager",
-    "plot",
-    "timer_overhead_ns",
-    "vllm_kv_cache_config",
-    "RUNNING",
-    "BenchDivergence",
-    "Recording",
-    "Workload",
-    "format_report",
-    "record",
-    "replay_timed",
-    "run_bench",
-    "run_workload",
-    "scale_figures",
-]
-

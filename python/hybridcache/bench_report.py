@@ -1,6 +1,6 @@
 """What `hybridcache bench` shows: the table (`format_report`), the plot
 (`plot`, needs matplotlib: ``pip install 'vllm-hybridcache[plot]'``) and the
-progress bar on stderr (`Progress`: rich, else tqdm, else plain lines)."""
+progress lines on stderr (`Progress`)."""
 
 from __future__ import annotations
 
@@ -23,64 +23,20 @@ def matplotlib_missing() -> str | None:
 
 
 class Progress:
-    """A progress bar on stderr: rich if installed, else tqdm, else plain lines."""
+    """Progress on stderr: one line per phase, with the share of the work done."""
 
     def __init__(self, total: float, enabled: bool = True):
-        self.total = total
-        self.done = 0.0
-        self.kind = "off"
-        self._last_pct = -1
-        self._desc = ""
-        if not enabled:
-            return
-        try:
-            from rich.console import Console
-            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
-
-            self._rich = RichProgress(
-                TextColumn("{task.description:<34}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                TimeElapsedColumn(), console=Console(stderr=True), transient=True,
-            )
-            self._rich.start()
-            self._task = self._rich.add_task("bench", total=total)
-            self.kind = "rich"
-            return
-        except ImportError:
-            pass
-        try:
-            from tqdm import tqdm
-
-            self._tqdm = tqdm(
-                total=total, file=sys.stderr, leave=False, bar_format="{desc:<34} {bar} {percentage:3.0f}% {elapsed}"
-            )
-            self.kind = "tqdm"
-            return
-        except ImportError:
-            pass
-        self.kind = "plain"
+        self.total, self.done, self.enabled = total, 0.0, enabled
 
     def phase(self, desc: str) -> None:
-        self._desc = desc
-        if self.kind == "rich":
-            self._rich.update(self._task, description=desc)
-        elif self.kind == "tqdm":
-            self._tqdm.set_description_str(desc)
-        elif self.kind == "plain":
+        if self.enabled:
             print(f"[{100 * self.done / max(self.total, 1):3.0f}%] {desc}", file=sys.stderr, flush=True)
 
     def advance(self, n: float) -> None:
         self.done += n
-        if self.kind == "rich":
-            self._rich.advance(self._task, n)
-        elif self.kind == "tqdm":
-            self._tqdm.update(n)
 
     def close(self) -> None:
-        if self.kind == "rich":
-            self._rich.stop()
-        elif self.kind == "tqdm":
-            self._tqdm.close()
-        self.kind = "off"
+        self.enabled = False
 
 
 # --------------------------------------------------------------------------

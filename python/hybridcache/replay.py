@@ -1,113 +1,97 @@
-"""Seeded scheduler-like traces replayed against KVCacheManager implementations.
+"""`hybridcache replay`: the recorded default serving trace of the installed
+vLLM release (`tools.trace`: prefix-cache hits, chunked prefill,
+speculative decoding with changing draft counts, external tokens, async
+loads, preemption, aborts, evictions, resets, KV events) applied to
+hybridcache's facade for that release and to the release's own manager, same
+request objects, every answer compared across the two and with the
+recording. Without vLLM (or with --no-vllm) the oldest release's trace runs
+on hybridcache alone, checked against the recording.
 
-A small, deterministic scheduler simulation (not vLLM's scheduler, but driving
-the manager the way vLLM's ``Scheduler.schedule`` does, with the calls
-spelled as the compared release's scheduler issues them (e.g. a 3-tuple
-lookup, ``record_prefix_cache_stats``, ``has_scheduled_reqs`` and per-step
-drains where the release has them: `tools.release_api`) issues every public call of vLLM's
-v1 ``KVCacheManager`` API: prefix-cache lookups, chunked
-prefill, speculative decoding with changing draft counts, EAGLE lookahead,
-external (connector) tokens, delayed caching, preemption, aborts, evictions
-and prefix-cache resets.
-
-The model's KV-cache groups are described by a *mix* (``ReplayConfig.mix``):
-full attention, sliding window, chunked local attention, Mamba (``none`` /
-``all`` / ``align``, with speculative blocks) and cross attention, each with its
-own block size and EAGLE flag. One simulation serves every mix; where vLLM's
-scheduler treats hybrid models specially the simulation does too (Mamba
-"align" block-aligned prefill chunks, ``new_step_starts`` every step, encoder
-tokens for cross attention, no partial KV-load failures with several groups).
-
-``replay`` applies each operation to several managers at once (same request
-objects) and raises ``ReplayDivergence`` on the first differing output;
-``run_single`` drives one manager and times it.
-
-Nothing here imports torch or vLLM at module import time; the factories of
-``release_factories`` import both when called, ``hybridcache_factory`` neither.
-
-The pieces live in `hybridcache.tools` (groups and config builders,
-`ReplayConfig`, the simulation, the comparisons); this module holds the entry
-points and the manager factories of ``hybridcache replay``. The development
-package's ``python -m hybridcache_dev.replay`` replays any mix and seed range.
+The trace is the development package's simulation (`hybridcache_dev`) of the
+default configuration, seed 0; another --seed or --requests simulates a new
+trace live, with that package (``pip install -e dev`` in the repository).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import argparse
+import contextlib
+import importlib.util
+import sys
+import time
 from typing import Any
 
 from . import releases
-from .tools.compare import Fanout, ReplayDivergence
-from .tools.configs import format_mix, hybridcache_manager
-from .tools.oracle import quiet_logs
-from .tools.release_api import ReleaseApi, release
-from .tools.replay_config import DEFAULT_CONFIG, ReplayConfig
-from .tools.simulation import ReplaySimulation, ReplaySummary
-
-ManagerFactory = Callable[[ReplayConfig], Any]
+from .tools import configs, trace
+from .tools.compare import ReplayDivergence
+from .tools.oracle import quiet_logs, tool_release
+from .tools.release_api import release as release_api
 
 
-# --------------------------------------------------------------------------
-# Entry points.
-# --------------------------------------------------------------------------
+def _recorded(row: releases.Release | None) -> tuple[dict[str, Any], str]:
+    """The shipped trace applied: to `row`'s manager and hybridcache's facade
+    for it, or, without `row`, to the facade alone: the installed vLLM's
+    release's, else the oldest release's (whose requests need no vLLM)."""
+    installed = releases.installed_vllm_version()
+    version = (row or releases.find(installed) or releases.DEFAULT).version
+    recorded, api = trace.load(version), release_api(version)
+    groups, kwargs = trace.groups(recorded), recorded["kwargs"]
+    if row is None:
+        managers = [api.tool_facade(configs.hybridcache_kv_cache_config(groups, recorded["num_blocks"]), kwargs)]
+        names = ["hybridcache"]
+    else:
+        vllm_config = configs.vllm_kv_cache_config(groups, recorded["num_blocks"])
+        managers = [api.tool_vllm(vllm_config, kwargs), api.tool_facade(vllm_config, kwargs)]
+        names = ["vllm", "hybridcache"]
+    # Under a vLLM release hybridcache does not support, events and stats are
+    # that vLLM's classes, unlike the recording's.
+    foreign = installed is not None and releases.find(installed) is None
+    counts = trace.replay(recorded, managers, names, api, unchecked=trace.OBSERVED if foreign else ())
+    return {**recorded["summary"], **counts}, f"{len(recorded['requests'])} requests"
 
 
-def _run(
-    config: ReplayConfig, seed: int, managers: Sequence[Any], names: Sequence[str], api: ReleaseApi | None = None
-) -> ReplaySummary:
-    fanout = Fanout(managers, names, seed, config.compare_pool_every_op)
-    # vLLM warns on every refused prefix-cache reset, which the trace provokes.
-    with quiet_logs():
-        return ReplaySimulation(config, seed, fanout, api).run()
+def main(args: argparse.Namespace) -> int:
+    from . import __version__
 
+    if args.requests is not None and args.requests <= 0:
+        print("hybridcache replay: --requests must be positive", file=sys.stderr)
+        return 2
+    row, note = tool_release("hybridcache replay", not args.no_vllm)
+    layout = trace.load(row.version)["layout"] if row is not None else ""
+    if row is not None and not row.covers(layout):
+        note = (f"vLLM {row.version}: hybridcache's facade does not cover the default trace's layout "
+                f"({layout}) yet, so it is not compared")
+        print(f"hybridcache replay: {note}", file=sys.stderr)
+        row = None
+    start = time.perf_counter()
+    try:
+        # vLLM logs (prefix-cache resets) go to stderr, not into the summary.
+        with contextlib.redirect_stdout(sys.stderr), quiet_logs():
+            if args.seed != 0 or args.requests is not None:
+                if importlib.util.find_spec("hybridcache_dev") is None:
+                    print("hybridcache replay: --seed and --requests simulate a new trace with hybridcache's "
+                          "development package (pip install -e dev, from the repository)", file=sys.stderr)
+                    return 2
+                from hybridcache_dev.replay import live
 
-def replay(
-    config: ReplayConfig,
-    seed: int,
-    factories: Sequence[ManagerFactory],
-    names: Sequence[str] | None = None,
-    release_name: str = releases.DEFAULT.version,
-) -> ReplaySummary:
-    """Replay one seeded trace against every manager, comparing all outputs.
-
-    The first factory builds the reference manager. The calls are spelled as
-    the scheduler of vLLM `release_name` issues them (`release_factories`
-    gives that release's managers). Raises ReplayDivergence on the first
-    operation whose normalized outputs differ.
-    """
-    if names is None:
-        names = [f"manager{i}" for i in range(len(factories))]
-    managers = [factory(config) for factory in factories]
-    return _run(config, seed, managers, names, release(release_name))
-
-
-def run_single(config: ReplayConfig, seed: int, factory: ManagerFactory) -> ReplaySummary:
-    """Replay one seeded trace against a single manager (no comparison), timed."""
-    return _run(config, seed, [factory(config)], ["manager"])
-
-
-def hybridcache_factory(config: ReplayConfig) -> Any:
-    """hybridcache's KVCacheManager for `config`, on its own config classes
-    (so the CLI needs neither vLLM nor torch)."""
-    return hybridcache_manager(config.hybridcache_kv_cache_config(), config.manager_kwargs())
-
-
-def release_factories(release_name: str) -> tuple[ManagerFactory, ManagerFactory]:
-    """(vLLM's manager, hybridcache's facade) for vLLM release `release_name`,
-    both on vLLM's config classes, as that release's scheduler builds them."""
-    api = release(release_name)
-    return (lambda c: api.tool_vllm(c.vllm_kv_cache_config(), c.manager_kwargs()),
-            lambda c: api.tool_facade(c.vllm_kv_cache_config(), c.manager_kwargs()))
-
-
-__all__ = [
-    "DEFAULT_CONFIG",
-    "ReplayConfig",
-    "ReplayDivergence",
-    "ReplaySummary",
-    "format_mix",
-    "hybridcache_factory",
-    "release_factories",
-    "replay",
-    "run_single",
-]
+                s, size = live(args.seed, args.requests, row)
+            else:
+                s, size = _recorded(row)
+    except ReplayDivergence as e:
+        against = f"vLLM {row.version}" if row is not None else "the recording"
+        print(f"hybridcache replay: DIVERGED from {against}: {e}", file=sys.stderr)
+        return 1
+    elapsed = time.perf_counter() - start
+    mode = f"hybridcache {__version__} and vLLM {row.version}" if row else f"hybridcache {__version__}"
+    print(f"replayed the default trace (seed {args.seed}, {size}) on {mode}")
+    print(
+        f"  {s.get('ops', 0):,} ops, {s.get('steps', 0):,} steps, {s.get('preemptions', 0):,} preemptions, "
+        f"{s.get('cache_hit_tokens', 0):,} prefix-cache hit tokens, {s.get('events', 0):,} KV events, {elapsed:.2f} s"
+    )
+    if row is not None:
+        print(f"verified identical to vLLM {row.version}")
+    elif note.startswith("vLLM not installed"):
+        print("vLLM not installed: ran hybridcache only")
+    else:
+        print(f"{note}: ran hybridcache only")
+    return 0

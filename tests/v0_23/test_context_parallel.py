@@ -12,7 +12,7 @@ import pytest
 
 from hybridcache import KVCacheManager
 from hybridcache.request import Request
-from hybridcache.tools import configs
+from hybridcache_dev import configs
 from hybridcache_dev.fuzz_setup import Group, RngChooser, Setup
 
 # Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).

@@ -14,7 +14,7 @@ import pytest
 
 from hybridcache.blocks import BlockView
 from hybridcache.request import Request
-from hybridcache.tools import configs
+from hybridcache_dev import configs
 
 # Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
 pytestmark = pytest.mark.vllm("0.23.0")

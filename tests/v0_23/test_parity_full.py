@@ -16,7 +16,8 @@ import pytest
 pytestmark = pytest.mark.vllm("0.23.0")
 
 from liars import FakeBlocks, LiesOnce
-from hybridcache.replay import DEFAULT_CONFIG, ReplayConfig, ReplayDivergence, replay, run_single
+from hybridcache.tools.compare import ReplayDivergence
+from hybridcache_dev.replay import DEFAULT_CONFIG, ReplayConfig, replay, run_single
 from hybridcache_dev.replay import main
 
 SEEDS = range(6)
@@ -228,7 +229,7 @@ def test_pool_state_divergence_is_detected(vllm_factory):
             return getattr(self._pool, name)
 
     cfg = _config(True, True, 16, False, seed=0)
-    with pytest.raises(ReplayDivergence, match="block_pool state") as info:
+    with pytest.raises(ReplayDivergence, match="pool_state") as info:
         replay(cfg, 0, [vllm_factory, lambda c: QueueLiar(vllm_factory(c))])
     assert info.value.step == 0
 

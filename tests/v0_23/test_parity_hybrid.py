@@ -20,8 +20,9 @@ import pytest
 pytestmark = pytest.mark.vllm("0.23.0")
 
 from liars import FakeBlocks, LiesOnce
-from hybridcache.replay import ReplayConfig, ReplayDivergence, hybridcache_factory, replay, run_single
-from hybridcache.tools.configs import GroupSpec, format_mix, parse_mix
+from hybridcache.tools.compare import ReplayDivergence
+from hybridcache_dev.replay import ReplayConfig, hybridcache_factory, replay, run_single
+from hybridcache_dev.configs import GroupSpec, format_mix, parse_mix
 from hybridcache_dev.replay import hybridcache_on_vllm_config_factory, main, vllm_factory
 
 SEEDS = range(4)

@@ -31,7 +31,7 @@ from vllm.v1.request import Request  # noqa: E402
 
 from hybridcache import events as hc_events  # noqa: E402
 from hybridcache.events import EventBuilder  # noqa: E402
-from hybridcache.tools import configs  # noqa: E402
+from hybridcache_dev import configs  # noqa: E402
 
 BS = 4
 KIND = ("full_attention", None)

@@ -53,8 +53,8 @@ def test_mamba_needs_full_attention_beside_it_and_align_for_prefix_caching() -> 
 
 def _pair(mode: str, num_blocks: int, num_spec: int = 0, checkpoint: int | None = None,
           retention: int | None = None) -> tuple[Any, Any, Any, Any]:
-    from hybridcache.tools import configs
-    from hybridcache.tools.configs import GroupSpec
+    from hybridcache_dev import configs
+    from hybridcache_dev.configs import GroupSpec
     from hybridcache_dev.fuzz_setup import Group, Setup
     from hybridcache_dev.release_api import release
     from vllm.v1.core.kv_cache_manager import KVCacheManager

@@ -25,8 +25,8 @@ BS = 8
 
 def _pair(num_blocks: int = 40, num_spec: int = 1, retention: int | None = None, use_eagle: bool = False,
           events: bool = True) -> tuple[Any, Any, Any, Any]:
-    from hybridcache.tools import configs
-    from hybridcache.tools.configs import GroupSpec
+    from hybridcache_dev import configs
+    from hybridcache_dev.configs import GroupSpec
     from hybridcache_dev.fuzz_setup import Group, Setup
     from hybridcache_dev.release_api import release
     from vllm.v1.core.kv_cache_manager import KVCacheManager

@@ -14,8 +14,10 @@ from liars import FakeBlocks, LiesOnce
 
 from hybridcache import bench
 from hybridcache.__main__ import main
-from hybridcache.replay import DEFAULT_CONFIG, ReplayDivergence, release_factories, replay
+from hybridcache.tools.compare import ReplayDivergence
+from hybridcache_dev.replay import DEFAULT_CONFIG, release_factories, replay
 from hybridcache.tools import bench_trace
+from hybridcache_dev.bench_trace import Workload, record
 
 pytestmark = pytest.mark.vllm("0.33.0")
 
@@ -77,13 +79,13 @@ def test_bench_quick_against_vllm_033(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_bench_records_033_scheduler_calls_and_catches_a_wrong_table() -> None:
-    w = bench.Workload(config="full", running=8, steps=5, release="0.33.0")
-    rec = bench.record(w)
+    rec = record(Workload(config="full", running=8, steps=5, release="0.33.0"))
     codes = {op[0] for ops in rec.steps for op in ops}
     assert {bench_trace.ADMIT_KW, bench_trace.RECORD_STATS, bench_trace.DRAINS, bench_trace.CACHE_BLOCKS} <= codes
     # 0.33.0's scheduler no longer asks for common-prefix blocks.
     assert not codes & {bench_trace.ALLOC_NEW, bench_trace.COMMON_PREFIX}
-    impls = bench.replay_timed(rec, [("hybridcache", bench.make_hybridcache_manager), ("vllm", bench.make_vllm_manager)])
+    impls = bench.replay_timed(rec, [("hybridcache", bench_trace.make_hybridcache_manager),
+                                     ("vllm", bench_trace.make_vllm_manager)])
     assert type(impls[0].manager).__name__ == "VllmKVCacheManager033"  # the class the scheduler builds
     assert type(impls[1].manager).__module__ == "vllm.v1.core.kv_cache_manager"
     step, i = next(
@@ -93,7 +95,7 @@ def test_bench_records_033_scheduler_calls_and_catches_a_wrong_table() -> None:
     code, idx, a, b, state, expected = rec.steps[step][i]
     rec.steps[step][i] = (code, idx, a, b, state, tuple([*g, 999_999] for g in expected))
     with pytest.raises(bench.BenchDivergence, match=f"vllm differs from the recording at step {step}"):
-        bench.replay_timed(rec, [("vllm", bench.make_vllm_manager)])
+        bench.replay_timed(rec, [("vllm", bench_trace.make_vllm_manager)])
 
 
 def test_bench_skips_a_layout_the_facade_does_not_cover(monkeypatch: pytest.MonkeyPatch,

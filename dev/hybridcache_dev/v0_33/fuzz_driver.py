@@ -68,6 +68,8 @@ class PendingSeq(Seq):
 class SchedulerDriver(SchedulerQueries, SchedulerFrees, Driver):
     """One setup: vLLM 0.33.0's manager (reference) and a candidate, same requests."""
 
+    seq_class = PendingSeq
+
     api: PartialBlockHits
 
     def __init__(
@@ -171,13 +173,6 @@ class SchedulerDriver(SchedulerQueries, SchedulerFrees, Driver):
     def pick(self, c: Any, state: str | None = None) -> PendingSeq | None:
         cands = [q for q in self.seqs if state is None or q.state == state]
         return c.choice(cands) if cands else None
-
-    def op_arrive(self, c: Any) -> None:
-        if len(self.seqs) >= 10:
-            return
-        r = self.new_request(c)
-        self.seqs.append(PendingSeq(r))
-        self.note(f"arrive {r.request_id} tokens={r.num_tokens}")
 
     def check(self, op: str) -> None:
         inv = getattr(self.hc, "check_invariants", None)

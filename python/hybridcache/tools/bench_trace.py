@@ -1,31 +1,33 @@
-"""The bench's workload and its recording: `Workload` (one configuration:
-model layout, batch size, trace shape) and `record`, which runs the shared
-scheduler loop (`scheduler.SchedulerSim`) over hybridcache's manager on the
-serving hot path (FCFS, recompute preemption, no connector, no encoder) and
-writes every manager call down, with the request's state at that moment and
-the result, for `timed_replay.replay_timed`. `Workload.release` picks the
-vLLM release: hybridcache's facade for it is recorded, its scheduler's calls
-are the ones written down (`release_api`: the partial-block-hits API adds
-`record_prefix_cache_stats`, `has_scheduled_reqs`, the per-step drains and
-`cache_blocks` after outputs, and drops the common-prefix query)."""
+"""The bench's recorded serving hot path (the development package's
+`hybridcache_dev.bench_trace` records it: a scheduler loop over hybridcache's
+facade, every manager call written down with the request's state and the
+result) and the recordings of the default grid the wheel ships
+(traces/bench-*.json.xz, read by `load`).
+
+An op is (code, request index, a, b, state, expected); `state` is the
+request's (tokens, computed tokens, preemptions) before the call. A shipped
+recording keeps of the results what makes the trace legal: whether each
+allocation got blocks (`BLOCKS` / `NO_BLOCKS`) and each lookup's hit length;
+the timed replay compares every other result across the implementations.
+A request's tokens are a shared prefix and then its own seeded stream
+(`request_tokens`), so a recording ships without them.
+"""
 
 from __future__ import annotations
 
-import math
+import json
+import lzma
 import random
-import time
-from collections.abc import Callable
+from array import array
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
-from ..request import Request
 from .. import releases
+from ..request import Request
 from . import configs
-from .compare import norm_drained, norm_stats, norm_usage
 from .configs import GroupSpec
 from .release_api import ReleaseApi, release
-from .scheduler import SchedulerSim, mamba_block_aligned_split
-from .workload import Seq, bit_tokens, bursty_drafts, prompt_with_prefix, shared_prefix_len
 
 CONFIGS = ("full", "full+swa", "full+3xmamba-align")
 CONFIG_TITLES = {
@@ -33,143 +35,29 @@ CONFIG_TITLES = {
     "full+swa": "full attention + sliding window (128 tokens)",
     "full+3xmamba-align": "full attention + 3 x Mamba (mamba_cache_mode='align', 16 speculative blocks)",
 }
+# The shipped grid: these running counts, this many measured steps, seed 0.
+RUNNING, STEPS = (64, 256, 1024), 300
 
-
-@dataclass(frozen=True)
-class Workload:
-    """One benchmark configuration: model layout, batch size and trace shape."""
-
-    config: str = "full"
-    running: int = 256  # max_num_seqs; the trace keeps about this many running
-    steps: int = 300  # measured scheduler steps (after warm-up)
-    seed: int = 0
-    block_size: int = 16
-    max_model_len: int = 2048
-    min_prompt_len: int = 32
-    max_prompt_len: int = 512
-    min_output_len: int = 32
-    max_output_len: int = 512
-    num_shared_prefixes: int = 16
-    min_shared_prefix_len: int = 64
-    max_shared_prefix_len: int = 384
-    shared_prefix_prob: float = 0.6
-    max_drafts: int = 16
-    no_draft_prob: float = 0.3
-    abort_rate: float = 0.002  # per running request per step
-    sliding_window: int = 128
-    num_mamba_groups: int = 3
-    # Pool: full-attention blocks for this many tokens per running request
-    # (plus what the window / Mamba groups need), tight enough that the pool
-    # runs dry now and then; None: 330 + 560 / sqrt(running) (usage spreads
-    # less with more requests).
-    pool_tokens_per_request: int | None = None
-    # The vLLM release whose manager is compared and whose scheduler's calls
-    # are recorded (`release_api`); hybridcache's facade for it is recorded.
-    release: str = releases.DEFAULT.version
-
-    def __post_init__(self) -> None:
-        if self.config not in CONFIGS:
-            raise ValueError(f"config must be one of {', '.join(CONFIGS)}, got {self.config!r}")
-        if self.running <= 0 or self.steps <= 0:
-            raise ValueError("running and steps must be positive")
-        release(self.release)  # ValueError naming the releases the tools know
-
-    @property
-    def max_num_batched_tokens(self) -> int:
-        return max(2048, min(16384, 16 * self.running))
-
-    @property
-    def mamba_align(self) -> bool:
-        return self.config == "full+3xmamba-align"
-
-    @property
-    def num_speculative_blocks(self) -> int:
-        # vLLM sets MambaSpec.num_speculative_blocks = num_speculative_tokens.
-        return self.max_drafts
-
-    @property
-    def warmup_steps(self) -> int:
-        return 10 + math.ceil(self.running * 300 / self.max_num_batched_tokens)
-
-    @property
-    def num_blocks(self) -> int:
-        bs = self.block_size
-        tokens = self.pool_tokens_per_request or round(330 + 560 / math.sqrt(self.running))
-        per_request = -(-tokens // bs)
-        if self.config == "full+swa":
-            per_request += -(-self.sliding_window // bs) + 1
-        elif self.mamba_align:
-            per_request += self.num_mamba_groups * (2 + self.num_speculative_blocks)
-        return 1 + self.running * per_request + -(-self.max_model_len // bs)
-
-    def groups(self) -> tuple[GroupSpec, ...]:
-        """The model's KV-cache groups."""
-        bs = self.block_size
-        groups = [configs.full(bs)]
-        if self.config == "full+swa":
-            groups.append(configs.sliding_window(self.sliding_window, bs))
-        elif self.mamba_align:
-            groups += [configs.mamba("align", self.num_speculative_blocks, bs)] * self.num_mamba_groups
-        return tuple(groups)
-
-    @property
-    def api(self) -> ReleaseApi:
-        return release(self.release)
-
-    def manager_kwargs(self) -> dict[str, Any]:
-        """The constructor keywords, spelled as the whole-block-hits API's (`ReleaseApi.tool_kwargs`
-        gives another release's form)."""
-        return dict(
-            max_model_len=self.max_model_len,
-            scheduler_block_size=self.block_size,
-            hash_block_size=self.block_size,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            enable_caching=True,
-            use_eagle=False,
-            log_stats=True,
-            enable_kv_cache_events=False,
-        )
-
-
-def hybridcache_kv_cache_config(w: Workload, num_blocks: int | None = None) -> Any:
-    """hybridcache's own config objects for `w` (no vLLM, no torch)."""
-    return configs.hybridcache_kv_cache_config(w.groups(), num_blocks or w.num_blocks)
-
-
-def vllm_kv_cache_config(w: Workload, num_blocks: int | None = None) -> Any:
-    """The same layout as vLLM's own config objects (imports vLLM and torch)."""
-    return configs.vllm_kv_cache_config(w.groups(), num_blocks or w.num_blocks)
-
-
-def make_hybridcache_manager(w: Workload) -> Any:
-    """hybridcache's facade for `w.release`, on its own config classes."""
-    return w.api.tool_facade(hybridcache_kv_cache_config(w), w.manager_kwargs())
-
-
-def make_vllm_manager(w: Workload) -> Any:
-    """vLLM's own manager (the installed release, `w.release`)."""
-    return w.api.tool_vllm(vllm_kv_cache_config(w), w.manager_kwargs())
-
-
-# --------------------------------------------------------------------------
-# The recording
-# --------------------------------------------------------------------------
-
-# Operation codes; an op is (code, request index, a, b, state, expected).
 NEW_STEP, GET_COMPUTED, ALLOC_NEW, ALLOC_RUN, GET_BLOCKS, FREE, COMMON_PREFIX, TAKE_NEW_IDS, STATS = range(9)
 # Calls of later releases' schedulers: admission with its keywords
 # (b = (hit, has_scheduled_reqs)), record_prefix_cache_stats, the per-step
-# drains (`ReleaseApi.step_drains`), cache_blocks after a sampled output.
+# drains (`meta["drains"]`), cache_blocks after a sampled output.
 ADMIT_KW, RECORD_STATS, DRAINS, CACHE_BLOCKS = range(9, 13)
 OP_NAMES = ("new_step_starts", "get_computed_blocks", "allocate_slots (admission)", "allocate_slots (running)",
             "get_blocks", "free", "get_num_common_prefix_blocks", "take_new_block_ids", "stats/usage",
             "allocate_slots (admission)", "record_prefix_cache_stats", "per-step drains", "cache_blocks")
+STATEFUL = frozenset((GET_COMPUTED, ALLOC_NEW, ALLOC_RUN, FREE, ADMIT_KW, CACHE_BLOCKS))
 Op = tuple[int, int, Any, Any, Any, Any]
+NO_BLOCKS = "no blocks"  # allocate_slots returned None
+BLOCKS = "blocks"  # it returned blocks (a shipped recording keeps no ids)
 
 
 @dataclass
 class Recording:
-    workload: Workload
+    # The workload: config, running, steps, seed, release, block_size,
+    # warmup_steps, num_blocks, groups, kwargs (the tools' constructor
+    # keywords), drains (the manager's per-step drain calls, in order).
+    meta: dict[str, Any]
     steps: list[list[Op]]
     free_after_step: list[int]
     running_after_step: list[int]
@@ -185,195 +73,99 @@ class Recording:
     def num_ops(self) -> int:
         return sum(len(s) for s in self.steps)
 
+    @property
+    def api(self) -> ReleaseApi:
+        return release(self.meta["release"])
 
-NO_BLOCKS = "no blocks"  # allocate_slots returned None
-
-
-def _ids(blocks: Any) -> Any:
-    return NO_BLOCKS if blocks is None else blocks.get_block_ids()
-
-
-def _running_ids(blocks: Any) -> Any:
-    """What the scheduler reads of a running request's allocation
-    (`_make_cached_request_data`): None when no group got a new block."""
-    return NO_BLOCKS if blocks is None else blocks.get_block_ids(allow_none=True)
+    def kv_cache_config(self, vllm: bool, num_blocks: int | None = None) -> Any:
+        """The workload's KV-cache config, vLLM's classes or hybridcache's own."""
+        groups = [GroupSpec(**g) for g in self.meta["groups"]]
+        build = configs.vllm_kv_cache_config if vllm else configs.hybridcache_kv_cache_config
+        return build(groups, num_blocks or self.meta["num_blocks"])
 
 
-class Recorder(SchedulerSim):
-    """The shared scheduler loop over one manager, writing every call down."""
-
-    def __init__(self, w: Workload, manager: Any):
-        super().__init__(random.Random(w.seed), w.max_num_batched_tokens, w.running, w.max_model_len)
-        self.w = w
-        self.m = manager
-        self.api = w.api
-        self.admit_kw = bool(self.api.admission_kwargs(False))
-        self.drains = () if self.api.queries_common_prefix else self.api.step_drains()
-        self.cache_after_output = self.api.caches_after_output(w.max_drafts)
-        self._tokens = bit_tokens(self.rng)
-        self.prefixes = [
-            self._tokens(shared_prefix_len(self.rng, w.min_shared_prefix_len, w.max_shared_prefix_len, w.block_size))
-            for _ in range(w.num_shared_prefixes)
-        ]
-        self.seqs: list[Seq] = []
-        self.ops: list[Op] = []
-        self.counters = dict(finished=0, aborted=0, preemptions=0, admitted=0, hit_tokens=0,
-                             failed_admissions=0, decode_allocs=0)
-
-    # ---- workload ----------------------------------------------------------
-
-    def arrive(self) -> None:
-        w, rng = self.w, self.rng
-        while len(self.waiting) < max(4, w.running // 8):
-            n = rng.randint(w.min_prompt_len, w.max_prompt_len)
-            prompt = prompt_with_prefix(rng, self._tokens, n, self.prefixes, w.shared_prefix_prob)
-            idx = len(self.seqs)
-            seq = Seq(Request(f"req-{idx}", prompt, w.block_size), rng.randint(w.min_output_len, w.max_output_len),
-                      index=idx)
-            self.seqs.append(seq)
-            self.waiting.append(seq)
-
-    def next_drafts(self, seq: Seq) -> int:
-        return bursty_drafts(self.rng, self.w.max_drafts, self.w.no_draft_prob)
-
-    # ---- recorded calls ------------------------------------------------------
-
-    @staticmethod
-    def _state(seq: Seq) -> tuple[int, int, int]:
-        r = seq.req
-        return (r.num_tokens, r.num_computed_tokens, r.num_preemptions)
-
-    def _rec(self, code: int, idx: int, a: Any, b: Any, state: Any, expected: Any) -> None:
-        self.ops.append((code, idx, a, b, state, expected))
-
-    def new_step_starts(self) -> None:
-        self.m.new_step_starts()
-        self._rec(NEW_STEP, -1, None, None, None, None)
-
-    def free(self, seq: Seq) -> None:
-        self.m.free(seq.req)
-        self._rec(FREE, seq.index, None, None, self._state(seq), None)
-
-    def allocate_running(self, seq: Seq, n: int) -> Any:
-        req = seq.req
-        state = self._state(seq)
-        decode = req.num_computed_tokens == req.num_tokens - 1
-        blocks = self.m.allocate_slots(req, n, num_lookahead_tokens=0)
-        self._rec(ALLOC_RUN, seq.index, n, decode, state, _running_ids(blocks))
-        self.counters["decode_allocs"] += decode
-        return blocks
-
-    def split(self, req: Request, n: int, hit: int = 0) -> int:
-        """vLLM's `Scheduler._mamba_block_aligned_split` (no EAGLE)."""
-        if not self.w.mamba_align:
-            return n
-        return mamba_block_aligned_split(req, n, req.num_computed_tokens + hit, self.w.block_size)
-
-    # ---- one scheduler step ----------------------------------------------------
-
-    def before_schedule(self) -> None:
-        """Aborts."""
-        rng, w = self.rng, self.w
-        k = int(w.abort_rate * len(self.running) + rng.random())
-        for _ in range(min(k, len(self.running))):
-            seq = self.running.pop(rng.randrange(len(self.running)))
-            self.free(seq)
-            self.counters["aborted"] += 1
-        if self.waiting and rng.random() < w.abort_rate * 10:
-            seq = self.waiting.pop(rng.randrange(len(self.waiting)))
-            self.free(seq)  # holds nothing; vLLM frees it all the same
-            self.counters["aborted"] += 1
-
-    def after_schedule(self) -> None:
-        if self.drains:
-            # Later releases: no common-prefix query (always zeros); the drains every step.
-            got = tuple(norm_drained(getattr(self.m, name)()) for name in self.drains)
-            self._rec(DRAINS, -1, None, None, None, got)
-            return
-        if self.running:
-            head = self.running[0]
-            self._rec(COMMON_PREFIX, head.index, None, None, None,
-                      list(self.m.get_num_common_prefix_blocks(head.rid)))
-        if self.w.mamba_align:  # vLLM's needs_kv_cache_zeroing
-            self._rec(TAKE_NEW_IDS, -1, None, None, None, list(self.m.take_new_block_ids()))
-
-    def step(self) -> dict[Seq, int]:
-        scheduled = super().step()
-        stats = (norm_stats(self.m.make_prefix_cache_stats()), norm_usage(self.m.usage))
-        self._rec(STATS, -1, None, None, None, stats)
-        return scheduled
-
-    def on_preempted(self, seq: Seq) -> None:
-        self.counters["preemptions"] += 1
-
-    def admit(self, seq: Seq, budget: int) -> int | None:
-        req = seq.req
-        state = self._state(seq)
-        computed, hit = self.api.lookup(self.m, req)
-        self._rec(GET_COMPUTED, seq.index, None, None, state, (_ids(computed), hit))
-        n = min(req.num_tokens - hit, budget)
-        if self.w.mamba_align:
-            n = self.split(req, n, hit)
-            if n == 0:
-                return None
-        kw = self.api.admission_kwargs(bool(self.running))
-        blocks = self.m.allocate_slots(req, n, num_new_computed_tokens=hit, new_computed_blocks=computed,
-                                       num_lookahead_tokens=0, **kw)
-        if self.admit_kw:
-            self._rec(ADMIT_KW, seq.index, n, (hit, kw["has_scheduled_reqs"]), state, _ids(blocks))
-        else:
-            self._rec(ALLOC_NEW, seq.index, n, hit, state, _ids(blocks))
-        if blocks is None:
-            self.counters["failed_admissions"] += 1
-            return None
-        if self.api.records_lookup_stats:
-            self.api.record_lookup(self.m, req, hit)
-            self._rec(RECORD_STATS, seq.index, hit, None, None, None)
-        self._rec(GET_BLOCKS, seq.index, None, None, None, self.m.get_blocks(req.request_id).get_block_ids())
-        req.num_computed_tokens = hit
-        self.counters["admitted"] += 1
-        self.counters["hit_tokens"] += hit
-        return n
-
-    def sample(self, seq: Seq, num_sampled: int) -> bool:
-        w, req = self.w, seq.req
-        room = min(seq.max_tokens - req.num_output_tokens, w.max_model_len - 1 - w.max_drafts - req.num_tokens)
-        sampled = min(num_sampled, room)
-        req.append_output_token_ids(self._tokens(sampled))
-        if self.cache_after_output:
-            n = req.num_computed_tokens
-            self.m.cache_blocks(req, n)
-            self._rec(CACHE_BLOCKS, seq.index, n, None, self._state(seq), None)
-        return sampled >= room
-
-    def on_finished(self, seq: Seq) -> None:
-        self.counters["finished"] += 1
+def manager_kwargs(running: int = 256, block_size: int = 16, max_model_len: int = 2048) -> dict[str, Any]:
+    """The bench workloads' constructor keywords (the whole-block-hits API's
+    spelling: `ReleaseApi.tool_kwargs` gives another release's form)."""
+    return dict(max_model_len=max_model_len, scheduler_block_size=block_size, hash_block_size=block_size,
+                max_num_batched_tokens=max(2048, min(16384, 16 * running)), enable_caching=True, use_eagle=False,
+                log_stats=True, enable_kv_cache_events=False)
 
 
-def record(w: Workload, on_step: Callable[[], None] | None = None) -> Recording:
-    """Runs the scheduler simulation once against hybridcache and records it."""
-    start = time.perf_counter()
-    rec = Recorder(w, make_hybridcache_manager(w))
+def make_hybridcache_manager(rec: Recording) -> Any:
+    """hybridcache's facade for the recording's release, on its own config classes."""
+    return rec.api.tool_facade(rec.kv_cache_config(False), rec.meta["kwargs"])
+
+
+def make_vllm_manager(rec: Recording) -> Any:
+    """vLLM's own manager of the recording's release (imports vLLM)."""
+    return rec.api.tool_vllm(rec.kv_cache_config(True), rec.meta["kwargs"])
+
+
+def request_tokens(seed: int, idx: int, prefix: list[int], n: int) -> list[int]:
+    """Request `idx`'s `n` tokens: `prefix`, then 15-bit tokens of its own stream."""
+    drawn = array("H", random.Random(f"{seed}/{idx}").randbytes(2 * (n - len(prefix))))
+    return list(prefix) + [t & 0x7FFF for t in drawn]
+
+
+def shipped_name(config: str, running: int, version: str) -> str:
+    """The file of a workload's recording: one per core profile (the releases
+    that run one profile make the same calls and get the same answers), named
+    for the profile's first release."""
+    profile = releases.of_profile(releases.require(version, "hybridcache bench").profile).version
+    return f"bench-{profile}-{config}-{running}.json.xz"
+
+
+def load(config: str, running: int, steps: int, seed: int, version: str) -> Recording | None:
+    """The shipped recording of this workload's first `steps` measured steps, or None."""
+    if seed != 0 or running not in RUNNING or steps > STEPS:
+        return None
+    path = resources.files("hybridcache") / "traces" / shipped_name(config, running, version)
+    if not path.is_file():
+        return None
+    data = json.loads(lzma.decompress(path.read_bytes()))
+    meta = data["meta"]
+    meta.update(steps=steps, release=version)
+    return decode(data, meta["warmup_steps"] + steps)
+
+
+def decode(data: dict[str, Any], num_steps: int) -> Recording:
+    """The first `num_steps` steps of a shipped recording (the development
+    package's `encode` writes it)."""
+    meta, cols = data["meta"], data["columns"]
+    seed, bs = meta["seed"], meta["block_size"]
+    rows = zip(cols["code"], cols["idx"], cols["a"], cols["b"], cols["tokens"], cols["computed"],
+               cols["preempted"], cols["answer"])
+    last: dict[int, tuple[int, int, int]] = {}
     steps: list[list[Op]] = []
-    free_after: list[int] = []
-    running_after: list[int] = []
-    for _ in range(w.warmup_steps + w.steps):
-        rec.ops = []
-        rec.step()
-        steps.append(rec.ops)
-        free_after.append(rec.m.block_pool.get_num_free_blocks())
-        running_after.append(len(rec.running))
-        if on_step:
-            on_step()
-    return Recording(
-        workload=w,
-        steps=steps,
-        free_after_step=free_after,
-        running_after_step=running_after,
-        request_ids=[s.req.request_id for s in rec.seqs],
-        num_prompt_tokens=[s.req.num_prompt_tokens for s in rec.seqs],
-        token_ids=[s.req.all_token_ids for s in rec.seqs],
-        block_hashes=[s.req.block_hashes for s in rec.seqs],
-        counters=dict(rec.counters),
-        seconds=time.perf_counter() - start,
-    )
+    idx = -1
+    for count in cols["ops_per_step"][:num_steps]:
+        ops: list[Op] = []
+        for code, d_idx, a, b, dt, dc, dp, answer in (next(rows) for _ in range(count)):
+            idx += d_idx
+            state: tuple[int, int, int] | None = None
+            if code in STATEFUL:
+                t, c, p = last.get(idx, (0, 0, 0))
+                state = last[idx] = (t + dt, c + dt + dc, p + dp)
+            expected: Any = None
+            if code in (ALLOC_NEW, ALLOC_RUN, ADMIT_KW):
+                expected = NO_BLOCKS if answer else BLOCKS
+            elif code == GET_COMPUTED:
+                expected = (BLOCKS, answer)
+            if code == CACHE_BLOCKS and state is not None:
+                a += state[1]
+            elif code == ADMIT_KW:
+                b = (b // 2, bool(b % 2))
+            elif code == ALLOC_RUN:
+                b = bool(b)
+            ops.append((code, idx, a, b, state, expected))
+        steps.append(ops)
+    shapes = meta["shapes"]
+    token_ids = [request_tokens(seed, i, meta["prefixes"][k][:used] if k >= 0 else [], drawn)
+                 for i, (k, used, drawn, _) in enumerate(shapes)]
+    requests = [Request(f"req-{i}", tokens, bs) for i, tokens in enumerate(token_ids)]
+    return Recording(meta=meta, steps=steps, free_after_step=data["free_after_step"][:num_steps],
+                     running_after_step=data["running_after_step"][:num_steps],
+                     request_ids=[r.request_id for r in requests], num_prompt_tokens=[s[3] for s in shapes],
+                     token_ids=token_ids, block_hashes=[r.block_hashes for r in requests],
+                     counters={k: v[num_steps - 1] for k, v in meta["counters_after_step"].items()})

@@ -136,7 +136,7 @@ def norm_ids(ids: Sequence[int]) -> tuple[int, ...]:
 
 
 def norm_drained(value: Any) -> tuple[Any, ...]:
-    """A per-step drain's result (`ReleaseApi.step_drains`): new block ids;
+    """A per-step drain's result (the scheduler's calls after scheduling): new block ids;
     (copy-on-write copies, their retained blocks); boundary-state offloads."""
     if isinstance(value, dict):
         return tuple(sorted((k, freeze(v)) for k, v in value.items()))

@@ -1,48 +1,21 @@
-"""KV-cache group layouts of the simulated models, and the one place that
-turns them into configurations: hybridcache's own config classes (no vLLM, no
-torch) or vLLM's (imports both when called).
-
-A layout is a sequence of `GroupSpec`; `parse_mix` reads the compact text form
-the replay CLI takes (``"full,sw:128@32,mamba:align:2,full+eagle"``).
+"""KV-cache group layouts of the tools' workloads (`GroupSpec`, as the
+recordings store them) and the one place that turns them into
+configurations: hybridcache's own config classes (no vLLM, no torch) or
+vLLM's (imports both when called). The development package
+(`hybridcache_dev.configs`) builds, checks and spells layouts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-GROUP_KINDS = ("full", "sliding_window", "chunked_local", "mamba", "cross_attention")
-
-_KIND_ALIASES = {
-    "full": "full",
-    "fa": "full",
-    "full_attention": "full",
-    "sw": "sliding_window",
-    "swa": "sliding_window",
-    "sliding_window": "sliding_window",
-    "chunked": "chunked_local",
-    "local": "chunked_local",
-    "chunked_local": "chunked_local",
-    "mamba": "mamba",
-    "cross": "cross_attention",
-    "cross_attention": "cross_attention",
-}
-
-_SHORT_KIND = {
-    "full": "full",
-    "sliding_window": "sw",
-    "chunked_local": "chunked",
-    "mamba": "mamba",
-    "cross_attention": "cross",
-}
-
-MAMBA_MODES = ("none", "all", "align")
 
 
 @dataclass(frozen=True)
 class GroupSpec:
-    """One KV-cache group of the simulated model.
+    """One KV-cache group of a workload's model (`kind`: full,
+    sliding_window, chunked_local, mamba or cross_attention).
 
     ``block_size`` None: ``ReplayConfig.block_size`` (for Mamba "none" mode,
     ``max_model_len``, as vLLM sizes Mamba blocks without prefix caching).
@@ -65,135 +38,12 @@ class GroupSpec:
     # blocks of a cache mixing precisions).
     half_precision: bool = False
 
-    def __post_init__(self) -> None:
-        kind = _KIND_ALIASES.get(self.kind)
-        if kind is None:
-            raise ValueError(f"unknown KV-cache group kind {self.kind!r}; one of {GROUP_KINDS}")
-        object.__setattr__(self, "kind", kind)
-        if self.block_size is not None and self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if kind == "sliding_window" and not (self.sliding_window or 0) >= 1:
-            raise ValueError("a sliding_window group needs sliding_window >= 1")
-        if kind == "chunked_local" and not (self.attention_chunk_size or 0) >= 1:
-            raise ValueError("a chunked_local group needs attention_chunk_size >= 1")
-        if kind == "mamba":
-            if self.mamba_cache_mode not in (None, *MAMBA_MODES):
-                raise ValueError(f"mamba_cache_mode must be one of {MAMBA_MODES}, got {self.mamba_cache_mode!r}")
-            if self.num_speculative_blocks < 0:
-                raise ValueError("num_speculative_blocks must be >= 0")
-
     @property
     def size(self) -> int:
         """The block size of a resolved group."""
         if self.block_size is None:
             raise ValueError(f"group {self} has no block size yet (resolve it first)")
         return self.block_size
-
-    def __str__(self) -> str:
-        text = _SHORT_KIND[self.kind]
-        if self.kind == "sliding_window":
-            text += f":{self.sliding_window}"
-        elif self.kind == "chunked_local":
-            text += f":{self.attention_chunk_size}"
-        elif self.kind == "mamba" and (self.mamba_cache_mode or self.num_speculative_blocks):
-            text += f":{self.mamba_cache_mode or 'auto'}"
-            if self.num_speculative_blocks:
-                text += f":{self.num_speculative_blocks}"
-        if self.block_size is not None:
-            text += f"@{self.block_size}"
-        if self.is_eagle_group:
-            text += "+eagle"
-        if self.half_precision:
-            text += "+bf16"
-        return text
-
-
-def full(block_size: int | None = None, *, eagle: bool = False) -> GroupSpec:
-    return GroupSpec("full", block_size, is_eagle_group=eagle)
-
-
-def sliding_window(window: int, block_size: int | None = None, *, eagle: bool = False) -> GroupSpec:
-    return GroupSpec("sliding_window", block_size, sliding_window=window, is_eagle_group=eagle)
-
-
-def chunked_local(chunk: int, block_size: int | None = None, *, eagle: bool = False) -> GroupSpec:
-    return GroupSpec("chunked_local", block_size, attention_chunk_size=chunk, is_eagle_group=eagle)
-
-
-def mamba(
-    mode: str | None = None,
-    num_speculative_blocks: int = 0,
-    block_size: int | None = None,
-    *,
-    eagle: bool = False,
-) -> GroupSpec:
-    return GroupSpec(
-        "mamba",
-        block_size,
-        mamba_cache_mode=mode,
-        num_speculative_blocks=num_speculative_blocks,
-        is_eagle_group=eagle,
-    )
-
-
-def cross_attention(block_size: int | None = None) -> GroupSpec:
-    return GroupSpec("cross_attention", block_size)
-
-
-def parse_mix(text: str) -> tuple[GroupSpec, ...]:
-    """Parses a mix such as ``"full,sw:128@32,mamba:align:2,full+eagle"``.
-
-    Comma-separated groups, each ``KIND[:ARGS][@BLOCK_SIZE][+eagle]``; ``*N``
-    after a group repeats it. Kinds: ``full``; ``sw:WINDOW``;
-    ``chunked:CHUNK``; ``mamba[:MODE[:NUM_SPECULATIVE_BLOCKS]]`` (MODE one of
-    none/all/align/auto); ``cross``.
-    """
-    groups: list[GroupSpec] = []
-    for raw in text.split(","):
-        item = raw.strip()
-        if not item:
-            raise ValueError(f"empty group in mix {text!r}")
-        repeat = 1
-        if "*" in item:
-            item, count = item.rsplit("*", 1)
-            repeat = int(count)
-        eagle = False
-        if item.endswith("+eagle"):
-            item, eagle = item[: -len("+eagle")], True
-        block_size = None
-        if "@" in item:
-            item, size = item.split("@", 1)
-            block_size = int(size)
-        name, *args = item.split(":")
-        kind = _KIND_ALIASES.get(name)
-        try:
-            if kind == "full" and not args:
-                group = full(block_size, eagle=eagle)
-            elif kind == "sliding_window" and len(args) == 1:
-                group = sliding_window(int(args[0]), block_size, eagle=eagle)
-            elif kind == "chunked_local" and len(args) == 1:
-                group = chunked_local(int(args[0]), block_size, eagle=eagle)
-            elif kind == "mamba" and len(args) <= 2:
-                mode = args[0] if args and args[0] != "auto" else None
-                nspec = int(args[1]) if len(args) > 1 else 0
-                group = mamba(mode, nspec, block_size, eagle=eagle)
-            elif kind == "cross_attention" and not args and not eagle:
-                group = cross_attention(block_size)
-            else:
-                raise ValueError
-        except ValueError as e:
-            raise ValueError(f"cannot parse mix group {raw.strip()!r} ({e or 'bad arguments'})") from None
-        groups.extend([group] * repeat)
-    return tuple(groups)
-
-
-def format_mix(groups: Iterable[GroupSpec]) -> str:
-    return ",".join(str(g) for g in groups)
-
-
-# --------------------------------------------------------------------------
-# The config builders: one per implementation, both from the same groups.
-# --------------------------------------------------------------------------
 
 
 def hybridcache_kv_cache_config(groups: Sequence[GroupSpec], num_blocks: int) -> Any:
@@ -252,19 +102,3 @@ def vllm_kv_cache_config(groups: Sequence[GroupSpec], num_blocks: int) -> Any:
             )
         specs.append(iface.KVCacheGroupSpec([f"layer{i}"], spec, is_eagle_group=g.is_eagle_group))
     return iface.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=specs)
-
-
-def hybridcache_manager(kv_cache_config: Any, kwargs: dict[str, Any]) -> Any:
-    """hybridcache's facade of vLLM 0.23.0 on `kv_cache_config` (its own or
-    vLLM's classes): `KVCacheManager` answering as vLLM's where a caller
-    never calls `new_step_starts()` (None, not hybridcache's own error)."""
-    from ..releases.v0_23.scheduler import VllmKVCacheManager
-
-    return VllmKVCacheManager(kv_cache_config, **kwargs)
-
-
-def vllm_manager(kv_cache_config: Any, kwargs: dict[str, Any]) -> Any:
-    """vLLM's own KVCacheManager (the whole-block-hits keywords) on `kv_cache_config`."""
-    from vllm.v1.core.kv_cache_manager import KVCacheManager
-
-    return KVCacheManager(kv_cache_config, **kwargs)

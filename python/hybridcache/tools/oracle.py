@@ -1,8 +1,7 @@
 """The vLLM side of the differential tools: importing vLLM (the oracle)
 quietly, checking that it is a release the tools compare against
-(`hybridcache.releases`, `tools_oracle`), keeping its and torch's log lines out
-of a run, and the one-line message a tool gives when vLLM, torch or another
-optional package is missing.
+(`hybridcache.releases`, `tools_oracle`), naming the release the user
+commands compare against, and keeping its and torch's log lines out of a run.
 
 Nothing here imports vLLM or torch at module import time.
 """
@@ -74,26 +73,29 @@ def load_vllm(accepted: Any = None) -> tuple[str | None, str]:
     release = releases.find(version)
     accepted = ORACLE_RELEASES if accepted is None else tuple(accepted)
     if release is None or release not in accepted:
-        return None, f"vLLM {version} is installed, not {_oracle_text(accepted)}"
+        return None, f"vLLM {version} is installed, not {oracle_text(accepted)}"
     return version, f"vLLM {version}"
 
 
-def _oracle_text(accepted: Any = None) -> str:
+def oracle_text(accepted: Any = None) -> str:
+    """The releases the tools compare against (or `accepted`), as "A or B"."""
     return " or ".join(r.version for r in (ORACLE_RELEASES if accepted is None else accepted))
 
 
-def missing(tool: str, what: str, hint: str, why: str = "") -> str:
-    """The one line a tool prints when an optional package is missing."""
-    return f"{tool}: needs {what} ({hint})" + (f"; {why}" if why else "")
-
-
-def vllm_missing(tool: str, accepted: Any = None) -> str | None:
-    """None when a vLLM the tools compare against (or one of `accepted`)
-    imports; else the one line `tool` prints (on stderr, no traceback)
-    before it exits with status 2."""
-    version, note = load_vllm(accepted)
+def tool_release(tool: str, use_vllm: bool = True) -> tuple[releases.Release | None, str]:
+    """(release, note): the installed vLLM's row of `hybridcache.releases`
+    when hybridcache supports it (the tools then compare against that
+    release's manager), else None and why, in one line: not used, not
+    installed, or `releases.require`'s message listing the supported releases."""
+    if not use_vllm:
+        return None, "vLLM not used (--no-vllm)"
+    version, note = load_vllm(releases.RELEASES)
     if version is not None:
-        return None
-    rows = ORACLE_RELEASES if accepted is None else tuple(accepted)
-    hint = " or ".join(r.install_hint for r in rows)
-    return missing(tool, f"vLLM {_oracle_text(rows)} and torch", hint, note)
+        return releases.find(version), note
+    installed = getattr(sys.modules.get("vllm"), "__version__", None)
+    if installed is not None:  # imported, but not a release hybridcache supports
+        try:
+            releases.require(installed, tool)
+        except RuntimeError as e:
+            note = str(e)
+    return None, note

@@ -1,13 +1,13 @@
 """How `hybridcache replay` and `hybridcache bench` drive one vLLM release:
-its managers (vLLM's own and hybridcache's facade for it), its requests, and
-the calls its scheduler spells its own way. There is one spelling per core
-profile (`hybridcache.releases`): the whole-block-hits API (2-tuple lookup,
-the common-prefix query) and the partial-block-hits API (3-tuple lookup with
-the shared-prefix boundary, `record_prefix_cache_stats` at admission,
-`has_scheduled_reqs`, the per-step drains, events and stats in full).
+its managers (vLLM's own and hybridcache's facade for it), its requests, its
+lookup, and how its events and stats are read. One class per core profile
+(`hybridcache.releases`): the whole-block-hits API (2-tuple lookup) and the
+partial-block-hits API (vLLM's own requests, the 3-tuple lookup with the
+shared-prefix boundary, events and stats in full).
 
 `release(name)` gives the release's `ReleaseApi`. The development package
-(`hybridcache_dev.release_api`) extends these classes with the fuzz's setups.
+extends these classes with the fuzz's setups (`hybridcache_dev.release_api`)
+and spells the scheduler's other calls (`hybridcache_dev.scheduler`).
 Nothing here imports vLLM or torch at import time.
 """
 
@@ -25,18 +25,13 @@ from .compare import norm_event, norm_stats
 
 
 class ReleaseApi:
-    """The whole-block-hits spelling of the scheduler's calls. The tools
-    describe managers with this API's constructor keywords; a later API's
-    `tool_kwargs` gives its own form."""
+    """The whole-block-hits API. The tools describe managers with its
+    constructor keywords; a later API's `tool_kwargs` gives its own form."""
 
     name = ""
     profile = "whole-block-hits"
     # Where hybridcache's facade for the release lives, and its class.
     facade: tuple[str, str] = ("", "")
-    # Whether the scheduler records a lookup's stats after admitting on it.
-    records_lookup_stats = False
-    # Whether the scheduler reads get_num_common_prefix_blocks.
-    queries_common_prefix = True
 
     def norm_event(self, event: Any) -> Any:
         return norm_event(event)
@@ -75,35 +70,15 @@ class ReleaseApi:
         blocks, hit = m.get_computed_blocks(request)
         return blocks, hit
 
-    def record_lookup(self, m: Any, request: Any, num_hits: int) -> None:
-        """`record_prefix_cache_stats(request, num_hits)` where the API has it."""
-
-    def admission_kwargs(self, has_running: bool) -> dict[str, Any]:
-        """The `allocate_slots` keywords a waiting request's admission adds."""
-        return {}
-
-    def step_drains(self) -> tuple[str, ...]:
-        """The manager's drain calls the scheduler makes every step, after
-        scheduling (in order; each takes no argument)."""
-        return ("take_new_block_ids",)
-
-    def caches_after_output(self, num_spec_tokens: int) -> bool:
-        """Whether the scheduler calls `cache_blocks(request, computed)` after
-        each running request's sampled output."""
-        return False
-
 
 class BoundaryLookupApi(ReleaseApi):
-    """The partial-block-hits spelling: the constructor keywords of its
-    scheduler (max_in_flight_tokens, num_hash_lookahead_tokens,
-    num_prefill_lookahead, watermark, ...), vLLM's own `Request` with its
-    block hasher, the 3-tuple lookup, lookup stats recorded at admission,
-    three per-step drains, events compared field by field and as msgpack
-    bytes, stats with `hits_by_source`."""
+    """The partial-block-hits API: the constructor keywords of its scheduler
+    (max_in_flight_tokens, num_hash_lookahead_tokens, num_prefill_lookahead,
+    watermark, ...), vLLM's own `Request` with its block hasher, the 3-tuple
+    lookup, events compared field by field and as msgpack bytes, stats with
+    `hits_by_source`."""
 
     profile = "partial-block-hits"
-    records_lookup_stats = True
-    queries_common_prefix = False
     _hash_fn: Any = None
 
     def tool_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -163,17 +138,6 @@ class BoundaryLookupApi(ReleaseApi):
             request.shared_prefix_boundary = boundary  # as the scheduler stores it
         return blocks, hit
 
-    def record_lookup(self, m: Any, request: Any, num_hits: int) -> None:
-        m.record_prefix_cache_stats(request, num_hits)
-
-    def admission_kwargs(self, has_running: bool) -> dict[str, Any]:
-        return {"has_scheduled_reqs": has_running}
-
-    def step_drains(self) -> tuple[str, ...]:
-        return ("take_boundary_state_offloads", "take_kv_cache_block_copies", "take_new_block_ids")
-
-    def caches_after_output(self, num_spec_tokens: int) -> bool:
-        return num_spec_tokens > 0
 
     def norm_event(self, event: Any) -> Any:
         """Every field and the wire bytes (map-encoded)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from hybridcache.coordinator import coordinator_view
-from hybridcache.releases.v0_23.manager import KVCacheManager
+from hybridcache.manager import KVCacheManager
 
 
 class VllmKVCacheManager(KVCacheManager):

@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..request import Request
+from hybridcache.request import Request
 
 
 @dataclass(eq=False)

@@ -19,12 +19,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .. import releases
-from ..request import Request
-from .compare import Fanout, freeze, norm_allocated, norm_computed, norm_drained, norm_ids, norm_usage, pool_state
-from .release_api import ReleaseApi, release
+from hybridcache import releases
+from hybridcache.request import Request
+from hybridcache.tools.compare import Fanout
+from hybridcache.tools.release_api import ReleaseApi, release
+from hybridcache.tools.trace import Runner
+
 from .replay_config import ReplayConfig
-from .scheduler import SchedulerSim, mamba_block_aligned_split
+from .scheduler import SchedulerSim, mamba_block_aligned_split, spelling
 from .workload import Seq, drifting_drafts, prompt_with_prefix, shared_prefix_len, vocab_tokens
 
 
@@ -71,11 +73,16 @@ class ReplaySimulation(SchedulerSim):
     requests, its lookup and admission calls, its per-step drains, its
     events and stats."""
 
-    def __init__(self, config: ReplayConfig, seed: int, fanout: Fanout, api: ReleaseApi | None = None):
+    def __init__(self, config: ReplayConfig, seed: int, fanout: Fanout, api: ReleaseApi | None = None,
+                 runner: type[Runner] = Runner):
         super().__init__(random.Random(seed), config.max_num_batched_tokens, config.max_running, config.max_model_len)
         self.cfg = config
         self.fan = fanout
         self.api = api or release(releases.DEFAULT.version)
+        self.ops = runner(fanout, self.api)
+        self.calls = spelling(self.api)
+        # Every request made: (seq, LoRA id, cache salt, skip_reading_prefix_cache).
+        self.created: list[tuple[Seq, int | None, str | None, bool]] = []
         self._tokens = vocab_tokens(self.rng, config.vocab_size)
         self.summary = ReplaySummary(seed=seed)
         self.prefixes = [self._prefix() for _ in range(config.num_shared_prefixes)]
@@ -106,17 +113,13 @@ class ReplaySimulation(SchedulerSim):
         cfg, rng = self.cfg, self.rng
         lora_id = rng.randint(1, 2) if rng.random() < cfg.lora_prob else None
         salt = f"salt{rng.randint(0, 1)}" if rng.random() < cfg.cache_salt_prob else None
-        req = self.api.tool_request(
-            self._request_id(),
-            self._prompt(),
-            cfg.hash_block_size,
-            cfg.max_model_len,
-            lora_id=lora_id,
-            cache_salt=salt,
-            skip_reading_prefix_cache=rng.random() < cfg.skip_prefix_cache_prob,
-        )
+        rid, prompt = self._request_id(), self._prompt()
+        skip = rng.random() < cfg.skip_prefix_cache_prob
+        req = self.api.tool_request(rid, prompt, cfg.hash_block_size, cfg.max_model_len,
+                                    lora_id=lora_id, cache_salt=salt, skip_reading_prefix_cache=skip)
+        seq = Seq(req, max_tokens=rng.randint(1, cfg.max_output_len), index=len(self.created))
+        self.created.append((seq, lora_id, salt, skip))
         self.next_req += 1
-        seq = Seq(req, max_tokens=rng.randint(1, cfg.max_output_len))
         if cfg.has_cross_attention:
             seq.encoder_tokens = rng.randint(1, cfg.max_encoder_len)
         return seq
@@ -138,18 +141,17 @@ class ReplaySimulation(SchedulerSim):
 
     # ---- manager calls --------------------------------------------------
 
+    def do(self, name: str, seq: Seq | None = None, *args: Any) -> list[Any]:
+        """One manager call on every manager (`trace.Runner`), compared."""
+        return self.ops.call(name, None if seq is None else seq.req, *args)
+
     def free(self, seq: Seq) -> None:
-        self.fan.call(f"free({seq.rid})", lambda m, i: m.free(seq.req))
+        self.do("free", seq)
 
-    def _allocate(self, seq: Seq, num_new_tokens: int, computed: list[Any] | None = None, **kw: Any) -> Any:
-        """allocate_slots on every manager; `computed` holds per-manager blocks."""
-        op = f"allocate_slots({seq.rid}, {num_new_tokens}, {kw})"
-
-        def call(m: Any, i: int) -> Any:
-            blocks = computed[i] if computed is not None else None
-            return m.allocate_slots(seq.req, num_new_tokens, new_computed_blocks=blocks, **kw)
-
-        result = self.fan.call(op, call, norm_allocated)[0]
+    def _allocate(self, seq: Seq, num_new_tokens: int, computed: str | None = None, **kw: Any) -> Any:
+        """allocate_slots on every manager; `computed`: "lookup" (each
+        manager's last lookup's blocks), "empty" (its empty blocks) or None."""
+        result = self.do("allocate_slots", seq, num_new_tokens, kw, computed)[0]
         if result is None:
             self.summary.failed_allocations += 1
         return result
@@ -169,7 +171,7 @@ class ReplaySimulation(SchedulerSim):
         return scheduled
 
     def new_step_starts(self) -> None:
-        self.fan.call("new_step_starts", lambda m, i: m.new_step_starts())
+        self.do("new_step_starts")
 
     def before_schedule(self) -> None:
         self._maintenance()
@@ -197,10 +199,7 @@ class ReplaySimulation(SchedulerSim):
             # does first), out of band.
             seq = rng.choice(self.running)
             n = seq.req.num_computed_tokens
-            self.fan.call(
-                f"remove_skipped_blocks({seq.rid}, {n})",
-                lambda m, i: m.remove_skipped_blocks(seq.rid, n),
-            )
+            self.do("remove_skipped_blocks", seq, n)
 
     def _abort(self, queue: list[Seq], index: int) -> None:
         seq = queue.pop(index)
@@ -213,20 +212,16 @@ class ReplaySimulation(SchedulerSim):
         if holders and rng.random() < 0.5:
             # Target blocks in use (any group), which are likely cached.
             seq = rng.choice(holders)
-            groups = self.fan.call(
-                f"get_block_ids({seq.rid})",
-                lambda m, i: m.get_block_ids(seq.rid),
-                freeze,
-            )[0]
+            groups = self.do("get_block_ids", seq)[0]
             ids = [b for g in groups for b in g]
             chosen = set(rng.sample(ids, min(len(ids), rng.randint(1, 4))))
         else:
             chosen = {rng.randrange(self.cfg.num_blocks) for _ in range(rng.randint(1, 6))}
-        self.fan.call(f"evict_blocks({sorted(chosen)})", lambda m, i: m.evict_blocks(set(chosen)))
+        self.do("evict_blocks", None, sorted(chosen))
         self.summary.evict_calls += 1
 
     def _reset(self) -> None:
-        ok = self.fan.call("reset_prefix_cache", lambda m, i: m.reset_prefix_cache())[0]
+        ok = self.do("reset_prefix_cache")[0]
         self.summary.successful_resets += bool(ok)
 
     def _finish_loads(self) -> None:
@@ -250,7 +245,7 @@ class ReplaySimulation(SchedulerSim):
                 self.free(seq)
                 return
         n = req.num_computed_tokens
-        self.fan.call(f"cache_blocks({seq.rid}, {n})", lambda m, i: m.cache_blocks(req, n))
+        self.do("cache_blocks", seq, n)
         # A full hit must recompute the last token to sample from it.
         if req.num_computed_tokens == req.num_tokens:
             req.num_computed_tokens = req.num_tokens - 1
@@ -286,25 +281,20 @@ class ReplaySimulation(SchedulerSim):
     def admit(self, seq: Seq, budget: int) -> int | None:
         """Allocate for a waiting request; tokens scheduled, or None if it failed."""
         cfg, rng, req = self.cfg, self.rng, seq.req
-        computed: list[Any] | None = None
+        computed: str | None = None
         hit, external, async_load = 0, 0, False
         if req.num_computed_tokens == 0:
-            results = self.fan.call(
-                f"get_computed_blocks({seq.rid})",
-                lambda m, i: self.api.lookup(m, req),
-                norm_computed,
-            )
-            computed = [blocks for blocks, _ in results]
-            hit = results[0][1]
+            found = self.do("get_computed_blocks", seq)[0]
+            computed, hit = "lookup", found[1]
             external, async_load = self._external_tokens(req, hit)
-            if external and _later_group_free_hit(computed[0]):
+            if external and _later_group_free_hit(found[0]):
                 # vLLM's whole-block-hits manager allocates external-token blocks group by group:
                 # an earlier group's may pop a later group's free hit, which
                 # then sits in two groups. hybridcache avoids that (README,
                 # its release's test_vllm_divergences.py); keep traces where vLLM is sound.
                 external, async_load = 0, False
         else:  # its async load finished; as vLLM, pass the shared empty blocks
-            computed = [m.empty_kv_cache_blocks for m in self.fan.managers]
+            computed = "empty"
         num_computed = req.num_computed_tokens or hit + external
         num_new = 0 if async_load else min(req.num_tokens - num_computed, budget)
         if not async_load:  # as vLLM: no alignment when setting up an async load
@@ -332,13 +322,12 @@ class ReplaySimulation(SchedulerSim):
             num_encoder_tokens=encoder,
             full_sequence_must_fit=rng.random() < cfg.full_sequence_must_fit_prob,
             reserved_blocks=reserved,
-            **self.api.admission_kwargs(bool(self.running)),
+            **self.calls.admission_kwargs(bool(self.running)),
         )
         if blocks is None:
             return None
-        if self.api.records_lookup_stats and req.num_computed_tokens == 0:
-            self.fan.call(f"record_prefix_cache_stats({seq.rid}, {hit})",
-                          lambda m, i: self.api.record_lookup(m, req, hit))
+        if self.calls.records_lookup_stats and req.num_computed_tokens == 0:
+            self.do("record_prefix_cache_stats", seq, hit)
         self.summary.cache_hit_tokens += hit
         self.summary.hit_requests += hit > 0
         self.summary.external_tokens += external
@@ -379,9 +368,9 @@ class ReplaySimulation(SchedulerSim):
         cfg, req = self.cfg, seq.req
         room = min(seq.max_tokens - req.num_output_tokens, cfg.max_model_len - req.num_tokens)
         req.append_output_token_ids(self._tokens(min(num_sampled, room)))
-        if self.api.caches_after_output(cfg.max_drafts):
+        if self.calls.caches_after_output(cfg.max_drafts):
             n = req.num_computed_tokens
-            self.fan.call(f"cache_blocks({seq.rid}, {n})", lambda m, i: m.cache_blocks(req, n))
+            self.do("cache_blocks", seq, n)
         return (
             num_sampled >= room
             or req.num_tokens >= cfg.max_model_len
@@ -394,35 +383,20 @@ class ReplaySimulation(SchedulerSim):
         """What vLLM's schedule() reads at the end of a step."""
         row = releases.find(self.api.name)
         if self.running and (row is None or row.common_prefix_blocks):
-            rid = self.running[0].rid
-            self.fan.call(
-                f"get_num_common_prefix_blocks({rid})",
-                lambda m, i: m.get_num_common_prefix_blocks(rid),
-                norm_ids,
-            )
-        for drain in self.api.step_drains():
-            self.fan.call(drain, lambda m, i: getattr(m, drain)(), norm_drained)
+            self.do("get_num_common_prefix_blocks", self.running[0])
+        for drain in self.calls.step_drains:
+            self.do(drain)
         for seq in self._holders():
-            self.fan.call(
-                f"get_block_ids({seq.rid})", lambda m, i: m.get_block_ids(seq.rid), freeze
-            )
+            self.do("get_block_ids", seq)
 
     def _observe_step(self) -> None:
         """Pool state, events and stats after the step's frees."""
-        self.fan.call(
-            "block_pool.get_num_free_blocks",
-            lambda m, i: m.block_pool.get_num_free_blocks(),
-        )
-        self.fan.call("usage", lambda m, i: m.usage, norm_usage)
+        self.do("get_num_free_blocks")
+        self.do("usage")
         if self.cfg.compare_pool_state:
-            self.fan.call("block_pool state", lambda m, i: pool_state(m))
-        norm_event = self.api.norm_event
-        events = self.fan.call("take_events", lambda m, i: m.take_events(),
-                               lambda evs: tuple(norm_event(e) for e in evs))[0]
-        self.summary.events += len(events)
-        self.fan.call(
-            "make_prefix_cache_stats", lambda m, i: m.make_prefix_cache_stats(), self.api.norm_stats
-        )
+            self.do("pool_state")
+        self.summary.events += len(self.do("take_events")[0])
+        self.do("make_prefix_cache_stats")
 
     def _break_stalls(self, scheduled: dict[Seq, int]) -> None:
         """Abort the head waiting request when blocks held by waiting requests

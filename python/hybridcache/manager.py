@@ -1,6 +1,10 @@
-"""vLLM 0.23.0's facade: `hybridcache.KVCacheManager`, that release's
-`KVCacheManager` API (its constructor and keywords) over the shared base
-`hybridcache.facade.KVCacheManagerBase`, the core running 0.23.0's profile."""
+"""`hybridcache.KVCacheManager`: the plain manager, with the `KVCacheManager`
+API of the oldest release in the table (`hybridcache.releases.DEFAULT`: its
+constructor and keywords) over the shared base
+`hybridcache.facade.KVCacheManagerBase`, the core running that release's
+profile. That release's scheduler binds a subclass of it
+(`hybridcache.releases.<folder>.scheduler`); later releases' facades are in
+their own folders."""
 
 from __future__ import annotations
 
@@ -8,14 +12,14 @@ from typing import Any
 
 from hybridcache.config import read_groups, read_retention_interval
 from hybridcache.facade import KVCacheManagerBase, _positive_int
-from hybridcache.releases import of_folder
+from hybridcache.releases import DEFAULT
 
-RELEASE = of_folder("v0_23")
+RELEASE = DEFAULT
 
 
 class KVCacheManager(KVCacheManagerBase):
-    """Drop-in for `vllm.v1.core.kv_cache_manager.KVCacheManager` (vLLM
-    0.23.0): the KV-cache blocks of every request of a serving loop, over one
+    """Drop-in for `vllm.v1.core.kv_cache_manager.KVCacheManager` (of the
+    table's oldest release): the KV-cache blocks of every request of a serving loop, over one
     block pool shared by all KV-cache groups, with prefix caching.
 
     Args:
@@ -44,7 +48,7 @@ class KVCacheManager(KVCacheManagerBase):
             parallelism (positive ints): as vLLM, each block then holds
             `block_size * dcp * pcp` tokens of a group (tables, hits,
             caching, events); vLLM's scheduler passes scheduler_block_size =
-            hash_block_size = that. Only for what vLLM 0.23.0 runs with it:
+            hash_block_size = that. Only for what that release runs with it:
             with prefix caching one full-attention group; without, any
             groups but Mamba.
         metrics_collector: vLLM's `KVCacheMetricsCollector` (or any object
@@ -58,13 +62,13 @@ class KVCacheManager(KVCacheManagerBase):
     Raises:
         ValueError: a count that is not a positive int, block sizes that do
             not divide as above, a bad spec field (each named); dcp/pcp > 1
-            with groups vLLM 0.23.0 asserts against (several groups or not
+            with groups that release asserts against (several groups or not
             full attention, with prefix caching).
         TypeError: a config without `kv_cache_groups`, a group without a spec.
         NotImplementedError: sink or encoder-only specs, dcp/pcp > 1 with a
             Mamba group.
 
-    VLLM_PREFIX_CACHE_RETENTION_INTERVAL is read here, as vLLM 0.23.0 reads
+    VLLM_PREFIX_CACHE_RETENTION_INTERVAL is read here, as that release reads
     it: unset, every reachable block is cached; 0 or a multiple N of
     `scheduler_block_size`, sliding-window groups cache only the prompt's
     replay boundary and (N) one hit's blocks per N tokens. ValueError for a

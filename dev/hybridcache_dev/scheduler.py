@@ -4,21 +4,59 @@ step that preempted, draft tokens scheduled with decodes and accepted at
 random), without the model. Subclasses say how a call reaches the manager(s)
 and what else a step does:
 
-- `hybridcache.tools.simulation.ReplaySimulation` (``hybridcache replay``,
+- `simulation.ReplaySimulation` (``hybridcache replay``,
   the parity tests): every public manager call, connector tokens, async
   loads, aborts, evictions and resets, each call fanned out to several
   managers and compared;
-- `hybridcache.tools.bench_trace.Recorder` (``hybridcache bench``): the
+- `bench_trace.Recorder` (``hybridcache bench``): the
   serving hot path on one manager, every call written down for timed replay.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any
 
-from ..request import Request
+from hybridcache.request import Request
+
 from .workload import Seq
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """The scheduler calls a core profile spells its own way."""
+
+    # Whether the scheduler records a lookup's stats after admitting on it.
+    records_lookup_stats: bool
+    # Whether the scheduler reads get_num_common_prefix_blocks.
+    queries_common_prefix: bool
+    # The manager's drain calls the scheduler makes every step, after scheduling (in order).
+    step_drains: tuple[str, ...]
+    # Whether an admission passes `has_scheduled_reqs`.
+    admission_keywords: bool
+    # Whether the scheduler calls `cache_blocks(request, computed)` after each
+    # running request's sampled output when speculative decoding is on.
+    caches_after_spec_output: bool
+
+    def admission_kwargs(self, has_running: bool) -> dict[str, Any]:
+        """The `allocate_slots` keywords a waiting request's admission adds."""
+        return {"has_scheduled_reqs": has_running} if self.admission_keywords else {}
+
+    def caches_after_output(self, num_spec_tokens: int) -> bool:
+        return self.caches_after_spec_output and num_spec_tokens > 0
+
+
+SPELLINGS = {
+    "whole-block-hits": Spelling(False, True, ("take_new_block_ids",), False, False),
+    "partial-block-hits": Spelling(True, False, ("take_boundary_state_offloads", "take_kv_cache_block_copies",
+                                                 "take_new_block_ids"), True, True),
+}
+
+
+def spelling(api: Any) -> Spelling:
+    """The spelling of the scheduler of `api`'s release (`hybridcache.tools.release_api`)."""
+    return SPELLINGS[api.profile]
 
 
 def mamba_block_aligned_split(

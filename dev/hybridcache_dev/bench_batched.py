@@ -5,17 +5,22 @@ scheduler's `get_block_ids` of each result) and one call in hybridcache:
 `allocate_decode_arrays` (request handles and uint32 arrays, as a serving
 loop that keeps its counts in arrays holds them). Each runs on its own
 copy of the same requests, the three alternating in turn, and every step's
-new block ids must be identical to vLLM's."""
+new block ids must be identical to vLLM's. `hybridcache bench` adds these rows
+where this package is installed and the release's scheduler allocates decodes
+one request at a time."""
 
 from __future__ import annotations
 
 import random
 import time
 from array import array
+from collections.abc import Sequence
 from typing import Any, Callable
 
-from .request import Request
-from .tools.bench_trace import Workload, hybridcache_kv_cache_config
+from hybridcache import KVCacheManager
+from hybridcache.request import Request
+
+from .bench_trace import Workload, hybridcache_kv_cache_config, vllm_kv_cache_config
 
 BS = 16
 
@@ -78,8 +83,6 @@ def accept_drafts(reqs: list[Request], drafts: list[int], rng: random.Random) ->
 def decoding_manager(config: str, running: int, steps: int, seed: int) -> tuple[Any, list[Request], random.Random]:
     """A hybridcache manager of the bench's `config` with `running` requests
     decoding (for profiles and training runs, without vLLM)."""
-    from . import KVCacheManager
-
     w = Workload(config=config, running=1, steps=1, seed=seed)
     kwargs = w.manager_kwargs()
     kwargs.update(log_stats=False, enable_kv_cache_events=False)
@@ -100,8 +103,6 @@ def run_batched(
 ) -> dict[str, Any]:
     """µs per decode step (median): vLLM per-request vs hybridcache batched."""
     from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
-
-    from . import KVCacheManager
 
     rng = random.Random(seed)
     hc_cfg, v_cfg = make_configs(config, pool_blocks(running, steps))
@@ -178,3 +179,19 @@ def format_batched(rows: list[dict[str, Any]], vllm_version: str) -> str:
         )
     lines.append(f"  verified: every step's new block ids identical to vLLM {vllm_version}'s")
     return "\n".join(lines)
+
+
+def batched_rows(configs: Sequence[str], runnings: Sequence[int], steps: int, seed: int) -> list[dict[str, Any]]:
+    """`run_batched` for every configuration and running count (the bench's rows)."""
+
+    def make_configs(config: str, num_blocks: int) -> tuple[Any, Any]:
+        w = Workload(config=config, running=1, steps=1, seed=seed)
+        return hybridcache_kv_cache_config(w, num_blocks), vllm_kv_cache_config(w, num_blocks)
+
+    rows = []
+    for config in configs:
+        kwargs = Workload(config=config, running=1, steps=1, seed=seed).manager_kwargs()
+        kwargs.update(log_stats=False, enable_kv_cache_events=False)
+        for running in runnings:
+            rows.append(run_batched(config, running, steps, make_configs, kwargs, seed))
+    return rows
