@@ -46,13 +46,30 @@ pub(crate) struct InCall<'py> {
 
 /// Enters the manager at `manager` (its object's address) for the call
 /// `name`; RuntimeError when a call on it is in progress.
-#[inline]
+#[inline(always)]
 pub(crate) fn enter_addr<'py>(
     py: Python<'py>,
     manager: usize,
     name: &'static str,
 ) -> PyResult<InCall<'py>> {
     let calls = IN_PROGRESS.get(py);
+    // The usual case: no call in progress anywhere.
+    if calls.first.get().0 == 0 && calls.num_more.get() == 0 {
+        calls.first.set((manager, name));
+        return Ok(InCall { py, manager });
+    }
+    enter_other(py, calls, manager, name)
+}
+
+/// `enter_addr` while some call is in progress (on this manager: refused).
+#[cold]
+#[inline(never)]
+fn enter_other<'py>(
+    py: Python<'py>,
+    calls: &InProgress,
+    manager: usize,
+    name: &'static str,
+) -> PyResult<InCall<'py>> {
     let first = calls.first.get();
     if first.0 == manager {
         return Err(refused(name, first.1));
@@ -65,8 +82,6 @@ pub(crate) fn enter_addr<'py>(
     Ok(InCall { py, manager })
 }
 
-#[cold]
-#[inline(never)]
 fn enter_more(calls: &InProgress, manager: usize, name: &'static str) -> PyResult<()> {
     let mut more = calls.more.borrow_mut();
     if let Some(&(_, running)) = more.iter().find(|(m, _)| *m == manager) {
@@ -87,7 +102,7 @@ pub(crate) fn enter<'py>(
 }
 
 impl Drop for InCall<'_> {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
         let calls = IN_PROGRESS.get(self.py);
         if calls.first.get().0 == self.manager {

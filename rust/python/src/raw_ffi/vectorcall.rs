@@ -48,6 +48,7 @@ pub(crate) fn method_descriptor(
 ///
 /// # Safety
 /// Called by CPython, with the GIL held.
+#[inline(always)]
 pub(crate) unsafe fn raw_call(
     f: impl FnOnce(Python<'_>) -> PyResult<PyObject>,
 ) -> *mut ffi::PyObject {
@@ -134,23 +135,37 @@ pub(crate) unsafe fn held_request<'py>(
 }
 
 /// Whether the held request in `slot` (known by its object) still has the
-/// id it was admitted with: its `__dict__` entry is the very str the
-/// manager keeps (one dict lookup), or its `request_id` reads equal to it.
-/// ValueError naming both ids when it was renamed (or swapped). Returns
-/// the request's `__dict__` where its fields are that dict's entries.
+/// id it was admitted with: its `request_id` is the very str the manager
+/// keeps (read from its `__dict__` where its fields live there: one dict
+/// lookup), or reads equal to it. ValueError naming both ids when it was
+/// renamed (or swapped). Returns the request's `__dict__` where its fields
+/// are that dict's entries.
 ///
 /// # Safety
 /// `request` is a live object; the GIL is held.
-#[inline]
+#[inline(always)]
 unsafe fn check_id<'py>(
     py: Python<'py>,
-    this: &crate::native_manager::NativeManager,
+    this: &mut crate::native_manager::NativeManager,
     request: *mut ffi::PyObject,
     slot: u32,
 ) -> PyResult<Option<Bound<'py, PyDict>>> {
+    let name = pyo3::intern!(py, "request_id");
     if !this.ids.fields_in_dict(slot) {
-        // SAFETY: as this function's.
-        unsafe { check_id_read(py, this, request, slot) }?;
+        // SAFETY: as this function's; the attribute is a new reference,
+        // released here once compared by address (the manager keeps the
+        // str it is compared with alive) or handed on.
+        unsafe {
+            let v = ffi::PyObject_GetAttr(request, name.as_ptr());
+            if this.ids.id_at(slot).is_some_and(|id| id.as_ptr() == v) {
+                ffi::Py_DECREF(v);
+                return Ok(None);
+            }
+            if v.is_null() {
+                return Err(read_error(py, request, name));
+            }
+            check_id_value(this, slot, Bound::from_owned_ptr(py, v))?;
+        }
         return Ok(None);
     }
     // SAFETY: `request` is live and the GIL is held; the dict is a new
@@ -159,39 +174,66 @@ unsafe fn check_id<'py>(
     unsafe {
         let d = ffi::PyObject_GenericGetDict(request, std::ptr::null_mut());
         let dict = Bound::from_owned_ptr_or_err(py, d)?.downcast_into_unchecked::<PyDict>();
-        let v =
-            ffi::PyDict_GetItemWithError(dict.as_ptr(), pyo3::intern!(py, "request_id").as_ptr());
-        let same = this.ids.id_at(slot).is_some_and(|id| id.as_ptr() == v);
-        if !same {
-            if v.is_null() && !ffi::PyErr_Occurred().is_null() {
-                return Err(PyErr::fetch(py));
-            }
-            check_id_read(py, this, request, slot)?;
+        let v = ffi::PyDict_GetItemWithError(dict.as_ptr(), name.as_ptr());
+        if !this.ids.id_at(slot).is_some_and(|id| id.as_ptr() == v) {
+            check_id_other(py, this, request, slot, v)?;
         }
         Ok(Some(dict))
     }
 }
 
-/// `check_id` by reading `request.request_id` (any error propagates).
+/// `check_id` where the request's `__dict__` entry `v` (borrowed; NULL:
+/// none, or its lookup raised) is not the manager's str: the lookup's error
+/// propagates; otherwise `request.request_id` is read and judged.
 ///
 /// # Safety
 /// `request` is a live object; the GIL is held.
 #[cold]
 #[inline(never)]
-unsafe fn check_id_read(
+unsafe fn check_id_other(
     py: Python<'_>,
-    this: &crate::native_manager::NativeManager,
+    this: &mut crate::native_manager::NativeManager,
     request: *mut ffi::PyObject,
     slot: u32,
+    v: *mut ffi::PyObject,
 ) -> PyResult<()> {
-    // SAFETY: `request` is live (this function's contract).
-    let request = unsafe { Borrowed::from_ptr(py, request) };
-    let rid = crate::py_args::request_id(&request)?;
-    let held = this.inner.request_id_at(slot);
-    if rid.to_str()? == held {
-        return Ok(());
+    // SAFETY: as this function's.
+    unsafe {
+        if !v.is_null() {
+            return check_id_value(this, slot, Bound::from_borrowed_ptr(py, v));
+        }
+        if !ffi::PyErr_Occurred().is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        let request = Borrowed::from_ptr(py, request);
+        check_id_value(this, slot, crate::py_args::request_id(&request)?.into_any())
     }
-    Err(crate::id_cache::renamed_error(held, rid.to_str()?))
+}
+
+/// `check_id` for a request whose `request_id` read `rid`, another object
+/// than the str the manager keeps: TypeError where it is not a str; fine
+/// (and remembered as the id's str) where it reads equal to the held id;
+/// ValueError naming both where it differs (renamed or swapped).
+#[cold]
+#[inline(never)]
+fn check_id_value(
+    this: &mut crate::native_manager::NativeManager,
+    slot: u32,
+    rid: Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let Ok(rid) = rid.downcast::<pyo3::types::PyString>() else {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "request.request_id must be str, got {}",
+            crate::convert::type_name(&rid)
+        )));
+    };
+    let held = this.inner.request_id_at(slot);
+    if rid.to_str()? != held {
+        return Err(crate::id_cache::renamed_error(held, rid.to_str()?));
+    }
+    let handle = this.inner.handle_at(slot);
+    this.ids.remember(rid, handle);
+    Ok(())
 }
 
 /// `request.<name>` from its `__dict__` (see `held_request`) as a plain
