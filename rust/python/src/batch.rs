@@ -437,8 +437,9 @@ impl NativeManager {
     /// allocation): an int `allocate_decode_arrays` takes in place of the
     /// request. It names that request until it is freed and is never reused;
     /// KeyError for a request the manager does not hold.
-    fn request_handle(&self, request_id: &str) -> PyResult<u64> {
-        self.inner.handle(request_id).ok_or_else(|| {
+    fn request_handle(slf: &Bound<'_, Self>, request_id: &str) -> PyResult<u64> {
+        let handle = crate::call_guard::borrow(slf)?.inner.handle(request_id);
+        handle.ok_or_else(|| {
             pyo3::exceptions::PyKeyError::new_err(format!(
                 "request {request_id:?} holds no state in this manager (allocate it first)"
             ))
