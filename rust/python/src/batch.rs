@@ -31,6 +31,13 @@ pub struct DecodeArrays<'a> {
     pub lookahead: usize,
 }
 
+/// `allocate_decode_arrays`' result: (ok, offsets, ids) as bytes.
+type ArrayStep<'py> = (
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+);
+
 /// A core error or the Python error of a hash read.
 struct BatchErr(PyErr);
 
@@ -432,7 +439,7 @@ impl NativeManager {
         num_tokens: &Bound<'py, PyAny>,
         num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
         requests: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    ) -> PyResult<ArrayStep<'py>> {
         let _in_call = crate::call_guard::enter(slf, "allocate_decode_arrays")?;
         let py = slf.py();
         let lookahead = opt_count("num_lookahead_tokens", num_lookahead_tokens)?;

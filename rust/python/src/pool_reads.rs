@@ -47,7 +47,10 @@ impl NativeManager {
     /// vLLM 0.33.0's `estimate_cached_tokens(request)`: the 0.33.0
     /// facade's method, in one native call (the request found by its id
     /// object, no id lists built).
-    fn _estimate_cached_tokens(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> PyResult<usize> {
+    fn _estimate_cached_tokens(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
         let rid = crate::py_args::request_id(request)?;
         let mut this = borrow_mut(slf)?;
         let slot = this.lookup_id(&rid)?;
@@ -104,7 +107,11 @@ impl NativeManager {
 
     /// Ids of the requests the manager holds state for.
     fn request_ids(slf: &Bound<'_, Self>) -> PyResult<Vec<String>> {
-        Ok(borrow(slf)?.inner.request_ids().map(str::to_owned).collect())
+        Ok(borrow(slf)?
+            .inner
+            .request_ids()
+            .map(str::to_owned)
+            .collect())
     }
 
     /// vLLM's `single_type_managers[group].num_cached_block.get(request_id)`.
