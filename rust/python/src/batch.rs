@@ -194,11 +194,24 @@ fn event_sources<'py>(
                     || !inner.is_noop_decode(s, &args)
             })
         };
-        out.push(if changes {
-            Some(read.bind(py).call1((list.get_item(i)?,))?)
-        } else {
-            None
-        });
+        if !changes {
+            out.push(None);
+            continue;
+        }
+        let request = list.get_item(i)?;
+        // A missing field says what is wrong, as the other reads of a
+        // request do (any other error propagates unchanged).
+        let source = read.bind(py).call1((&request,)).map_err(|e| {
+            if !e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) {
+                return e;
+            }
+            PyTypeError::new_err(format!(
+                "requests[{i}] must be a vLLM Request ({}), got {}",
+                e.value(py),
+                crate::convert::type_name(&request)
+            ))
+        })?;
+        out.push(Some(source));
     }
     Ok(out)
 }
