@@ -31,6 +31,13 @@ class Hooked(Request):
         return object.__getattribute__(self, name)
 
 
+class SlotRequest(Request):
+    """`hybridcache.Request` keeping `request_id` and `num_computed_tokens`
+    in slots (member descriptors), as a `__slots__` request class does."""
+
+    __slots__ = ("request_id", "num_computed_tokens")
+
+
 class HookedList(list):
     """A list whose `__len__` runs a hook once."""
 

@@ -27,6 +27,12 @@ def _call(w: World, where: str) -> tuple[Any, str, Callable[[], Any]]:
     if where == "decode_batch":
         n = w.decode_ready(a, 3)
         return a, "num_computed_tokens", lambda: m.allocate_decode_batch([w.b, a], [1, n])
+    if where in ("arrays_tokens", "arrays_salt"):
+        # The array step fills a block of `a`: its event reads the request.
+        n = w.decode_ready(a, 3)
+        args = ([m.request_handle("a")], [n], [a.num_computed_tokens], [a.num_tokens], 0, [a])
+        attr = "all_token_ids" if where == "arrays_tokens" else "cache_salt"
+        return a, attr, lambda: m.allocate_decode_arrays(*args)
     if where in ("admit_tokens", "admit_salt", "admit_id"):
         r = w.Request("w2", [*range(8), 50, 51, 52, 53], BS)
         blocks, hit = w.lookup(r)
@@ -48,8 +54,8 @@ def _call(w: World, where: str) -> tuple[Any, str, Callable[[], Any]]:
     raise AssertionError(where)
 
 
-WHERE = ["decode_noop", "decode_new_block", "decode_hashes", "decode_batch", "admit_tokens", "admit_salt",
-         "admit_id", "lookup", "cache_delayed", "free"]
+WHERE = ["decode_noop", "decode_new_block", "decode_hashes", "decode_batch", "arrays_tokens", "arrays_salt",
+         "admit_tokens", "admit_salt", "admit_id", "lookup", "cache_delayed", "free"]
 
 
 def case_raising_read(flavour: str, where: str, exc_name: str, times: int) -> None:

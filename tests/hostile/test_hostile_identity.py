@@ -11,7 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hostile_objects import SlotRequest
 from hostile_world import BS, FLAVOURS, World, in_child
+
+# Request classes whose fields the hot calls read in different places:
+# its `__dict__`, or its slots.
+REQUEST_CLASSES: dict[str, Any] = {"dict": None, "slots": SlotRequest}
 
 
 def _warm(w: World) -> None:
@@ -47,8 +52,8 @@ def _after(w: World, change: str, call: str) -> Callable[[], Any]:
     raise AssertionError(call)
 
 
-def case_changed_id(flavour: str, change: str, call: str) -> None:
-    w = World(flavour)
+def case_changed_id(flavour: str, change: str, call: str, kind: str = "dict") -> None:
+    w = World(flavour, request_class=REQUEST_CLASSES[kind])
     _warm(w)
     before = w.snap()
     call_it = _after(w, change, call)
@@ -72,11 +77,12 @@ def case_changed_id(flavour: str, change: str, call: str) -> None:
     w.m.check_invariants()
 
 
+@pytest.mark.parametrize("kind", sorted(REQUEST_CLASSES))
 @pytest.mark.parametrize("call", ["decode", "decode_noop", "cache_blocks", "free", "decode_batch"])
 @pytest.mark.parametrize("change", ["rename", "swap"])
 @pytest.mark.parametrize("flavour", FLAVOURS)
-def test_a_held_request_whose_id_changed_is_refused(flavour: str, change: str, call: str) -> None:
-    in_child(case_changed_id, flavour, change, call)
+def test_a_held_request_whose_id_changed_is_refused(flavour: str, change: str, call: str, kind: str) -> None:
+    in_child(case_changed_id, flavour, change, call, kind)
 
 
 def case_second_live_request(flavour: str, warm: bool) -> None:

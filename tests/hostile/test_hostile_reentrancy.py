@@ -272,3 +272,64 @@ def case_threads(flavour: str) -> dict[str, int]:
 def test_threads_get_answers_or_a_clear_refusal(flavour: str) -> None:
     tally = in_child(case_threads, flavour)
     assert tally["ok"] > 0
+
+
+# -- pure reads during a call ------------------------------------------------------------
+
+# Reads of the manager a callback may make while a call is in progress.
+READS: dict[str, Callable[[Any], Any]] = {
+    "usage": lambda m: m.block_pool.get_usage(),
+    "num_free": lambda m: m.block_pool.get_num_free_blocks(),
+    "ref_cnt": lambda m: m.block_pool.blocks[1].ref_cnt,
+    "block_hash": lambda m: m._native.block_hash(1),
+    "get_block_ids": lambda m: m.get_block_ids("b"),
+    "request_ids": lambda m: m._native.request_ids(),
+    "free_queue": lambda m: m._native.free_queue(),
+    "num_requests": lambda m: m._native.num_requests,
+}
+
+
+class Reads:
+    """A hook that makes every read of READS and keeps each outcome."""
+
+    def __init__(self, m: Any) -> None:
+        self.m = m
+        self.outcomes: dict[str, Any] = {}
+
+    def __call__(self) -> None:
+        for name, read in READS.items():
+            try:
+                self.outcomes[name] = ("ok", read(self.m))
+            except BaseException as e:  # judged by the test
+                self.outcomes[name] = ("raised", e)
+
+
+def case_pure_reads_during_a_call(flavour: str, where: str) -> None:
+    """A read of the manager from a callback of a call in progress (its
+    pool, usage, a request's blocks) is served or refused with the guard's
+    RuntimeError naming that call: never PyO3's "Already borrowed", and the
+    outer call completes as a behaving caller's does."""
+    twin = _world(flavour, where)
+    expected = _outer(twin, where, None)()
+    w = _world(flavour, where)
+    reads = Reads(w.m)
+    got = _outer(w, where, reads)()
+    assert reads.outcomes, "the hostile object was never read: the case tests nothing"
+    outer = OUTER_NAMES[where]
+    for name, (kind, value) in reads.outcomes.items():
+        if kind == "ok":
+            continue
+        assert isinstance(value, RuntimeError), f"{name} during {outer}: {type(value).__name__}: {value}"
+        msg = str(value)
+        assert "borrowed" not in msg and "panicked" not in msg, f"{name} during {outer}: {msg}"
+        assert outer in msg, f"{name} during {outer}: the refusal does not name the call in progress: {msg}"
+    assert got == expected, f"the outer call's result: {got!r}, a behaving caller's: {expected!r}"
+    w.m.check_invariants()
+    assert w.snap() == twin.snap(), "the state differs from a behaving caller's"
+
+
+@pytest.mark.parametrize("where", ["decode_noop", "decode_new_block", "decode_hashes", "admit", "lookup",
+                                   "cache_blocks", "decode_batch", "evict_index"])
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_pure_reads_during_a_call_are_served_or_name_the_call(flavour: str, where: str) -> None:
+    in_child(case_pure_reads_during_a_call, flavour, where)

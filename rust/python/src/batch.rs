@@ -31,6 +31,13 @@ pub struct DecodeArrays<'a> {
     pub lookahead: usize,
 }
 
+/// `allocate_decode_arrays`' result: (ok, offsets, ids) as bytes.
+type ArrayStep<'py> = (
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+);
+
 /// A core error or the Python error of a hash read.
 struct BatchErr(PyErr);
 
@@ -146,92 +153,67 @@ pub(crate) fn decode_batch<'py>(
     ))
 }
 
-pub(crate) fn decode_arrays<'py>(
+/// `event_read(request)` (what the event sink reads of a request) for
+/// each request of an array step whose decode may make events (one that
+/// changes blocks or caches them), read before the step changes anything;
+/// None for the others, and all None without an event reader or requests.
+fn event_sources<'py>(
     slf: &Bound<'py, NativeManager>,
-    handles: &Bound<'py, PyAny>,
-    num_new_tokens: &Bound<'py, PyAny>,
-    num_computed_tokens: &Bound<'py, PyAny>,
-    num_tokens: &Bound<'py, PyAny>,
-    num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
-    requests: Option<&Bound<'py, PyAny>>,
-) -> PyResult<(
-    Bound<'py, PyBytes>,
-    Bound<'py, PyBytes>,
-    Bound<'py, PyBytes>,
-)> {
+    a: &DecodeArrays<'_>,
+    requests: Option<&Bound<'py, PyList>>,
+) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
     let py = slf.py();
-    let lookahead = opt_count("num_lookahead_tokens", num_lookahead_tokens)?;
-    let handles = uint_array::<u64>("handles", handles)?;
-    let n = handles.len();
-    fn counts<'a>(name: &str, v: &'a Bound<'_, PyAny>, n: usize) -> PyResult<Cow<'a, [u32]>> {
-        let vals = uint_array::<u32>(name, v)?;
-        if vals.len() != n {
-            return Err(PyValueError::new_err(format!(
-                "{name} has {} entries for {n} handles",
-                vals.len()
-            )));
+    let read = match (requests, borrow(slf)?.py_side.as_ref()) {
+        (
+            Some(_),
+            Some(crate::native_manager::PythonSide {
+                event_sink: Some(_),
+                event_read: Some(read),
+                ..
+            }),
+        ) => read.clone_ref(py),
+        _ => return Ok(Vec::new()),
+    };
+    let Some(list) = requests else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(a.handles.len());
+    for (i, &handle) in a.handles.iter().enumerate() {
+        let changes = {
+            let this = borrow(slf)?;
+            let inner = &this.inner;
+            inner.slot_of_handle(handle).is_some_and(|s| {
+                let args = AllocateArgs {
+                    num_new_tokens: a.num_new_tokens[i] as usize,
+                    num_computed_tokens: a.num_computed_tokens[i] as usize,
+                    num_tokens: a.num_tokens[i] as usize,
+                    num_lookahead_tokens: a.lookahead,
+                    ..Default::default()
+                };
+                inner.may_need_hashes(inner.known_hashes_at(Some(s)), &args)
+                    || !inner.is_noop_decode(s, &args)
+            })
+        };
+        if !changes {
+            out.push(None);
+            continue;
         }
-        Ok(vals)
-    }
-    let new_tokens = counts("num_new_tokens", num_new_tokens, n)?;
-    let computed = counts("num_computed_tokens", num_computed_tokens, n)?;
-    let totals = counts("num_tokens", num_tokens, n)?;
-    if let Some(i) = (0..n).find(|&i| totals[i] < computed[i]) {
-        return Err(PyValueError::new_err(format!(
-            "num_tokens[{i}] ({}) is less than num_computed_tokens[{i}] ({})",
-            totals[i], computed[i]
-        )));
-    }
-    let requests = match requests {
-        None => None,
-        Some(r) if r.is_none() => None,
-        Some(r) => {
-            let list = r
-                .downcast::<PyList>()
-                .map_err(|_| PyTypeError::new_err("requests must be a list"))?;
-            if list.len() != n {
-                return Err(PyValueError::new_err(format!(
-                    "requests has {} entries for {n} handles",
-                    list.len()
-                )));
+        let request = list.get_item(i)?;
+        // A missing field says what is wrong, as the other reads of a
+        // request do (any other error propagates unchanged).
+        let source = read.bind(py).call1((&request,)).map_err(|e| {
+            if !e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) {
+                return e;
             }
-            Some(list)
-        }
-    };
-    let arrays = DecodeArrays {
-        handles,
-        num_new_tokens: new_tokens,
-        num_computed_tokens: computed,
-        num_tokens: totals,
-        lookahead,
-    };
-    let mut this = borrow_mut(slf)?;
-    let events_on = this
-        .py_side
-        .as_ref()
-        .is_some_and(|s| s.event_sink.is_some());
-    let result = run(&mut this, py, &arrays, requests, events_on)?;
-    let sink = this
-        .py_side
-        .as_ref()
-        .and_then(|s| s.event_sink.as_ref())
-        .map(|s| s.clone_ref(py));
-    drop(this);
-    if let Some(sink) = sink {
-        for (events, i) in result.events {
-            let request = match requests {
-                Some(r) => r.get_item(i)?.unbind(),
-                None => py.None(),
-            };
-            sink.call1(py, (raw_events(py, events)?, request))?;
-        }
+            PyTypeError::new_err(format!(
+                "requests[{i}] must be a vLLM Request ({}), got {}",
+                e.value(py),
+                crate::convert::type_name(&request)
+            ))
+        })?;
+        out.push(Some(source));
     }
-    NativeManager::flush_block_metrics(slf)?;
-    Ok((
-        PyBytes::new(py, &result.ok),
-        u32_bytes(py, &result.offsets),
-        u32_bytes(py, &result.ids),
-    ))
+    Ok(out)
 }
 
 /// The per-request counts of `allocate_decode_batch` (None: read from the
@@ -437,8 +419,9 @@ impl NativeManager {
     /// allocation): an int `allocate_decode_arrays` takes in place of the
     /// request. It names that request until it is freed and is never reused;
     /// KeyError for a request the manager does not hold.
-    fn request_handle(&self, request_id: &str) -> PyResult<u64> {
-        self.inner.handle(request_id).ok_or_else(|| {
+    fn request_handle(slf: &Bound<'_, Self>, request_id: &str) -> PyResult<u64> {
+        let handle = crate::call_guard::borrow(slf)?.inner.handle(request_id);
+        handle.ok_or_else(|| {
             pyo3::exceptions::PyKeyError::new_err(format!(
                 "request {request_id:?} holds no state in this manager (allocate it first)"
             ))
@@ -469,20 +452,84 @@ impl NativeManager {
         num_tokens: &Bound<'py, PyAny>,
         num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
         requests: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<(
-        Bound<'py, PyBytes>,
-        Bound<'py, PyBytes>,
-        Bound<'py, PyBytes>,
-    )> {
+    ) -> PyResult<ArrayStep<'py>> {
         let _in_call = crate::call_guard::enter(slf, "allocate_decode_arrays")?;
-        decode_arrays(
-            slf,
+        let py = slf.py();
+        let lookahead = opt_count("num_lookahead_tokens", num_lookahead_tokens)?;
+        let handles = uint_array::<u64>("handles", handles)?;
+        let n = handles.len();
+        fn counts<'a>(name: &str, v: &'a Bound<'_, PyAny>, n: usize) -> PyResult<Cow<'a, [u32]>> {
+            let vals = uint_array::<u32>(name, v)?;
+            if vals.len() != n {
+                return Err(PyValueError::new_err(format!(
+                    "{name} has {} entries for {n} handles",
+                    vals.len()
+                )));
+            }
+            Ok(vals)
+        }
+        let new_tokens = counts("num_new_tokens", num_new_tokens, n)?;
+        let computed = counts("num_computed_tokens", num_computed_tokens, n)?;
+        let totals = counts("num_tokens", num_tokens, n)?;
+        if let Some(i) = (0..n).find(|&i| totals[i] < computed[i]) {
+            return Err(PyValueError::new_err(format!(
+                "num_tokens[{i}] ({}) is less than num_computed_tokens[{i}] ({})",
+                totals[i], computed[i]
+            )));
+        }
+        let requests = match requests {
+            None => None,
+            Some(r) if r.is_none() => None,
+            Some(r) => {
+                let list = r
+                    .downcast::<PyList>()
+                    .map_err(|_| PyTypeError::new_err("requests must be a list"))?;
+                if list.len() != n {
+                    return Err(PyValueError::new_err(format!(
+                        "requests has {} entries for {n} handles",
+                        list.len()
+                    )));
+                }
+                Some(list)
+            }
+        };
+        let arrays = DecodeArrays {
             handles,
-            num_new_tokens,
-            num_computed_tokens,
-            num_tokens,
-            num_lookahead_tokens,
-            requests,
-        )
+            num_new_tokens: new_tokens,
+            num_computed_tokens: computed,
+            num_tokens: totals,
+            lookahead,
+        };
+        // What the event sink reads of each request that may make events,
+        // read before anything changes (a read that raises changes nothing).
+        let sources = event_sources(slf, &arrays, requests)?;
+        let mut this = borrow_mut(slf)?;
+        let events_on = this
+            .py_side
+            .as_ref()
+            .is_some_and(|s| s.event_sink.is_some());
+        let result = run(&mut this, py, &arrays, requests, events_on)?;
+        let sink = this
+            .py_side
+            .as_ref()
+            .and_then(|s| s.event_sink.as_ref())
+            .map(|s| s.clone_ref(py));
+        drop(this);
+        if let Some(sink) = sink {
+            for (events, i) in result.events {
+                let request = match (sources.get(i).and_then(Option::as_ref), requests) {
+                    (Some(source), _) => source.clone().unbind(),
+                    (None, Some(r)) => r.get_item(i)?.unbind(),
+                    (None, None) => py.None(),
+                };
+                sink.call1(py, (raw_events(py, events)?, request))?;
+            }
+        }
+        NativeManager::flush_block_metrics(slf)?;
+        Ok((
+            PyBytes::new(py, &result.ok),
+            u32_bytes(py, &result.offsets),
+            u32_bytes(py, &result.ids),
+        ))
     }
 }

@@ -26,14 +26,18 @@ use crate::native_manager::NativeManager;
 type Entry = (usize, &'static str);
 
 struct InProgress {
-    first: Cell<Entry>,
+    /// The first call's manager address (0: none) and name (stale when 0:
+    /// leaving a call clears the address only).
+    first: Cell<usize>,
+    first_name: Cell<&'static str>,
     more: RefCell<Vec<Entry>>,
     /// `more.len()`, read without borrowing it.
     num_more: Cell<usize>,
 }
 
 static IN_PROGRESS: GILProtected<InProgress> = GILProtected::new(InProgress {
-    first: Cell::new((0, "")),
+    first: Cell::new(0),
+    first_name: Cell::new(""),
     more: RefCell::new(Vec::new()),
     num_more: Cell::new(0),
 });
@@ -46,27 +50,44 @@ pub(crate) struct InCall<'py> {
 
 /// Enters the manager at `manager` (its object's address) for the call
 /// `name`; RuntimeError when a call on it is in progress.
-#[inline]
+#[inline(always)]
 pub(crate) fn enter_addr<'py>(
     py: Python<'py>,
     manager: usize,
     name: &'static str,
 ) -> PyResult<InCall<'py>> {
     let calls = IN_PROGRESS.get(py);
-    let first = calls.first.get();
-    if first.0 == manager {
-        return Err(refused(name, first.1));
+    // The usual case: no call in progress anywhere.
+    if calls.first.get() == 0 && calls.num_more.get() == 0 {
+        calls.first.set(manager);
+        calls.first_name.set(name);
+        return Ok(InCall { py, manager });
     }
-    if first.0 == 0 && calls.num_more.get() == 0 {
-        calls.first.set((manager, name));
+    enter_other(py, calls, manager, name)
+}
+
+/// `enter_addr` while some call is in progress (on this manager: refused).
+#[cold]
+#[inline(never)]
+fn enter_other<'py>(
+    py: Python<'py>,
+    calls: &InProgress,
+    manager: usize,
+    name: &'static str,
+) -> PyResult<InCall<'py>> {
+    let first = calls.first.get();
+    if first == manager {
+        return Err(refused(name, calls.first_name.get()));
+    }
+    if first == 0 && calls.num_more.get() == 0 {
+        calls.first.set(manager);
+        calls.first_name.set(name);
     } else {
         enter_more(calls, manager, name)?;
     }
     Ok(InCall { py, manager })
 }
 
-#[cold]
-#[inline(never)]
 fn enter_more(calls: &InProgress, manager: usize, name: &'static str) -> PyResult<()> {
     let mut more = calls.more.borrow_mut();
     if let Some(&(_, running)) = more.iter().find(|(m, _)| *m == manager) {
@@ -87,11 +108,11 @@ pub(crate) fn enter<'py>(
 }
 
 impl Drop for InCall<'_> {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
         let calls = IN_PROGRESS.get(self.py);
-        if calls.first.get().0 == self.manager {
-            calls.first.set((0, ""));
+        if calls.first.get() == self.manager {
+            calls.first.set(0);
         } else {
             leave_more(calls, self.manager);
         }
@@ -111,9 +132,8 @@ fn leave_more(calls: &InProgress, manager: usize) {
 /// The name of the call in progress on the manager at `manager`, if any.
 pub(crate) fn running(py: Python<'_>, manager: usize) -> Option<&'static str> {
     let calls = IN_PROGRESS.get(py);
-    let first = calls.first.get();
-    if first.0 == manager {
-        return Some(first.1);
+    if calls.first.get() == manager {
+        return Some(calls.first_name.get());
     }
     let more = calls.more.borrow();
     more.iter().find(|(m, _)| *m == manager).map(|&(_, n)| n)
@@ -143,9 +163,7 @@ fn busy(py: Python<'_>, manager: usize) -> PyErr {
 /// The manager's state, shared: RuntimeError (not a panic) while a call
 /// has it borrowed.
 #[inline]
-pub(crate) fn borrow<'a, 'py>(
-    slf: &'a Bound<'py, NativeManager>,
-) -> PyResult<PyRef<'py, NativeManager>> {
+pub(crate) fn borrow<'py>(slf: &Bound<'py, NativeManager>) -> PyResult<PyRef<'py, NativeManager>> {
     slf.try_borrow()
         .map_err(|_| busy(slf.py(), slf.as_ptr() as usize))
 }
@@ -153,8 +171,8 @@ pub(crate) fn borrow<'a, 'py>(
 /// The manager's state, exclusive: RuntimeError (not a panic) while a call
 /// has it borrowed.
 #[inline]
-pub(crate) fn borrow_mut<'a, 'py>(
-    slf: &'a Bound<'py, NativeManager>,
+pub(crate) fn borrow_mut<'py>(
+    slf: &Bound<'py, NativeManager>,
 ) -> PyResult<PyRefMut<'py, NativeManager>> {
     slf.try_borrow_mut()
         .map_err(|_| busy(slf.py(), slf.as_ptr() as usize))

@@ -77,9 +77,12 @@ pub struct IdCache {
     ids: Pinned<PyString>,
     // The hot calls' table, by request object.
     requests: Pinned<PyAny>,
-    // Per slot: whether the request object's `request_id` and
-    // `num_computed_tokens` are its `__dict__`'s entries (`remember_request`).
-    fields_in_dict: Vec<bool>,
+    // Per slot: where the hot calls read the request object's `request_id`
+    // and `num_computed_tokens` (`raw_ffi::fields`; 0: the generic lookup).
+    field_access: Vec<u8>,
+    /// The request types whose fields the hot calls read through their slots.
+    #[cfg(feature = "raw-ffi")]
+    pub(crate) members: crate::raw_ffi::fields::MemberReaders,
 }
 
 impl IdCache {
@@ -98,21 +101,15 @@ impl IdCache {
 
     /// Remembers that `request` is the request of `handle` (every
     /// allocation of a request remembers it: a held request is known by
-    /// its object until it is freed). `fields_in_dict`: its `request_id`
-    /// and `num_computed_tokens` are its `__dict__`'s entries (the hot
-    /// calls read them there: `raw_ffi::fields_in_dict`).
-    pub fn remember_request(
-        &mut self,
-        request: &Bound<'_, PyAny>,
-        handle: u64,
-        fields_in_dict: bool,
-    ) {
+    /// its object until it is freed). `field_access`: where the hot calls
+    /// read its `request_id` and `num_computed_tokens` (`raw_ffi::fields`).
+    pub fn remember_request(&mut self, request: &Bound<'_, PyAny>, handle: u64, field_access: u8) {
         self.requests.remember(request, handle);
         let slot = handle as u32 as usize;
-        if slot >= self.fields_in_dict.len() {
-            self.fields_in_dict.resize(slot + 1, false);
+        if slot >= self.field_access.len() {
+            self.field_access.resize(slot + 1, 0);
         }
-        self.fields_in_dict[slot] = fields_in_dict;
+        self.field_access[slot] = field_access;
     }
 
     /// The request object held for `slot`, if any.
@@ -135,13 +132,10 @@ impl IdCache {
         self.ids.held.get(slot as usize).and_then(Option::as_ref)
     }
 
-    /// Whether the request of `slot` keeps its fields in its `__dict__`.
+    /// Where the hot calls read the fields of the request of `slot`.
     #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
-    pub fn fields_in_dict(&self, slot: u32) -> bool {
-        self.fields_in_dict
-            .get(slot as usize)
-            .copied()
-            .unwrap_or(false)
+    pub fn field_access(&self, slot: u32) -> u8 {
+        self.field_access.get(slot as usize).copied().unwrap_or(0)
     }
 
     /// The request objects held (for the garbage collector: a request may

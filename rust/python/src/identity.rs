@@ -63,11 +63,11 @@ impl NativeManager {
         rid: Option<&Bound<'_, PyString>>,
     ) {
         #[cfg(feature = "raw-ffi")]
-        let in_dict = crate::raw_ffi::vectorcall::fields_in_dict(request);
+        let access = crate::raw_ffi::fields::access_of(request, &mut self.ids.members);
         #[cfg(not(feature = "raw-ffi"))]
-        let in_dict = false;
+        let access = 0;
         let handle = self.inner.handle_at(slot);
-        self.ids.remember_request(request, handle, in_dict);
+        self.ids.remember_request(request, handle, access);
         if let Some(rid) = rid {
             self.ids.remember(rid, handle);
         }

@@ -5,6 +5,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict, PyList};
 
+use crate::call_guard::{borrow, borrow_mut, enter};
 use crate::convert::{count_obj, guard, int_list};
 use crate::native_manager::NativeManager;
 
@@ -13,12 +14,12 @@ impl NativeManager {
     /// Mamba align state of a request in a group:
     /// (last_state_block_idx or None, allocated), or None.
     fn align_state(
-        &self,
+        slf: &Bound<'_, Self>,
         request_id: &str,
         group: &Bound<'_, PyAny>,
     ) -> PyResult<Option<(Option<usize>, bool)>> {
         let group = count_obj("group", group)?;
-        Ok(self
+        Ok(borrow(slf)?
             .inner
             .align_state(request_id, group)
             .map(|a| (a.last_state_block_idx, a.allocated)))
@@ -33,10 +34,10 @@ impl NativeManager {
         num_accepted: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyByteArray>> {
         let py = slf.py();
-        let _in_call = crate::call_guard::enter(slf, "mamba_pre_copy_plan")?;
+        let _in_call = enter(slf, "mamba_pre_copy_plan")?;
         let num_accepted = int_list("num_accepted", num_accepted, false)?;
         let ids: Vec<&str> = request_ids.iter().map(String::as_str).collect();
-        let mut this = crate::call_guard::borrow_mut(slf)?;
+        let mut this = borrow_mut(slf)?;
         let rows = guard(|| this.inner.mamba_pre_copy_plan(&ids, &num_accepted))?;
         let bytes: Vec<u8> = rows
             .iter()
@@ -48,8 +49,7 @@ impl NativeManager {
 
     /// Post-verification selection plan: (int32 rows as bytes, columns).
     fn mamba_post_select_plan<'py>(
-        &self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
         request_ids: Vec<String>,
         num_draft: &Bound<'py, PyAny>,
     ) -> PyResult<(Bound<'py, PyByteArray>, usize)> {
@@ -58,18 +58,19 @@ impl NativeManager {
             .map(|d| d as usize)
             .collect();
         let ids: Vec<&str> = request_ids.iter().map(String::as_str).collect();
-        let (rows, cols) = guard(|| self.inner.mamba_post_select_plan(&ids, &num_draft))?;
+        let this = borrow(slf)?;
+        let (rows, cols) = guard(|| this.inner.mamba_post_select_plan(&ids, &num_draft))?;
         let bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Ok((PyByteArray::new(py, &bytes), cols))
+        Ok((PyByteArray::new(slf.py(), &bytes), cols))
     }
 
     /// Mamba align boundary states cached since the last take: {request
     /// id: [(group, block id, boundary tokens), ...]}, oldest first.
     fn _take_boundary_state_offloads<'py>(
-        &mut self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
     ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
-        self.boundary_state_offloads(py)
+        let _in_call = enter(slf, "take_boundary_state_offloads")?;
+        borrow_mut(slf)?.boundary_state_offloads(slf.py())
     }
 }
 

@@ -7,7 +7,7 @@ use hybridcache_core::{BatchScratch, HashUpdate, KvCacheManager, NewBlocks};
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::call_guard::{borrow_mut, enter};
+use crate::call_guard::{borrow, borrow_mut, enter};
 use crate::convert::{count_obj, guard};
 use crate::id_cache::IdCache;
 use crate::native_manager::{NativeManager, PythonSide, Watermark};
@@ -88,58 +88,65 @@ impl NativeManager {
     #[pyo3(signature = (empty, event_sink, log_stats=false, metrics_sink=None, event_read=None,
                         explain_step_waits=false))]
     fn _bind_python(
-        &mut self,
+        slf: &Bound<'_, Self>,
         empty: PyObject,
         event_sink: Option<PyObject>,
         log_stats: bool,
         metrics_sink: Option<PyObject>,
         event_read: Option<PyObject>,
         explain_step_waits: bool,
-    ) {
-        self.step_waits.explain = explain_step_waits;
-        self.inner.set_record_block_metrics(metrics_sink.is_some());
-        self.py_side = Some(PythonSide {
-            empty,
-            event_sink,
-            metrics_sink,
-            event_read,
-        });
-        self.inner.set_log_stats(log_stats);
+    ) -> PyResult<()> {
+        let _in_call = enter(slf, "_bind_python")?;
+        let earlier = {
+            let mut this = borrow_mut(slf)?;
+            this.step_waits.explain = explain_step_waits;
+            this.inner.set_record_block_metrics(metrics_sink.is_some());
+            this.inner.set_log_stats(log_stats);
+            this.py_side.replace(PythonSide {
+                empty,
+                event_sink,
+                metrics_sink,
+                event_read,
+            })
+        };
+        // What it replaces is dropped with the manager settled.
+        drop(earlier);
+        Ok(())
     }
 
     #[getter]
-    fn num_blocks(&self) -> u32 {
-        self.inner.pool().num_blocks()
+    fn num_blocks(slf: &Bound<'_, Self>) -> PyResult<u32> {
+        Ok(borrow(slf)?.inner.pool().num_blocks())
     }
 
     #[getter]
-    fn num_free_blocks(&self) -> usize {
-        self.inner.pool().num_free_blocks()
+    fn num_free_blocks(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        Ok(borrow(slf)?.inner.pool().num_free_blocks())
     }
 
     #[getter]
-    fn usage(&self) -> f64 {
-        self.inner.usage()
+    fn usage(slf: &Bound<'_, Self>) -> PyResult<f64> {
+        Ok(borrow(slf)?.inner.usage())
     }
 
     #[getter]
-    fn num_requests(&self) -> usize {
-        self.inner.num_requests()
+    fn num_requests(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        Ok(borrow(slf)?.inner.num_requests())
     }
 
     #[getter]
-    fn coordinator_kind(&self) -> &'static str {
-        self.inner.coordinator_kind()
+    fn coordinator_kind(slf: &Bound<'_, Self>) -> PyResult<&'static str> {
+        Ok(borrow(slf)?.inner.coordinator_kind())
     }
 
-    fn num_known_hashes(&self, request_id: &str) -> usize {
-        self.inner.num_known_hashes(request_id)
+    fn num_known_hashes(slf: &Bound<'_, Self>, request_id: &str) -> PyResult<usize> {
+        Ok(borrow(slf)?.inner.num_known_hashes(request_id))
     }
 
     /// The behaviour profile this manager follows ("whole-block-hits", ...).
     #[getter]
-    fn profile(&self) -> &'static str {
-        self.inner.profile().name
+    fn profile(slf: &Bound<'_, Self>) -> PyResult<&'static str> {
+        Ok(borrow(slf)?.inner.profile().name)
     }
 
     /// 0.33.0's multi-module MTP: the last `n` computed tokens are not
@@ -154,14 +161,17 @@ impl NativeManager {
     /// 0.33.0's watermark: `blocks` stay free when a request whose status
     /// equals one of `statuses` is admitted while others are scheduled.
     fn _set_watermark(
-        &mut self,
+        slf: &Bound<'_, Self>,
         blocks: &Bound<'_, PyAny>,
         statuses: Vec<PyObject>,
     ) -> PyResult<()> {
-        self.watermark = Watermark {
-            blocks: count_obj("watermark_blocks", blocks)?,
-            statuses,
-        };
+        let _in_call = enter(slf, "_set_watermark")?;
+        let blocks = count_obj("watermark_blocks", blocks)?;
+        let earlier = std::mem::replace(
+            &mut borrow_mut(slf)?.watermark,
+            Watermark { blocks, statuses },
+        );
+        drop(earlier);
         Ok(())
     }
 

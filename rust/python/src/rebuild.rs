@@ -16,22 +16,25 @@ impl NativeManager {
     /// with `other`'s. The Python-side bindings (event and metrics sinks)
     /// stay this object's; the facade checks beforehand that neither core
     /// has served a request, so nothing observable is lost.
-    fn _adopt_core(&mut self, other: &Bound<'_, NativeManager>) -> PyResult<()> {
+    fn _adopt_core(slf: &Bound<'_, Self>, other: &Bound<'_, NativeManager>) -> PyResult<()> {
+        let _in_call = crate::call_guard::enter(slf, "_adopt_core")?;
+        let mut this = crate::call_guard::borrow_mut(slf)?;
+        let this = &mut *this;
         let mut other = other.try_borrow_mut().map_err(|_| {
             PyValueError::new_err("_adopt_core: the other manager is this one, or is in use")
         })?;
-        std::mem::swap(&mut self.inner, &mut other.inner);
-        std::mem::swap(&mut self.scratch, &mut other.scratch);
-        std::mem::swap(&mut self.hash_buf, &mut other.hash_buf);
-        std::mem::swap(&mut self.batch, &mut other.batch);
-        std::mem::swap(&mut self.ids, &mut other.ids);
-        std::mem::swap(&mut self.watermark, &mut other.watermark);
+        std::mem::swap(&mut this.inner, &mut other.inner);
+        std::mem::swap(&mut this.scratch, &mut other.scratch);
+        std::mem::swap(&mut this.hash_buf, &mut other.hash_buf);
+        std::mem::swap(&mut this.batch, &mut other.batch);
+        std::mem::swap(&mut this.ids, &mut other.ids);
+        std::mem::swap(&mut this.watermark, &mut other.watermark);
         // The adopted core records block metrics only if this side has a sink.
-        let metrics = self
+        let metrics = this
             .py_side
             .as_ref()
             .is_some_and(|s| s.metrics_sink.is_some());
-        self.inner.set_record_block_metrics(metrics);
+        this.inner.set_record_block_metrics(metrics);
         Ok(())
     }
 }

@@ -132,11 +132,11 @@ impl NativeManager {
     }
 
     fn get_block_ids<'py>(
-        &self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
         request_id: &str,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        ids_tuple(py, &self.inner.get_block_ids(request_id))
+        let ids = borrow(slf)?.inner.get_block_ids(request_id);
+        ids_tuple(slf.py(), &ids)
     }
 
     /// vLLM's `coordinator.get_num_blocks_to_allocate` (reads only).
@@ -145,7 +145,7 @@ impl NativeManager {
                         prefill_end=None))]
     #[allow(clippy::too_many_arguments)]
     fn get_num_blocks_to_allocate(
-        &self,
+        slf: &Bound<'_, Self>,
         request_id: &str,
         num_tokens: &Bound<'_, PyAny>,
         new_computed_blocks: &Bound<'_, PyAny>,
@@ -155,11 +155,10 @@ impl NativeManager {
         apply_admission_cap: bool,
         prefill_end: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<i64> {
-        let nc = block_ids(
-            new_computed_blocks,
-            self.inner.pool().num_blocks(),
-            "new_computed_blocks",
-        )?;
+        // The arguments are read first (ints and lists of the caller's
+        // types run its code), then the manager.
+        let num_blocks = borrow(slf)?.inner.pool().num_blocks();
+        let nc = block_ids(new_computed_blocks, num_blocks, "new_computed_blocks")?;
         let (n, e, t, mm) = (
             count_obj("num_tokens", num_tokens)?,
             count_obj("num_encoder_tokens", num_encoder_tokens)?,
@@ -167,8 +166,9 @@ impl NativeManager {
             count_obj("num_tokens_main_model", num_tokens_main_model)?,
         );
         let pe = prefill_end.map_or(Ok(0), |v| count_obj("prefill_end", v))?;
+        let this = borrow(slf)?;
         guard(|| {
-            self.inner.get_num_blocks_to_allocate(
+            this.inner.get_num_blocks_to_allocate(
                 request_id,
                 n,
                 &nc,

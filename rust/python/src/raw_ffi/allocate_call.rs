@@ -15,7 +15,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 
 use super::vectorcall::{
-    attr_count, call_args, dict_count, held_request, plain_count, raw_call, CallArgs, MethodDef,
+    attr_count, call_args, dict_count, held_request, member_count, plain_count, raw_call, CallArgs,
+    Fields, MethodDef,
 };
 use crate::allocate_params::{call_matched, param_name, Param};
 use crate::native_manager::NativeManager;
@@ -179,15 +180,16 @@ unsafe fn decode_fast(
             return Ok(Fast::Other);
         }
         let request = *args;
-        let Some((handle, dict)) = held_request(py, &mut this, request)? else {
+        let Some((handle, fields)) = held_request(py, &mut this, request)? else {
             return Ok(Fast::Other);
         };
         let name = intern!(py, "num_computed_tokens");
-        let computed = match &dict {
-            Some(d) => dict_count(py, d, request, name)?,
-            None => attr_count(py, request, name)?,
+        let computed = match &fields {
+            Fields::Dict(d) => dict_count(py, d, request, name)?,
+            Fields::Members(m) => member_count(py, m, request, name)?,
+            Fields::Generic => attr_count(py, request, name)?,
         };
-        drop(dict);
+        drop(fields);
         let Some(num_computed_tokens) = computed else {
             return Ok(Fast::Other);
         };

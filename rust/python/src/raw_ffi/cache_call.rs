@@ -41,14 +41,15 @@ unsafe extern "C" fn cache_blocks_fast(
     // vectorcall contract (see `allocate_call`).
     unsafe {
         raw_call(|py| {
-            // SAFETY: `slf` is a live manager: CPython checks it against the
-            // descriptor's class, a `NativeManager` subclass (`_raw_methods`).
-            let manager = Bound::from_borrowed_ptr(py, slf);
             if nargs == 2 && kwnames.is_null() {
                 let _in_call = crate::call_guard::enter_addr(py, slf as usize, "cache_blocks")?;
                 if is_noop(py, slf, args)? {
                     return Ok(py.None());
                 }
+                // SAFETY: `slf` is a live manager: CPython checks it against
+                // the descriptor's class, a `NativeManager` subclass
+                // (`_raw_methods`).
+                let manager = Bound::from_borrowed_ptr(py, slf);
                 // The scheduler's spelling: the method's body, directly.
                 let (request, n) = (
                     Bound::from_borrowed_ptr(py, *args),
@@ -57,6 +58,8 @@ unsafe extern "C" fn cache_blocks_fast(
                 NativeManager::cache_blocks_impl(manager.downcast_unchecked(), &request, &n)?;
                 return Ok(py.None());
             }
+            // SAFETY: as above.
+            let manager = Bound::from_borrowed_ptr(py, slf);
             // The native class's method (a subclass's attribute may be this).
             let method = py
                 .get_type::<NativeManager>()

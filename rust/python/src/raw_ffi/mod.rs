@@ -15,6 +15,8 @@
 //!   path for the calls that find no new full block;
 //! - `append_call`: vLLM's `Request.append_output_token_ids` as a raw
 //!   method descriptor hashing with a `BlockHasher` in the same call;
+//! - `fields`: where the hot calls read a held request's id and computed
+//!   count (its `__dict__`, its slots, or the generic lookup);
 //! - `vectorcall`: what they share (method definitions, the guarded call
 //!   body, argument access, the hot calls' request lookup, prefetch).
 //!
@@ -25,6 +27,7 @@ pub(crate) mod allocate_call;
 pub(crate) mod append_call;
 pub(crate) mod block_ids_call;
 pub(crate) mod cache_call;
+pub(crate) mod fields;
 pub(crate) mod hasher_call;
 pub(crate) mod vectorcall;
 

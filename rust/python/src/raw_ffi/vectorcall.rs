@@ -48,6 +48,7 @@ pub(crate) fn method_descriptor(
 ///
 /// # Safety
 /// Called by CPython, with the GIL held.
+#[inline(always)]
 pub(crate) unsafe fn raw_call(
     f: impl FnOnce(Python<'_>) -> PyResult<PyObject>,
 ) -> *mut ffi::PyObject {
@@ -98,24 +99,34 @@ pub(crate) unsafe fn plain_count(obj: *mut ffi::PyObject) -> Option<usize> {
     }
 }
 
+/// Where a hot call reads a held request's computed count (`fields`).
+pub(crate) enum Fields<'py> {
+    /// The generic lookup.
+    Generic,
+    /// The request's `__dict__`.
+    Dict(Bound<'py, PyDict>),
+    /// Its type's slots.
+    Members(super::fields::Members),
+}
+
 /// The handle of a hot call's request: by the request object when this
 /// object was seen before and its slot still holds it (every allocation
 /// remembers its request's object). None: an object the manager does not
-/// know (the full path reads and judges it). An error: a read of the request raised (it propagates
-/// unchanged), the request's id was changed while the manager holds it, or
-/// another live request holds its id. With the handle: the request's
-/// `__dict__` where its fields are that dict's entries (the caller reads
-/// them there). The call the scheduler made after this one last time has
-/// its entry and decode data prefetched.
+/// know (the full path reads and judges it). An error: a read of the
+/// request raised (it propagates unchanged), the request's id was changed
+/// while the manager holds it, or another live request holds its id. With
+/// the handle: where the caller reads the request's other fields. The call
+/// the scheduler made after this one last time has its entry and decode
+/// data prefetched.
 ///
 /// # Safety
 /// `request` is a live object; the GIL is held.
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn held_request<'py>(
     py: Python<'py>,
     this: &mut crate::native_manager::NativeManager,
     request: *mut ffi::PyObject,
-) -> PyResult<Option<(u64, Option<Bound<'py, PyDict>>)>> {
+) -> PyResult<Option<(u64, Fields<'py>)>> {
     if let Some((handle, next)) = this.ids.get_hot_request(request as usize) {
         if let Some(n) = next {
             prefetch(n.entry);
@@ -123,8 +134,8 @@ pub(crate) unsafe fn held_request<'py>(
         }
         if let Some(slot) = this.inner.slot_of_handle(handle) {
             // SAFETY: as this function's.
-            let dict = unsafe { check_id(py, this, request, slot) }?;
-            return Ok(Some((handle, dict)));
+            let fields = unsafe { check_id(py, this, request, slot) }?;
+            return Ok(Some((handle, fields)));
         }
     }
     // An object the manager does not know (or no longer holds): the full
@@ -134,24 +145,45 @@ pub(crate) unsafe fn held_request<'py>(
 }
 
 /// Whether the held request in `slot` (known by its object) still has the
-/// id it was admitted with: its `__dict__` entry is the very str the
-/// manager keeps (one dict lookup), or its `request_id` reads equal to it.
-/// ValueError naming both ids when it was renamed (or swapped). Returns
-/// the request's `__dict__` where its fields are that dict's entries.
+/// id it was admitted with: its `request_id` (read where `fields` says) is
+/// the very str the manager keeps, or reads equal to it. ValueError naming
+/// both ids when it was renamed (or swapped). Returns where the request's
+/// other fields are read.
 ///
 /// # Safety
 /// `request` is a live object; the GIL is held.
-#[inline]
+#[inline(always)]
 unsafe fn check_id<'py>(
     py: Python<'py>,
-    this: &crate::native_manager::NativeManager,
+    this: &mut crate::native_manager::NativeManager,
     request: *mut ffi::PyObject,
     slot: u32,
-) -> PyResult<Option<Bound<'py, PyDict>>> {
-    if !this.ids.fields_in_dict(slot) {
-        // SAFETY: as this function's.
-        unsafe { check_id_read(py, this, request, slot) }?;
-        return Ok(None);
+) -> PyResult<Fields<'py>> {
+    let name = pyo3::intern!(py, "request_id");
+    let access = this.ids.field_access(slot);
+    if access != super::fields::IN_DICT {
+        let members = this.ids.members.get(access).copied();
+        // SAFETY: as this function's; the attribute is a new reference,
+        // released here once compared by address (the manager keeps the
+        // str it is compared with alive) or handed on.
+        unsafe {
+            let (v, fields) = match members.and_then(|m| Some((m.read(request, false)?, m))) {
+                Some((v, m)) => (v, Fields::Members(m)),
+                None => (
+                    ffi::PyObject_GetAttr(request, name.as_ptr()),
+                    Fields::Generic,
+                ),
+            };
+            if this.ids.id_at(slot).is_some_and(|id| id.as_ptr() == v) {
+                ffi::Py_DECREF(v);
+                return Ok(fields);
+            }
+            if v.is_null() {
+                return Err(read_error(py, request, name));
+            }
+            check_id_value(this, slot, Bound::from_owned_ptr(py, v))?;
+            return Ok(fields);
+        }
     }
     // SAFETY: `request` is live and the GIL is held; the dict is a new
     // reference (owned by the Bound), or NULL with an exception set; the
@@ -159,39 +191,67 @@ unsafe fn check_id<'py>(
     unsafe {
         let d = ffi::PyObject_GenericGetDict(request, std::ptr::null_mut());
         let dict = Bound::from_owned_ptr_or_err(py, d)?.downcast_into_unchecked::<PyDict>();
-        let v =
-            ffi::PyDict_GetItemWithError(dict.as_ptr(), pyo3::intern!(py, "request_id").as_ptr());
+        let v = ffi::PyDict_GetItemWithError(dict.as_ptr(), name.as_ptr());
         let same = this.ids.id_at(slot).is_some_and(|id| id.as_ptr() == v);
         if !same {
-            if v.is_null() && !ffi::PyErr_Occurred().is_null() {
-                return Err(PyErr::fetch(py));
-            }
-            check_id_read(py, this, request, slot)?;
+            check_id_other(py, this, request, slot, v)?;
         }
-        Ok(Some(dict))
+        Ok(Fields::Dict(dict))
     }
 }
 
-/// `check_id` by reading `request.request_id` (any error propagates).
+/// `check_id` where the request's `__dict__` entry `v` (borrowed; NULL:
+/// none, or its lookup raised) is not the manager's str: the lookup's error
+/// propagates; otherwise `request.request_id` is read and judged.
 ///
 /// # Safety
 /// `request` is a live object; the GIL is held.
 #[cold]
 #[inline(never)]
-unsafe fn check_id_read(
+unsafe fn check_id_other(
     py: Python<'_>,
-    this: &crate::native_manager::NativeManager,
+    this: &mut crate::native_manager::NativeManager,
     request: *mut ffi::PyObject,
     slot: u32,
+    v: *mut ffi::PyObject,
 ) -> PyResult<()> {
-    // SAFETY: `request` is live (this function's contract).
-    let request = unsafe { Borrowed::from_ptr(py, request) };
-    let rid = crate::py_args::request_id(&request)?;
-    let held = this.inner.request_id_at(slot);
-    if rid.to_str()? == held {
-        return Ok(());
+    // SAFETY: as this function's.
+    unsafe {
+        if !v.is_null() {
+            return check_id_value(this, slot, Bound::from_borrowed_ptr(py, v));
+        }
+        if !ffi::PyErr_Occurred().is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        let request = Borrowed::from_ptr(py, request);
+        check_id_value(this, slot, crate::py_args::request_id(&request)?.into_any())
     }
-    Err(crate::id_cache::renamed_error(held, rid.to_str()?))
+}
+
+/// `check_id` for a request whose `request_id` read `rid`, another object
+/// than the str the manager keeps: TypeError where it is not a str; fine
+/// (and remembered as the id's str) where it reads equal to the held id;
+/// ValueError naming both where it differs (renamed or swapped).
+#[cold]
+#[inline(never)]
+fn check_id_value(
+    this: &mut crate::native_manager::NativeManager,
+    slot: u32,
+    rid: Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let Ok(rid) = rid.downcast::<pyo3::types::PyString>() else {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "request.request_id must be str, got {}",
+            crate::convert::type_name(&rid)
+        )));
+    };
+    let held = this.inner.request_id_at(slot);
+    if rid.to_str()? != held {
+        return Err(crate::id_cache::renamed_error(held, rid.to_str()?));
+    }
+    let handle = this.inner.handle_at(slot);
+    this.ids.remember(rid, handle);
+    Ok(())
 }
 
 /// `request.<name>` from its `__dict__` (see `held_request`) as a plain
@@ -200,7 +260,7 @@ unsafe fn check_id_read(
 ///
 /// # Safety
 /// `request` is a live object; the GIL is held.
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn dict_count(
     py: Python<'_>,
     dict: &Bound<'_, PyDict>,
@@ -217,6 +277,33 @@ pub(crate) unsafe fn dict_count(
             return Err(PyErr::fetch(py));
         }
         attr_count(py, request, name)
+    }
+}
+
+/// `request.<name>` through its type's slot (see `fields`) as a plain
+/// count; None where it is something else (the full path names it). A
+/// failed read is the error the full path gives.
+///
+/// # Safety
+/// `request` is a live object; the GIL is held.
+#[inline(always)]
+pub(crate) unsafe fn member_count(
+    py: Python<'_>,
+    members: &super::fields::Members,
+    request: *mut ffi::PyObject,
+    name: &Bound<'_, pyo3::types::PyString>,
+) -> PyResult<Option<usize>> {
+    // SAFETY: as this function's; the value is a new reference, released here.
+    unsafe {
+        let Some(v) = members.read(request, true) else {
+            return attr_count(py, request, name);
+        };
+        if v.is_null() {
+            return Err(read_error(py, request, name));
+        }
+        let n = plain_count(v);
+        ffi::Py_DECREF(v);
+        Ok(n)
     }
 }
 
@@ -262,25 +349,6 @@ unsafe fn read_error(
     // SAFETY: as this function's.
     let request = unsafe { Borrowed::from_ptr(py, request) };
     crate::convert::not_a_request(&request, name, e)
-}
-
-/// Whether `request`'s `request_id` and `num_computed_tokens` are its
-/// `__dict__`'s entries: its type reads attributes the generic way and has
-/// no class attribute of either name (checked once, when the request is
-/// remembered; the hot calls then read the dict, as the generic lookup
-/// would, at a fraction of its cost).
-pub(crate) fn fields_in_dict(request: &Bound<'_, PyAny>) -> bool {
-    let py = request.py();
-    let ty = request.get_type();
-    // SAFETY: a live type; the slot is read, not called.
-    let getattro = unsafe { ffi::PyType_GetSlot(ty.as_type_ptr(), ffi::Py_tp_getattro) };
-    getattro == ffi::PyObject_GenericGetAttr as *mut std::ffi::c_void
-        && [
-            pyo3::intern!(py, "request_id"),
-            pyo3::intern!(py, "num_computed_tokens"),
-        ]
-        .iter()
-        .all(|name| matches!(ty.hasattr(*name), Ok(false)))
 }
 
 /// A vectorcall's arguments as objects: the positional values, then the
