@@ -12,8 +12,8 @@
 #
 # Profile-guided: an instrumented build runs scripts/pgo_train.py, then the
 # wheel is built with that profile, so the hot paths are laid out for a
-# serving loop (about 40 % fewer instruction-cache misses per call, see the
-# README). As pydantic-core builds its release wheels. Both builds are
+# serving loop (about 40 % fewer instruction-cache misses per call, measured
+# with benchmarks/step_callgrind.py). As pydantic-core builds its release wheels. Both builds are
 # maturin's zig builds, so cargo sees the same settings and gives every crate
 # the same metadata hash, hence the same symbol names, by which LLVM matches
 # the profile to the code (a plain host build gets other hashes, and its

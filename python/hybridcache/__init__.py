@@ -8,7 +8,7 @@ Without vLLM, build a `KVCacheConfig` of `KVCacheGroupSpec`s (specs:
 with `Request`s (`KVCacheManager` takes the oldest supported release's
 arguments; each release's own facade is in its folder under
 `hybridcache.releases`): `get_computed_blocks` and `allocate_slots` at admission,
-`allocate_slots` every step, `free` at the end. The README has a runnable
+`allocate_slots` every step, `free` at the end. docs/usage.md has a runnable
 example and the caller's contract between steps. Under a supported vLLM:
 `hybridcache.vllm.install()` or HYBRIDCACHE_ENABLE=1.
 

@@ -81,7 +81,7 @@ class _Request(Protocol):
         """Prompt plus output tokens, draft tokens not included."""
     @property
     def num_computed_tokens(self) -> int:
-        """Tokens whose KV is computed; the caller advances it (README)."""
+        """Tokens whose KV is computed; the caller advances it (docs/usage.md)."""
     @property
     def block_hashes(self) -> Sequence[bytes]:
         """One chain hash per full `hash_block_size` tokens of `all_token_ids`."""

@@ -124,7 +124,7 @@ class MambaSpec:
             "all" (a state block per `block_size` tokens, every one cached) or
             "align" (the state is cached only at block boundaries; the caller
             must end prefill chunks there, as vLLM's scheduler does, see the
-            README's caller's contract).
+            caller's contract in docs/usage.md).
         num_speculative_blocks: extra state blocks for speculative decoding,
             vLLM sets it to ``num_speculative_tokens`` (0 without drafts).
 

@@ -101,7 +101,7 @@ class KVCacheManager(KVCacheManagerBase):
     Errors: bad arguments raise ValueError / TypeError naming the argument
     and leave the manager unchanged; running out of blocks is not an error.
     The caller's contract between calls (what to update on the request) is
-    in the README.
+    in docs/usage.md.
     """
 
     __slots__ = ()

@@ -84,8 +84,8 @@ class Request:
 
     Raises TypeError when `request_id` is not a str.
 
-    What the caller updates between manager calls (the README's "caller's
-    contract"): `num_computed_tokens` (tokens whose KV is computed, set
+    What the caller updates between manager calls (docs/usage.md, "The caller's
+    contract between steps"): `num_computed_tokens` (tokens whose KV is computed, set
     after admission and advanced after every step, lowered by rejected
     drafts), output tokens through `append_output_token_ids` (which keeps
     `block_hashes` current), `num_in_flight_tokens` (scheduled tokens not

@@ -146,7 +146,7 @@ fn refused(name: &str, running: &str) -> PyErr {
         "{name}: refused, a call on this manager is in progress ({running}); a manager serves \
          one call at a time: a callback of that call (a property, __index__, __len__, a \
          finalizer) or another thread called it again (see the threading contract in \
-         docs/ARCHITECTURE.md, Threads and re-entrancy)"
+         docs/usage.md, Threads and re-entrancy)"
     ))
 }
 
@@ -156,7 +156,7 @@ fn busy(py: Python<'_>, manager: usize) -> PyErr {
     let running = running(py, manager).unwrap_or("another call");
     PyRuntimeError::new_err(format!(
         "this manager is in a call ({running}); a manager serves one call at a time \
-         (see the threading contract in docs/ARCHITECTURE.md, Threads and re-entrancy)"
+         (see the threading contract in docs/usage.md, Threads and re-entrancy)"
     ))
 }
 
