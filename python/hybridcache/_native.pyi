@@ -240,17 +240,17 @@ class NativeManager:
         """vLLM's `block_pool.free_blocks(blocks)` for blocks
         `_pop_blocks_for_free` handed out (objects with `block_id`, or ids),
         in eviction order: unhashed ones (all with caching off) are reused
-        first, cached ones last (first too with 0.34.0's `evict_first`).
+        first, cached ones last (first too with vLLM's `evict_first`).
         ValueError, nothing freed, for a block not handed out (as often)."""
     def _set_read_gate(self, attribute: str) -> None:
         """The request attribute lookups read: "skip_reading_prefix_cache"
-        (the default) or "prefix_cache_hit_limit" (0.34.0: 0 skips, N bounds
+        (the default) or "prefix_cache_hit_limit" (0 skips, N bounds
         a hit to min(num_tokens - 1, N, the caller's bound))."""
     @property
     def _read_gate(self) -> str:
         """The request attribute lookups read."""
     def _num_cached_tokens(self, request: _Request) -> int:
-        """vLLM 0.34.0's `get_num_cached_tokens`: the prefix-cache hit of the
+        """vLLM's `get_num_cached_tokens`: the prefix-cache hit of the
         request's hashes bounded by `num_tokens - 1`, changing nothing; 0
         where the lookup is off for it."""
     def _take_stats(self, take: bool = True) -> tuple[bool, int, int, int, int, int, int]:

@@ -1,6 +1,6 @@
 """Which KV-cache layouts hybridcache's facade covers for the releases
-running the partial-block-hits profile (vLLM 0.33.0 on), in 0.33.0's terms
-(0.34.0 keeps them): each group's spec by the 0.33.0 manager that runs it,
+running the partial-block-hits profile, in those releases' vLLM terms:
+each group's spec by the vLLM manager that runs it,
 the layouts refused by name (NotImplementedError), the retention-interval
 and context-parallel checks, and the zeroing decision.
 `partial_hits_manager.PartialHitsManager` asks these at construction; the
@@ -12,7 +12,7 @@ from typing import Any
 
 from hybridcache.facade import _positive_int
 
-# Spec classes by the 0.33.0 manager this facade runs them as, and the
+# Spec classes by the vLLM manager this facade runs them as, and the
 # classes refused (with what to call them). A spec's first class (in its
 # MRO) found here decides: RSWASpec is a FullAttentionSpec subclass.
 _FULL_ATTENTION_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "HiddenStateCacheSpec", "SinkFullAttentionSpec")
@@ -22,7 +22,7 @@ _MAMBA_SPECS = ("MambaSpec",)
 # Encoder-decoder models (Whisper): the states of the encoder, one static
 # allocation per request, never cached (prefix caching is refused).
 _CROSS_ATTENTION_SPECS = ("CrossAttentionSpec",)
-# 0.33.0's RSWAManager and CircularBufferManager (new kinds of the core).
+# vLLM's RSWAManager and CircularBufferManager (new kinds of the core).
 _OWN_KIND_SPECS = {"RSWASpec": "rswa", "CircularBufferSpec": "circular_buffer"}
 
 
@@ -46,14 +46,14 @@ def layout_kind(spec: Any) -> str | None:
 
 
 def check_layout(kv_cache_config: Any, enable_caching: bool) -> list[str]:
-    """The groups' kinds, if the 0.33.0 facade covers this layout: full
-    attention (R-SWA too), circular buffers, sliding window (bounded replay
-    and extra retained tokens too) and chunked local groups, Mamba beside
-    them; NotImplementedError naming what it does not cover."""
+    """The groups' kinds, if the partial-block-hits facade covers this
+    layout: full attention (R-SWA too), circular buffers, sliding window
+    (bounded replay and extra retained tokens too) and chunked local groups,
+    Mamba beside them; NotImplementedError naming what it does not cover."""
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
     if not groups:
         raise NotImplementedError(
-            "hybridcache's vLLM 0.33+ support needs at least one KV cache group (attention-free "
+            "hybridcache's facade for this vLLM release needs at least one KV cache group (attention-free "
             "models are not supported yet)"
         )
     kinds = []
@@ -62,8 +62,8 @@ def check_layout(kv_cache_config: Any, enable_caching: bool) -> list[str]:
         kind = layout_kind(spec)
         if kind is None:
             raise NotImplementedError(
-                f"kv_cache_groups[{i}]: {type(spec).__name__} is not supported by hybridcache's vLLM "
-                "0.33+ facade yet (it covers full attention, R-SWA, circular buffers, sliding window, "
+                f"kv_cache_groups[{i}]: {type(spec).__name__} is not supported by hybridcache's "
+                "facade for this vLLM release yet (it covers full attention, R-SWA, circular buffers, sliding window, "
                 "chunked local and cross-attention groups, and Mamba beside full attention, sliding "
                 "windows, chunked local attention and circular buffers)"
             )
@@ -82,11 +82,11 @@ def check_layout(kv_cache_config: Any, enable_caching: bool) -> list[str]:
 
 
 def needs_zeroing(kv_cache_config: Any, kinds: list[str], from_config: bool = False) -> bool:
-    """Whether new blocks are recorded for the worker to zero. 0.33.0's
+    """Whether new blocks are recorded for the worker to zero. vLLM's
     `KVCacheConfig.needs_kv_cache_zeroing` property: Mamba layers, or
     attention caches in more than one precision (a block reused across
     groups would decode stale bytes). `from_config` (the row's
-    `zeroing_from_config`, 0.34.0): the config's `needs_kv_cache_zeroing`
+    `zeroing_from_config`): the config's `needs_kv_cache_zeroing`
     field as it is, which the engine ORs over every worker's config (one
     worker needing it makes all record); the rule where the config has no
     such field."""
@@ -99,9 +99,9 @@ def needs_zeroing(kv_cache_config: Any, kinds: list[str], from_config: bool = Fa
 def _check_mamba_layout(kinds: list[str], enable_caching: bool, modes: list[str] | None = None) -> None:
     """Mamba groups are covered alone and beside full-attention,
     sliding-window, chunked-local and circular-buffer groups: without prefix
-    caching (0.33.0's KVCacheCoordinatorNoPrefixCache), and with it in
+    caching (vLLM's KVCacheCoordinatorNoPrefixCache), and with it in
     "align" mode (a Mamba block spanning hash blocks too: states keyed
-    inside blocks, copy-on-write). 0.33.0 itself asserts that Mamba prefix
+    inside blocks, copy-on-write). vLLM itself asserts that Mamba prefix
     caching runs in "align" mode (ValueError). Beside R-SWA or cross
     attention (no such model, and unproven): refused by name."""
     if "mamba" not in kinds:
@@ -109,16 +109,16 @@ def _check_mamba_layout(kinds: list[str], enable_caching: bool, modes: list[str]
     others = sorted(set(kinds) - {"mamba", "full", "sliding_window", "chunked_local", "circular_buffer"})
     if others:
         raise NotImplementedError(
-            f"Mamba groups beside {', '.join(others)} groups are not supported by hybridcache's vLLM "
-            "0.33+ facade yet (it covers Mamba alone and beside full attention, sliding windows, "
+            f"Mamba groups beside {', '.join(others)} groups are not supported by hybridcache's "
+            "facade for this vLLM release yet (it covers Mamba alone and beside full attention, sliding windows, "
             "chunked local attention and circular buffers)"
         )
     if enable_caching and any(m != "align" for m in modes or ()):
-        raise ValueError("Mamba prefix caching requires mamba_cache_mode='align' (vLLM 0.33.0 asserts it)")
+        raise ValueError("Mamba prefix caching requires mamba_cache_mode='align' (vLLM asserts it)")
 
 
 def check_retention(kv_cache_config: Any, scheduler_block_size: int, kinds: list[str]) -> int | None:
-    """0.33.0's `prefix_cache_retention_interval` check (ValueError, its
+    """vLLM's `prefix_cache_retention_interval` check (ValueError, its
     messages); the interval the core applies (None: dense; without a
     sliding-window group 0 caches densely too)."""
     interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
@@ -142,7 +142,7 @@ def check_retention(kv_cache_config: Any, scheduler_block_size: int, kinds: list
 
 def assigned_retention(interval: Any, kinds: list[str]) -> int | None:
     """The interval the core applies for one assigned to
-    `coordinator.retention_interval` after construction, which 0.33.0 does
+    `coordinator.retention_interval` after construction, which vLLM does
     not check against the block size: None (dense) or an int >= 0
     (TypeError / ValueError otherwise); without a sliding-window or Mamba
     group it changes nothing (dense)."""
@@ -160,13 +160,14 @@ def assigned_retention(interval: Any, kinds: list[str]) -> int | None:
 def context_parallel(kv_cache_config: Any, dcp_world_size: int, pcp_world_size: int,
                      enable_caching: bool) -> tuple[int, ...]:
     """How many times its spec's `block_size` tokens each group's block
-    holds, in 0.33.0's form: dcp for a dcp-sharded spec (every attention spec
+    holds, in vLLM's form: dcp for a dcp-sharded spec (every attention spec
     by default), 1 for a replicated one (Mamba); pcp scales nothing (the
-    0.33.0 scheduler passes pcp_world_size=1): single_type_kv_cache_manager.py
-    L107-109, kv_cache_utils.resolve_dcp_kv_block_size. The facade scales
-    the groups by these before the core sees them (0.23.0's rule, every group
-    times dcp * pcp, is the core's `context_parallel_groups`). ValueError
-    where 0.33.0 asserts: its hybrid coordinator takes context parallelism
+    partial-block-hits releases' scheduler passes pcp_world_size=1): vLLM's
+    single_type_kv_cache_manager.py L107-109,
+    kv_cache_utils.resolve_dcp_kv_block_size. The facade scales the groups
+    by these before the core sees them (the whole-block-hits releases' rule,
+    every group times dcp * pcp, is the core's `context_parallel_groups`). ValueError
+    where vLLM asserts: its hybrid coordinator takes context parallelism
     for full attention and replicated groups only, and its sliding-window,
     chunked-local and Mamba hit searches assert dcp == 1 for a dcp-sharded
     group."""
@@ -182,14 +183,14 @@ def context_parallel(kv_cache_config: Any, dcp_world_size: int, pcp_world_size: 
             if len(groups) > 1 and not full and (shard or (pcp > 1 and kind == "mamba")):
                 raise ValueError(
                     f"kv_cache_groups[{i}]: dcp_world_size={dcp}, pcp_world_size={pcp} with a "
-                    f"{type(spec).__name__} group: vLLM 0.33.0's hybrid coordinator supports context "
+                    f"{type(spec).__name__} group: vLLM's hybrid coordinator supports context "
                     "parallelism only for full-attention and replicated (dcp_sharded=False) groups "
                     "(and replicated attention groups only under pcp)"
                 )
             if dcp > 1 and shard and not full:
                 raise ValueError(
                     f"kv_cache_groups[{i}]: dcp_world_size={dcp} with a dcp-sharded {type(spec).__name__} "
-                    "group and prefix caching: vLLM 0.33.0's hit search for it asserts dcp == 1"
+                    "group and prefix caching: vLLM's hit search for it asserts dcp == 1"
                 )
     return tuple(dcp if shard else 1 for shard in sharded)
 

@@ -1,5 +1,5 @@
 """`PartialHitsManager`: the vLLM `KVCacheManager` API of the releases
-running the core's partial-block-hits profile (vLLM 0.33.0 on: free-queue
+running the core's partial-block-hits profile (free-queue
 policy, caching capped at the hashed blocks, null block not ref-counted,
 stats recorded by the scheduler, partial hash hits with copy-on-write),
 over the native core. A release's facade (`hybridcache.releases.<folder>.
@@ -9,7 +9,7 @@ request attribute lookups read; `zeroing_from_config`; `evict_first` on
 the pool view; `cached_tokens_probe` and `common_prefix_blocks`: methods
 the release's class has, checked when the class is made).
 
-What 0.33.0 changed at the API is here: the constructor's keywords,
+What these releases changed at the API is here: the constructor's keywords,
 `get_computed_blocks` returning `(blocks, hit tokens,
 shared_prefix_boundary)`, `record_prefix_cache_stats`, deferred frees
 (`pop_blocks_for_free`, then `block_pool.free_blocks`), the watermark and
@@ -19,7 +19,7 @@ The layouts covered are `layout_checks.check_layout`'s: full attention
 (FullAttentionSpec, MLAAttentionSpec, HiddenStateCacheSpec,
 SinkFullAttentionSpec, R-SWA), circular buffers, sliding window (bounded
 replay and `extra_retained_tokens` too), chunked local and cross-attention
-groups, one group or several, with 0.33.0's sparse retention; Mamba groups
+groups, one group or several, with vLLM's sparse retention; Mamba groups
 (none / align, with speculative and prefill checkpoint blocks) alone or
 beside full attention, sliding windows, chunked local attention and
 circular buffers, with prefix caching in align mode (blocks wider than the
@@ -75,7 +75,7 @@ _CONFIGURED = object()
 
 
 def _waiting_statuses() -> list[Any]:
-    """The request statuses the watermark applies to (0.33.0's
+    """The request statuses the watermark applies to (vLLM's
     `RequestStatus.WAITING` / `PREEMPTED`; that IntEnum's values when vLLM
     is not importable)."""
     try:
@@ -87,7 +87,7 @@ def _waiting_statuses() -> list[Any]:
 
 class PartialHitsManager(SchedulerRecordedStats, DeferredFrees, BlockCopies, KVCacheManagerBase):
     """Drop-in for `vllm.v1.core.kv_cache_manager.KVCacheManager` of the
-    releases running the partial-block-hits profile, with 0.33.0's
+    releases running the partial-block-hits profile, with vLLM's
     constructor keywords (the scheduler passes all of them
     by name). See the module docstring for the layouts covered. Composes the
     shared parts: stats the scheduler records (`scheduler_stats`), deferred
@@ -97,7 +97,7 @@ class PartialHitsManager(SchedulerRecordedStats, DeferredFrees, BlockCopies, KVC
         NotImplementedError: a layout the module docstring does not list,
             dcp > 1 with several groups.
         ValueError: a bad count, a negative watermark, a retention interval
-            vLLM 0.33.0 refuses, MTP whose lookahead exceeds the scheduler
+            vLLM refuses, MTP whose lookahead exceeds the scheduler
             block size.
     """
 
@@ -163,7 +163,7 @@ class PartialHitsManager(SchedulerRecordedStats, DeferredFrees, BlockCopies, KVC
         watermark: float = 0.0,
         enable_mamba_shared_prefix_checkpoint: bool = False,
     ) -> PartialHitsManager:
-        """Builds the manager; the arguments are vLLM 0.33.0's (0.34.0 keeps them)."""
+        """Builds the manager; the arguments are vLLM's (every partial-block-hits release's)."""
         args = dict(kv_cache_config=kv_cache_config, max_model_len=max_model_len,
                     scheduler_block_size=scheduler_block_size, hash_block_size=hash_block_size,
                     max_in_flight_tokens=max_in_flight_tokens, enable_caching=enable_caching,
@@ -178,7 +178,7 @@ class PartialHitsManager(SchedulerRecordedStats, DeferredFrees, BlockCopies, KVC
     def _construct(cls, args: dict[str, Any], retention_interval: Any) -> PartialHitsManager:
         """The constructor's work over its arguments (`args`), with the
         retention interval the config gives (`_CONFIGURED`, checked as
-        0.33.0 checks it) or one assigned to `coordinator.retention_interval`."""
+        vLLM checks it) or one assigned to `coordinator.retention_interval`."""
         kv_cache_config, max_model_len = args["kv_cache_config"], args["max_model_len"]
         scheduler_block_size, hash_block_size = args["scheduler_block_size"], args["hash_block_size"]
         max_in_flight_tokens, enable_caching = args["max_in_flight_tokens"], args["enable_caching"]
@@ -214,14 +214,14 @@ class PartialHitsManager(SchedulerRecordedStats, DeferredFrees, BlockCopies, KVC
                 f"Multi-module MTP with prefix caching requires scheduler_block_size"
                 f" (={scheduler_block_size}) >= num_speculative_tokens (={num_prefill_lookahead})."
             )
-        # 0.33.0 records new block ids only for worker-side zeroing (Mamba
+        # vLLM records new block ids only for worker-side zeroing (Mamba
         # groups or a mixed-precision cache), then for every attention group.
         zeroing = needs_zeroing(kv_cache_config, kinds, cls._release.zeroing_from_config)
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
         checkpoints = _mamba_checkpoints(retention_interval, hash_block_size, num_hash_lookahead_tokens, use_eagle,
                                          bool(enable_caching))
         # Each group's block holds its dcp scale times the spec's tokens
-        # (0.33.0's managers; the admission caps above keep the spec's size).
+        # (vLLM's managers; the admission caps above keep the spec's size).
         groups = [type(g)(native=replace(_records_new_block_ids(g.native, zeroing, spec),
                                          mamba_checkpoints=checkpoints(spec),
                                          block_size=g.native.block_size * scale),
@@ -231,22 +231,23 @@ class PartialHitsManager(SchedulerRecordedStats, DeferredFrees, BlockCopies, KVC
                           enable_caching, use_eagle, log_stats, enable_kv_cache_events, cls._release.version,
                           retention_interval=retention,
                           num_hash_lookahead_tokens=num_hash_lookahead_tokens,
-                          # The groups are scaled already (0.33.0's rule, above).
+                          # The groups are scaled already (vLLM's rule, above).
                           dcp_world_size=1, pcp_world_size=1,
-                          # 0.33.0's pool calls the collector as 0.23.0's,
-                          # except that the null block is never touched.
+                          # vLLM's pool calls the collector as the whole-block-hits
+                          # releases' pool does, except that the null block is never
+                          # touched.
                           metrics_collector=metrics_collector)
         # Multi-module MTP: the last num_prefill_lookahead - 1 tokens may be
-        # re-prefilled, so they are not cached (0.33.0's num_reprefillable_tokens).
+        # re-prefilled, so they are not cached (vLLM's num_reprefillable_tokens).
         self.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
         self._set_reprefillable_tokens(self.num_reprefillable_tokens)
         self._kinds = tuple(kinds)
         self.dcp_world_size, self.pcp_world_size = int(dcp_world_size), int(pcp_world_size)
         if enable_caching and self.dcp_world_size > 1:
-            # 0.33.0 turns partial hash hits on under dcp for a Mamba block as
+            # vLLM turns partial hash hits on under dcp for a Mamba block as
             # wide as the hash block; the core, built with the scaled groups, hears the dcp.
             self._native._set_partial_hits_dcp(self.dcp_world_size)
-        # 0.33.0's one predicate, read by the scheduler too (it ends chunks
+        # vLLM's one predicate, read by the scheduler too (it ends chunks
         # at junctions only where the manager keys them); multi-module MTP
         # caches below the chunk end, so it is out.
         shared_prefix_checkpoint = bool(enable_mamba_shared_prefix_checkpoint) and eagle_groups \
@@ -262,7 +263,7 @@ class PartialHitsManager(SchedulerRecordedStats, DeferredFrees, BlockCopies, KVC
         return self
 
     def _assign_retention_interval(self, value: Any) -> None:
-        """`coordinator.retention_interval = value`: vLLM 0.33.0's
+        """`coordinator.retention_interval = value`: vLLM's
         coordinator reads it at every call (its tests assign it right after
         building the manager). The core settles retention into each group
         at construction, so the manager is built anew with `value` and this
@@ -319,7 +320,7 @@ class PartialHitsManager(SchedulerRecordedStats, DeferredFrees, BlockCopies, KVC
         return blocks, hit, boundary
 
     def _report_reused_hit(self, request: Any, blocks: Any) -> None:
-        """0.33.0's `BlockStored` for the blocks of a hit, so external
+        """vLLM's `BlockStored` for the blocks of a hit, so external
         consumers learn of reused blocks (`kv_cache_report_mode="full"`)."""
         hashes = request.block_hashes
         raw = []
@@ -330,7 +331,7 @@ class PartialHitsManager(SchedulerRecordedStats, DeferredFrees, BlockCopies, KVC
                 scale = bs // self._hash_block_size
                 block_hashes = list(hashes[scale - 1::scale][:n])
                 # A partial hit can end inside a block the prompt does not
-                # fill (no block hash: vLLM 0.33.0 raises IndexError there):
+                # fill (no block hash: vLLM raises IndexError there):
                 # only the hit blocks with a block hash are reported.
                 n = len(block_hashes)
                 if n:
@@ -338,7 +339,7 @@ class PartialHitsManager(SchedulerRecordedStats, DeferredFrees, BlockCopies, KVC
         self._on_events(raw, request)
 
     def get_computed_blocks_for_connector(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int, bool]:
-        """0.33.0's lookup for requests with a KV connector: with Mamba
+        """vLLM's lookup for requests with a KV connector: with Mamba
         layers beside full attention, each group looked up on its own and
         the full-attention hit reported with `hit_diverged` (a group lags
         it); otherwise, or when a group hit deeper, `get_computed_blocks`
@@ -437,7 +438,7 @@ def _mamba_checkpoints(retention_interval: Any, hash_block_size: int, num_hash_l
     """What decides a Mamba align group's prefill checkpoints and, with
     prefix caching, the states it caches, per spec (None: neither): the
     spec's `num_prefill_checkpoint_blocks` and `prefill_checkpoint_alignment`
-    (alignment 0: no checkpoint blocks), and the manager settings 0.33.0
+    (alignment 0: no checkpoint blocks), and the manager settings vLLM
     reads (`drop_eagle_checkpoint_block` is `use_eagle`; with retention 0
     only the chunk reaching the prefill end checkpoints)."""
     only_at_end = retention_interval == 0
@@ -456,7 +457,7 @@ def _mamba_checkpoints(retention_interval: Any, hash_block_size: int, num_hash_l
 
 
 def _records_new_block_ids(native: Any, zeroing: bool, spec: Any) -> Any:
-    """0.33.0's rule: a group records its new block ids for the worker to
+    """vLLM's rule: a group records its new block ids for the worker to
     zero when the config needs zeroing and its spec is an attention spec
     (not a circular buffer)."""
     names = {cls.__name__ for cls in type(spec).__mro__}

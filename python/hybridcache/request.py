@@ -161,12 +161,12 @@ class Request:
 
     @property
     def prefix_cache_hit_limit(self) -> int | None:
-        """vLLM 0.34.0's lookup gate and bound: 0 when the request skips the
+        """vLLM's lookup gate and bound: 0 when the request skips the
         prefix cache, else None (unbounded)."""
         return 0 if self.skip_reading_prefix_cache else None
 
     def get_max_cache_hit_length(self, bound: int | None = None) -> int:
-        """vLLM 0.34.0's longest hit allowed: the least of `num_tokens - 1`,
+        """vLLM's longest hit allowed: the least of `num_tokens - 1`,
         the hit limit and `bound`."""
         limits = (self.num_tokens - 1, self.prefix_cache_hit_limit, bound)
         return min(limit for limit in limits if limit is not None)

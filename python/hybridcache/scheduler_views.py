@@ -1,10 +1,10 @@
 """The vLLM internals a scheduler, engine and connectors of a release
-running the partial-block-hits profile (0.33.0 on) read of its facade
+running the partial-block-hits profile read of its facade
 (`partial_hits_manager.PartialHitsManager`), as live views over the native
 manager:
 `manager.block_pool` (with the scheduler's deferred `free_blocks`),
-`manager.coordinator` (registered with the vLLM coordinator class 0.33.0
-would build, `find_longest_cache_hit_per_group` for the offloading
+`manager.coordinator` (registered with the coordinator class vLLM would
+build, `find_longest_cache_hit_per_group` for the offloading
 connector), each `single_type_managers[g]` (named after and registered with
 the vLLM manager class its spec gets)."""
 
@@ -27,12 +27,12 @@ PROFILE = "partial-block-hits"
 
 
 class SchedulerBlockPoolView(DeferredFreeBlockPool):
-    """`manager.block_pool` for 0.33.0: the shared pool views with the
+    """`manager.block_pool` for these releases: the shared pool views with the
     scheduler's deferred frees (`free_blocks` of blocks
-    `pop_blocks_for_free` returned), plus 0.33.0's pool fields."""
+    `pop_blocks_for_free` returned), plus vLLM's pool fields."""
 
     def __init__(self, manager: PartialHitsManager) -> None:
-        """The pool view of `manager`, with 0.33.0's pool fields
+        """The pool view of `manager`, with vLLM's pool fields
         (`num_hash_lookahead_tokens`, `hash_block_size`)."""
         super().__init__(manager)
         self.num_hash_lookahead_tokens = manager.num_hash_lookahead_tokens
@@ -41,7 +41,7 @@ class SchedulerBlockPoolView(DeferredFreeBlockPool):
 
 class EvictFirstBlockPoolView(SchedulerBlockPoolView):
     """`SchedulerBlockPoolView` of a release whose pool's `free_blocks`
-    takes `evict_first` (0.34.0; the row's `evict_first`)."""
+    takes `evict_first` (the row's `evict_first`)."""
 
     def free_blocks(self, ordered_blocks: Any, evict_first: bool = False) -> None:
         """`free_blocks(blocks, evict_first=False)`: drops the references of
@@ -53,10 +53,10 @@ class EvictFirstBlockPoolView(SchedulerBlockPoolView):
 
 
 class SchedulerCoordinatorView(CoordinatorView):
-    """`manager.coordinator` for 0.33.0: what its scheduler and engine read
-    (`single_type_managers[g].block_size` / `.kv_cache_spec`,
+    """`manager.coordinator` for these releases: what their scheduler and
+    engine read (`single_type_managers[g].block_size` / `.kv_cache_spec`,
     `enable_partial_hash_hits`) and call (`get_num_blocks_to_allocate`
-    with 0.33.0's arguments)."""
+    with vLLM's arguments)."""
 
     _manager: PartialHitsManager
 
@@ -64,7 +64,7 @@ class SchedulerCoordinatorView(CoordinatorView):
         """The coordinator view of `manager`, with per-group views that
         carry each group's spec and block size."""
         super().__init__(manager)
-        # vLLM 0.33.0's `enable_partial_hash_hits`: hits land on hash blocks.
+        # vLLM's `enable_partial_hash_hits`: hits land on hash blocks.
         self.enable_partial_hash_hits = bool(manager._native._partial_hash_hits)
         groups = list(manager.kv_cache_config.kv_cache_groups)
         self.single_type_managers = tuple(
@@ -87,7 +87,7 @@ class SchedulerCoordinatorView(CoordinatorView):
 
     @property
     def retention_interval(self) -> int | None:
-        """0.33.0's sparse-retention interval (`KVCacheConfig.prefix_cache_retention_interval`,
+        """vLLM's sparse-retention interval (`KVCacheConfig.prefix_cache_retention_interval`,
         or the value assigned here since)."""
         return self._manager._retention_interval
 
@@ -109,8 +109,8 @@ class SchedulerCoordinatorView(CoordinatorView):
         apply_admission_cap: bool = False,
         prefill_end: int = 0,
     ) -> int:
-        """0.33.0's count (`prefill_end` only matters to Mamba align
-        checkpoints; 0.33.0 ignores it unless the retention interval is 0)."""
+        """vLLM's count (`prefill_end` only matters to Mamba align
+        checkpoints; vLLM ignores it unless the retention interval is 0)."""
         if self._manager._retention_interval != 0:
             prefill_end = 0
         return int(self._native.get_num_blocks_to_allocate(
@@ -143,7 +143,7 @@ class HybridKVCacheCoordinator(SchedulerCoordinatorView):
     def __init__(self, manager: PartialHitsManager) -> None:
         """The coordinator view of `manager`."""
         super().__init__(manager)
-        # Hybrid only in 0.33.0 (the granularity of request.block_hashes).
+        # Hybrid coordinators only, in vLLM (the granularity of request.block_hashes).
         self.hash_block_size = manager._hash_block_size
         vllm_cls = _loaded_vllm("vllm.v1.core.kv_cache_coordinator", "HybridKVCacheCoordinator")
         if vllm_cls is not None and not issubclass(HybridKVCacheCoordinator, vllm_cls):
@@ -152,13 +152,13 @@ class HybridKVCacheCoordinator(SchedulerCoordinatorView):
     @property
     def _cache_hit_alignment_tokens(self) -> int:
         """Where hits may end: hash blocks under partial hash hits, else
-        scheduler blocks (0.33.0's hybrid coordinator)."""
+        scheduler blocks (vLLM's hybrid coordinator)."""
         return _cache_hit_alignment_tokens(self._manager)
 
     def find_longest_cache_hit_per_group(
         self, block_hashes: list[bytes], max_cache_hit_length: int
     ) -> tuple[tuple[list[BlockView], ...], tuple[int, ...]]:
-        """vLLM 0.33.0's per-group lookup: each group's own hit over
+        """vLLM's per-group lookup: each group's own hit over
         `block_hashes`, not reconciled with the other groups (blocks per
         group, hit tokens per group)."""
         blocks, hits = self._manager._native._find_longest_cache_hit_per_group(block_hashes, max_cache_hit_length)
@@ -171,7 +171,7 @@ def _loaded_vllm(module_name: str, name: str) -> Any:
     return loaded_vllm(PROFILE, module_name, name)
 
 
-# The coordinator view is named as the coordinator vLLM 0.33.0 builds for
+# The coordinator view is named as the coordinator vLLM builds for
 # the layout (its tests check the class name).
 _COORDINATOR_VIEWS: dict[str, type[SchedulerCoordinatorView]] = {
     **{kind: type(name, (SchedulerCoordinatorView,), {"__doc__": f"`SchedulerCoordinatorView` of a layout vLLM serves with its {name}."})
@@ -203,7 +203,7 @@ class _NumCachedBlockView(Mapping):
 
 
 class _GroupManagerView(SingleTypeManagerView):
-    """One group's manager as 0.33.0's scheduler, engine and connectors
+    """One group's manager as vLLM's scheduler, engine and connectors
     read it: `block_size`, `kv_cache_spec`, `block_pool`, `_null_block` (what
     `req_to_blocks` lists outside a window), and the read-only
     `req_to_blocks` / `num_cached_block` views."""
@@ -220,14 +220,14 @@ class _GroupManagerView(SingleTypeManagerView):
         # The object `req_to_blocks` lists for blocks outside a window.
         self._null_block = manager.block_pool.null_block
         self._manager = manager
-        # Only 0.33.0's hybrid coordinator lowers it (to hash blocks).
+        # Only vLLM's hybrid coordinator lowers it (to hash blocks).
         self.cache_hit_alignment_tokens = (_cache_hit_alignment_tokens(manager) if manager.coordinator_kind == "hybrid"
                                            else manager._scheduler_block_size)
 
     @property
     def _checkpoints(self) -> dict[str, tuple[int, int]]:
         """A Mamba align group's prefill checkpoints of each request's last
-        allocation: request id -> (position, table index), as 0.33.0's
+        allocation: request id -> (position, table index), as vLLM's
         MambaManager keeps them (a copy; other groups lack it)."""
         if getattr(self.kv_cache_spec, "mamba_cache_mode", None) != "align":
             raise AttributeError(self._missing("_checkpoints"))
@@ -236,7 +236,7 @@ class _GroupManagerView(SingleTypeManagerView):
 
 
 def _cache_hit_alignment_tokens(manager: PartialHitsManager) -> int:
-    """0.33.0's `_cache_hit_alignment_tokens` of `manager`'s hybrid coordinator."""
+    """vLLM's `_cache_hit_alignment_tokens` of `manager`'s hybrid coordinator."""
     return manager._hash_block_size if manager._native._partial_hash_hits else manager._scheduler_block_size
 
 
@@ -245,7 +245,7 @@ _MANAGER_VIEWS: dict[type, type[_GroupManagerView]] = {}
 
 def _manager_view_class(spec: Any) -> type[_GroupManagerView]:
     """The per-group view class for `spec`: named as, and registered with,
-    the `SingleTypeKVCacheManager` class vLLM 0.33.0 would run the group
+    the `SingleTypeKVCacheManager` class vLLM would run the group
     with (its spec registry's choice), when vLLM has loaded it."""
     registry = _loaded_vllm("vllm.v1.kv_cache_spec_registry", "KVCacheSpecRegistry")
     vllm_cls = registry.get_manager_class(spec) if registry is not None else None

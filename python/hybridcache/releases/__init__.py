@@ -4,12 +4,12 @@ row of named flags per release) and the questions asked of it, read by
 hashing, KV events, the tools, `hybridcache --version`, the test suite's
 per-release selection (tests/conftest.py), the PGO training and CI.
 
-Each release's own code is a package here (`v0_23`, `v0_33`, ...), named
-by the row's `folder`; what releases share lives once in
+Each release's own code is a package here (`v0_MINOR`, e.g. `v0_99` for
+a vLLM 0.99.0), named by the row's `folder`; what releases share lives once in
 `hybridcache.facade` and the modules it composes.
 
 A release is matched on vLLM's `__version__` without its local label
-("0.33.0+cpu" is 0.33.0); a version not in the table is refused by
+("0.99.0+cpu" is 0.99.0); a version not in the table is refused by
 `require`, the one place that does. Nothing here imports vLLM or torch; the
 facade class is imported only when asked for.
 """
@@ -52,12 +52,12 @@ def profile_of(profile_or_version: str) -> str:
 
 
 def of_folder(folder: str) -> Release:
-    """The release whose package (and tests' folder) is `folder`, e.g. "v0_33"."""
+    """The release whose package (and tests' folder) is `folder`, e.g. "v0_99"."""
     return next(r for r in RELEASES if r.folder == folder)
 
 
 def supported_text() -> str:
-    """The supported releases in words: "0.23.0", or "0.23.0 and 0.33.0"."""
+    """The supported releases in words: "0.98.0", or "0.98.0 and 0.99.0"."""
     v = SUPPORTED_VLLM_VERSIONS
     return v[0] if len(v) == 1 else ", ".join(v[:-1]) + " and " + v[-1]
 

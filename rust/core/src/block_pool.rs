@@ -318,7 +318,7 @@ impl BlockPool {
         self.free_blocks_evicting(blocks, false);
     }
 
-    /// `free_blocks_split`, or with `evict_first` (vLLM 0.34.0's
+    /// `free_blocks_split`, or with `evict_first` (vLLM's
     /// `free_blocks(..., evict_first=True)`, for blocks another tier holds)
     /// cached blocks reaching zero join the front too, in that order.
     pub fn free_blocks_evicting(

@@ -77,7 +77,7 @@ impl BlockView {
         Ok(Some(PyBytes::new(py, &key)))
     }
 
-    /// vLLM 0.33.0's `block_hash_num_tokens`: prefix tokens the block's
+    /// vLLM's `block_hash_num_tokens`: prefix tokens the block's
     /// hash covers, None without one.
     #[getter]
     fn block_hash_num_tokens(&self, py: Python<'_>) -> PyResult<Option<u32>> {

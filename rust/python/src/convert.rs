@@ -89,9 +89,9 @@ pub fn u32_arg(name: &str, v: i64) -> PyResult<u32> {
 }
 
 /// vLLM's `Request._all_token_ids`, the list behind `all_token_ids`, whose
-/// length is `num_tokens` (a property, run as Python code at every read;
-/// 0.23.0 and 0.33.0); None where the request has no such list (no such
-/// attribute, or not a list). Any other error of the read propagates.
+/// length is `num_tokens` (a property, run as Python code at every read,
+/// in the releases whose request keeps a list); None where the request has
+/// no such list (no such attribute, or not a list). Any other error of the read propagates.
 pub fn token_list<'py>(request: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyList>>> {
     let py = request.py();
     let ty = request.get_type().as_ptr() as usize;
@@ -216,9 +216,11 @@ pub struct GroupRecord {
     /// (alignment, hash_block_size, num_hash_lookahead_tokens,
     /// drop_eagle_block, only_at_prefill_end), or None.
     mamba_checkpoints: Option<(i64, i64, i64, bool, bool)>,
-    /// The spec's `prefix_cacheable` (vLLM 0.33.0; True before).
+    /// The spec's `prefix_cacheable` (partial-block-hits releases; True
+    /// where the spec has none).
     prefix_cacheable: bool,
-    /// A sliding window's `extra_retained_tokens` (vLLM 0.33.0; 0 before).
+    /// A sliding window's `extra_retained_tokens` (partial-block-hits
+    /// releases; 0 where the spec has none).
     extra_retained_tokens: i64,
 }
 

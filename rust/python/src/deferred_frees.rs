@@ -51,7 +51,7 @@ impl NativeManager {
         Ok(ids) // `_held` dropped here, the manager settled (a finalizer may run)
     }
 
-    /// 0.33.0's `record_blocks_for_zeroing(request_id, start_token)`: the
+    /// vLLM's `record_blocks_for_zeroing(request_id, start_token)`: the
     /// request's blocks from `start_token` on, recorded for zeroing again
     /// in the groups that record new block ids.
     fn _record_blocks_for_zeroing(

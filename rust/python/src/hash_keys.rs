@@ -105,8 +105,8 @@ pub(crate) fn mm_ends(features: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
 
 /// What vLLM's `init_none_hash(hash_fn)` derives NONE_HASH from under a
 /// profile's rules, given `$PYTHONHASHSEED`: the seed string to hash, or
-/// None for 32 random bytes (0.23.0 without a seed). A random seed
-/// (0.33.0's xxhash* without one) is `os.urandom(32).hex()`.
+/// None for 32 random bytes (whole-block-hits, without a seed). A random seed
+/// (vLLM's xxhash* without one) is `os.urandom(32).hex()`.
 #[pyfunction]
 #[pyo3(signature = (hash_name, pythonhashseed=None, profile="whole-block-hits"))]
 fn none_hash_seed(
@@ -243,7 +243,7 @@ pub(crate) fn read_tokens(
             }
         }
     } else {
-        // Another sequence (vLLM 0.34.0's `array('i')`-based TokenBuffer,
+        // Another sequence (vLLM's `array('i')`-based TokenBuffer,
         // whose slices are lists): one slice, not an item call per token.
         let end = end.min(seq.len()?);
         if start >= end {

@@ -218,7 +218,7 @@ impl BlockHasher {
                 let n = t.len();
                 (t.into_any(), n)
             }
-            // A token container that is not a list (0.34.0's TokenBuffer):
+            // A token container that is not a list (vLLM's TokenBuffer):
             // itself, sliced once per block (`read_tokens`).
             None => match request
                 .getattr(intern!(py, "_all_token_ids"))

@@ -19,7 +19,7 @@ pub(crate) fn computed_blocks<'py>(
     Ok((blocks, hit, boundary))
 }
 
-/// `computed_blocks`, or with `connector` 0.33.0's per-group lookup for
+/// `computed_blocks`, or with `connector` vLLM's per-group lookup for
 /// a KV connector where it applies: then the last item is `Some(hit_diverged)`
 /// (None: the reconciled lookup answered).
 pub(crate) fn lookup<'py>(
@@ -99,7 +99,7 @@ pub(crate) fn lookup<'py>(
         if this.inner.counts_lookups() {
             this.inner.record_lookup(num_tokens, hit.len, preempted);
         }
-        // 0.33.0's junction: where the longest single-type hit ends, when
+        // vLLM's junction: where the longest single-type hit ends, when
         // it passes the hit (a sparse-retention group lags it); else 0.
         let boundary = if hit.longest > hit.len {
             hit.longest
@@ -116,7 +116,7 @@ pub(crate) fn lookup<'py>(
     ))
 }
 
-/// vLLM 0.33.0's `coordinator.find_longest_cache_hit_per_group`: each
+/// vLLM's `coordinator.find_longest_cache_hit_per_group`: each
 /// group's own hit over `block_hashes` (a list of bytes), not reconciled
 /// with the others: (KVCacheBlocks, hit tokens per group).
 pub(crate) fn per_group_hits<'py>(
@@ -152,7 +152,7 @@ impl NativeManager {
         Ok((blocks, hit))
     }
 
-    /// 0.33.0's `get_computed_blocks`: (KVCacheBlocks, hit tokens,
+    /// vLLM's `get_computed_blocks`: (KVCacheBlocks, hit tokens,
     /// shared_prefix_boundary), the boundary where the longest hit one
     /// attention type found ends when it passes the hit, else 0.
     #[pyo3(signature = (request, max_cache_hit_length=None))]
@@ -165,7 +165,7 @@ impl NativeManager {
         computed_blocks(slf, request, max_cache_hit_length)
     }
 
-    /// 0.33.0's `find_longest_cache_hit_per_group` (hybrid coordinators):
+    /// vLLM's `find_longest_cache_hit_per_group` (hybrid coordinators):
     /// (KVCacheBlocks, hit tokens per group).
     fn _find_longest_cache_hit_per_group<'py>(
         slf: &Bound<'py, Self>,
@@ -176,7 +176,7 @@ impl NativeManager {
         per_group_hits(slf, block_hashes, max_cache_hit_length)
     }
 
-    /// 0.33.0's `get_computed_blocks_for_connector` core: (KVCacheBlocks,
+    /// vLLM's `get_computed_blocks_for_connector` core: (KVCacheBlocks,
     /// hit tokens, shared_prefix_boundary, hit_diverged), hit_diverged None
     /// where the reconciled lookup (`_get_computed_blocks_with_boundary`) answered.
     #[pyo3(signature = (request, max_cache_hit_length=None))]

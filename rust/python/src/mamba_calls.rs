@@ -75,7 +75,7 @@ impl NativeManager {
 }
 
 impl NativeManager {
-    /// vLLM 0.33.0's `take_boundary_state_offloads`, drained: {request id:
+    /// vLLM's `take_boundary_state_offloads`, drained: {request id:
     /// [(group, block id, boundary tokens), ...]}, requests in the order of
     /// their first entry. Built here: at 1024 running a step has hundreds.
     pub(crate) fn boundary_state_offloads<'py>(

@@ -149,7 +149,7 @@ impl NativeManager {
         Ok(borrow(slf)?.inner.profile().name)
     }
 
-    /// 0.33.0's multi-module MTP: the last `n` computed tokens are not
+    /// vLLM's multi-module MTP: the last `n` computed tokens are not
     /// cached (set at construction).
     fn _set_reprefillable_tokens(slf: &Bound<'_, Self>, n: &Bound<'_, PyAny>) -> PyResult<()> {
         let _in_call = enter(slf, "_set_reprefillable_tokens")?;
@@ -158,7 +158,7 @@ impl NativeManager {
         guard(|| this.inner.set_reprefillable_tokens(n))
     }
 
-    /// 0.33.0's watermark: `blocks` stay free when a request whose status
+    /// vLLM's watermark: `blocks` stay free when a request whose status
     /// equals one of `statuses` is admitted while others are scheduled.
     fn _set_watermark(
         slf: &Bound<'_, Self>,

@@ -1,4 +1,4 @@
-//! `NativeManager`'s calls for vLLM 0.33.0's partial hash hits (a Mamba
+//! `NativeManager`'s calls for vLLM's partial hash hits (a Mamba
 //! align block spanning hash blocks): the copy-on-write copies the
 //! scheduler drains, a finishing request's producer tails, the enabling
 //! rule under decode context parallelism, and the shared-prefix checkpoint. A `#[pymethods]` block
@@ -34,7 +34,7 @@ impl NativeManager {
         ))
     }
 
-    /// vLLM 0.33.0's partial-hit rule under decode context parallelism
+    /// vLLM's partial-hit rule under decode context parallelism
     /// (the facade scales the groups and builds the core with dcp 1).
     fn _set_partial_hits_dcp(slf: &Bound<'_, Self>, dcp_world_size: u32) -> PyResult<()> {
         let _in_call = enter(slf, "_set_partial_hits_dcp")?;
@@ -44,7 +44,7 @@ impl NativeManager {
             .map_err(crate::convert::to_py_err)
     }
 
-    /// vLLM 0.33.0's `mamba_shared_prefix_checkpoint`, narrowed by the
+    /// vLLM's `mamba_shared_prefix_checkpoint`, narrowed by the
     /// facade: Mamba align groups also key states at shared-prefix junctions.
     fn _set_shared_prefix_checkpoint(slf: &Bound<'_, Self>, on: bool) -> PyResult<()> {
         let _in_call = enter(slf, "_set_shared_prefix_checkpoint")?;
@@ -54,7 +54,7 @@ impl NativeManager {
             .map_err(crate::convert::to_py_err)
     }
 
-    /// Whether hits land on hash blocks (vLLM 0.33.0's partial hash hits).
+    /// Whether hits land on hash blocks (vLLM's partial hash hits).
     #[getter]
     fn _partial_hash_hits(slf: &Bound<'_, Self>) -> PyResult<bool> {
         Ok(borrow(slf)?.inner.partial_hash_hits())

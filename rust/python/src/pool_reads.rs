@@ -34,7 +34,7 @@ impl NativeManager {
             .map(|(h, g)| (PyBytes::new(slf.py(), h), g)))
     }
 
-    /// vLLM 0.33.0's `block_hash_num_tokens` of each block: the prefix
+    /// vLLM's `block_hash_num_tokens` of each block: the prefix
     /// tokens its primary hash covers, None without a hash.
     fn block_hash_num_tokens(
         slf: &Bound<'_, Self>,
@@ -44,9 +44,9 @@ impl NativeManager {
         borrow(slf)?.hash_num_tokens(&ids)
     }
 
-    /// vLLM 0.33.0's `estimate_cached_tokens(request)`: the 0.33.0
-    /// facade's method, in one native call (the request found by its id
-    /// object, no id lists built).
+    /// vLLM's `estimate_cached_tokens(request)`: the
+    /// partial-block-hits facade's method, in one native call (the request
+    /// found by its id object, no id lists built).
     fn _estimate_cached_tokens(
         slf: &Bound<'_, Self>,
         request: &Bound<'_, PyAny>,
@@ -91,7 +91,7 @@ impl NativeManager {
         Ok(borrow(slf)?.inner.pool().num_cached_keys())
     }
 
-    /// vLLM 0.33.0's `_checkpoints` of Mamba align group `group`:
+    /// vLLM's `_checkpoints` of Mamba align group `group`:
     /// (request id, position, table index) per request with a checkpoint.
     fn _align_checkpoints(
         slf: &Bound<'_, Self>,

@@ -3,9 +3,10 @@
 //! (the release table's `read_gate`; `read_gate_methods` sets it on a
 //! manager).
 //!
-//! - `skip_reading_prefix_cache` (a bool; until vLLM 0.33.0): true skips
-//!   the lookup; the bound is the caller's, else `num_tokens - 1`.
-//! - `prefix_cache_hit_limit` (an int or None; vLLM 0.34.0): 0 skips the
+//! - `skip_reading_prefix_cache` (a bool; the table's default
+//!   `read_gate`): true skips the lookup; the bound is the caller's, else
+//!   `num_tokens - 1`.
+//! - `prefix_cache_hit_limit` (an int or None; newer releases): 0 skips the
 //!   lookup; a hit reaches at most `min(num_tokens - 1, limit, caller's
 //!   bound)`, None being no limit.
 
@@ -60,7 +61,7 @@ impl ReadGate {
     /// The most hit tokens of a lookup of `num_tokens` tokens: the
     /// caller's bound `max_hit` as it is (None: the core's `num_tokens - 1`)
     /// under `SkipFlag`; under `HitLimit` the least of `num_tokens - 1`, the
-    /// request's `limit` and `max_hit` (vLLM 0.34.0's
+    /// request's `limit` and `max_hit` (vLLM's
     /// `Request.get_max_cache_hit_length`).
     pub(crate) fn bound(
         self,

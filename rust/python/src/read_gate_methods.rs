@@ -1,6 +1,6 @@
 //! A manager's read gate (`read_gate::ReadGate`, the release's choice made
 //! at construction) and the side-effect-free probe of the prefix cache
-//! behind vLLM 0.34.0's `get_num_cached_tokens`. A `#[pymethods]` block of
+//! behind vLLM's `get_num_cached_tokens`. A `#[pymethods]` block of
 //! its own.
 
 use pyo3::exceptions::PyValueError;
@@ -40,7 +40,7 @@ impl NativeManager {
             .map_or("", |(n, _)| *n))
     }
 
-    /// vLLM 0.34.0's `get_num_cached_tokens(request)`: how many of the
+    /// vLLM's `get_num_cached_tokens(request)`: how many of the
     /// request's tokens the prefix cache holds, bounded by
     /// `request.num_tokens - 1` (not by its hit limit); 0 where the lookup
     /// is off for it. Takes no reference, touches no block, emits no event,

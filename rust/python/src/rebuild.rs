@@ -1,4 +1,4 @@
-//! Adopting a freshly built core in place. vLLM 0.33.0's coordinator reads
+//! Adopting a freshly built core in place. vLLM's coordinator reads
 //! some settings (`retention_interval`) at every call, and its own tests
 //! assign them right after building the manager; hybridcache's core
 //! settles them into each group at construction, so the facade builds a

@@ -61,7 +61,7 @@ impl NativeManager {
         Self::cache_blocks_impl(slf, request, num_computed_tokens)
     }
 
-    /// `num_prompt_tokens` (vLLM 0.33.0's, None: not passed) frees R-SWA gaps.
+    /// `num_prompt_tokens` (vLLM's argument, None: not passed) frees R-SWA gaps.
     #[pyo3(signature = (request_id, total_computed_tokens, num_prompt_tokens=None))]
     fn remove_skipped_blocks(
         slf: &Bound<'_, Self>,
@@ -244,7 +244,7 @@ impl NativeManager {
         let source = Self::event_source(slf, request)?;
         {
             let mut this = crate::call_guard::borrow_mut(slf)?;
-            // A held request by its id object's address (0.33.0 caches
+            // A held request by its id object's address (vLLM caches
             // every running request every step): no str hashing.
             if let Some(slot) = this.checked_slot(request, &rid)? {
                 cache_held(&mut this, request, slot, n)?;

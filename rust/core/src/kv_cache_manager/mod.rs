@@ -356,7 +356,7 @@ impl KvCacheManager {
     }
 
     /// How many of a request's tokens the prefix cache holds, for a caller
-    /// that has not decided to admit it (vLLM 0.34.0's
+    /// that has not decided to admit it (vLLM's
     /// `get_num_cached_tokens`): the hit search over the request's `hashes`,
     /// bounded by `num_tokens - 1`. Changes nothing: no reference, touch,
     /// event or stat, and the request is not registered.

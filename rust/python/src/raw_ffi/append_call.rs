@@ -2,9 +2,10 @@
 //!
 //! vLLM's scheduler appends each sampled token with
 //! `request.append_output_token_ids(token)`, which appends it to two token
-//! containers (lists; `array('i')`-based `TokenBuffer`s since vLLM 0.34.0,
-//! appended by their own C `append`) and calls `update_block_hashes()`, which calls the request's block
-//! hasher: two Python frames and a builtin call per token, for every running
+//! containers (lists, or in newer releases `array('i')`-based
+//! `TokenBuffer`s appended by their own C `append`) and calls
+//! `update_block_hashes()`, which calls the request's block hasher: two
+//! Python frames and a builtin call per token, for every running
 //! request every step, where most calls find no new full block. With native
 //! hashing installed, this descriptor does the same work in one call: the two
 //! appends, then (for a request whose hasher is hybridcache's) the hasher's
@@ -153,8 +154,8 @@ unsafe fn append_token(
         ) else {
             return Ok(false);
         };
-        // Exact lists (until vLLM 0.33.0) are appended to directly; other
-        // containers (0.34.0's `TokenBuffer`, an `array('i')`) by their own
+        // Exact lists (older releases) are appended to directly; other
+        // containers (vLLM's `TokenBuffer`, an `array('i')`) by their own
         // `append`, as vLLM's method does: C calls, no Python frame.
         let lists = ffi::PyList_CheckExact(output.as_ptr()) != 0
             && ffi::PyList_CheckExact(all.as_ptr()) != 0;

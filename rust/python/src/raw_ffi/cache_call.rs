@@ -2,7 +2,7 @@
 //! of exactly that class), called with CPython's vectorcall convention
 //! (METH_FASTCALL | METH_KEYWORDS).
 //!
-//! vLLM 0.33.0's scheduler calls `cache_blocks(request, n)` for every
+//! vLLM's scheduler calls `cache_blocks(request, n)` for every
 //! running request after every step, and most such calls cache nothing
 //! new. Those are judged from the request's hot line (its decode horizon)
 //! and end here, without PyO3's argument matching and without reading the
