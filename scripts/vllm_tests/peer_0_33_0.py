@@ -126,7 +126,7 @@ NOT_IMPLEMENTED: tuple[str, ...] = ()
 # enable_mamba_shared_prefix_checkpoint (covered); one case calls Mamba's
 # private `_cache_partial_tail_block` (an internal, by the mark below).
 UNSUPPORTED_FEATURES: tuple[str, ...] = (
-    "hybridcache's vLLM 0.33+ support needs at least one KV cache group",
-    "not supported by hybridcache's vLLM 0.33+ facade yet",
+    "hybridcache's facade for this vLLM release needs at least one KV cache group",
+    "not supported by hybridcache's facade for this vLLM release yet",
 )
 INTERNAL_MARK = "internal that hybridcache does not provide"
