@@ -166,9 +166,9 @@ def context_parallel(kv_cache_config: Any, dcp_world_size: int, pcp_world_size: 
     single_type_kv_cache_manager.py L107-109,
     kv_cache_utils.resolve_dcp_kv_block_size. The facade scales the groups
     by these before the core sees them (the whole-block-hits releases' rule,
-    every group times dcp * pcp, is the core's `context_parallel_groups`). ValueError
-    where vLLM asserts: its hybrid coordinator takes context parallelism
-    for full attention and replicated groups only, and its sliding-window,
+    every group times dcp * pcp, is the core's `context_parallel_groups`).
+    ValueError where vLLM asserts: its hybrid coordinator takes context
+    parallelism for full attention and replicated groups only, and its sliding-window,
     chunked-local and Mamba hit searches assert dcp == 1 for a dcp-sharded
     group."""
     dcp = _positive_int("dcp_world_size", dcp_world_size)

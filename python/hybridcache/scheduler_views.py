@@ -143,7 +143,7 @@ class HybridKVCacheCoordinator(SchedulerCoordinatorView):
     def __init__(self, manager: PartialHitsManager) -> None:
         """The coordinator view of `manager`."""
         super().__init__(manager)
-        # Hybrid coordinators only, in vLLM (the granularity of request.block_hashes).
+        # Only on vLLM's hybrid coordinator (the granularity of request.block_hashes).
         self.hash_block_size = manager._hash_block_size
         vllm_cls = _loaded_vllm("vllm.v1.core.kv_cache_coordinator", "HybridKVCacheCoordinator")
         if vllm_cls is not None and not issubclass(HybridKVCacheCoordinator, vllm_cls):
