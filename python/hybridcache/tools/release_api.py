@@ -79,7 +79,6 @@ class BoundaryLookupApi(ReleaseApi):
     `hits_by_source`."""
 
     profile = "partial-block-hits"
-    _hash_fn: Any = None
 
     def tool_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         kw = dict(kwargs)
@@ -90,13 +89,14 @@ class BoundaryLookupApi(ReleaseApi):
         return {**defaults, **kw}
 
     def hash_fn(self) -> Any:
-        if BoundaryLookupApi._hash_fn is None:
-            from vllm.utils.hashing import sha256
-            from vllm.v1.core.kv_cache_utils import init_none_hash
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import init_none_hash
 
-            init_none_hash(sha256)  # deterministic ("vllm-none-hash")
-            BoundaryLookupApi._hash_fn = sha256
-        return BoundaryLookupApi._hash_fn
+        # Every time: whatever else in the process set vLLM's global
+        # NONE_HASH since (a scheduler's config, another hash function), the
+        # requests are hashed as the recordings were ("vllm-none-hash").
+        init_none_hash(sha256)
+        return sha256
 
     def vllm_request(self, request_id: str, tokens: Sequence[int], hash_block_size: int | None, max_model_len: int,
                      hash_lookahead: int = 0, *, lora: bool = False, cache_salt: str | None = None,
