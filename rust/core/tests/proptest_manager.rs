@@ -1,4 +1,4 @@
-//! Property-based state-machine tests of `KvCacheManager` (issue 7).
+//! Property-based state-machine tests of `KvCacheManager`.
 //!
 //! Random operation sequences (admissions with prefix hits, chunked prefill,
 //! decode with draft counts jumping up and down, lookahead, external computed

@@ -293,17 +293,12 @@ pub(crate) unsafe fn member_count(
     request: *mut ffi::PyObject,
     name: &Bound<'_, pyo3::types::PyString>,
 ) -> PyResult<Option<usize>> {
-    // SAFETY: as this function's; the value is a new reference, released here.
+    // SAFETY: as this function's; the value is a new reference (or null).
     unsafe {
         let Some(v) = members.read(request, true) else {
             return attr_count(py, request, name);
         };
-        if v.is_null() {
-            return Err(read_error(py, request, name));
-        }
-        let n = plain_count(v);
-        ffi::Py_DECREF(v);
-        Ok(n)
+        owned_count(py, v, request, name)
     }
 }
 
@@ -321,12 +316,36 @@ pub(crate) unsafe fn attr_count(
     request: *mut ffi::PyObject,
     name: &Bound<'_, pyo3::types::PyString>,
 ) -> PyResult<Option<usize>> {
-    // SAFETY: as this function's; the attribute is a new reference, released here.
+    // SAFETY: as this function's; the attribute is a new reference (or null).
     unsafe {
-        let v = ffi::PyObject_GetAttr(request, name.as_ptr());
-        if v.is_null() {
-            return Err(read_error(py, request, name));
-        }
+        owned_count(
+            py,
+            ffi::PyObject_GetAttr(request, name.as_ptr()),
+            request,
+            name,
+        )
+    }
+}
+
+/// The count a read of `request.<name>` gave: `v` is that read's new
+/// reference, released here, or null where it failed (then its error).
+///
+/// # Safety
+/// `request` is a live object; the GIL is held; `v` is a new reference or
+/// null with the error set.
+#[inline(always)]
+unsafe fn owned_count(
+    py: Python<'_>,
+    v: *mut ffi::PyObject,
+    request: *mut ffi::PyObject,
+    name: &Bound<'_, pyo3::types::PyString>,
+) -> PyResult<Option<usize>> {
+    if v.is_null() {
+        // SAFETY: as this function's (the read's error is set).
+        return Err(unsafe { read_error(py, request, name) });
+    }
+    // SAFETY: `v` is a live new reference, released once.
+    unsafe {
         let n = plain_count(v);
         ffi::Py_DECREF(v);
         Ok(n)
