@@ -110,13 +110,13 @@ def test_tools_oracle_refuses_a_release_it_does_not_replicate(monkeypatch: pytes
     import vllm
 
     from hybridcache.tools import oracle
-    from hybridcache_dev.oracle import vllm_missing
+    from hybridcache_dev.oracle import ORACLE_RELEASES, vllm_missing
 
     monkeypatch.setattr(vllm, "__version__", "0.99.0")
-    version, note = oracle.load_vllm()
+    version, note = oracle.load_vllm(ORACLE_RELEASES)
     assert version is None and "vLLM 0.99.0 is installed, not " in note
     line = vllm_missing("hybridcache replay")
-    assert line is not None and all(f"pip install vllm=={r.version}" in line for r in oracle.ORACLE_RELEASES)
+    assert line is not None and all(f"pip install vllm=={r.version}" in line for r in ORACLE_RELEASES)
 
 
 def test_native_hasher_is_installed_only_for_a_release_it_matches(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import hybridcache
-from hybridcache.bench_report import _log_ticks
+from hybridcache_dev.bench_plot import _log_ticks
 
 PACKAGE_ROOT = str(Path(hybridcache.__file__).resolve().parents[1])
 
@@ -54,6 +54,27 @@ def test_bench_plot_without_matplotlib_fails_clearly() -> None:
     assert "matplotlib" in lines[0] and "pip install 'vllm-hybridcache[plot]'" in lines[0]
 
 
+@pytest.mark.parametrize("flag", [["--plot", "x.png"], ["--scale-blocks", "100"]])
+def test_bench_without_the_development_package_says_so_in_one_line(flag: list[str]) -> None:
+    out = _run(_without("hybridcache_dev") + (
+        "from hybridcache.__main__ import main\n"
+        f"raise SystemExit(main(['bench', '--no-vllm', '--steps', '1', '--running', '4', *{flag!r}]))\n"
+    ))
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert f"{flag[0]} needs hybridcache's development package (pip install -e dev" in lines[0]
+
+
+def test_bench_without_the_development_package_leaves_out_the_pool_figures() -> None:
+    out = _run(_without("hybridcache_dev") + (
+        "from hybridcache.__main__ import main\n"
+        "raise SystemExit(main(['bench', '--no-vllm', '--no-progress', '--steps', '2', '--config', 'full']))\n"
+    ))
+    assert out.returncode == 0, out.stderr
+    assert "full: full attention" in out.stdout and "pool of" not in out.stdout
+
+
 def test_bench_without_vllm_has_no_vllm_legend() -> None:
     out = _run(_without("vllm", "torch") + (
         "from hybridcache.__main__ import main\n"
@@ -69,7 +90,7 @@ def test_tools_import_neither_vllm_nor_torch() -> None:
     out = _run(
         "import sys\n"
         "import hybridcache, hybridcache.tools, hybridcache.replay, hybridcache.bench, hybridcache_dev.fuzz\n"
-        "import hybridcache_dev.bench_batched, hybridcache.bench_report\n"
+        "import hybridcache_dev.bench_batched, hybridcache.bench_report, hybridcache_dev.bench_plot\n"
         "print(sorted(m for m in ('vllm', 'torch', 'matplotlib') if m in sys.modules))\n"
     )
     assert out.returncode == 0, out.stderr
@@ -88,7 +109,7 @@ def test_plot_has_title_caption_and_ticks(tmp_path: Path, monkeypatch: pytest.Mo
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from hybridcache import bench_report
+    from hybridcache_dev import bench_plot
 
     figures = []
     monkeypatch.setattr(plt, "close", lambda fig: figures.append(fig))
@@ -101,7 +122,7 @@ def test_plot_has_title_caption_and_ticks(tmp_path: Path, monkeypatch: pytest.Mo
             for c in ("full", "full+swa") for n in (8, 16)
         ],
     }
-    assert bench_report.plot(report, str(tmp_path / "p.png")) is None
+    assert bench_plot.plot(report, str(tmp_path / "p.png")) is None
     (fig,) = figures
     assert fig._suptitle is not None and "bench" in fig._suptitle.get_text()
     assert any("ECDF" in t.get_text() for t in fig.texts)

@@ -17,12 +17,14 @@ from array import array
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from hybridcache import KVCacheManager
+from hybridcache import KVCacheManager, releases
 from hybridcache.request import Request
 
 from .bench_trace import Workload, hybridcache_kv_cache_config, vllm_kv_cache_config
 
 BS = 16
+BATCHED_NOTE = ("batched decode API: not run on vLLM {} (it is hybridcache's own extension, timed against "
+                "a release's per-request decode calls; this release's scheduler does not call it)")
 
 
 def _decode_step_vllm(m: Any, reqs: list[Request], counts: list[int]) -> list[Any]:
@@ -195,3 +197,12 @@ def batched_rows(configs: Sequence[str], runnings: Sequence[int], steps: int, se
         for running in runnings:
             rows.append(run_batched(config, running, steps, make_configs, kwargs, seed))
     return rows
+
+
+def batched_section(release: releases.Release, configs: Sequence[str], runnings: Sequence[int], steps: int,
+                    seed: int) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """(rows, note) of `hybridcache bench`: the rows where `release`'s
+    scheduler allocates decodes one request at a time, else why none."""
+    if not release.per_request_decode:
+        return None, BATCHED_NOTE.format(release.version)
+    return batched_rows(configs, runnings, steps, seed), None

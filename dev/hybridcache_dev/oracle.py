@@ -8,8 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from hybridcache import releases
-from hybridcache.tools.oracle import ORACLE_RELEASES, load_vllm, oracle_text
+from hybridcache.tools.oracle import load_vllm
 
+# The releases the tools' call-by-call comparison runs against.
+ORACLE_RELEASES: tuple[releases.Release, ...] = tuple(r for r in releases.RELEASES if r.tools_oracle)
 # The releases the differential fuzz replays (`--release`, `release_api`).
 FUZZ_RELEASES: tuple[str, ...] = releases.SUPPORTED_VLLM_VERSIONS
 
@@ -42,9 +44,9 @@ def vllm_missing(tool: str, accepted: Any = None) -> str | None:
     """None when a vLLM the tools compare against (or one of `accepted`)
     imports; else the one line `tool` prints (on stderr, no traceback)
     before it exits with status 2."""
-    version, note = load_vllm(accepted)
+    rows = ORACLE_RELEASES if accepted is None else tuple(accepted)
+    version, note = load_vllm(rows)
     if version is not None:
         return None
-    rows = ORACLE_RELEASES if accepted is None else tuple(accepted)
     hint = " or ".join(r.install_hint for r in rows)
-    return missing(tool, f"vLLM {oracle_text(rows)} and torch", hint, note)
+    return missing(tool, f"vLLM {' or '.join(r.version for r in rows)} and torch", hint, note)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hybridcache import releases
-from hybridcache.tools.compare import Fanout
+from hybridcache.tools.compare import Fanout, ReplayDivergence, pool_state, same
 from hybridcache.tools.oracle import quiet_logs
 from hybridcache.tools.release_api import ReleaseApi, release
 
@@ -24,9 +24,22 @@ from .simulation import ReplaySimulation, ReplaySummary
 ManagerFactory = Callable[[ReplayConfig], Any]
 
 
+class PoolCheckedFanout(Fanout):
+    """A `Fanout` that also compares the pools after every operation (slow;
+    pins a divergence that no return value shows to the call that caused it)."""
+
+    def call(self, op: str, fn: Callable[[Any, int], Any], norm: Callable[[Any], Any] = same) -> list[Any]:
+        results = super().call(op, fn, norm)
+        pools = [pool_state(m) for m in self.managers]
+        if any(p != pools[0] for p in pools[1:]):
+            raise ReplayDivergence(self.seed, self.step, f"block_pool state after {op}", list(zip(self.names, pools)))
+        return results
+
+
 def _run(config: ReplayConfig, seed: int, managers: Sequence[Any], names: Sequence[str],
          api: ReleaseApi | None = None) -> ReplaySummary:
-    fanout = Fanout(managers, names, seed, config.compare_pool_every_op)
+    checked = config.compare_pool_every_op and len(managers) > 1
+    fanout = (PoolCheckedFanout if checked else Fanout)(managers, names, seed)
     # vLLM warns on every refused prefix-cache reset, which the trace provokes.
     with quiet_logs():
         return ReplaySimulation(config, seed, fanout, api).run()

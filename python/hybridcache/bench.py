@@ -20,7 +20,6 @@ does not cover are skipped with a note), on recorded serving traces.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import importlib.util
 import os
@@ -30,8 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import releases
-from .bench_report import Progress, binding_text, format_report, matplotlib_missing, plot
-from .tools import configs as tools_configs
+from .bench_report import Progress, binding_text, format_report
 from .tools.bench_trace import (
     CONFIG_TITLES,
     CONFIGS,
@@ -41,10 +39,8 @@ from .tools.bench_trace import (
     load,
     make_hybridcache_manager,
     make_vllm_manager,
-    manager_kwargs,
 )
-from .tools.oracle import load_vllm, quiet_logs, tool_release
-from .tools.release_api import release as release_api
+from .tools.oracle import quiet_logs, tool_release
 from .tools.timed_replay import (
     CLOCKS,
     KINDS,
@@ -56,10 +52,13 @@ from .tools.timed_replay import (
 )
 
 SCALE_BLOCKS = 1_000_000
-BATCHED_NOTE = ("batched decode API: not run on vLLM {} (it is hybridcache's own extension, timed against "
-                "a release's per-request decode calls; this release's scheduler does not call it)")
-BATCHED_DEV = ("batched decode API: timed by hybridcache's development package "
-               "(pip install -e dev, from the repository)")
+DEV = "hybridcache's development package (pip install -e dev, from the repository)"
+BATCHED_DEV = f"batched decode API: timed by {DEV}"
+
+
+def has_dev() -> bool:
+    """Whether the development package is importable (the repository's dev/)."""
+    return importlib.util.find_spec("hybridcache_dev") is not None
 
 
 def recording(config: str, running: int, steps: int, seed: int, release: str) -> Recording:
@@ -68,10 +67,9 @@ def recording(config: str, running: int, steps: int, seed: int, release: str) ->
     rec = load(config, running, steps, seed, release)
     if rec is not None:
         return rec
-    if importlib.util.find_spec("hybridcache_dev") is None:
+    if not has_dev():
         raise LookupError(f"the wheel ships the recordings of --running {','.join(map(str, RUNNING))}, up to "
-                          f"--steps {STEPS}, seed 0; other workloads are recorded by hybridcache's development "
-                          "package (pip install -e dev, from the repository)")
+                          f"--steps {STEPS}, seed 0; other workloads are recorded by {DEV}")
     from hybridcache_dev.bench_trace import Workload, record
 
     return record(Workload(config=config, running=running, steps=steps, seed=seed, release=release))
@@ -132,59 +130,6 @@ def run_recording(
 
 
 # --------------------------------------------------------------------------
-# Scale figures
-# --------------------------------------------------------------------------
-
-
-def _rss_bytes() -> int | None:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError, AttributeError):
-        pass
-    try:
-        import psutil
-
-        return int(psutil.Process().memory_info().rss)
-    except Exception:
-        return None
-
-
-def pool_scale(factory: Callable[[Any], Any], config: Any, num_blocks: int) -> dict[str, Any]:
-    """Time to build a manager over `num_blocks` blocks and RSS growth per
-    block; `config` is a dataclass (vLLM's KVCacheConfig and ours are)."""
-    factory(dataclasses.replace(config, num_blocks=16))  # imports and first-use costs out of the way
-    gc.collect()
-    rss0 = _rss_bytes()
-    t0 = time.perf_counter()
-    manager = factory(config)
-    seconds = time.perf_counter() - t0
-    rss1 = _rss_bytes()
-    free = manager.block_pool.get_num_free_blocks()
-    del manager
-    gc.collect()
-    per_block = None if rss0 is None or rss1 is None else max(0, rss1 - rss0) / num_blocks
-    return {"num_blocks": num_blocks, "build_ms": seconds * 1e3, "bytes_per_block": per_block,
-            "free_blocks": free}
-
-
-def scale_figures(use_vllm: bool, num_blocks: int = SCALE_BLOCKS, release: str = releases.DEFAULT.version) -> dict[str, Any]:
-    """Build time and bytes per block of a `num_blocks` pool (full
-    attention), hybridcache's facade for vLLM `release` (and vLLM's manager)."""
-    api, kwargs, groups = release_api(release), manager_kwargs(), [tools_configs.GroupSpec("full", 16)]
-    out = {"hybridcache": pool_scale(lambda c: api.tool_facade(c, kwargs),
-                                     tools_configs.hybridcache_kv_cache_config(groups, num_blocks), num_blocks)}
-    if use_vllm:
-        out["vllm"] = pool_scale(lambda c: api.tool_vllm(c, kwargs),
-                                 tools_configs.vllm_kv_cache_config(groups, num_blocks), num_blocks)
-    return out
-
-
-
-
-
-
-# --------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------
 
@@ -218,8 +163,12 @@ def run_bench(
     gc.collect()
     gc.freeze()
     try:
-        progress.phase(f"pool of {scale_blocks:,} blocks")
-        scale = scale_figures(bool(vllm_version), scale_blocks, name) if scale_blocks else None
+        scale = None
+        if scale_blocks:  # measured by the development package
+            from hybridcache_dev.pool_scale import scale_figures
+
+            progress.phase(f"pool of {scale_blocks:,} blocks")
+            scale = scale_figures(bool(vllm_version), scale_blocks, name)
         results = []
         for c in configs:
             for r in runnings:
@@ -258,13 +207,11 @@ def _batched(release: releases.Release | None, configs: Sequence[str], runnings:
     calls, timed by the development package's `bench_batched` where it is installed."""
     if release is None:
         return None, None
-    if not release.per_request_decode:
-        return None, BATCHED_NOTE.format(release.version)
-    if importlib.util.find_spec("hybridcache_dev") is None:
+    if not has_dev():
         return None, BATCHED_DEV
-    from hybridcache_dev.bench_batched import batched_rows
+    from hybridcache_dev.bench_batched import batched_section
 
-    return batched_rows(configs, runnings, steps, seed), None
+    return batched_section(release, configs, runnings, steps, seed)
 
 
 def _loadavg() -> list[float] | None:
@@ -288,7 +235,7 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a short run: 20 measured steps, 64 and 256 running, a 100k-block pool")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout (no table)")
-    parser.add_argument("--plot", metavar="PNG", help="draw per-step latency distributions into PNG (needs matplotlib: pip install 'vllm-hybridcache[plot]')")
+    parser.add_argument("--plot", metavar="PNG", help="draw per-step latency distributions into PNG (needs the development package and matplotlib)")
     parser.add_argument("--config", action="append", choices=CONFIGS, dest="configs",
                         help="configuration to run (repeatable; default: all)")
     parser.add_argument("--running", type=str, default=None,
@@ -303,7 +250,8 @@ def add_arguments(parser: Any) -> None:
                         "(this thread's CPU time: ignores time the OS ran other processes, on a busy machine)")
     parser.add_argument("--scale-blocks", type=int, default=None,
                         help="pool size for the build-time / bytes-per-block figures "
-                        "(default 1,000,000; --quick 100,000; 0: skip)")
+                        "(default 1,000,000; --quick 100,000; 0: skip; needs the development package, "
+                        "skipped without it)")
 
 
 def main(args: Any) -> int:
@@ -319,9 +267,19 @@ def main(args: Any) -> int:
     if steps <= 0:
         print("hybridcache bench: --steps must be positive", file=sys.stderr)
         return 2
+    # Say what is missing before a long run, not after it.
+    for flag, wanted in (("--plot", args.plot), ("--scale-blocks", args.scale_blocks)):
+        if wanted and not has_dev():
+            print(f"hybridcache bench: {flag} needs {DEV}", file=sys.stderr)
+            return 2
+    if not has_dev():
+        scale_blocks = 0  # the default pool-scale figures: with the development package only
+    draw: Callable[[dict[str, Any], str], str | None] | None = None
     if args.plot:
-        why = matplotlib_missing()
-        if why:  # say so before a long run, not after it
+        from hybridcache_dev import bench_plot
+
+        why, draw = bench_plot.matplotlib_missing(), bench_plot.plot
+        if why:
             print(f"hybridcache bench: {why}", file=sys.stderr)
             return 2
     # Whatever vLLM (or anything else) logs goes to stderr, not into the table
@@ -331,7 +289,7 @@ def main(args: Any) -> int:
             report = run_bench(configs=args.configs or CONFIGS, runnings=runnings, steps=steps, seed=args.seed,
                                use_vllm=not args.no_vllm, show_progress=not args.no_progress,
                                scale_blocks=max(0, scale_blocks), quick=args.quick, clock=args.clock)
-            why = plot(report, args.plot) if args.plot else None
+            why = draw(report, args.plot) if draw else None
     except LookupError as e:
         print(f"hybridcache bench: {e}", file=sys.stderr)
         return 2
@@ -345,13 +303,11 @@ def main(args: Any) -> int:
     else:
         print(format_report(report))
         if report.get("batched"):
-            print()
             from hybridcache_dev.bench_batched import format_batched
 
-            print(format_batched(report["batched"], report["vllm"]))
+            print(f"\n{format_batched(report['batched'], report['vllm'])}")
         elif report.get("batched_note"):
-            print()
-            print(report["batched_note"])
+            print(f"\n{report['batched_note']}")
     for s in report["skipped"]:
         print(f"hybridcache bench: {s['config']} skipped on vLLM {report['vllm']}: {s['reason']}", file=sys.stderr)
     if not report["results"]:

@@ -14,7 +14,7 @@ import pytest
 from hybridcache import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheManager, Request, SlidingWindowSpec
 from hybridcache._native import NativeManager
 from hybridcache.config import read_groups
-from hybridcache.tools.compare import norm_allocated, norm_blocks, norm_events, pool_state
+from hybridcache.tools.compare import norm_allocated, norm_blocks, norm_event, pool_state
 from hybridcache_dev.fuzz_setup import Group, Setup, retention_interval
 
 # Compares against vLLM 0.23.0 (tests/conftest.py: left to that release's venv elsewhere).
@@ -175,7 +175,7 @@ class _Pair:
         self.hc.check_invariants()
         self.both(pool_state)
         self.both(lambda m: [m.get_block_ids(r.request_id) for r in self.reqs])
-        self.both(lambda m: norm_events(m.take_events()))
+        self.both(lambda m: tuple(norm_event(e) for e in m.take_events()))
 
     def admit(self, rid: str, tokens: list[int], chunk: int) -> Request:
         r = Request(rid, tokens, self.s.hash_block_size)

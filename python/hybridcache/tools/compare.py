@@ -108,10 +108,6 @@ def norm_event(event: Any) -> tuple[str, tuple[tuple[str, Any], ...]]:
     return type(event).__name__, tuple((n, freeze(getattr(event, n))) for n in names)
 
 
-def norm_events(events: Sequence[Any]) -> tuple[Any, ...]:
-    return tuple(norm_event(e) for e in events)
-
-
 def norm_stats(stats: Any) -> tuple[tuple[str, Any], ...] | None:
     if stats is None:
         return None
@@ -162,21 +158,12 @@ class Fanout:
     the exception propagates unchanged (a generator bug, not a divergence).
     """
 
-    def __init__(
-        self,
-        managers: Sequence[Any],
-        names: Sequence[str],
-        seed: int,
-        check_pool_every_op: bool = False,
-    ):
+    def __init__(self, managers: Sequence[Any], names: Sequence[str], seed: int):
         self.managers = list(managers)
         self.names = list(names)
         self.seed = seed
         self.step = 0
         self.ops = 0
-        # Compare the pools after every operation (slow; pins a divergence
-        # that no return value shows to the call that caused it).
-        self.check_pool_every_op = check_pool_every_op and len(self.managers) > 1
 
     def call(
         self, op: str, fn: Callable[[Any, int], Any], norm: Callable[[Any], Any] = same
@@ -202,12 +189,6 @@ class Fanout:
             raise ReplayDivergence(
                 self.seed, self.step, op, list(zip(self.names, normalized))
             )
-        if self.check_pool_every_op:
-            pools = [pool_state(m) for m in self.managers]
-            if any(p != pools[0] for p in pools[1:]):
-                raise ReplayDivergence(
-                    self.seed, self.step, f"block_pool state after {op}", list(zip(self.names, pools))
-                )
         return results
 
 

@@ -1,7 +1,7 @@
 """The vLLM side of the differential tools: importing vLLM (the oracle)
-quietly, checking that it is a release the tools compare against
-(`hybridcache.releases`, `tools_oracle`), naming the release the user
-commands compare against, and keeping its and torch's log lines out of a run.
+quietly, checking that it is a release the caller accepts (rows of
+`hybridcache.releases`), naming the release the user commands compare
+against, and keeping its and torch's log lines out of a run.
 
 Nothing here imports vLLM or torch at module import time.
 """
@@ -17,8 +17,6 @@ from typing import Any
 
 from hybridcache import releases
 
-# The releases the tools' call-by-call comparison runs against.
-ORACLE_RELEASES: tuple[releases.Release, ...] = tuple(r for r in releases.RELEASES if r.tools_oracle)
 # Loggers of the optional packages whose chatter the tools keep out of sight.
 NOISY_LOGGERS = ("vllm", "torch")
 
@@ -45,10 +43,9 @@ def quiet_logs(level: int = logging.ERROR) -> Iterator[None]:
             lg.setLevel(old)
 
 
-def load_vllm(accepted: Any = None) -> tuple[str | None, str]:
+def load_vllm(accepted: Any) -> tuple[str | None, str]:
     """(version, note): version is set when the manager of a vLLM release
-    the tools compare against (`ORACLE_RELEASES`, or the releases in
-    `accepted`) imports.
+    in `accepted` (rows of `hybridcache.releases`) imports.
 
     The import is silent: torch's and vLLM's import-time log lines are
     dropped, and vLLM's logger (which binds to stdout at import) is pointed
@@ -71,15 +68,9 @@ def load_vllm(accepted: Any = None) -> tuple[str | None, str]:
         logging.disable(previous)
     version = getattr(vllm, "__version__", "?")
     release = releases.find(version)
-    accepted = ORACLE_RELEASES if accepted is None else tuple(accepted)
-    if release is None or release not in accepted:
-        return None, f"vLLM {version} is installed, not {oracle_text(accepted)}"
+    if release is None or release not in tuple(accepted):
+        return None, f"vLLM {version} is installed, not {' or '.join(r.version for r in accepted)}"
     return version, f"vLLM {version}"
-
-
-def oracle_text(accepted: Any = None) -> str:
-    """The releases the tools compare against (or `accepted`), as "A or B"."""
-    return " or ".join(r.version for r in (ORACLE_RELEASES if accepted is None else accepted))
 
 
 def tool_release(tool: str, use_vllm: bool = True) -> tuple[releases.Release | None, str]:
