@@ -23,7 +23,7 @@ from hybridcache_dev import bench_trace, replay_trace
 
 def _check(version: str) -> None:
     shipped = trace.load(version)
-    assert shipped == trace.loads(trace.dumps(replay_trace.record(version))), (
+    assert shipped == trace.loads(replay_trace.dumps(replay_trace.record(version))), (
         f"the shipped trace of vLLM {version} is stale: python -m hybridcache_dev.replay_trace --release {version}")
 
 
@@ -55,7 +55,7 @@ def test_replay_catches_an_answer_unlike_the_recording() -> None:
     recorded, api = copy.deepcopy(trace.load(version)), release(version)
     op = next(op for op in recorded["ops"] if op[0] == "allocate_slots")
     op[4] = "00000000"  # the digest of an answer no manager gives
-    manager = api.tool_facade(configs.hybridcache_kv_cache_config(trace.groups(recorded), recorded["num_blocks"]),
+    manager = api.tool_facade(configs.kv_cache_config(trace.groups(recorded), recorded["num_blocks"]),
                               recorded["kwargs"])
     with pytest.raises(ReplayDivergence, match="against the recording"):
         trace.replay(recorded, [manager], ["hybridcache"], api)

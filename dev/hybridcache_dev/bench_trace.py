@@ -57,7 +57,6 @@ from hybridcache.tools.bench_trace import (
     TAKE_NEW_IDS,
     Op,
     Recording,
-    manager_kwargs,
     request_tokens,
     shipped_name,
 )
@@ -70,6 +69,15 @@ from .scheduler import SchedulerSim, mamba_block_aligned_split, spelling
 from .workload import Seq, bit_tokens, bursty_drafts, shared_prefix_len
 
 TRACES = Path(__file__).resolve().parents[2] / "python" / "hybridcache" / "traces"
+
+
+
+def manager_kwargs(running: int = 256, block_size: int = 16, max_model_len: int = 2048) -> dict[str, Any]:
+    """The bench workloads' constructor keywords (the whole-block-hits API's
+    spelling: `ReleaseApi.tool_kwargs` gives another release's form)."""
+    return dict(max_model_len=max_model_len, scheduler_block_size=block_size, hash_block_size=block_size,
+                max_num_batched_tokens=max(2048, min(16384, 16 * running)), enable_caching=True, use_eagle=False,
+                log_stats=True, enable_kv_cache_events=False)
 
 
 @dataclass(frozen=True)
@@ -161,7 +169,7 @@ class Workload:
                     kwargs=self.manager_kwargs(), drains=list(spelling(self.api).step_drains))
 
     def manager_kwargs(self) -> dict[str, Any]:
-        """The constructor keywords (`hybridcache.tools.bench_trace.manager_kwargs`)."""
+        """The constructor keywords (`manager_kwargs`)."""
         return manager_kwargs(self.running, self.block_size, self.max_model_len)
 
 

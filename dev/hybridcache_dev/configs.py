@@ -11,7 +11,19 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from hybridcache.tools.configs import GroupSpec, hybridcache_kv_cache_config, vllm_kv_cache_config
+from hybridcache.tools.configs import GroupSpec, kv_cache_config
+
+
+
+def hybridcache_kv_cache_config(groups: Any, num_blocks: int) -> Any:
+    """hybridcache's own KVCacheConfig for resolved `groups` (no vLLM, no torch)."""
+    return kv_cache_config(groups, num_blocks)
+
+
+def vllm_kv_cache_config(groups: Any, num_blocks: int) -> Any:
+    """vLLM's KVCacheConfig for resolved `groups` (imports vLLM and torch)."""
+    return kv_cache_config(groups, num_blocks, vllm=True)
+
 
 GROUP_KINDS = ("full", "sliding_window", "chunked_local", "mamba", "cross_attention")
 

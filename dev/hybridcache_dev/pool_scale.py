@@ -14,8 +14,9 @@ from typing import Any
 
 from hybridcache import releases
 from hybridcache.tools import configs as tools_configs
-from hybridcache.tools.bench_trace import manager_kwargs
 from hybridcache.tools.release_api import release as release_api
+
+from .bench_trace import manager_kwargs
 
 SCALE_BLOCKS = 1_000_000
 
@@ -57,10 +58,10 @@ def scale_figures(use_vllm: bool, num_blocks: int = SCALE_BLOCKS, release: str =
     attention), hybridcache's facade for vLLM `release` (and vLLM's manager)."""
     api, kwargs, groups = release_api(release), manager_kwargs(), [tools_configs.GroupSpec("full", 16)]
     out = {"hybridcache": pool_scale(lambda c: api.tool_facade(c, kwargs),
-                                     tools_configs.hybridcache_kv_cache_config(groups, num_blocks), num_blocks)}
+                                     tools_configs.kv_cache_config(groups, num_blocks), num_blocks)}
     if use_vllm:
         out["vllm"] = pool_scale(lambda c: api.tool_vllm(c, kwargs),
-                                 tools_configs.vllm_kv_cache_config(groups, num_blocks), num_blocks)
+                                 tools_configs.kv_cache_config(groups, num_blocks, vllm=True), num_blocks)
     return out
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import lzma
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,6 +61,12 @@ class Recorder(trace.Runner):
         results = super().call(name, req, *args)
         self.ops.append([name, idx, [_plain(a) for a in args], updates, trace.digest(self.answer(name, results))])
         return results
+
+
+def dumps(trace: dict[str, Any]) -> bytes:
+    """A trace file's bytes (deterministic: the same trace, the same bytes)."""
+    text = json.dumps(trace, separators=(",", ":"), sort_keys=True)
+    return lzma.compress(text.encode(), preset=9 | lzma.PRESET_EXTREME)
 
 
 def _plain(arg: Any) -> Any:
@@ -105,10 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = TRACES / trace.trace_name(version)
     recorded = record(version)
     if args.check:
-        same = path.exists() and trace.loads(path.read_bytes()) == trace.loads(trace.dumps(recorded))
+        same = path.exists() and trace.loads(path.read_bytes()) == trace.loads(dumps(recorded))
         print(f"{path}: {'up to date' if same else 'DIFFERS from the recording (rerun without --check)'}")
         return 0 if same else 1
-    data = trace.dumps(recorded)
+    data = dumps(recorded)
     path.parent.mkdir(exist_ok=True)
     path.write_bytes(data)
     print(f"wrote {path} ({len(data):,} bytes)")

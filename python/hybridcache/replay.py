@@ -37,10 +37,10 @@ def _recorded(row: releases.Release | None) -> tuple[dict[str, Any], str]:
     recorded, api = trace.load(version), release_api(version)
     groups, kwargs = trace.groups(recorded), recorded["kwargs"]
     if row is None:
-        managers = [api.tool_facade(configs.hybridcache_kv_cache_config(groups, recorded["num_blocks"]), kwargs)]
+        managers = [api.tool_facade(configs.kv_cache_config(groups, recorded["num_blocks"]), kwargs)]
         names = ["hybridcache"]
     else:
-        vllm_config = configs.vllm_kv_cache_config(groups, recorded["num_blocks"])
+        vllm_config = configs.kv_cache_config(groups, recorded["num_blocks"], vllm=True)
         managers = [api.tool_vllm(vllm_config, kwargs), api.tool_facade(vllm_config, kwargs)]
         names = ["vllm", "hybridcache"]
     # Under a vLLM release hybridcache does not support, events and stats are

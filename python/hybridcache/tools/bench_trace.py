@@ -80,16 +80,7 @@ class Recording:
     def kv_cache_config(self, vllm: bool, num_blocks: int | None = None) -> Any:
         """The workload's KV-cache config, vLLM's classes or hybridcache's own."""
         groups = [GroupSpec(**g) for g in self.meta["groups"]]
-        build = configs.vllm_kv_cache_config if vllm else configs.hybridcache_kv_cache_config
-        return build(groups, num_blocks or self.meta["num_blocks"])
-
-
-def manager_kwargs(running: int = 256, block_size: int = 16, max_model_len: int = 2048) -> dict[str, Any]:
-    """The bench workloads' constructor keywords (the whole-block-hits API's
-    spelling: `ReleaseApi.tool_kwargs` gives another release's form)."""
-    return dict(max_model_len=max_model_len, scheduler_block_size=block_size, hash_block_size=block_size,
-                max_num_batched_tokens=max(2048, min(16384, 16 * running)), enable_caching=True, use_eagle=False,
-                log_stats=True, enable_kv_cache_events=False)
+        return configs.kv_cache_config(groups, num_blocks or self.meta["num_blocks"], vllm)
 
 
 def make_hybridcache_manager(rec: Recording) -> Any:

@@ -49,26 +49,6 @@ _STATS_FIELDS = (
     "preempted_hits",
 )
 
-# Field order of vLLM's msgspec events, for event objects that are not Structs.
-_EVENT_FIELDS = {
-    "BlockStored": (
-        "block_hashes",
-        "parent_block_hash",
-        "token_ids",
-        "block_size",
-        "lora_id",
-        "medium",
-        "lora_name",
-        "extra_keys",
-        "group_idx",
-        "kv_cache_spec_kind",
-        "kv_cache_spec_sliding_window",
-    ),
-    "BlockRemoved": ("block_hashes", "medium", "group_idx"),
-    "AllBlocksCleared": (),
-}
-
-
 def freeze(value: Any) -> Any:
     """Lists and tuples compare alike (msgspec encodes both as arrays)."""
     if isinstance(value, (list, tuple)):
@@ -98,9 +78,7 @@ def _event_field_names(event: Any) -> Sequence[str]:
     names = getattr(type(event), "__struct_fields__", None)  # msgspec.Struct
     if names is not None:
         return names
-    if dataclasses.is_dataclass(event):
-        return [f.name for f in dataclasses.fields(event)]
-    return _EVENT_FIELDS.get(type(event).__name__, sorted(vars(event)))
+    return [f.name for f in dataclasses.fields(event)]  # hybridcache's own events
 
 
 def norm_event(event: Any) -> tuple[str, tuple[tuple[str, Any], ...]]:

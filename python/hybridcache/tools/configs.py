@@ -46,59 +46,38 @@ class GroupSpec:
         return self.block_size
 
 
-def hybridcache_kv_cache_config(groups: Sequence[GroupSpec], num_blocks: int) -> Any:
-    """hybridcache's own KVCacheConfig for resolved `groups` (no vLLM, no torch)."""
-    from .. import config as hc
-
-    specs: list[hc.KVCacheGroupSpec] = []
-    for i, g in enumerate(groups):
-        spec: Any
-        if g.kind == "full":
-            spec = hc.FullAttentionSpec(g.size)
-        elif g.kind == "sliding_window":
-            spec = hc.SlidingWindowSpec(g.size, g.sliding_window or 0)
-        elif g.kind == "chunked_local":
-            spec = hc.ChunkedLocalAttentionSpec(g.size, g.attention_chunk_size or 0)
-        elif g.kind == "cross_attention":
-            spec = hc.CrossAttentionSpec(g.size)
-        else:
-            spec = hc.MambaSpec(
-                g.size,
-                shapes=((1, 1),),
-                dtypes=("float32",),
-                mamba_cache_mode=g.mamba_cache_mode or "none",
-                num_speculative_blocks=g.num_speculative_blocks,
-            )
-        specs.append(hc.KVCacheGroupSpec([f"layer{i}"], spec, is_eagle_group=g.is_eagle_group))
-    return hc.KVCacheConfig(num_blocks=num_blocks, kv_cache_groups=specs)
+# The spec class of each group kind (hybridcache's and vLLM's share the
+# names and keywords), and the group's field each kind adds.
+_SPECS = {"full": ("FullAttentionSpec", None), "sliding_window": ("SlidingWindowSpec", "sliding_window"),
+          "chunked_local": ("ChunkedLocalAttentionSpec", "attention_chunk_size"),
+          "cross_attention": ("CrossAttentionSpec", None), "mamba": ("MambaSpec", None)}
 
 
-def vllm_kv_cache_config(groups: Sequence[GroupSpec], num_blocks: int) -> Any:
-    """vLLM's KVCacheConfig for resolved `groups` (imports vLLM and torch)."""
-    import torch
-    from vllm.v1 import kv_cache_interface as iface
+def kv_cache_config(groups: Sequence[GroupSpec], num_blocks: int, vllm: bool = False) -> Any:
+    """The KVCacheConfig of resolved `groups`: vLLM's classes (imports vLLM
+    and torch) or hybridcache's own (neither)."""
+    if vllm:
+        import torch
+        from vllm.v1 import kv_cache_interface as iface
 
+        layer_dtype, state_dtype = {False: torch.float32, True: torch.bfloat16}, torch.float32
+    else:
+        from .. import config as iface
+
+        layer_dtype, state_dtype = {False: None, True: None}, "float32"
     specs = []
     for i, g in enumerate(groups):
-        dtype = torch.bfloat16 if g.half_precision else torch.float32
-        attn: dict[str, Any] = dict(block_size=g.size, num_kv_heads=1, head_size=1, dtype=dtype)
-        if g.kind == "full":
-            spec = iface.FullAttentionSpec(**attn)
-        elif g.kind == "sliding_window":
-            spec = iface.SlidingWindowSpec(**attn, sliding_window=g.sliding_window)
-        elif g.kind == "chunked_local":
-            spec = iface.ChunkedLocalAttentionSpec(**attn, attention_chunk_size=g.attention_chunk_size)
-        elif g.kind == "cross_attention":
-            spec = iface.CrossAttentionSpec(**attn)
+        name, field = _SPECS[g.kind]
+        kw: dict[str, Any]
+        if g.kind == "mamba":
+            kw = dict(shapes=((1, 1),), dtypes=(state_dtype,), mamba_cache_mode=g.mamba_cache_mode or "none",
+                      num_speculative_blocks=g.num_speculative_blocks)
+            if g.mamba_checkpoint_alignment is not None:  # vLLM's classes only
+                kw.update(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=g.mamba_checkpoint_alignment)
         else:
-            spec = iface.MambaSpec(
-                block_size=g.size,
-                shapes=((1, 1),),
-                dtypes=(torch.float32,),
-                mamba_cache_mode=g.mamba_cache_mode,
-                num_speculative_blocks=g.num_speculative_blocks,
-                **({} if g.mamba_checkpoint_alignment is None else
-                   {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": g.mamba_checkpoint_alignment}),
-            )
+            kw = dict(num_kv_heads=1, head_size=1, dtype=layer_dtype[g.half_precision])
+            if field:
+                kw[field] = getattr(g, field)
+        spec = getattr(iface, name)(block_size=g.size, **kw)
         specs.append(iface.KVCacheGroupSpec([f"layer{i}"], spec, is_eagle_group=g.is_eagle_group))
     return iface.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=specs)

@@ -13,7 +13,6 @@ Nothing here imports vLLM or torch at import time.
 
 from __future__ import annotations
 
-import copy
 import importlib
 import random
 from collections.abc import Callable, Sequence
@@ -154,30 +153,19 @@ class BoundaryLookupApi(ReleaseApi):
         return base + (("hits_by_source", by_source),)
 
 
-def _facade_of(row: releases.Release) -> tuple[str, str]:
-    """The class the release's scheduler builds after `install()`."""
-    return (row.package + ".scheduler", row.facade)
-
-
 def registry_lookup(registry: dict[str, Any], name: str, make: Callable[[releases.Release], Any]) -> Any:
-    """`registry[name]`, else made for the table's row `name`: `make(row)`
-    for the first release running its core profile, a copy of that one's
-    API (with the row's version and facade) for a later one. ValueError for
-    a release the table does not have."""
+    """`registry[name]`, else `make(row)` for the table's row `name` (the
+    API of the row's core profile), given the row's version and the facade
+    its scheduler builds after `install()`. ValueError for a release the
+    table does not have."""
     api = registry.get(name)
-    if api is not None:
-        return api
-    row = releases.find(name)
-    if row is None:
-        raise ValueError(f"unsupported vLLM release {name!r}; choose from {', '.join(r.version for r in releases.RELEASES)}")
-    first = releases.of_profile(row.profile)
-    if first is row:
-        api = make(row)
-        api.name, api.facade = row.version, _facade_of(row)
-    else:
-        api = copy.copy(registry_lookup(registry, first.version, make))
-        api.name, api.facade = row.version, _facade_of(row)
-    registry[row.version] = api
+    if api is None:
+        row = releases.find(name)
+        if row is None:
+            raise ValueError(f"unsupported vLLM release {name!r}; choose from "
+                             f"{', '.join(r.version for r in releases.RELEASES)}")
+        api = registry[name] = make(row)
+        api.name, api.facade = row.version, (row.package + ".scheduler", row.facade)
     return api
 
 

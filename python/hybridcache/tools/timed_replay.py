@@ -8,7 +8,7 @@ implementations' results (else `BenchDivergence`)."""
 from __future__ import annotations
 
 import gc
-import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -147,6 +147,58 @@ def timer_overhead_ns(clock: Callable[[], int], samples: int = 20_000) -> int:
     return deltas[len(deltas) // 2]
 
 
+def _cold_call(impl: Impl, code: int, idx: int, req: Any, a: Any, b: Any, drains: Sequence[str]) -> tuple[
+        Callable[..., Any], tuple[Any, ...], dict[str, Any], str, Callable[[Any], Any]]:
+    """(method, args, keywords, timing bucket, how its answer is read): one
+    of the calls a step makes a few of. The method is bound, and its
+    arguments built, before the timer starts."""
+    m, computed = impl.manager, impl.computed
+    if code in (ALLOC_NEW, ADMIT_KW):
+        hit, extra = (b, {}) if code == ALLOC_NEW else (b[0], {"has_scheduled_reqs": b[1]})
+        kw = dict(num_new_computed_tokens=hit, new_computed_blocks=computed.pop(idx), num_lookahead_tokens=0, **extra)
+        return m.allocate_slots, (req, a), kw, "admit_allocate_slots", _ids
+    if code == GET_COMPUTED:
+        def read(found: Any) -> Any:
+            blocks = computed[idx] = found[0]
+            if len(found) > 2:  # the partial-block-hits lookup's shared-prefix boundary
+                req.shared_prefix_boundary = found[2]
+            return (blocks.get_block_ids(), found[1])
+        return m.get_computed_blocks, (req,), {}, "get_computed_blocks", read
+    if code == GET_BLOCKS:  # the scheduler reads the ids of what it gets
+        return lambda rid: m.get_blocks(rid).get_block_ids(), (req.request_id,), {}, "get_blocks", _same
+    if code == FREE:
+        computed.pop(idx, None)
+        return m.free, (req,), {}, "free", _same
+    if code == RECORD_STATS:
+        return m.record_prefix_cache_stats, (req, a), {}, "other", _same
+    if code == DRAINS:
+        return lambda: [getattr(m, name)() for name in drains], (), {}, "other", _drained
+    if code == NEW_STEP:
+        return m.new_step_starts, (), {}, "other", _same
+    if code == COMMON_PREFIX:
+        return m.get_num_common_prefix_blocks, (req.request_id,), {}, "other", list
+    if code == TAKE_NEW_IDS:
+        return m.take_new_block_ids, (), {}, "other", list
+    # STATS: what the scheduler's make_stats reads
+    return lambda: (m.make_prefix_cache_stats(), m.usage), (), {}, "other", _stats
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _ids(blocks: Any) -> Any:
+    return NO_BLOCKS if blocks is None else blocks.get_block_ids()
+
+
+def _drained(results: list[Any]) -> tuple[Any, ...]:
+    return tuple(norm_drained(r) for r in results)
+
+
+def _stats(value: tuple[Any, float]) -> tuple[Any, float]:
+    return norm_stats(value[0]), norm_usage(value[1])
+
+
 def _replay_steps(
     impl: Impl, rec: Recording, first: int, last: int, clock: Callable[[], int], overhead: int,
     answers: list[Any], reference: str | None,
@@ -154,16 +206,9 @@ def _replay_steps(
     """Replays steps [first, last) on `impl`, timing each manager call. The
     results go to `answers`, or, with the name of the implementation that
     ran these steps first, are compared with its `answers`."""
-    m = impl.manager
-    reqs = impl.reqs
-    bs = impl.block_size
-    computed = impl.computed
-    kind = impl.kind_ns
-    decode_ns, prefill_ns = kind["decode_allocate_slots"], kind["prefill_allocate_slots"]
-    admit_ns = kind["admit_allocate_slots"]
-    gcb_ns, blocks_ns, free_ns, other_ns = kind["get_computed_blocks"], kind["get_blocks"], kind["free"], kind["other"]
-    warmup = rec.meta["warmup_steps"]
-    drains = rec.meta["drains"]
+    m, reqs, bs, kind = impl.manager, impl.reqs, impl.block_size, impl.kind_ns
+    decode_ns, prefill_ns, other_ns = kind["decode_allocate_slots"], kind["prefill_allocate_slots"], kind["other"]
+    warmup, drains = rec.meta["warmup_steps"], rec.meta["drains"]
     j = 0
     for s in range(first, last):
         if s == warmup:
@@ -171,105 +216,34 @@ def _replay_steps(
         total = 0
         for op in rec.steps[s]:
             code, idx, a, b, state, expected = op
+            req = reqs[idx] if idx >= 0 else None
             if state is not None:
-                req = reqs[idx]
                 num_tokens, req.num_computed_tokens, req.num_preemptions = state
                 req.num_tokens = num_tokens
                 hashes = req.block_hashes
                 need = num_tokens // bs
                 if len(hashes) < need:
                     hashes.extend(req._all_hashes[len(hashes):need])
+            # The calls made once per running request each step are spelled
+            # out: no dispatch inside their timed interval.
             if code == ALLOC_RUN:
                 t0 = clock()
                 blocks = m.allocate_slots(req, a, num_lookahead_tokens=0)
                 got = NO_BLOCKS if blocks is None else blocks.get_block_ids(allow_none=True)
                 dt = clock() - t0
                 bucket = decode_ns if b else prefill_ns
-            elif code == FREE:
-                t0 = clock()
-                m.free(req)
-                dt = clock() - t0
-                bucket = free_ns
-                computed.pop(idx, None)
-                got = None
-            elif code == GET_COMPUTED:
-                t0 = clock()
-                found = m.get_computed_blocks(req)  # 0.26+: and the shared-prefix boundary
-                dt = clock() - t0
-                bucket = gcb_ns
-                blocks = computed[idx] = found[0]
-                if len(found) > 2:
-                    req.shared_prefix_boundary = found[2]
-                got = (blocks.get_block_ids(), found[1])
-            elif code == ALLOC_NEW:
-                hit_blocks = computed.pop(idx)
-                t0 = clock()
-                blocks = m.allocate_slots(req, a, num_new_computed_tokens=b, new_computed_blocks=hit_blocks,
-                                          num_lookahead_tokens=0)
-                dt = clock() - t0
-                got = NO_BLOCKS if blocks is None else blocks.get_block_ids()
-                bucket = admit_ns
-            elif code == ADMIT_KW:
-                hit_blocks = computed.pop(idx)
-                hit, has_running = b
-                t0 = clock()
-                blocks = m.allocate_slots(req, a, num_new_computed_tokens=hit, new_computed_blocks=hit_blocks,
-                                          num_lookahead_tokens=0, has_scheduled_reqs=has_running)
-                dt = clock() - t0
-                got = NO_BLOCKS if blocks is None else blocks.get_block_ids()
-                bucket = admit_ns
-            elif code == RECORD_STATS:
-                req = reqs[idx]
-                t0 = clock()
-                got = m.record_prefix_cache_stats(req, a)
-                dt = clock() - t0
-                bucket = other_ns
             elif code == CACHE_BLOCKS:
                 t0 = clock()
                 got = m.cache_blocks(req, a)
                 dt = clock() - t0
                 bucket = other_ns
-            elif code == DRAINS:
+            else:
+                fn, args, kw, name, read = _cold_call(impl, code, idx, req, a, b, drains)
                 t0 = clock()
-                results = [getattr(m, name)() for name in drains]
+                answer = fn(*args, **kw)
                 dt = clock() - t0
-                bucket = other_ns
-                got = tuple(norm_drained(r) for r in results)
-            elif code == GET_BLOCKS:
-                rid = reqs[idx].request_id
-                t0 = clock()
-                got = m.get_blocks(rid).get_block_ids()
-                dt = clock() - t0
-                bucket = blocks_ns
-            elif code == NEW_STEP:
-                t0 = clock()
-                m.new_step_starts()
-                dt = clock() - t0
-                bucket = other_ns
-                got = None
-            elif code == COMMON_PREFIX:
-                rid = reqs[idx].request_id
-                t0 = clock()
-                got = m.get_num_common_prefix_blocks(rid)
-                dt = clock() - t0
-                bucket = other_ns
-                got = list(got)
-            elif code == TAKE_NEW_IDS:
-                t0 = clock()
-                got = m.take_new_block_ids()
-                dt = clock() - t0
-                bucket = other_ns
-                got = list(got)
-            else:  # STATS: what the scheduler's make_stats reads
-                t0 = clock()
-                stats = m.make_prefix_cache_stats()
-                usage = m.usage
-                dt = clock() - t0
-                bucket = other_ns
-                got = (norm_stats(stats), norm_usage(usage))
-            dt -= overhead
-            if dt < 0:
-                dt = 0
+                got, bucket = read(answer), kind[name]
+            dt = max(0, dt - overhead)
             bucket.append(dt)
             total += dt
             if not _agrees(got, expected):
@@ -331,25 +305,13 @@ def replay_timed(
 # --------------------------------------------------------------------------
 
 
-def _quantile(sorted_values: Sequence[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    pos = q * (len(sorted_values) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
 def summary_us(values_ns: Sequence[int]) -> dict[str, float | int | None]:
-    v = sorted(values_ns)
-    if not v:
+    """Count, mean, p50 and p90 (linear interpolation between the closest ranks), in µs."""
+    if not values_ns:
         return {"count": 0, "mean_us": None, "p50_us": None, "p90_us": None}
-    return {
-        "count": len(v),
-        "mean_us": sum(v) / len(v) / 1e3,
-        "p50_us": _quantile(v, 0.5) / 1e3,
-        "p90_us": _quantile(v, 0.9) / 1e3,
-    }
+    deciles = statistics.quantiles(values_ns, n=10, method="inclusive") if len(values_ns) > 1 else [values_ns[0]] * 9
+    return {"count": len(values_ns), "mean_us": statistics.fmean(values_ns) / 1e3, "p50_us": deciles[4] / 1e3,
+            "p90_us": deciles[8] / 1e3}
 
 
 def impl_result(impl: Impl, warmup: int) -> dict[str, Any]:

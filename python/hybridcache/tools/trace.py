@@ -62,12 +62,6 @@ def loads(data: bytes) -> dict[str, Any]:
     return trace
 
 
-def dumps(trace: dict[str, Any]) -> bytes:
-    """The file's bytes (deterministic: the same trace, the same bytes)."""
-    text = json.dumps(trace, separators=(",", ":"), sort_keys=True)
-    return lzma.compress(text.encode(), preset=9 | lzma.PRESET_EXTREME)
-
-
 def _plain(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray)):
         return value.hex()
