@@ -15,6 +15,7 @@ import pytest
 from hybridcache import bench, releases
 from hybridcache.__main__ import main
 from hybridcache.tools import bench_trace
+from hybridcache.tools.timed_replay import KINDS
 from hybridcache_dev.bench_trace import Workload, record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,17 +54,25 @@ def test_bench_quick_json(capsys):
             assert impl["step"]["count"] == r["steps"]
             assert 0 < impl["step"]["p50_us"] <= impl["step"]["p90_us"]
             assert "step_us_all" not in impl  # per-step series stay out of the JSON
-            for kind in bench.KINDS:
+            for kind in KINDS:
                 assert kind in impl["calls"]
             decode = impl["calls"]["decode_allocate_slots"]
             assert decode["count"] > 0 and decode["p50_us"] >= 0
         if with_vllm:
             assert r["speedup"]["step_p50"] > 0
             assert set(r["speedup"]) >= {"step_p50", "step_p90", "decode_allocate_slots", "get_computed_blocks", "free"}
+    assert "scale" not in report and "batched" not in report  # the development package's parts
+
+
+def test_bench_pool_scale_figures(capsys):
+    """--scale-blocks (the development package): build time and bytes per block of a pool."""
+    assert main(["bench", "--quick", "--json", "--no-progress", "--config", "full", "--running", "64",
+                 "--scale-blocks", "100000"]) == 0
+    report = json.loads(capsys.readouterr().out)
     scale = report["scale"]["hybridcache"]
     assert scale["num_blocks"] == 100_000 and scale["build_ms"] > 0
     assert scale["free_blocks"] == 100_000 - 1  # the null block is never free
-    if with_vllm:
+    if report["vllm"]:
         assert report["scale"]["vllm"]["free_blocks"] == 100_000 - 1
 
 
@@ -107,7 +116,7 @@ def test_bench_catches_a_wrong_block_table():
 
 def test_a_shipped_recording_catches_a_wrong_allocation_outcome():
     """A shipped recording keeps whether each allocation got blocks."""
-    rec = bench.recording("full", 64, 3, 0, releases.DEFAULT.version)
+    rec = bench.shipped("full", 64, 3, 0, releases.DEFAULT.version)
     step, i = next((s, i) for s, ops in enumerate(rec.steps) for i, op in enumerate(ops)
                    if op[0] == bench_trace.ALLOC_RUN and op[5] == bench_trace.BLOCKS)
     code, idx, a, b, state, _ = rec.steps[step][i]
@@ -144,3 +153,17 @@ def test_module_entry_point():
                           timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "bench" in proc.stdout and "replay" in proc.stdout
+
+
+def test_bench_batched_decode_api(capsys):
+    """--batched (the development package): hybridcache's one-call decode APIs
+    against the release's per-request calls, where its scheduler makes those."""
+    release = _release()
+    assert main(["bench", "--no-progress", "--config", "full", "--running", "64", "--steps", "5", "--batched"]) == 0
+    out = capsys.readouterr().out
+    if release is None:
+        assert "batched decode API" not in out  # nothing to time it against
+    elif release.per_request_decode:
+        assert f"verified: every step's new block ids identical to vLLM {release.version}'s" in out
+    else:
+        assert f"batched decode API: not run on vLLM {release.version}" in out

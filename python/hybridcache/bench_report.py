@@ -1,7 +1,5 @@
 """What `hybridcache bench` shows: the table (`format_report`) and the
-progress lines on stderr (`Progress`). The development package draws
-`--plot` (`hybridcache_dev.bench_plot`) and measures the pool-scale figures
-(`hybridcache_dev.pool_scale`)."""
+progress lines on stderr (`Progress`)."""
 
 from __future__ import annotations
 
@@ -115,11 +113,6 @@ def format_report(report: dict[str, Any]) -> str:
         if vllm:
             lines.append("  (per-call columns: hybridcache / vLLM µs)")
         lines.extend(notes)
-    if report.get("scale"):
-        from hybridcache_dev.pool_scale import format_scale
-
-        lines.append("")
-        lines.extend(format_scale(report["scale"]))
     verified = [r for r in report["results"] if r.get("verified")]
     diverged = [r for r in report["results"] if r.get("verified") is False]
     lines.append("")

@@ -62,7 +62,7 @@ def test_replay_catches_a_lie_033() -> None:
 
 def test_bench_quick_against_vllm_033(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--quick", "--json", "--no-progress", "--running", "64", "--steps", "10",
-                 "--scale-blocks", "1000"]) == 0
+                 "--scale-blocks", "1000", "--batched"]) == 0
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert report["vllm"] == "0.33.0"
@@ -106,8 +106,7 @@ def test_bench_skips_a_layout_the_facade_does_not_cover(monkeypatch: pytest.Monk
     # its facade ran Mamba prefix caching).
     rows = tuple(dataclasses.replace(r, layouts=("full",)) if r.version == "0.33.0" else r for r in releases.RELEASES)
     monkeypatch.setattr(releases, "RELEASES", rows)
-    assert main(["bench", "--no-progress", "--config", "full+3xmamba-align", "--running", "8", "--steps", "3",
-                 "--scale-blocks", "0"]) == 2
+    assert main(["bench", "--no-progress", "--config", "full+3xmamba-align", "--running", "8", "--steps", "3"]) == 2
     err = capsys.readouterr().err
     assert "full+3xmamba-align skipped on vLLM 0.33.0" in err and "nothing to run" in err
 

@@ -314,10 +314,11 @@ def summary_us(values_ns: Sequence[int]) -> dict[str, float | int | None]:
             "p90_us": deciles[8] / 1e3}
 
 
-def impl_result(impl: Impl, warmup: int) -> dict[str, Any]:
-    steps = impl.step_ns[warmup:]
+def impl_result(impl: Impl, warmup: int, series: bool = False) -> dict[str, Any]:
+    """The measured steps' and calls' summaries (and every step's µs, warm-up included, with `series`)."""
     calls = {k: summary_us(v[impl.kind_warmup.get(k, len(v)):]) for k, v in impl.kind_ns.items()}
-    return {"step": summary_us(steps), "calls": calls, "step_us_all": [x / 1e3 for x in impl.step_ns]}
+    out = {"step": summary_us(impl.step_ns[warmup:]), "calls": calls}
+    return {**out, "step_us_all": [x / 1e3 for x in impl.step_ns]} if series else out
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
