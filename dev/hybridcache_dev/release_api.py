@@ -406,9 +406,9 @@ class PartialBlockHits(FuzzApi, tools_api.BoundaryLookupApi):
         session_id: str | None = None,
     ) -> Any:
         """vLLM's own `Request` for setup `s`, hashed by its request block hasher."""
-        r = self.vllm_request(request_id, tokens, s.hash_block_size if s.caching else None, s.max_model_len,
-                              s.hash_lookahead, lora=lora, cache_salt=cache_salt,
-                              skip_reading_prefix_cache=skip_reading_prefix_cache, session_id=session_id)
+        r = self.tool_request(request_id, tokens, s.hash_block_size if s.caching else None, s.max_model_len,
+                              1 if lora else None, cache_salt, skip_reading_prefix_cache,
+                              hash_lookahead=s.hash_lookahead, session_id=session_id)
         if report_full:
             r.kv_cache_report_mode = "full"
         return r

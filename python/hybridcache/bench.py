@@ -1,15 +1,8 @@
 """`hybridcache bench`: scheduler-step latency of hybridcache's manager next to
 the installed vLLM release's (a row of `releases`; layouts a release's facade
-does not cover are skipped with a note), on the recorded serving traces the
-wheel ships (`tools.bench_trace`: arrivals with shared prefixes, chunked
-prefill, decode with 0..16 draft tokens, preemption, aborts).
-
-Each recording is replayed (`tools.timed_replay`) against a fresh manager of
-each implementation, alternating every few steps (ABBA order); only the
-manager calls are timed, the timer's median cost subtracted and the garbage
-collector paused. Every result must agree with the recording and with the
-other implementation's, and so must the free blocks after every step, or the
-configuration is reported as diverged.
+does not cover are skipped with a note), on the serving traces the wheel
+ships (`tools.bench_trace`), replayed and timed call by call, and verified
+against the recording and across the implementations (`tools.timed_replay`).
 
 Other workloads, the pool-scale figures, the batched decode API and
 ``--plot`` are the development package's (`hybridcache_dev.bench`).
@@ -112,7 +105,6 @@ def run_bench(configs: Sequence[str] = CONFIGS, runnings: Sequence[int] = RUNNIN
                 results.append(run_recording(rec, release is not None, progress, clock=clock, series=series))
                 del rec
     finally:
-        progress.close()
         gc.unfreeze()
     return {
         "hybridcache": __version__, "vllm": release.version if release is not None else None, "vllm_note": note,

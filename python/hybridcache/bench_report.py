@@ -9,6 +9,7 @@ from typing import Any
 
 from .tools.bench_trace import CONFIG_TITLES
 
+
 class Progress:
     """Progress on stderr: one line per phase, with the share of the work done."""
 
@@ -21,14 +22,6 @@ class Progress:
 
     def advance(self, n: float) -> None:
         self.done += n
-
-    def close(self) -> None:
-        self.enabled = False
-
-
-# --------------------------------------------------------------------------
-# Report
-# --------------------------------------------------------------------------
 
 
 def _fmt(v: float | None, digits: int = 1) -> str:
@@ -43,13 +36,8 @@ def binding_text() -> str:
     at several times the cost of a hot call."""
     from hybridcache import _native
 
-    if _native.RAW_FFI:
-        return "binding raw-ffi"
-    return "binding safe (built without raw-ffi: every call through PyO3, slower)"
-
-
-def _fmt_ratio(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}x"
+    safe = "binding safe (built without raw-ffi: every call through PyO3, slower)"
+    return "binding raw-ffi" if _native.RAW_FFI else safe
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -61,9 +49,7 @@ def format_report(report: dict[str, Any]) -> str:
     load, cpus = report.get("load_average"), report.get("cpu_count")
     if load:
         header += f", load {load[0]:.1f} on {cpus} CPUs"
-    if report.get("binding"):
-        header += f", {report['binding']}"
-    lines.append(header)
+    lines.append(f"{header}, {report['binding']}")
     if load and cpus and max(load) > cpus:
         lines.append("warning: the machine is busy (load > CPUs); wall-clock figures inflate long steps more "
                      "than short ones. --clock thread_time counts this thread's CPU time only.")
@@ -81,8 +67,7 @@ def format_report(report: dict[str, Any]) -> str:
     for r in report["results"]:
         by_config.setdefault(r["config"], []).append(r)
     for config, results in by_config.items():
-        lines.append("")
-        lines.append(f"{config}: {CONFIG_TITLES.get(config, config)}")
+        lines += ["", f"{config}: {CONFIG_TITLES.get(config, config)}"]
         rows = [cols]
         notes = []
         for r in results:
@@ -98,7 +83,7 @@ def format_report(report: dict[str, Any]) -> str:
                 vl = r["impls"]["vllm"]
                 sp = r["speedup"]
                 row += [_fmt(vl["step"]["p50_us"]), _fmt(vl["step"]["p90_us"]),
-                        _fmt_ratio(sp["step_p50"]), _fmt_ratio(sp["step_p90"])]
+                        *("-" if x is None else f"{x:.1f}x" for x in (sp["step_p50"], sp["step_p90"]))]
             for k in ("decode_allocate_slots", "get_computed_blocks", "free"):
                 h = hc["calls"][k]["p50_us"]
                 if vllm:

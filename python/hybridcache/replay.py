@@ -56,6 +56,11 @@ def main(args: argparse.Namespace) -> int:
     if args.requests is not None and args.requests <= 0:
         print("hybridcache replay: --requests must be positive", file=sys.stderr)
         return 2
+    live = args.seed != 0 or args.requests is not None
+    if live and importlib.util.find_spec("hybridcache_dev") is None:
+        print("hybridcache replay: --seed and --requests simulate a new trace with hybridcache's development "
+              "package (pip install -e dev, from the repository)", file=sys.stderr)
+        return 2
     row, note = tool_release("hybridcache replay", not args.no_vllm)
     layout = trace.load(row.version)["layout"] if row is not None else ""
     if row is not None and not row.covers(layout):
@@ -67,31 +72,20 @@ def main(args: argparse.Namespace) -> int:
     try:
         # vLLM logs (prefix-cache resets) go to stderr, not into the summary.
         with contextlib.redirect_stdout(sys.stderr), quiet_logs():
-            if args.seed != 0 or args.requests is not None:
-                if importlib.util.find_spec("hybridcache_dev") is None:
-                    print("hybridcache replay: --seed and --requests simulate a new trace with hybridcache's "
-                          "development package (pip install -e dev, from the repository)", file=sys.stderr)
-                    return 2
-                from hybridcache_dev.replay import live
+            if live:
+                from hybridcache_dev.replay import live as simulate
 
-                s, size = live(args.seed, args.requests, row)
+                s, size = simulate(args.seed, args.requests, row)
             else:
                 s, size = _recorded(row)
     except ReplayDivergence as e:
         against = f"vLLM {row.version}" if row is not None else "the recording"
         print(f"hybridcache replay: DIVERGED from {against}: {e}", file=sys.stderr)
         return 1
-    elapsed = time.perf_counter() - start
-    mode = f"hybridcache {__version__} and vLLM {row.version}" if row else f"hybridcache {__version__}"
-    print(f"replayed the default trace (seed {args.seed}, {size}) on {mode}")
-    print(
-        f"  {s.get('ops', 0):,} ops, {s.get('steps', 0):,} steps, {s.get('preemptions', 0):,} preemptions, "
-        f"{s.get('cache_hit_tokens', 0):,} prefix-cache hit tokens, {s.get('events', 0):,} KV events, {elapsed:.2f} s"
-    )
-    if row is not None:
-        print(f"verified identical to vLLM {row.version}")
-    elif note.startswith("vLLM not installed"):
-        print("vLLM not installed: ran hybridcache only")
-    else:
-        print(f"{note}: ran hybridcache only")
+    mode = f"hybridcache {__version__}" + (f" and vLLM {row.version}" if row else "")
+    print(f"replayed the default trace (seed {args.seed}, {size}) on {mode}\n"
+          f"  {s.get('ops', 0):,} ops, {s.get('steps', 0):,} steps, {s.get('preemptions', 0):,} preemptions, "
+          f"{s.get('cache_hit_tokens', 0):,} prefix-cache hit tokens, {s.get('events', 0):,} KV events, "
+          f"{time.perf_counter() - start:.2f} s")
+    print(f"verified identical to vLLM {row.version}" if row else f"{note}: ran hybridcache only")
     return 0

@@ -1,7 +1,8 @@
 """The bench's recorded serving hot path (the development package's
 `hybridcache_dev.bench_trace` records it: a scheduler loop over hybridcache's
-facade, every manager call written down with the request's state and the
-result) and the recordings of the default grid the wheel ships
+facade with shared prefixes, chunked prefill, decode with 0..16 draft tokens,
+preemption and aborts, every manager call written down with the request's
+state and the result) and the recordings of the default grid the wheel ships
 (traces/bench-*.json.xz, read by `load`).
 
 An op is (code, request index, a, b, state, expected); `state` is the

@@ -39,15 +39,8 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str:
 # Output normalization: implementation-neutral, comparable values.
 # --------------------------------------------------------------------------
 
-_STATS_FIELDS = (
-    "reset",
-    "requests",
-    "queries",
-    "hits",
-    "preempted_requests",
-    "preempted_queries",
-    "preempted_hits",
-)
+_STATS_FIELDS = ("reset", "requests", "queries", "hits", "preempted_requests", "preempted_queries", "preempted_hits")
+
 
 def freeze(value: Any) -> Any:
     """Lists and tuples compare alike (msgspec encodes both as arrays)."""
@@ -105,10 +98,6 @@ def norm_usage(usage: float) -> float:
     return round(float(usage), 9)
 
 
-def norm_ids(ids: Sequence[int]) -> tuple[int, ...]:
-    return tuple(ids)
-
-
 def norm_drained(value: Any) -> tuple[Any, ...]:
     """A per-step drain's result (the scheduler's calls after scheduling): new block ids;
     (copy-on-write copies, their retained blocks); boundary-state offloads."""
@@ -117,7 +106,7 @@ def norm_drained(value: Any) -> tuple[Any, ...]:
     if isinstance(value, tuple) and len(value) == 2:
         copies, kept = value
         return (tuple((c.src_block_id, c.dst_block_id) for c in copies), tuple(b.block_id for b in kept))
-    return norm_ids(value)
+    return tuple(value)
 
 
 def same(value: Any) -> Any:
@@ -137,15 +126,10 @@ class Fanout:
     """
 
     def __init__(self, managers: Sequence[Any], names: Sequence[str], seed: int):
-        self.managers = list(managers)
-        self.names = list(names)
-        self.seed = seed
-        self.step = 0
-        self.ops = 0
+        self.managers, self.names, self.seed = list(managers), list(names), seed
+        self.step = self.ops = 0
 
-    def call(
-        self, op: str, fn: Callable[[Any, int], Any], norm: Callable[[Any], Any] = same
-    ) -> list[Any]:
+    def call(self, op: str, fn: Callable[[Any, int], Any], norm: Callable[[Any], Any] = same) -> list[Any]:
         self.ops += 1
         results: list[Any] = []
         normalized: list[Any] = []
@@ -164,11 +148,8 @@ class Fanout:
             results.append(result)
             normalized.append(value)
         if any(v != normalized[0] for v in normalized[1:]):
-            raise ReplayDivergence(
-                self.seed, self.step, op, list(zip(self.names, normalized))
-            )
+            raise ReplayDivergence(self.seed, self.step, op, list(zip(self.names, normalized)))
         return results
-
 
 
 def same_ids(a: Any, b: Any) -> bool:

@@ -32,11 +32,7 @@ class ReleaseApi:
     # Where hybridcache's facade for the release lives, and its class.
     facade: tuple[str, str] = ("", "")
 
-    def norm_event(self, event: Any) -> Any:
-        return norm_event(event)
-
-    def norm_stats(self, stats: Any) -> Any:
-        return norm_stats(stats)
+    norm_event, norm_stats = staticmethod(norm_event), staticmethod(norm_stats)
 
     def tool_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The tools' constructor keywords in this API's form."""
@@ -97,11 +93,13 @@ class BoundaryLookupApi(ReleaseApi):
         init_none_hash(sha256)
         return sha256
 
-    def vllm_request(self, request_id: str, tokens: Sequence[int], hash_block_size: int | None, max_model_len: int,
-                     hash_lookahead: int = 0, *, lora: bool = False, cache_salt: str | None = None,
-                     skip_reading_prefix_cache: bool = False, session_id: str | None = None) -> Any:
-        """vLLM's own `Request`, hashed by its request block hasher (none
-        when `hash_block_size` is None: prefix caching off)."""
+    def tool_request(self, request_id: str, tokens: Sequence[int], hash_block_size: int | None, max_model_len: int,
+                     lora_id: int | None = None, cache_salt: str | None = None,
+                     skip_reading_prefix_cache: bool = False, *, hash_lookahead: int = 0,
+                     session_id: str | None = None) -> Any:
+        """vLLM's own `Request` (one LoRA adapter for any `lora_id`), hashed by
+        its request block hasher (none when `hash_block_size` is None: prefix
+        caching off)."""
         from vllm.lora.request import LoRARequest
         from vllm.sampling_params import SamplingParams
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher
@@ -110,7 +108,7 @@ class BoundaryLookupApi(ReleaseApi):
         hasher = None if hash_block_size is None else get_request_block_hasher(
             hash_block_size, self.hash_fn(), hash_lookahead)
         r = Request(request_id, list(tokens), SamplingParams(max_tokens=max_model_len), None,
-                    lora_request=LoRARequest("lora-a", 1, "/adapters/a") if lora else None,
+                    lora_request=None if lora_id is None else LoRARequest("lora-a", 1, "/adapters/a"),
                     cache_salt=cache_salt, block_hasher=hasher, session_id=session_id)
         row = releases.find(self.name)
         if row is None or row.read_gate == "skip_reading_prefix_cache":
@@ -123,13 +121,6 @@ class BoundaryLookupApi(ReleaseApi):
             r.prefix_cache_hit_limit = (0 if skip_reading_prefix_cache else
                                         draw.randint(0, len(tokens)) if draw.random() < 0.1 else None)
         return r
-
-    def tool_request(self, request_id: str, tokens: Sequence[int], hash_block_size: int, max_model_len: int,
-                     lora_id: int | None = None, cache_salt: str | None = None,
-                     skip_reading_prefix_cache: bool = False) -> Any:
-        """vLLM's own `Request` (one LoRA adapter)."""
-        return self.vllm_request(request_id, tokens, hash_block_size, max_model_len, lora=lora_id is not None,
-                                 cache_salt=cache_salt, skip_reading_prefix_cache=skip_reading_prefix_cache)
 
     def lookup(self, m: Any, request: Any) -> tuple[Any, int]:
         blocks, hit, boundary = m.get_computed_blocks(request)

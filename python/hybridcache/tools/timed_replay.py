@@ -14,26 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .bench_trace import (
-    ADMIT_KW,
-    BLOCKS,
-    ALLOC_NEW,
-    ALLOC_RUN,
-    CACHE_BLOCKS,
-    COMMON_PREFIX,
-    DRAINS,
-    FREE,
-    GET_BLOCKS,
-    GET_COMPUTED,
-    NEW_STEP,
-    NO_BLOCKS,
-    OP_NAMES,
-    RECORD_STATS,
-    TAKE_NEW_IDS,
-    Op,
-    Recording,
-)
-from .compare import norm_drained, norm_stats, norm_usage, same_ids
+from .bench_trace import (ADMIT_KW, ALLOC_NEW, ALLOC_RUN, BLOCKS, CACHE_BLOCKS, COMMON_PREFIX, DRAINS, FREE, GET_BLOCKS,
+                          GET_COMPUTED, NEW_STEP, NO_BLOCKS, OP_NAMES, RECORD_STATS, TAKE_NEW_IDS, Op, Recording)
+from .compare import norm_drained, norm_stats, norm_usage, same, same_ids
 
 # Timing buckets.
 KINDS = (
@@ -82,14 +65,13 @@ class ReplayRequest:
         self.prefix_cache_hit_limit = None
 
     def get_max_cache_hit_length(self, bound: int | None = None) -> int:
-        """vLLM 0.34.0's `Request.get_max_cache_hit_length`: the least of
-        `num_tokens - 1`, the hit limit and `bound`."""
+        """The longest hit the hit-limit gate allows: the least of `num_tokens - 1`, the limit and `bound`."""
         limits = (self.num_tokens - 1, self.prefix_cache_hit_limit, bound)
         return min(limit for limit in limits if limit is not None)
 
 
 class BenchDivergence(AssertionError):
-    pass
+    """An implementation's answer differs from the recording's or the other's."""
 
 
 @dataclass
@@ -156,7 +138,8 @@ def _cold_call(impl: Impl, code: int, idx: int, req: Any, a: Any, b: Any, drains
     if code in (ALLOC_NEW, ADMIT_KW):
         hit, extra = (b, {}) if code == ALLOC_NEW else (b[0], {"has_scheduled_reqs": b[1]})
         kw = dict(num_new_computed_tokens=hit, new_computed_blocks=computed.pop(idx), num_lookahead_tokens=0, **extra)
-        return m.allocate_slots, (req, a), kw, "admit_allocate_slots", _ids
+        return (m.allocate_slots, (req, a), kw, "admit_allocate_slots",
+                lambda r: NO_BLOCKS if r is None else r.get_block_ids())
     if code == GET_COMPUTED:
         def read(found: Any) -> Any:
             blocks = computed[idx] = found[0]
@@ -165,38 +148,23 @@ def _cold_call(impl: Impl, code: int, idx: int, req: Any, a: Any, b: Any, drains
             return (blocks.get_block_ids(), found[1])
         return m.get_computed_blocks, (req,), {}, "get_computed_blocks", read
     if code == GET_BLOCKS:  # the scheduler reads the ids of what it gets
-        return lambda rid: m.get_blocks(rid).get_block_ids(), (req.request_id,), {}, "get_blocks", _same
+        return lambda rid: m.get_blocks(rid).get_block_ids(), (req.request_id,), {}, "get_blocks", same
     if code == FREE:
         computed.pop(idx, None)
-        return m.free, (req,), {}, "free", _same
+        return m.free, (req,), {}, "free", same
     if code == RECORD_STATS:
-        return m.record_prefix_cache_stats, (req, a), {}, "other", _same
+        return m.record_prefix_cache_stats, (req, a), {}, "other", same
     if code == DRAINS:
-        return lambda: [getattr(m, name)() for name in drains], (), {}, "other", _drained
+        return lambda: [getattr(m, name)() for name in drains], (), {}, "other", lambda r: tuple(map(norm_drained, r))
     if code == NEW_STEP:
-        return m.new_step_starts, (), {}, "other", _same
+        return m.new_step_starts, (), {}, "other", same
     if code == COMMON_PREFIX:
         return m.get_num_common_prefix_blocks, (req.request_id,), {}, "other", list
     if code == TAKE_NEW_IDS:
         return m.take_new_block_ids, (), {}, "other", list
     # STATS: what the scheduler's make_stats reads
-    return lambda: (m.make_prefix_cache_stats(), m.usage), (), {}, "other", _stats
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-def _ids(blocks: Any) -> Any:
-    return NO_BLOCKS if blocks is None else blocks.get_block_ids()
-
-
-def _drained(results: list[Any]) -> tuple[Any, ...]:
-    return tuple(norm_drained(r) for r in results)
-
-
-def _stats(value: tuple[Any, float]) -> tuple[Any, float]:
-    return norm_stats(value[0]), norm_usage(value[1])
+    return (lambda: (m.make_prefix_cache_stats(), m.usage), (), {}, "other",
+            lambda r: (norm_stats(r[0]), norm_usage(r[1])))
 
 
 def _replay_steps(
@@ -216,7 +184,7 @@ def _replay_steps(
         total = 0
         for op in rec.steps[s]:
             code, idx, a, b, state, expected = op
-            req = reqs[idx] if idx >= 0 else None
+            req: Any = reqs[idx] if idx >= 0 else None
             if state is not None:
                 num_tokens, req.num_computed_tokens, req.num_preemptions = state
                 req.num_tokens = num_tokens

@@ -20,30 +20,21 @@ from __future__ import annotations
 import hashlib
 import json
 import lzma
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from importlib import resources
 from typing import Any
 
-from .compare import (
-    Fanout,
-    ReplayDivergence,
-    freeze,
-    norm_allocated,
-    norm_computed,
-    norm_drained,
-    norm_ids,
-    norm_usage,
-    pool_state,
-    same,
-)
+from .compare import (Fanout, ReplayDivergence, freeze, norm_allocated, norm_computed, norm_drained, norm_usage,
+                      pool_state, same)
 from .configs import GroupSpec
 
 FORMAT = 1
 DRAINS = ("take_boundary_state_offloads", "take_kv_cache_block_copies", "take_new_block_ids")
 # What a manager reports in classes of the installed vLLM where there is one.
 OBSERVED = ("take_events", "make_prefix_cache_stats")
-_NORMS = {"get_computed_blocks": norm_computed, "allocate_slots": norm_allocated, "get_block_ids": freeze,
-          "get_num_common_prefix_blocks": norm_ids, "usage": norm_usage, **{d: norm_drained for d in DRAINS}}
+_NORMS: dict[str, Callable[[Any], Any]] = {
+    "get_computed_blocks": norm_computed, "allocate_slots": norm_allocated, "get_block_ids": freeze,
+    "get_num_common_prefix_blocks": tuple, "usage": norm_usage, **{d: norm_drained for d in DRAINS}}
 
 
 def trace_name(release: str) -> str:
