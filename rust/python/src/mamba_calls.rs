@@ -3,7 +3,7 @@
 //! states cached for a KV connector to offload.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyDict, PyList};
+use pyo3::types::{PyByteArray, PyDict, PyList, PyString};
 
 use crate::call_guard::{borrow, borrow_mut, enter};
 use crate::convert::{count_obj, guard, int_list};
@@ -78,23 +78,44 @@ impl NativeManager {
     /// vLLM's `take_boundary_state_offloads`, drained: {request id:
     /// [(group, block id, boundary tokens), ...]}, requests in the order of
     /// their first entry. Built here: at 1024 running a step has hundreds.
+    /// Each request's list is found by its slot (a dense index), and keyed
+    /// by the id str the manager holds for it (its hash already computed)
+    /// while that is still the id the core has for the slot.
     pub(crate) fn boundary_state_offloads<'py>(
         &mut self,
         py: Python<'py>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let out = PyDict::new(py);
-        let mut lists: std::collections::HashMap<u32, Bound<'py, PyList>> = Default::default();
-        for (slot, group, block, tokens) in self.inner.take_boundary_state_offloads() {
-            let list = match lists.entry(slot) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => {
+        let offloads = self.inner.take_boundary_state_offloads();
+        if offloads.is_empty() {
+            return Ok(out);
+        }
+        let mut lists: Vec<Option<Bound<'py, PyList>>> = vec![None; self.inner.slot_capacity()];
+        for (slot, group, block, tokens) in offloads {
+            let at = slot as usize;
+            if at >= lists.len() {
+                lists.resize(at + 1, None);
+            }
+            let list = match &mut lists[at] {
+                Some(list) => list,
+                empty => {
                     let list = PyList::empty(py);
-                    out.set_item(self.inner.request_id_at(slot), &list)?;
-                    e.insert(list)
+                    out.set_item(self.request_id_str(py, slot), &list)?;
+                    empty.insert(list)
                 }
             };
             list.append((group, block, tokens))?;
         }
         Ok(out)
+    }
+
+    /// The id of the request in `slot`, as a str: the one held for the
+    /// slot when it reads the same, else a new one.
+    fn request_id_str<'py>(&self, py: Python<'py>, slot: u32) -> Bound<'py, PyString> {
+        let id = self.inner.request_id_at(slot);
+        match self.ids.id_at(slot).map(|held| held.bind(py)) {
+            Some(held) if held.to_str().is_ok_and(|s| s == id) => held.clone(),
+            _ => PyString::new(py, id),
+        }
     }
 }
