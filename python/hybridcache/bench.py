@@ -22,7 +22,8 @@ from typing import Any
 
 from . import releases
 from .bench_report import Progress, binding_text, format_report
-from .tools.bench_trace import CONFIGS, RUNNING, STEPS, Recording, load, make_hybridcache_manager, make_vllm_manager
+from .tools.bench_trace import (CONFIGS, RUNNING, STEPS, Recording, load, make_hybridcache_manager, make_vllm_manager,
+                                ships)
 from .tools.oracle import quiet_logs, tool_release
 from .tools.timed_replay import CLOCKS, KINDS, BenchDivergence, impl_result, ratio, replay_timed
 
@@ -159,7 +160,7 @@ def development_part(args: Any, runnings: Sequence[int], steps: int) -> str | No
     for flag in ("plot", "scale_blocks", "batched"):
         if getattr(args, flag):
             return f"--{flag.replace('_', '-')}"
-    if args.seed != 0 or steps > STEPS or set(runnings) - set(RUNNING):
+    if not all(ships(r, steps, args.seed) for r in runnings):
         return "a workload the wheel does not ship (another --seed, --running or more --steps)"
     return None
 

@@ -85,12 +85,8 @@ def format_report(report: dict[str, Any]) -> str:
                 row += [_fmt(vl["step"]["p50_us"]), _fmt(vl["step"]["p90_us"]),
                         *("-" if x is None else f"{x:.1f}x" for x in (sp["step_p50"], sp["step_p90"]))]
             for k in ("decode_allocate_slots", "get_computed_blocks", "free"):
-                h = hc["calls"][k]["p50_us"]
-                if vllm:
-                    v = r["impls"]["vllm"]["calls"][k]["p50_us"]
-                    row.append(f"{_fmt(h, 2)} / {_fmt(v, 2)}")
-                else:
-                    row.append(_fmt(h, 2))
+                # hybridcache's, then vLLM's where it ran (the implementations' order)
+                row.append(" / ".join(_fmt(impl["calls"][k]["p50_us"], 2) for impl in r["impls"].values()))
             rows.append(row)
         widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
         for row in rows:

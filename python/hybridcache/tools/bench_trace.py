@@ -108,9 +108,13 @@ def shipped_name(config: str, running: int, version: str) -> str:
     return f"bench-{profile}-{config}-{running}.json.xz"
 
 
+def ships(running: int, steps: int, seed: int) -> bool:  # the grid of `RUNNING` and `STEPS`
+    return seed == 0 and running in RUNNING and steps <= STEPS
+
+
 def load(config: str, running: int, steps: int, seed: int, version: str) -> Recording | None:
     """The shipped recording of this workload's first `steps` measured steps, or None."""
-    if seed != 0 or running not in RUNNING or steps > STEPS:
+    if not ships(running, steps, seed):
         return None
     path = resources.files("hybridcache") / "traces" / shipped_name(config, running, version)
     if not path.is_file():
