@@ -242,6 +242,29 @@ impl BlockPool {
         f(self.queue.link_addr(b));
     }
 
+    /// Where taking the next free block reads past its own lines: the
+    /// prefix-map entry it carries, which its eviction removes. Reads the
+    /// block's metadata (a caller prefetched it first, with
+    /// `for_each_next_free_line`).
+    pub fn for_each_next_evicted_line(&self, f: &mut impl FnMut(*const u8)) {
+        if !self.enable_caching {
+            return;
+        }
+        if let Some(b) = self.queue.first(1).next() {
+            let e = self.meta[b as usize].entry;
+            if e != NO_ENTRY {
+                self.map.for_each_entry_line(e, f);
+            }
+        }
+    }
+
+    /// Where caching block `b` reads and writes: its lines, and the entry
+    /// a new key takes.
+    pub fn for_each_caching_line(&self, b: BlockId, f: &mut impl FnMut(*const u8)) {
+        self.for_each_block_line(b, f);
+        self.map.for_each_next_new_entry_line(1, f);
+    }
+
     fn maybe_evict_cached_block(&mut self, b: BlockId) -> bool {
         // vLLM tells its collector first, whether the block is cached or not.
         if self.record_metrics {

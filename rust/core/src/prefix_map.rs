@@ -147,6 +147,24 @@ impl PrefixMap {
             .is_some_and(|e| e.holders.contains(&(group, block)))
     }
 
+    /// Where entry `entry` lives (its key, hash and holders: two lines),
+    /// for a caller to prefetch before it evicts or re-keys the entry.
+    pub fn for_each_entry_line(&self, entry: u32, f: &mut impl FnMut(*const u8)) {
+        if let Some(e) = self.entries.get(entry as usize) {
+            let p: *const u8 = std::ptr::from_ref(e).cast();
+            f(p);
+            f(p.wrapping_add(64));
+        }
+    }
+
+    /// Where the next `n` new keys are written (the recycled entries the
+    /// next inserts take), for a caller to prefetch.
+    pub fn for_each_next_new_entry_line(&self, n: usize, f: &mut impl FnMut(*const u8)) {
+        for &e in self.free_entries.iter().rev().take(n) {
+            self.for_each_entry_line(e, f);
+        }
+    }
+
     /// Caches `block` under (hash, group); returns the hash's entry id.
     pub fn insert(&mut self, hash: &[u8], group: u32, block: BlockId) -> u32 {
         let e = match self.find(hash) {

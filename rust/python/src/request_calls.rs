@@ -229,6 +229,25 @@ pub(crate) fn cache_held(
 }
 
 impl NativeManager {
+    /// `cache_blocks` of a request the caller found held in `slot` by its
+    /// object, its id read and checked (the raw entry's hot call): the
+    /// general path's effects, events included, without reading the id
+    /// again.
+    #[cfg_attr(not(feature = "raw-ffi"), allow(dead_code))]
+    pub(crate) fn cache_blocks_of_slot(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        slot: u32,
+        num_computed_tokens: usize,
+    ) -> PyResult<()> {
+        let source = Self::event_source(slf, request)?;
+        {
+            let mut this = crate::call_guard::borrow_mut(slf)?;
+            cache_held(&mut this, request, slot, num_computed_tokens)?;
+        }
+        Self::flush_events(slf, Some(source.as_ref().unwrap_or(request)))
+    }
+
     /// `cache_blocks` after the call guard (the PyO3 method and the raw
     /// entry land here).
     pub(crate) fn cache_blocks_impl(

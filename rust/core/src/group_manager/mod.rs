@@ -137,6 +137,35 @@ impl SingleTypeManager {
         }
     }
 
+    /// Where caching the request's full blocks up to `num_tokens` reads
+    /// (the last few it would cache: a decode step fills one or two): the
+    /// table's entries and each block's pool lines.
+    pub fn for_each_to_cache_line(
+        &self,
+        pool: &BlockPool,
+        slot: ReqSlot,
+        num_tokens: usize,
+        f: &mut impl FnMut(*const u8),
+    ) {
+        let Some(r) = self.req(slot) else {
+            return;
+        };
+        if !self.spec.prefix_cacheable {
+            return;
+        }
+        let end = (num_tokens / self.bs()).min(r.blocks.len());
+        let from = r
+            .num_cached
+            .unwrap_or(0)
+            .max(end.saturating_sub(2))
+            .min(end);
+        for &b in &r.blocks[from..end] {
+            if b != crate::NULL_BLOCK {
+                pool.for_each_caching_line(b, f);
+            }
+        }
+    }
+
     pub fn is_mamba_align(&self) -> bool {
         self.attn.align().is_some()
     }

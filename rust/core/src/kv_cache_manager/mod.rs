@@ -461,6 +461,32 @@ impl KvCacheManager {
             m.for_each_table_tail(slot, &mut f);
         }
         self.coord.pool.for_each_next_free_line(1, &mut f);
+        self.coord.pool.for_each_next_evicted_line(&mut f);
+    }
+
+    /// Where the next call that takes a free block starts reading: the
+    /// front block's metadata and queue links. A caller prefetches them
+    /// after a call that took or freed blocks, long before they are read.
+    pub fn for_each_next_free_line(&self, mut f: impl FnMut(*const u8)) {
+        self.coord.pool.for_each_next_free_line(1, &mut f);
+    }
+
+    /// Where `cache_blocks(slot, num_computed_tokens)` reads beyond the
+    /// request's hot line: per group, the table entries and pool lines of
+    /// the blocks it caches, and the prefix-map entry a new key takes.
+    /// A caller prefetches them all at once, so their misses overlap.
+    pub fn for_each_cache_line(
+        &self,
+        slot: ReqSlot,
+        num_computed_tokens: usize,
+        mut f: impl FnMut(*const u8),
+    ) {
+        if !self.enable_caching {
+            return;
+        }
+        for m in &self.coord.managers {
+            m.for_each_to_cache_line(&self.coord.pool, slot, num_computed_tokens, &mut f);
+        }
     }
 
     /// Where freeing the request reads: the pool lines (metadata, queue

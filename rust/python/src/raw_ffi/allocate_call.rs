@@ -86,7 +86,12 @@ fn general(
     a: AllocateArgs<'static>,
 ) -> PyResult<PyObject> {
     NativeManager::allocation_result(manager, request, |this| {
-        this.allocate_general(Some(slot), request, None, a)
+        let result = this.allocate_general(Some(slot), request, None, a);
+        // The next decode that takes a block starts at the new front of the
+        // free queue: fetched now, while Python runs between the calls.
+        this.inner
+            .for_each_next_free_line(super::vectorcall::prefetch);
+        result
     })
 }
 

@@ -43,7 +43,8 @@ unsafe extern "C" fn cache_blocks_fast(
         raw_call(|py| {
             if nargs == 2 && kwnames.is_null() {
                 let _in_call = crate::call_guard::enter_addr(py, slf as usize, "cache_blocks")?;
-                if is_noop(py, slf, args)? {
+                let judged = judge(py, slf, args)?;
+                if let Judged::Noop = judged {
                     return Ok(py.None());
                 }
                 // SAFETY: `slf` is a live manager: CPython checks it against
@@ -55,7 +56,14 @@ unsafe extern "C" fn cache_blocks_fast(
                     Bound::from_borrowed_ptr(py, *args),
                     Bound::from_borrowed_ptr(py, *args.add(1)),
                 );
-                NativeManager::cache_blocks_impl(manager.downcast_unchecked(), &request, &n)?;
+                let manager = manager.downcast_unchecked();
+                match judged {
+                    // Its id was read and checked, its count read: on from there.
+                    Judged::Held { slot, n } => {
+                        NativeManager::cache_blocks_of_slot(manager, &request, slot, n)?
+                    }
+                    _ => NativeManager::cache_blocks_impl(manager, &request, &n)?,
+                }
                 return Ok(py.None());
             }
             // SAFETY: as above.
@@ -69,41 +77,57 @@ unsafe extern "C" fn cache_blocks_fast(
     }
 }
 
-/// Whether the scheduler's call `(request, n)` is for a held request whose
-/// caching of `n` tokens changes nothing (false also for anything odd: the
-/// general path handles it, errors included, and the reads here have no
-/// side effects). An error: a read of the request raised, or its id
-/// changed while held (nothing changed).
+/// What the scheduler's call `(request, n)` needs, judged from the
+/// request's hot line.
+enum Judged {
+    /// A held request whose caching of `n` tokens changes nothing.
+    Noop,
+    /// A held request in `slot`, its id checked, that caches something.
+    Held { slot: u32, n: usize },
+    /// Anything else: the general path handles it, errors included.
+    Other,
+}
+
+/// How to carry out the scheduler's call `(request, n)` (the reads here
+/// have no side effects). An error: a read of the request raised, or its
+/// id changed while held (nothing changed).
 ///
 /// # Safety
 /// As `cache_blocks_fast`'s arguments, with 2 positional values, with the
 /// GIL held.
-unsafe fn is_noop(
+unsafe fn judge(
     py: Python<'_>,
     slf: *mut ffi::PyObject,
     args: *const *mut ffi::PyObject,
-) -> PyResult<bool> {
+) -> PyResult<Judged> {
     // SAFETY: the vectorcall contract: `args` holds 2 live values.
     unsafe {
         let Some(n) = plain_count(*args.add(1)) else {
-            return Ok(false);
+            return Ok(Judged::Other);
         };
         // `slf` is a manager (see `cache_blocks_fast`).
         let obj = Borrowed::from_ptr(py, slf);
         let Ok(mut this) = obj.downcast_unchecked::<NativeManager>().try_borrow_mut() else {
-            return Ok(false);
+            return Ok(Judged::Other);
         };
         // The core keeps the request's computed count (the shared-prefix
         // checkpoint): the general path reads it.
         if this.inner.wants_num_computed_tokens() {
-            return Ok(false);
+            return Ok(Judged::Other);
         }
         let Some((handle, _)) = held_request(py, &mut this, *args)? else {
-            return Ok(false);
+            return Ok(Judged::Other);
         };
-        Ok(this
-            .inner
-            .cache_blocks_is_noop_by_handle(handle, n)
-            .is_some_and(|(_, noop)| noop))
+        Ok(match this.inner.cache_blocks_is_noop_by_handle(handle, n) {
+            Some((_, true)) => Judged::Noop,
+            Some((slot, false)) => {
+                // The call reads the request's hashes before it caches: the
+                // tables and blocks it caches arrive meanwhile.
+                this.inner
+                    .for_each_cache_line(slot, n, super::vectorcall::prefetch);
+                Judged::Held { slot, n }
+            }
+            None => Judged::Other,
+        })
     }
 }
