@@ -242,15 +242,15 @@ impl BlockPool {
         f(self.queue.link_addr(b));
     }
 
-    /// Where taking the next free block reads past its own lines: the
-    /// prefix-map entry it carries, which its eviction removes. Reads the
-    /// block's metadata (a caller prefetched it first, with
-    /// `for_each_next_free_line`).
-    pub fn for_each_next_evicted_line(&self, f: &mut impl FnMut(*const u8)) {
+    /// Where taking the next `n` free blocks reads past their own lines:
+    /// the prefix-map entries they carry, which their eviction removes.
+    /// Reads the blocks' links and metadata (a caller prefetched them
+    /// first, with `for_each_next_free_line`).
+    pub fn for_each_next_evicted_line(&self, n: usize, f: &mut impl FnMut(*const u8)) {
         if !self.enable_caching {
             return;
         }
-        if let Some(b) = self.queue.first(1).next() {
+        for b in self.queue.first(n) {
             let e = self.meta[b as usize].entry;
             if e != NO_ENTRY {
                 self.map.for_each_entry_line(e, f);

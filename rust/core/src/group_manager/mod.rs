@@ -137,6 +137,37 @@ impl SingleTypeManager {
         }
     }
 
+    /// The table index of the oldest live block of a group that frees
+    /// from the front as a request decodes (a window, Mamba align).
+    fn live_head(&self, slot: ReqSlot) -> Option<(&GroupReq, usize)> {
+        if !self.attn.has_window() && self.attn.align().is_none() {
+            return None;
+        }
+        let r = self.req(slot)?;
+        Some((r, r.first_real()?))
+    }
+
+    /// Where the table's oldest live block is listed (a decode that
+    /// changes blocks frees it, or reads up to it).
+    pub fn for_each_live_head_line(&self, slot: ReqSlot, f: &mut impl FnMut(*const u8)) {
+        if let Some((r, j)) = self.live_head(slot) {
+            f(std::ptr::from_ref(&r.blocks[j]).cast());
+        }
+    }
+
+    /// The pool lines of the table's oldest live block (reads its id: a
+    /// caller prefetched the table line first).
+    pub fn for_each_live_head_block_line(
+        &self,
+        pool: &BlockPool,
+        slot: ReqSlot,
+        f: &mut impl FnMut(*const u8),
+    ) {
+        if let Some((r, j)) = self.live_head(slot) {
+            pool.for_each_block_line(r.blocks[j], f);
+        }
+    }
+
     /// Where caching the request's full blocks up to `num_tokens` reads
     /// (the last few it would cache: a decode step fills one or two): the
     /// table's entries and each block's pool lines.

@@ -453,22 +453,30 @@ impl KvCacheManager {
     }
 
     /// Where a decode of `slot` that changes blocks reads beyond the lines
-    /// `for_each_decode_line` gives: each group's table tails and the
-    /// first free blocks. A caller prefetches them all at once, so their
+    /// `for_each_decode_line` gives: each group's table tails, its oldest
+    /// live block (a window or Mamba align frees it), the first free block
+    /// and the prefix-map entry its eviction removes. A caller prefetches them all at once, so their
     /// misses overlap instead of coming one after another.
     pub fn for_each_general_decode_line(&self, slot: ReqSlot, mut f: impl FnMut(*const u8)) {
         for m in &self.coord.managers {
             m.for_each_table_tail(slot, &mut f);
+            m.for_each_live_head_line(slot, &mut f);
         }
         self.coord.pool.for_each_next_free_line(1, &mut f);
-        self.coord.pool.for_each_next_evicted_line(&mut f);
+        // Then what those lines name (their loads overlap one another).
+        for m in &self.coord.managers {
+            m.for_each_live_head_block_line(&self.coord.pool, slot, &mut f);
+        }
+        self.coord.pool.for_each_next_evicted_line(2, &mut f);
     }
 
-    /// Where the next call that takes a free block starts reading: the
-    /// front block's metadata and queue links. A caller prefetches them
-    /// after a call that took or freed blocks, long before they are read.
+    /// Where the next call that takes free blocks starts reading: the two
+    /// front blocks' metadata and queue links (after taking blocks, the
+    /// front block's links are at hand: finding the second reads no cold
+    /// line). A caller prefetches them after a call that took blocks, long
+    /// before they are read.
     pub fn for_each_next_free_line(&self, mut f: impl FnMut(*const u8)) {
-        self.coord.pool.for_each_next_free_line(1, &mut f);
+        self.coord.pool.for_each_next_free_line(2, &mut f);
     }
 
     /// Where `cache_blocks(slot, num_computed_tokens)` reads beyond the
@@ -486,6 +494,8 @@ impl KvCacheManager {
         }
         for m in &self.coord.managers {
             m.for_each_to_cache_line(&self.coord.pool, slot, num_computed_tokens, &mut f);
+            // The decode horizon re-derived after caching reads up to it.
+            m.for_each_live_head_line(slot, &mut f);
         }
     }
 
