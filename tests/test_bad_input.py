@@ -357,9 +357,11 @@ def test_bad_sizes(args: tuple[Any, ...], name: str) -> None:
         KVCacheManager(config(), *args)
 
 
-def test_negative_max_num_batched_tokens() -> None:
-    with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        KVCacheManager(config(), MAX_LEN, BS, BS, max_num_batched_tokens=-1)
+@pytest.mark.parametrize("value", [-1, 0, "64", 64.0, True])
+def test_bad_max_num_batched_tokens(value: Any) -> None:
+    # The rule every count of the constructor follows: a positive int.
+    with pytest.raises(ValueError, match=f"max_num_batched_tokens must be a positive int, got {value!r}"):
+        KVCacheManager(config(), MAX_LEN, BS, BS, max_num_batched_tokens=value)
 
 
 def test_hash_block_size_must_equal_block_size_with_caching() -> None:

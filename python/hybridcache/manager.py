@@ -132,14 +132,10 @@ class KVCacheManager(KVCacheManagerBase):
         dcp_world_size = _positive_int("dcp_world_size", dcp_world_size)
         pcp_world_size = _positive_int("pcp_world_size", pcp_world_size)
         max_model_len = _positive_int("max_model_len", max_model_len)
-        if max_num_batched_tokens is None:
-            # As vLLM: no admission cap beyond max_model_len.
-            max_num_batched_tokens = max_model_len
-        elif not isinstance(max_num_batched_tokens, int):
-            raise TypeError(f"max_num_batched_tokens must be an int, got {type(max_num_batched_tokens).__name__}")
-        elif max_num_batched_tokens <= 0:
-            # A step that schedules no token admits nothing: never a real config.
-            raise ValueError(f"max_num_batched_tokens must be > 0, got {max_num_batched_tokens}")
+        # As vLLM: None caps admissions at max_model_len. A step that
+        # schedules no token admits nothing: 0 is never a real config.
+        max_num_batched_tokens = (max_model_len if max_num_batched_tokens is None
+                                  else _positive_int("max_num_batched_tokens", max_num_batched_tokens))
         groups = read_groups(kv_cache_config, max_num_batched_tokens, max_model_len)
         scheduler_block_size = _positive_int("scheduler_block_size", scheduler_block_size)
         return cls._build(kv_cache_config, groups, max_model_len, scheduler_block_size, hash_block_size,
