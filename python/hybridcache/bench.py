@@ -25,7 +25,7 @@ from .bench_report import Progress, binding_text, format_report
 from .tools.bench_trace import (CONFIGS, RUNNING, STEPS, Recording, load, make_hybridcache_manager, make_vllm_manager,
                                 ships)
 from .tools.oracle import quiet_logs, tool_release
-from .tools.timed_replay import CLOCKS, KINDS, BenchDivergence, impl_result, ratio, replay_timed
+from .tools.timed_replay import CLOCKS, BenchDivergence, impl_result, ratio, replay_timed
 
 DEV = "hybridcache's development package (pip install -e dev, from the repository)"
 Recorder = Callable[[str, int, int, int, str], Recording]

@@ -19,15 +19,8 @@ from .bench_trace import (ADMIT_KW, ALLOC_NEW, ALLOC_RUN, BLOCKS, CACHE_BLOCKS, 
 from .compare import norm_drained, norm_stats, norm_usage, same, same_ids
 
 # Timing buckets.
-KINDS = (
-    "decode_allocate_slots",
-    "prefill_allocate_slots",
-    "admit_allocate_slots",
-    "get_computed_blocks",
-    "get_blocks",
-    "free",
-    "other",
-)
+KINDS = ("decode_allocate_slots", "prefill_allocate_slots", "admit_allocate_slots", "get_computed_blocks",
+         "get_blocks", "free", "other")
 
 
 class ReplayRequest:
