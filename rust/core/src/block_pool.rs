@@ -258,11 +258,9 @@ impl BlockPool {
         }
     }
 
-    /// Where caching block `b` reads and writes: its lines, and the entry
-    /// a new key takes.
-    pub fn for_each_caching_line(&self, b: BlockId, f: &mut impl FnMut(*const u8)) {
-        self.for_each_block_line(b, f);
-        self.map.for_each_next_new_entry_line(1, f);
+    /// Where the next `n` new prefix-cache keys are written.
+    pub fn for_each_next_new_entry_line(&self, n: usize, f: &mut impl FnMut(*const u8)) {
+        self.map.for_each_next_new_entry_line(n, f);
     }
 
     fn maybe_evict_cached_block(&mut self, b: BlockId) -> bool {

@@ -240,11 +240,21 @@ impl NativeManager {
         slot: u32,
         num_computed_tokens: usize,
     ) -> PyResult<()> {
+        Self::caching(slf, request, |this| {
+            cache_held(this, request, slot, num_computed_tokens)
+        })
+    }
+
+    /// A `cache_blocks` call's change, `cache`, between reading what the
+    /// event sink reads of `request` and flushing the events it made.
+    fn caching(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        cache: impl FnOnce(&mut Self) -> PyResult<()>,
+    ) -> PyResult<()> {
         let source = Self::event_source(slf, request)?;
-        {
-            let mut this = crate::call_guard::borrow_mut(slf)?;
-            cache_held(&mut this, request, slot, num_computed_tokens)?;
-        }
+        // The borrow ends with the statement, before the events go out.
+        cache(&mut *crate::call_guard::borrow_mut(slf)?)?;
         Self::flush_events(slf, Some(source.as_ref().unwrap_or(request)))
     }
 
@@ -260,26 +270,22 @@ impl NativeManager {
         if !crate::call_guard::borrow(slf)?.inner.enable_caching() {
             return Ok(());
         }
-        let source = Self::event_source(slf, request)?;
-        {
-            let mut this = crate::call_guard::borrow_mut(slf)?;
+        Self::caching(slf, request, |this| {
             // A held request by its id object's address (vLLM caches
             // every running request every step): no str hashing.
             if let Some(slot) = this.checked_slot(request, &rid)? {
-                cache_held(&mut this, request, slot, n)?;
-            } else {
-                let rid = rid.to_str()?;
-                let update = this.pending_hashes(request, rid)?;
-                let (boundary, computed) = cache_fields(&this.inner, request)?;
-                if let Some(b) = boundary {
-                    this.inner.set_shared_prefix_boundary(rid, b);
-                }
-                if let Some(c) = computed {
-                    this.inner.set_num_computed_tokens(rid, c);
-                }
-                guard(|| this.inner.cache_blocks(rid, n, update))?;
+                return cache_held(this, request, slot, n);
             }
-        }
-        Self::flush_events(slf, Some(source.as_ref().unwrap_or(request)))
+            let rid = rid.to_str()?;
+            let update = this.pending_hashes(request, rid)?;
+            let (boundary, computed) = cache_fields(&this.inner, request)?;
+            if let Some(b) = boundary {
+                this.inner.set_shared_prefix_boundary(rid, b);
+            }
+            if let Some(c) = computed {
+                this.inner.set_num_computed_tokens(rid, c);
+            }
+            guard(|| this.inner.cache_blocks(rid, n, update))
+        })
     }
 }

@@ -191,8 +191,8 @@ impl SingleTypeManager {
             .max(end.saturating_sub(2))
             .min(end);
         for &b in &r.blocks[from..end] {
-            if b != crate::NULL_BLOCK {
-                pool.for_each_caching_line(b, f);
+            if b != NULL_BLOCK {
+                pool.for_each_block_line(b, f);
             }
         }
     }

@@ -453,10 +453,11 @@ impl KvCacheManager {
     }
 
     /// Where a decode of `slot` that changes blocks reads beyond the lines
-    /// `for_each_decode_line` gives: each group's table tails, its oldest
-    /// live block (a window or Mamba align frees it), the first free block
-    /// and the prefix-map entry its eviction removes. A caller prefetches them all at once, so their
-    /// misses overlap instead of coming one after another.
+    /// `for_each_decode_line` gives: each group's table tails and oldest
+    /// live block (a window or Mamba align frees it), the first free block,
+    /// and the prefix-map entries the first two free blocks' eviction
+    /// removes. A caller prefetches them all at once, so their misses
+    /// overlap instead of coming one after another.
     pub fn for_each_general_decode_line(&self, slot: ReqSlot, mut f: impl FnMut(*const u8)) {
         for m in &self.coord.managers {
             m.for_each_table_tail(slot, &mut f);
@@ -481,8 +482,10 @@ impl KvCacheManager {
 
     /// Where `cache_blocks(slot, num_computed_tokens)` reads beyond the
     /// request's hot line: per group, the table entries and pool lines of
-    /// the blocks it caches, and the prefix-map entry a new key takes.
-    /// A caller prefetches them all at once, so their misses overlap.
+    /// the blocks it caches and the table's oldest live block, then the
+    /// prefix-map entry a new key takes (the groups share one hash a
+    /// position). A caller prefetches them all at once, so their misses
+    /// overlap.
     pub fn for_each_cache_line(
         &self,
         slot: ReqSlot,
@@ -497,6 +500,7 @@ impl KvCacheManager {
             // The decode horizon re-derived after caching reads up to it.
             m.for_each_live_head_line(slot, &mut f);
         }
+        self.coord.pool.for_each_next_new_entry_line(1, &mut f);
     }
 
     /// Where freeing the request reads: the pool lines (metadata, queue
